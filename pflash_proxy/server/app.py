@@ -1,0 +1,84 @@
+"""``create_app(settings) -> web.Application``: wiring only.
+
+Start-up (``cleanup_ctx``, in order; torn down in reverse):
+1. the ``Upstream`` client session;
+2. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
+3. the pipeline stages that own resources (session store, drafter), via their ``start``/``stop`` hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from pflash_proxy.config import Settings
+from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.metrics import Metrics
+from pflash_proxy.server.pipeline import Pipeline, Stage
+from pflash_proxy.server.routes import add_routes, error_middleware_factory
+from pflash_proxy.spawn import LlamaServerSupervisor
+from pflash_proxy.upstream import Upstream
+
+log = logging.getLogger("pflash_proxy.app")
+
+
+def build_stages(app: web.Application) -> list[Stage]:
+    """The ordered stage list.  Later issues add sessions and compression here."""
+    return []
+
+
+def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:
+    # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware_factory()])
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s)
+    app[SUPERVISOR] = None
+    app[PIPELINE] = Pipeline()
+    app.cleanup_ctx.append(_upstream_ctx)
+    if settings.spawn:
+        app.cleanup_ctx.append(_spawn_ctx)
+    app.cleanup_ctx.append(_stages_ctx(stages))
+    add_routes(app)
+    return app
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    await app[UPSTREAM].start()
+    yield
+    await app[UPSTREAM].close()
+
+
+async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
+    supervisor = LlamaServerSupervisor(app[SETTINGS], app[UPSTREAM])
+    app[SUPERVISOR] = supervisor
+    try:
+        await supervisor.start()
+        yield
+    finally:
+        await supervisor.stop()
+
+
+def _stages_ctx(stages: list[Stage] | None):
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[PIPELINE].stages = list(stages) if stages is not None else build_stages(app)
+        started: list[Stage] = []
+        try:
+            for stage in app[PIPELINE].stages:
+                start = getattr(stage, "start", None)
+                if start is not None:
+                    await start()
+                started.append(stage)
+            yield
+        finally:
+            for stage in reversed(started):
+                stop = getattr(stage, "stop", None)
+                if stop is not None:
+                    try:
+                        await stop()
+                    except Exception:
+                        log.exception("stage %s failed to stop", stage.name)
+
+    return ctx

@@ -1,0 +1,20 @@
+"""Typed application state keys (``web.AppKey``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from pflash_proxy.config import Settings
+    from pflash_proxy.server.metrics import Metrics
+    from pflash_proxy.server.pipeline import Pipeline
+    from pflash_proxy.spawn import LlamaServerSupervisor
+    from pflash_proxy.upstream import Upstream
+
+SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
+UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")
+PIPELINE: web.AppKey["Pipeline"] = web.AppKey("pipeline")
+METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
+SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor")

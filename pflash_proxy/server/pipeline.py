@@ -1,0 +1,106 @@
+"""The request pipeline of the parsed routes: an ordered list of small stages, each one feature.
+
+1. The route handler parses the body into a typed model and builds a ``ProxyRequest``.
+2. Each stage's ``on_request`` runs in order; a stage may rewrite the body (``set_body``), add response headers,
+   or short-circuit with an error.  When no stage changes the body the client's original bytes are forwarded.
+3. The response is relayed; then each stage's ``on_response`` sees the ``RelayResult`` (final timings, usage).
+4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
+   slot, unlock a session).  Stage failures here are logged, never raised to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from multidict import CIMultiDictProxy
+
+from pflash_proxy.server.relay import RelayResult
+
+log = logging.getLogger("pflash_proxy.pipeline")
+
+RouteKind = Literal["chat", "completion"]
+
+
+@dataclass
+class ProxyRequest:
+    kind: RouteKind
+    method: str
+    path_qs: str
+    headers: CIMultiDictProxy[str]
+    raw_body: bytes
+    body: dict[str, Any]
+    model: Any  # ChatCompletionRequest | CompletionRequest
+    received_at: float = field(default_factory=time.monotonic)
+    changed: bool = False
+    response_headers: dict[str, str] = field(default_factory=dict)
+    log_fields: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    def set_body(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.changed = True
+
+    def set_field(self, key: str, value: Any) -> None:
+        if self.body.get(key) != value:
+            new = dict(self.body)
+            new[key] = value
+            self.set_body(new)
+
+    def forward_bytes(self) -> bytes:
+        if not self.changed:
+            return self.raw_body
+        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class Stage:
+    """Base class: override what you need."""
+
+    name = "stage"
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        return None
+
+    async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        return None
+
+    async def on_finish(self, req: ProxyRequest) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class Pipeline:
+    def __init__(self, stages: list[Stage] | None = None):
+        self.stages: list[Stage] = list(stages or [])
+
+    async def run_request(self, req: ProxyRequest) -> list[Stage]:
+        """Run ``on_request`` in order; returns the stages that ran (for ``finish``), even on error."""
+        ran: list[Stage] = []
+        req.state["_ran"] = ran
+        for stage in self.stages:
+            ran.append(stage)
+            await stage.on_request(req)
+        return ran
+
+    async def run_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        for stage in req.state.get("_ran", []):
+            try:
+                await stage.on_response(req, result)
+            except Exception:
+                log.exception("stage %s failed in on_response", stage.name)
+
+    async def finish(self, req: ProxyRequest) -> None:
+        for stage in reversed(req.state.get("_ran", [])):
+            try:
+                await stage.on_finish(req)
+            except Exception:
+                log.exception("stage %s failed in on_finish", stage.name)

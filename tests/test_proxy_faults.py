@@ -1,0 +1,201 @@
+"""Transparency and fault injection against aiohttp fake upstreams (the real path is in test_proxy_real.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from aiohttp import web
+
+from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import UPSTREAM
+from tests.conftest import make_settings
+
+
+def echo_app(seen: list) -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append({"method": request.method, "path_qs": request.path_qs, "headers": dict(request.headers),
+                     "body": body})
+        return web.json_response({"ok": True, "path": request.path_qs}, headers={"X-Upstream": "1"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", echo)
+    return app
+
+
+async def proxy_for(aiohttp_client, upstream_url: str, tmp_path, **kw):
+    return await aiohttp_client(create_app(make_settings(upstream_url, tmp_path, **kw)))
+
+
+async def test_passthrough_forwards_method_path_query_headers_body(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.request("PUT", "/some/path?a=1&b=%20x", data=b"\x00raw bytes",
+                                headers={"Authorization": "Bearer k", "X-Custom": "v", "Connection": "close",
+                                         "Proxy-Authorization": "secret"})
+    assert resp.status == 200
+    assert resp.headers["X-Upstream"] == "1"
+    got = seen[-1]
+    assert got["method"] == "PUT"
+    assert got["path_qs"] == "/some/path?a=1&b=%20x"
+    assert got["body"] == b"\x00raw bytes"
+    assert got["headers"]["Authorization"] == "Bearer k"
+    assert got["headers"]["X-Custom"] == "v"
+    assert "Proxy-Authorization" not in got["headers"]
+
+
+async def test_parsed_route_forwards_identical_bytes(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    raw = b'{ "messages" : [{"role":"user","content":"hi \\u00e9"}],   "unknown_field": {"x": [1,2]} }'
+    resp = await client.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+    assert resp.status == 200
+    assert seen[-1]["body"] == raw
+
+
+async def test_get_on_parsed_path_is_passed_through(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.get("/v1/chat/completions?x=1")
+    assert resp.status == 200
+    assert seen[-1]["method"] == "GET"
+
+
+async def test_malformed_json_gets_400(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.post("/v1/chat/completions", data=b'{"messages": [')
+    assert resp.status == 400
+    err = (await resp.json())["error"]
+    assert set(err) == {"message", "type", "code"}
+    assert err["code"] == "invalid_json" and "JSON" in err["message"]
+    resp = await client.post("/v1/chat/completions", json={"messages": "not a list"})
+    assert resp.status == 400
+    assert "messages" in (await resp.json())["error"]["message"]
+    assert seen == []  # nothing reached the upstream
+
+
+async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, max_body_mb=0.001)
+    resp = await client.post("/v1/chat/completions", data=b"x" * 5000)
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == "request_too_large"
+    resp = await client.post("/anything/else", data=b"x" * 5000)
+    assert resp.status == 413
+    assert seen == []
+
+
+async def test_upstream_down_gets_502(aiohttp_client, tmp_path):
+    from pflash_proxy.spawn import free_port
+
+    client = await proxy_for(aiohttp_client, f"http://127.0.0.1:{free_port()}", tmp_path)
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+        resp = await client.request(method, path, json={"messages": [{"role": "user", "content": "x"}]})
+        assert resp.status == 502
+        body = await resp.json()
+        assert body["error"]["type"] == "upstream_error"
+        assert "unreachable" in body["error"]["message"]
+
+
+async def test_upstream_not_ready_gets_503(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    client.app[UPSTREAM].set_ready(False, "llama-server is starting")
+    resp = await client.get("/health")
+    assert resp.status == 503
+    assert "starting" in (await resp.json())["error"]["message"]
+    client.app[UPSTREAM].set_ready(True)
+    assert (await client.get("/health")).status == 200
+
+
+def sse_app(state: dict) -> web.Application:
+    """Streams 5 SSE events 0.3 s apart; with die_after=N it kills the connection after N events."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        state["started"] = asyncio.get_running_loop().time()
+        try:
+            for i in range(state.get("events", 5)):
+                if state.get("die_after") == i:
+                    request.transport.abort()
+                    return resp
+                await resp.write(f'data: {{"i": {i}}}\n\n'.encode())
+                state.setdefault("sent_at", []).append(asyncio.get_running_loop().time())
+                await asyncio.sleep(state.get("gap", 0.3))
+            await resp.write(b'data: {"i": "last", "timings": {"cache_n": 7}}\n\ndata: [DONE]\n\n')
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            state["upstream_saw_close_at"] = asyncio.get_running_loop().time()
+            raise
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream)
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/health", health)
+    return app
+
+
+BODY = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+async def test_sse_chunks_are_relayed_as_they_arrive(aiohttp_server, aiohttp_client, tmp_path):
+    state: dict = {}
+    up = await aiohttp_server(sse_app(state))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.post("/v1/chat/completions", json=BODY)
+    first = await resp.content.readuntil(b"\n\n")
+    got_first_at = asyncio.get_running_loop().time()
+    assert first == b'data: {"i": 0}\n\n'
+    # The upstream has sent only its first event(s); the last comes ≥ 1.2 s later.
+    assert len(state["sent_at"]) <= 2
+    rest = await resp.read()
+    assert rest.endswith(b"data: [DONE]\n\n")
+    assert state["sent_at"][-1] - got_first_at > 0.8
+
+
+async def test_upstream_dying_mid_stream_ends_cleanly(aiohttp_server, aiohttp_client, tmp_path):
+    state: dict = {"die_after": 2}
+    up = await aiohttp_server(sse_app(state))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.post("/v1/chat/completions", json=BODY)
+    body = await resp.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[:2] == [b'data: {"i": 0}', b'data: {"i": 1}']
+    err = json.loads(events[2][len(b"data: "):])
+    assert err["error"]["code"] == "upstream_stream_lost"
+    assert events[3] == b"data: [DONE]"
+    # The proxy keeps serving.
+    state.pop("die_after")
+    resp = await client.post("/v1/chat/completions", json=BODY)
+    assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_client_disconnect_closes_upstream_within_a_second(aiohttp_server, aiohttp_client, tmp_path):
+    state: dict = {"events": 50, "gap": 0.2}
+    up = await aiohttp_server(sse_app(state))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.post("/v1/chat/completions", json=BODY)
+    await resp.content.readuntil(b"\n\n")
+    left_at = asyncio.get_running_loop().time()
+    resp.close()  # drop the client connection
+    for _ in range(30):
+        if "upstream_saw_close_at" in state:
+            break
+        await asyncio.sleep(0.1)
+    assert "upstream_saw_close_at" in state
+    assert state["upstream_saw_close_at"] - left_at < 1.0
+    assert len(state["sent_at"]) < 20  # generation stopped long before the 50 events
