@@ -1,0 +1,14 @@
+"""Benchmark support: a seeded offline case generator and a retention checker with baselines.
+
+`generate(...)` builds long-prompt cases whose gold evidence is known; `check_retention(case, received)` says
+whether that evidence reached the upstream whole; `head_tail_truncate` and `random_units` are the baselines
+compared with PFlash at the same budget.
+"""
+
+from pflash_proxy.bench.generator import (DEFAULT_LENGTHS, FAMILIES, RULER_FAMILIES, Case, FollowUp, case_tokens,
+                                          default_count_tokens, generate, messages_text)
+
+__all__ = [
+    "DEFAULT_LENGTHS", "FAMILIES", "RULER_FAMILIES", "Case", "FollowUp", "case_tokens", "default_count_tokens",
+    "generate", "messages_text",
+]
