@@ -20,8 +20,7 @@ from typing import Any, Callable
 
 from pflash_proxy.bench import _code
 from pflash_proxy.bench._logs import agent_log
-from pflash_proxy.bench.generator import (Case, FollowUp, _Ctx, messages_text, place, prose_paragraphs,
-                                          prose_sentences)
+from pflash_proxy.bench.generator import Case, FollowUp, _Ctx, messages_text, place, prose_sentences
 
 ADJECTIVES = ["amber", "silent", "crimson", "hollow", "brisk", "velvet", "gilded", "frosty", "lucid", "rustic",
               "somber", "tawny", "vivid", "wistful", "zesty", "mellow", "dusky", "nimble", "placid", "russet"]
@@ -87,7 +86,7 @@ def _haystack_case(ctx: _Ctx, intro: str, evidence: list[str], question: str, go
         body = "\n\n".join(place(filler, evidence, depths))
         return _user(f"{intro}\n\n{body}\n\n{question}{tail}")
 
-    filler = ctx.fit(render, prose_paragraphs(), forbid=forbid + evidence)
+    filler = ctx.fit(render, ctx.prose(), forbid=forbid + evidence)
     return Case("", "", render(filler), question, gold, answer, False, 0, meta=meta)
 
 
@@ -149,7 +148,7 @@ def build_vartrack(ctx: _Ctx) -> Case:
     def render(filler: list[str]) -> list[dict[str, Any]]:
         return _user(f"{intro}\n\n" + "\n\n".join(place(filler, hop_lines, depths)) + f"\n\nQuestion: {q}")
 
-    filler = ctx.fit(render, prose_paragraphs(), forbid=list(names) + values)
+    filler = ctx.fit(render, ctx.prose(), forbid=list(names) + values)
     target_vars, target_lines, _ = chains[0]
     return Case("", "", render(filler), q, list(target_lines), list(target_vars), False, 0,
                 meta={"value": values[0]})
@@ -279,7 +278,7 @@ def build_multiturn(ctx: _Ctx) -> Case:
         q0 = f"According to Section {holder.get('section', 1)}: {facts[0][1]}"
         return _user(f"Here is a long document; I will ask you several questions about it.\n\n{doc}\n\n{q0}")
 
-    filler = ctx.fit(render, prose_paragraphs(), forbid=xs + [f[2] for f in facts])
+    filler = ctx.fit(render, ctx.prose(), forbid=xs + [f[2] for f in facts])
     messages = render(filler)
     q0 = f"According to Section {holder['section']}: {facts[0][1]}"
     followups = [FollowUp(f"Back to the document from my first message: {q}", [stmt], ans)

@@ -7,16 +7,18 @@ Algorithm:
 1. Real text. Prose comes from the Python documentation that ships with the interpreter: the reference-manual
    topics behind `help()` (`pydoc_data.topics`) and the docstrings of the top-level standard-library modules,
    read as text and cleaned with `inspect.cleandoc`. Only prose paragraphs are kept (no indented code, no
-   doctests). Code comes from the same modules' source files. Both are read once per process and depend only
-   on the Python version, so one seed gives the same cases on every machine with that Python.
+   doctests); targets above ~70K tokens add the docstrings of the stdlib packages (email, asyncio, ...), and
+   only past that pool (~165K tokens) do paragraphs repeat. Code comes from the top-level modules' source files.
+   Both are read once per process and depend only on the Python version, so one seed gives the same cases on
+   every machine with that Python.
 2. One `random.Random` per case, seeded by (seed, family, target length, index): a case does not depend on
    which other cases are generated with it.
 3. The family plants its evidence (needles, assignment hops, facts, a log block, records, a function) and writes
    the question about it. The gold is exactly the planted text, as it appears in the prompt.
 4. Fill. The case is first rendered with no filler to measure its fixed cost; shuffled filler units (prose
    paragraphs, log lines, records, whole modules) are then added while the whole case stays under the target.
-   Filler that contains any word of the evidence (keys, names, values) is skipped, so the haystack cannot
-   answer by accident or contradict the gold.
+   Filler that contains any evidence string (keys, names, cities, values) is skipped, so the haystack cannot
+   answer by accident or contradict the gold. A custom `count_tokens` is memoised for the run.
 5. Evidence goes in at seeded depths, as its own paragraph or line, so gold units are whole units.
 6. Lengths count every message's text (`messages_text`) with `count_tokens` (default: UTF-8 bytes / 4).
 
@@ -26,9 +28,7 @@ sources, the filling helpers and `generate`.
 
 from __future__ import annotations
 
-import ast
 import inspect
-import json
 import os
 import random
 import re
@@ -143,9 +143,45 @@ def _stdlib_modules() -> tuple[tuple[str, str], ...]:
 _DOCSTRING_RX = re.compile(r'^[ \t]*[rRuU]?"""(.*?)"""', re.S | re.M)
 
 
+_SKIP_PACKAGES = {"test", "tests", "site-packages", "__pycache__", "idlelib", "tkinter", "turtledemo", "lib2to3"}
+
+
 @lru_cache(maxsize=1)
-def prose_paragraphs() -> tuple[str, ...]:
-    """Real documentation prose installed with Python, deduplicated, in a fixed order."""
+def _stdlib_package_sources() -> tuple[str, ...]:
+    """Sources of the stdlib packages (email, asyncio, ...), read only for very long targets."""
+    root = _stdlib_dir()
+    out = []
+    for name in sorted(os.listdir(root)):
+        top = os.path.join(root, name)
+        if name in _SKIP_PACKAGES or name.startswith("config-") or not os.path.isdir(top):
+            continue
+        for here, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_PACKAGES)
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    try:
+                        with open(os.path.join(here, f), encoding="utf-8") as fh:
+                            out.append(fh.read())
+                    except (OSError, UnicodeDecodeError):
+                        continue
+    return tuple(out)
+
+
+def _paragraphs(texts: Iterable[str], seen: set[str]) -> list[str]:
+    out = []
+    for text in texts:
+        for p in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
+            p = p.strip("\n").rstrip()
+            if _is_prose(p) and p not in seen:
+                seen.add(p)
+                out.append(p)
+    return out
+
+
+@lru_cache(maxsize=2)
+def prose_paragraphs(extended: bool = False) -> tuple[str, ...]:
+    """Real documentation prose installed with Python, deduplicated, in a fixed order (~100K tokens; `extended`
+    adds the stdlib packages' docstrings, ~165K tokens in all)."""
     texts: list[str] = []
     try:
         from pydoc_data.topics import topics
@@ -155,13 +191,10 @@ def prose_paragraphs() -> tuple[str, ...]:
         pass
     texts.extend(inspect.cleandoc(m.group(1)) for _, src in _stdlib_modules() for m in _DOCSTRING_RX.finditer(src))
     seen: set[str] = set()
-    out: list[str] = []
-    for text in texts:
-        for p in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
-            p = p.strip("\n").rstrip()
-            if _is_prose(p) and p not in seen:
-                seen.add(p)
-                out.append(p)
+    out = _paragraphs(texts, seen)
+    if extended:
+        out += _paragraphs((inspect.cleandoc(m.group(1)) for src in _stdlib_package_sources()
+                            for m in _DOCSTRING_RX.finditer(src)), seen)
     return tuple(out)
 
 
@@ -213,6 +246,14 @@ class _Ctx:
                 break
         return out
 
+    def prose(self) -> tuple[str, ...]:
+        """The prose pool for this case: the base pool, or the extended one when the target would use most of it
+        (so 128K haystacks do not repeat paragraphs)."""
+        base = prose_paragraphs()
+        if self.target <= 0.7 * sum(len(p) for p in base) / 4:
+            return base
+        return prose_paragraphs(extended=True)
+
     def depths(self, n: int, lo: float = 0.05, hi: float = 0.95) -> list[float]:
         return sorted(self.rng.uniform(lo, hi) for _ in range(n))
 
@@ -248,7 +289,7 @@ def generate(families: Sequence[str] | None = None, lengths: Sequence[int] = DEF
                 names.append(name)
     from pflash_proxy.bench import _families as _fam  # builders import this module's helpers
 
-    count = count_tokens or default_count_tokens
+    count = lru_cache(maxsize=None)(count_tokens) if count_tokens else default_count_tokens
     cases = []
     for name in names:
         for target in lengths:

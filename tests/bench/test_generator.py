@@ -158,7 +158,7 @@ def test_agent_shape(by_family):
             assert case.answer in case.gold[0] and case.gold[0].count("\n") >= 5
             tenant = case.question.split("tenant ")[1].split(" ")[0]
             assert tenant in case.gold[0]
-            assert case.messages[3]["content"].count(f"ERROR [worker.export]") >= 4  # distractor failures
+            assert case.messages[3]["content"].count("ERROR [worker.export]") >= 4  # distractor failures
     assert variants == {"log", "source"}
 
 
@@ -236,3 +236,11 @@ def test_messages_text_counts_tool_calls_and_parts():
              "tool_calls": [{"function": {"name": "grep", "arguments": '{"pattern": "beta"}'}}]}]
     text = messages_text(msgs)
     assert text.index("alpha") < text.index("grep") < text.index("beta")
+
+
+def test_long_targets_use_the_extended_pool_without_repeats():
+    case = generate(["nolima"], lengths=[131_072], seed=2)[0]
+    paragraphs = longest(case).split("\n\n")
+    assert len(set(paragraphs)) == len(paragraphs)
+    assert 0.9 <= case_tokens(case) / 131_072 <= 1.1
+    assert all(gold_in_messages(case))
