@@ -15,6 +15,9 @@ from tests.conftest import make_settings
 
 def echo_app(seen: list) -> web.Application:
     async def echo(request: web.Request) -> web.Response:
+        if request.path == "/props":
+            return web.json_response({"total_slots": 2, "model_path": "fake.gguf",
+                                      "default_generation_settings": {"n_ctx": 4096}})
         body = await request.read()
         seen.append({"method": request.method, "path_qs": request.path_qs, "headers": dict(request.headers),
                      "body": body})
@@ -53,6 +56,13 @@ async def test_parsed_route_forwards_identical_bytes(aiohttp_server, aiohttp_cli
     client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
     raw = b'{ "messages" : [{"role":"user","content":"hi \\u00e9"}],   "unknown_field": {"x": [1,2]} }'
     resp = await client.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+    assert resp.status == 200
+    # The only change is the slot pin, spliced in front of the client's own bytes.
+    slot = resp.headers["X-PFlash-Slot"]
+    assert seen[-1]["body"] == b'{"id_slot":' + slot.encode() + b"," + raw[1:]
+    # Without the session layer the bytes are forwarded untouched.
+    plain = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
+    resp = await plain.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
     assert resp.status == 200
     assert seen[-1]["body"] == raw
 
@@ -155,7 +165,7 @@ BODY = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 async def test_sse_chunks_are_relayed_as_they_arrive(aiohttp_server, aiohttp_client, tmp_path):
     state: dict = {}
     up = await aiohttp_server(sse_app(state))
-    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
     resp = await client.post("/v1/chat/completions", json=BODY)
     first = await resp.content.readuntil(b"\n\n")
     got_first_at = asyncio.get_running_loop().time()
@@ -170,7 +180,7 @@ async def test_sse_chunks_are_relayed_as_they_arrive(aiohttp_server, aiohttp_cli
 async def test_upstream_dying_mid_stream_ends_cleanly(aiohttp_server, aiohttp_client, tmp_path):
     state: dict = {"die_after": 2}
     up = await aiohttp_server(sse_app(state))
-    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
     resp = await client.post("/v1/chat/completions", json=BODY)
     body = await resp.read()
     events = [e for e in body.split(b"\n\n") if e]
@@ -187,7 +197,7 @@ async def test_upstream_dying_mid_stream_ends_cleanly(aiohttp_server, aiohttp_cl
 async def test_client_disconnect_closes_upstream_within_a_second(aiohttp_server, aiohttp_client, tmp_path):
     state: dict = {"events": 50, "gap": 0.2}
     up = await aiohttp_server(sse_app(state))
-    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
     resp = await client.post("/v1/chat/completions", json=BODY)
     await resp.content.readuntil(b"\n\n")
     left_at = asyncio.get_running_loop().time()

@@ -25,8 +25,15 @@ log = logging.getLogger("pflash_proxy.app")
 
 
 def build_stages(app: web.Application) -> list[Stage]:
-    """The ordered stage list.  Later issues add sessions and compression here."""
-    return []
+    """The ordered stage list: sessions (identity, slot, restore) → compression → commit served history."""
+    settings = app[SETTINGS]
+    if not settings.sessions:
+        return []
+    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
+
+    manager = SessionManager(settings, app[UPSTREAM])
+    return [SessionStage(manager), SessionCommitStage(manager)]
 
 
 def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:

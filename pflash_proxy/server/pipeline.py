@@ -39,6 +39,8 @@ class ProxyRequest:
     response_headers: dict[str, str] = field(default_factory=dict)
     log_fields: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
+    # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
+    added_fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stream(self) -> bool:
@@ -49,15 +51,27 @@ class ProxyRequest:
         self.changed = True
 
     def set_field(self, key: str, value: Any) -> None:
-        if self.body.get(key) != value:
-            new = dict(self.body)
-            new[key] = value
+        if key in self.body and self.body[key] == value:
+            return
+        new = dict(self.body)
+        new[key] = value
+        if key in self.body or self.changed:
             self.set_body(new)
+        else:
+            self.body = new
+            self.added_fields[key] = value
 
     def forward_bytes(self) -> bytes:
-        if not self.changed:
+        if self.changed:
+            return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        if not self.added_fields:
             return self.raw_body
-        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        # Keep the client's bytes (key order, escapes, spacing) and splice the new keys in after the "{".
+        start = self.raw_body.index(b"{") + 1
+        rest = self.raw_body[start:]
+        added = json.dumps(self.added_fields, separators=(",", ":")).encode()[1:-1]
+        sep = b"" if rest.strip() == b"}" else b","
+        return self.raw_body[:start] + added + sep + rest
 
 
 class Stage:

@@ -1,0 +1,96 @@
+"""Session identity: a hash chain over canonicalised chat messages.
+
+1. Each message is canonicalised: role; content as a list of parts (a plain string becomes one text part);
+   tool calls reduced to (id, type, function name, arguments); ``tool_call_id`` and ``name``.  Other fields
+   (client bookkeeping such as timestamps) do not change identity.
+2. ``h_0 = sha256(namespace)`` where the namespace is the upstream model's identity and, for clients that name
+   their session with ``X-PFlash-Session``, that name.  ``h_i = sha256(h_{i-1} ‖ sha256(canonical(m_i)))``.
+3. A request continues the session whose served history is the longest prefix of the request: the largest i
+   with ``h_i`` in the index.  Because explicit names are part of the seed, an explicit session can only
+   ever match its own name AND the exact same messages, so naming a session never reads another's state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable
+
+
+def _canonical_content(content: Any) -> list:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                kind = part.get("type", "text")
+                if kind == "text":
+                    parts.append({"type": "text", "text": part.get("text", "")})
+                else:
+                    parts.append({k: part[k] for k in sorted(part)})
+            else:
+                parts.append({"type": "text", "text": str(part)})
+        # adjacent text parts render identically to their concatenation
+        merged: list = []
+        for p in parts:
+            if merged and p.get("type") == "text" and merged[-1].get("type") == "text":
+                merged[-1] = {"type": "text", "text": merged[-1]["text"] + p["text"]}
+            else:
+                merged.append(p)
+        return merged
+    return [{"type": "other", "value": content}]
+
+
+def _canonical_tool_calls(calls: Any) -> list:
+    out = []
+    for call in calls or []:
+        if not isinstance(call, dict):
+            continue
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        out.append({"id": call.get("id"), "type": call.get("type", "function"), "name": fn.get("name"),
+                    "arguments": args})
+    return out
+
+
+def canonical_message(msg: dict) -> dict:
+    return {
+        "role": msg.get("role"),
+        "content": _canonical_content(msg.get("content")),
+        "tool_calls": _canonical_tool_calls(msg.get("tool_calls")),
+        "tool_call_id": msg.get("tool_call_id"),
+        "name": msg.get("name"),
+    }
+
+
+def message_hash(msg: dict) -> str:
+    blob = json.dumps(canonical_message(msg), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def namespace_seed(model_identity: str, explicit_name: str | None = None) -> str:
+    ns = json.dumps({"model": model_identity, "explicit": explicit_name}, sort_keys=True)
+    return hashlib.sha256(ns.encode()).hexdigest()
+
+
+def chain(seed: str, message_hashes: Iterable[str]) -> list[str]:
+    """``[h_1, ..., h_n]``: the chain value after each message."""
+    out = []
+    h = seed
+    for mh in message_hashes:
+        h = hashlib.sha256((h + mh).encode()).hexdigest()
+        out.append(h)
+    return out
+
+
+def safe_id(*parts: str) -> str:
+    """A filesystem-safe identifier derived from (never equal to) client-provided strings."""
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]

@@ -1,0 +1,233 @@
+"""``SessionManager``: the slot table, the store and the snapshots, kept true against a real llama-server.
+
+1. ``ensure_ready``: once per upstream incarnation, read ``/props`` (slot count, per-slot context, model
+   path) into a *model identity* (snapshots never restore across it), size the ``SlotTable``, and check the
+   configuration (warn once, with the exact flags, when idle-slot caching or slot-prompt-similarity is on).
+2. ``prepare_slot``: save a displaced session (unless its snapshot is current), restore this session's
+   snapshot when it is not resident; report ``hit``/``restored``/``miss`` and the tokens expected from cache.
+3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
+   slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
+4. Restart detection: the spawn supervisor notifies directly; for an attached server a monitor polls
+   ``/health`` every second, and a failure followed by recovery (or a changed identity) empties the table.
+5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+from pflash_proxy.config import Settings
+from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.server.relay import RelayResult
+from pflash_proxy.sessions.slots import Lease, SlotTable
+from pflash_proxy.sessions.snapshots import SnapshotManager
+from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.upstream import SlotActionFailed, Upstream
+
+log = logging.getLogger("pflash_proxy.sessions")
+
+CACHE_SLACK = 0.9  # the chat template may re-render the last few tokens of a turn; allow 10 % below
+
+
+class SessionManager:
+    def __init__(self, settings: Settings, upstream: Upstream):
+        self.settings = settings
+        self.upstream = upstream
+        self.store = SessionStore(settings.home / "sessions")
+        self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
+                                         int(settings.max_cache_gb * 1024**3))
+        self.table = SlotTable(1)
+        self.model_identity = ""
+        self.identity_info: dict[str, Any] = {}
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+        self._monitor: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        self._warned = False
+        self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
+                         "evicted_saves": 0, "save_failures": 0}
+        upstream.add_restart_listener(self._on_restart)
+
+    # Lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.snapshots.reconcile)
+        if not self.settings.spawn:
+            self._monitor = asyncio.create_task(self._health_monitor())
+        try:
+            await self.ensure_ready()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+            log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+        try:
+            await asyncio.wait_for(self._save_all_resident(), self.settings.shutdown_save_timeout_s)
+        except asyncio.TimeoutError:
+            log.error("shutdown snapshot save timed out after %.0fs", self.settings.shutdown_save_timeout_s)
+        for task in list(self._background):
+            task.cancel()
+        self.store.close()
+
+    async def _save_all_resident(self) -> None:
+        if not self._ready:
+            return
+        for slot in self.table.slots:
+            sid = slot.session
+            if sid is None or sid.startswith("anon-") or slot.snapshot_current or not slot.tokens:
+                continue
+            lease = await self.table.acquire(sid)
+            try:
+                if lease.resident:
+                    await self._save(lease.slot.id, sid, lease.slot.tokens, lease.slot.served_hashes)
+                    lease.slot.snapshot_current = True
+            finally:
+                self.table.release(lease)
+
+    # Identity ----------------------------------------------------------------------------------------------
+    async def ensure_ready(self) -> None:
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if self._ready:
+                return
+            props = await self.upstream.props()
+            if not props:
+                raise UpstreamNotReady("upstream /props unavailable")
+            n_slots = int(props.get("total_slots") or 1)
+            gen = props.get("default_generation_settings") or {}
+            info = {"model_path": props.get("model_path"), "n_ctx": gen.get("n_ctx"), "total_slots": n_slots,
+                    "model_alias": props.get("model_alias")}
+            identity = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+            if self.model_identity and identity != self.model_identity:
+                log.warning("upstream identity changed (%s → %s): all slots considered empty", self.identity_info, info)
+            if len(self.table.slots) != n_slots:
+                self.table = SlotTable(n_slots)
+            else:
+                self.table.mark_all_empty()
+            self.model_identity, self.identity_info = identity, info
+            self._check_flags(props)
+            self._ready = True
+            log.info("upstream has %d slots (n_ctx %s per slot), model identity %s", n_slots, info["n_ctx"], identity)
+
+    def _check_flags(self, props: dict) -> None:
+        if self._warned or self.settings.spawn:
+            return
+        problems = []
+        gen = props.get("default_generation_settings") or {}
+        if props.get("cache_idle_slots", False) or gen.get("cache_idle_slots", False):
+            problems.append("--no-cache-idle-slots")
+        sps = props.get("slot_prompt_similarity", gen.get("slot_prompt_similarity"))
+        if sps not in (None, 0, 0.0):
+            problems.append("-sps 0")
+        if problems:
+            self._warned = True
+            log.warning("llama-server at %s runs with settings that let it move or mix slot contents; restart it "
+                        "with: %s (and an explicit -np N, --swa-full for sliding-window models, and "
+                        "--slot-save-path %s)", self.upstream.base_url, " ".join(problems),
+                        self.settings.effective_slot_save_path)
+
+    def _on_restart(self, reason: str) -> None:
+        self.counters["upstream_restarts"] += 1
+        self.table.mark_all_empty()
+        self._ready = False
+
+    async def _health_monitor(self) -> None:
+        was_down = False
+        while True:
+            await asyncio.sleep(1.0)
+            ok = await self.upstream.health(timeout_s=2)
+            if not ok and not was_down:
+                was_down = True
+                log.warning("upstream %s is not healthy", self.upstream.base_url)
+            elif ok and was_down:
+                was_down = False
+                self.upstream.notify_restart("upstream came back after being unreachable")
+
+    # Per request -------------------------------------------------------------------------------------------
+    async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
+        ev = lease.evicted
+        if ev is not None and not ev.session.startswith("anon-") and not ev.snapshot_current and ev.known \
+                and ev.tokens:
+            self.counters["evicted_saves"] += 1
+            await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes)
+        if served_hashes is None:
+            return "miss", 0
+        slot = lease.slot
+        if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
+            self.counters["hits"] += 1
+            return "hit", slot.prompt_tokens
+        if lease.resident:
+            self.table.forget(lease.session)
+        snap = self.snapshots.restorable(lease.session, self.model_identity)
+        if snap is not None and _is_prefix(snap.served_hashes, served_hashes):
+            try:
+                ok = await self.snapshots.restore(slot.id, snap)
+            except (UpstreamUnavailable, UpstreamTimeout) as exc:
+                log.warning("restore failed: %s", exc)
+                ok = False
+            if ok:
+                self.counters["restored"] += 1
+                slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
+                slot.snapshot_current, slot.known = True, True
+                return "restored", snap.tokens
+        self.counters["misses"] += 1
+        return "miss", 0
+
+    async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> None:
+        try:
+            await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
+        except (SlotActionFailed, UpstreamUnavailable, UpstreamTimeout, OSError) as exc:
+            self.counters["save_failures"] += 1
+            log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
+
+    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult) -> None:
+        timings = (result.final_json or {}).get("timings") or {}
+        slot = lease.slot
+        if "cache_n" not in timings:
+            if result.status != 200:
+                return  # the server rejected the request; the slot keeps what it had
+            slot.known = False  # cannot verify (client gone, stream cut): treat content as unknown
+            return
+        cache_n, prompt_n = int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0))
+        predicted_n = int(timings.get("predicted_n", 0))
+        if expected and cache_n < expected * CACHE_SLACK - 8:
+            self.counters["cache_mismatches"] += 1
+            log.warning("slot %d: server reused %d cached tokens, the table expected ~%d (%s); slot content unknown",
+                        slot.id, cache_n, expected, cache)
+        slot.prompt_tokens = cache_n + prompt_n
+        slot.tokens = cache_n + prompt_n + predicted_n
+        slot.served_hashes = served_hashes
+        slot.known = True
+        slot.snapshot_current = False
+
+    def save_in_background(self, sid: str) -> None:
+        async def run() -> None:
+            lease = await self.table.acquire(sid)
+            try:
+                slot = lease.slot
+                if lease.resident and slot.tokens and not slot.snapshot_current:
+                    await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
+                    slot.snapshot_current = True
+            finally:
+                self.table.release(lease)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def stats(self) -> dict[str, Any]:
+        snaps = self.store.snapshots()
+        return {**self.counters, "slots": len(self.table.slots), "queued": self.table.queued,
+                "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
+                "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
+                "table": self.table.describe()}
+
+
+def _is_prefix(prefix: list[str], full: list[str]) -> bool:
+    return len(prefix) <= len(full) and full[: len(prefix)] == prefix

@@ -1,0 +1,149 @@
+"""``SlotTable``: which session each llama-server slot holds, and who may use it now.
+
+1. A request *leases* a slot for its session.  The session's own slot if it is resident (a cache hit);
+   otherwise a free slot, else the least-recently-used idle one (slots whose snapshot is current are cheaper
+   to hand over and go first).  The lease reports the session it displaced so the caller can save it.
+2. One request per session at a time, and never two requests on one slot: a lease marks both busy.  Nothing
+   is ever sent to a busy slot; requests that cannot be placed wait in the proxy, in arrival order (a waiter
+   that is blocked only by its own session's running request does not hold up the others).
+3. Leasing is synchronous bookkeeping (no awaits inside a decision), so no lock exists to be held while a
+   response streams; waiting is one future per queued request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Slot:
+    id: int
+    session: str | None = None
+    tokens: int = 0  # tokens the server holds in this slot for `session` (prompt + generated)
+    prompt_tokens: int = 0  # prompt tokens of the last request (the prefix the next turn should reuse)
+    served_hashes: list[str] = field(default_factory=list)
+    busy: bool = False
+    known: bool = True  # False once the server's numbers disagreed with the table
+    snapshot_current: bool = False
+    last_used: float = 0.0
+
+
+@dataclass
+class Evicted:
+    session: str
+    tokens: int
+    served_hashes: list[str]
+    snapshot_current: bool
+    known: bool
+
+
+@dataclass
+class Lease:
+    slot: Slot
+    session: str
+    resident: bool  # the slot already held this session's prefix
+    evicted: Evicted | None = None
+    released: bool = False
+
+
+class SlotTable:
+    def __init__(self, n_slots: int):
+        if n_slots < 1:
+            raise ValueError("n_slots must be >= 1")
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self._busy_sessions: set[str] = set()
+        self._queue: deque[tuple[str, asyncio.Future]] = deque()
+        self.waits = 0
+
+    def resident(self, session: str) -> Slot | None:
+        for slot in self.slots:
+            if slot.session == session:
+                return slot
+        return None
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def _try_lease(self, session: str) -> Lease | None:
+        if session in self._busy_sessions:
+            return None
+        slot = self.resident(session)
+        if slot is not None and not slot.busy:
+            slot.busy = True
+            self._busy_sessions.add(session)
+            return Lease(slot, session, resident=True)
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        pick = min(idle, key=lambda s: (s.session is not None, not s.snapshot_current, s.last_used, s.id))
+        evicted = None
+        if pick.session is not None:
+            evicted = Evicted(pick.session, pick.tokens, pick.served_hashes, pick.snapshot_current, pick.known)
+        pick.session, pick.tokens, pick.prompt_tokens, pick.served_hashes = session, 0, 0, []
+        pick.known, pick.snapshot_current, pick.busy = True, False, True
+        self._busy_sessions.add(session)
+        return Lease(pick, session, resident=False, evicted=evicted)
+
+    async def acquire(self, session: str) -> Lease:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queue.append((session, fut))
+        self._drain()
+        if not fut.done():
+            self.waits += 1
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            else:
+                try:
+                    self._queue.remove((session, fut))
+                except ValueError:
+                    pass
+            raise
+
+    def release(self, lease: Lease) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        lease.slot.busy = False
+        lease.slot.last_used = time.monotonic()
+        self._busy_sessions.discard(lease.session)
+        self._drain()
+
+    def _drain(self) -> None:
+        for item in list(self._queue):
+            session, fut = item
+            if fut.done():
+                self._queue.remove(item)
+                continue
+            lease = self._try_lease(session)
+            if lease is not None:
+                self._queue.remove(item)
+                fut.set_result(lease)
+
+    def forget(self, session: str) -> None:
+        """The session's prefix is no longer in its slot (e.g. a failed restore wiped it)."""
+        slot = self.resident(session)
+        if slot is not None:
+            slot.tokens = slot.prompt_tokens = 0
+            slot.served_hashes = []
+
+    def mark_all_empty(self) -> None:
+        """The upstream lost its state (restart): nothing is resident any more."""
+        for slot in self.slots:
+            slot.tokens = slot.prompt_tokens = 0
+            slot.served_hashes = []
+            slot.snapshot_current = False
+            if not slot.busy:
+                slot.session = None
+            else:
+                slot.known = False
+
+    def describe(self) -> list[dict]:
+        return [{"id": s.id, "session": s.session[:8] if s.session else None, "tokens": s.tokens, "busy": s.busy,
+                 "known": s.known, "snapshot_current": s.snapshot_current} for s in self.slots]

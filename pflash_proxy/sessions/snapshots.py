@@ -1,0 +1,132 @@
+"""SSD snapshots of slots: one file per session in the upstream's ``--slot-save-path``.
+
+1. Save: ``POST /slots/{id}?action=save`` to a temporary name, then ``os.replace`` onto ``pf-<safe id>.bin``
+   (never a client string), ``chmod 0600``, and only then the index entry: a crash leaves an orphan temp file,
+   never an index entry pointing at half a file.
+2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
+   llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
+   snapshot; the caller serves the request by full prefill.
+3. LRU eviction keeps the total under ``--max-cache-gb``.
+4. ``reconcile()`` at start-up: temp files and files without an index entry are removed, entries without a
+   file are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+
+from pflash_proxy.sessions.store import SessionStore, SnapshotRecord
+from pflash_proxy.upstream import SlotActionFailed, Upstream
+
+log = logging.getLogger("pflash_proxy.snapshots")
+
+PREFIX = "pf-"
+SUFFIX = ".bin"
+
+
+class SnapshotManager:
+    def __init__(self, store: SessionStore, upstream: Upstream, directory: Path, max_bytes: int):
+        self.store = store
+        self.upstream = upstream
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "evictions": 0,
+                      "save_ms_total": 0.0, "restore_ms_total": 0.0}
+
+    def filename(self, sid: str) -> str:
+        return f"{PREFIX}{sid}{SUFFIX}"
+
+    async def save(self, slot: int, sid: str, tokens: int, served_hashes: list[str], model_identity: str) -> SnapshotRecord:
+        tmp = f"{PREFIX}tmp-{uuid.uuid4().hex}{SUFFIX}"
+        final = self.filename(sid)
+        t0 = time.monotonic()
+        try:
+            data = await self.upstream.slot_action(slot, "save", tmp)
+            os.replace(self.dir / tmp, self.dir / final)
+        except BaseException:
+            (self.dir / tmp).unlink(missing_ok=True)
+            raise
+        os.chmod(self.dir / final, 0o600)
+        size = (self.dir / final).stat().st_size
+        tokens = int(data.get("n_saved", tokens) or tokens)
+        prev = self.store.snapshot(sid)
+        rec = SnapshotRecord(session=sid, file=final, tokens=tokens, served_hashes=list(served_hashes),
+                             model_identity=model_identity, size=size, hits=prev.hits if prev else 0)
+        self.store.put_snapshot(rec)
+        self.stats["saves"] += 1
+        self.stats["save_ms_total"] += (time.monotonic() - t0) * 1000
+        log.info("saved slot %d (session %s, %d tokens, %.1f MB) in %.0f ms", slot, sid[:8], tokens,
+                 size / 1e6, (time.monotonic() - t0) * 1000)
+        self.evict()
+        return rec
+
+    def restorable(self, sid: str, model_identity: str) -> SnapshotRecord | None:
+        rec = self.store.snapshot(sid)
+        if rec is None:
+            return None
+        if rec.model_identity != model_identity:
+            log.info("snapshot of session %s belongs to another model/layout; not restoring", sid[:8])
+            return None
+        if not (self.dir / rec.file).is_file():
+            self.store.drop_snapshot(sid)
+            return None
+        return rec
+
+    async def restore(self, slot: int, rec: SnapshotRecord) -> bool:
+        """Restore into ``slot``; on any failure delete the snapshot and return False (slot is then empty)."""
+        t0 = time.monotonic()
+        try:
+            data = await self.upstream.slot_action(slot, "restore", rec.file)
+        except SlotActionFailed as exc:
+            self.stats["restore_failures"] += 1
+            log.warning("restore of session %s into slot %d failed (%s); deleting the snapshot", rec.session[:8],
+                        slot, exc)
+            self.delete(rec.session)
+            return False
+        rec.hits += 1
+        rec.last_use = time.time()
+        self.store.put_snapshot(rec)
+        self.stats["restores"] += 1
+        self.stats["restore_ms_total"] += (time.monotonic() - t0) * 1000
+        log.info("restored session %s into slot %d (%s tokens) in %.0f ms", rec.session[:8], slot,
+                 data.get("n_restored"), (time.monotonic() - t0) * 1000)
+        return True
+
+    def delete(self, sid: str) -> bool:
+        rec = self.store.drop_snapshot(sid)
+        if rec is None:
+            return False
+        (self.dir / rec.file).unlink(missing_ok=True)
+        return True
+
+    def evict(self) -> None:
+        snaps = sorted(self.store.snapshots(), key=lambda r: r.last_use)
+        total = sum(r.size for r in snaps)
+        while snaps and total > self.max_bytes:
+            victim = snaps.pop(0)
+            total -= victim.size
+            self.delete(victim.session)
+            self.stats["evictions"] += 1
+            log.info("evicted snapshot of session %s (%.1f MB) to stay under the cache limit", victim.session[:8],
+                     victim.size / 1e6)
+
+    def reconcile(self) -> dict[str, int]:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        indexed = {r.file: r for r in self.store.snapshots()}
+        removed_files = dropped = 0
+        for path in self.dir.glob(f"{PREFIX}*{SUFFIX}"):
+            if path.name not in indexed:
+                path.unlink(missing_ok=True)
+                removed_files += 1
+        for name, rec in indexed.items():
+            if not (self.dir / name).is_file():
+                self.store.drop_snapshot(rec.session)
+                dropped += 1
+        if removed_files or dropped:
+            log.info("reconciled snapshots: %d orphan files removed, %d missing entries dropped", removed_files,
+                     dropped)
+        return {"orphans_removed": removed_files, "entries_dropped": dropped}

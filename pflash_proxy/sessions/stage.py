@@ -1,0 +1,134 @@
+"""The session stages of the pipeline: identity → served history → slot lease → restore → verify.
+
+``SessionStage.on_request`` (chat routes):
+1. Seed = upstream model identity (+ the ``X-PFlash-Session`` name, if given); find the session whose served
+   history is the longest prefix of the request, or start one (a request that diverges inside a session's
+   history forks a new session: a session's history is linear).
+2. Replace the already-served messages by their served versions (byte-identical prefix turn after turn).
+3. Lease a slot (queueing in the proxy, never at a busy slot).  If the lease displaced another session whose
+   slot content has no current snapshot, save it first.  If this session is not resident but has a snapshot
+   for this model identity, restore it; a failed restore deletes the snapshot and falls back to full prefill.
+4. Pin the request with ``id_slot`` and add ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers.
+``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) writes
+the served history to disk before the request is forwarded.
+``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
+the lease.  Completion routes (no messages) get an anonymous lease so they never land on a busy slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pflash_proxy.server.pipeline import ProxyRequest, Stage
+from pflash_proxy.server.relay import RelayResult
+from pflash_proxy.sessions.identity import message_hash, namespace_seed
+from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.slots import Lease
+from pflash_proxy.sessions.store import SessionRecord
+
+log = logging.getLogger("pflash_proxy.sessions")
+
+SESSION_HEADER = "X-PFlash-Session"
+
+
+@dataclass
+class SessionContext:
+    record: SessionRecord | None
+    lease: Lease
+    matched: int  # leading messages that continue the served history
+    client_hashes: list[str]
+    served: list[dict]  # what the upstream receives, message by message
+    cache: str  # hit | restored | miss
+    expected_cached: int  # tokens the slot should already hold of this prompt
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionStage(Stage):
+    name = "sessions"
+
+    def __init__(self, manager: SessionManager):
+        self.manager = manager
+
+    async def start(self) -> None:
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        await self.manager.stop()
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        mgr = self.manager
+        await mgr.ensure_ready()
+        if req.kind != "chat":
+            lease = await mgr.table.acquire("anon-" + uuid.uuid4().hex)
+            req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
+            await mgr.prepare_slot(lease, None)
+            req.set_field("id_slot", lease.slot.id)
+            req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
+            return
+        explicit = req.headers.get(SESSION_HEADER)
+        seed = namespace_seed(mgr.model_identity, explicit)
+        messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
+        record, matched, hashes = mgr.store.lookup(seed, messages)
+        if record is None:
+            record = mgr.store.new_session(seed, explicit is not None)
+        elif matched < len(record.served):
+            log.info("request diverges from session %s at message %d; forking", record.id[:8], matched)
+            record = mgr.store.new_session(seed, explicit is not None, parent=record, upto=matched)
+        served = record.served[:matched] + messages[matched:]
+        lease = await mgr.table.acquire(record.id)
+        ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
+        req.state[self.name] = ctx
+        served_hashes = [message_hash(m) for m in served]
+        ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
+        if served[:matched] != messages[:matched]:
+            body = dict(req.body)
+            body["messages"] = served
+            req.set_body(body)
+        req.set_field("id_slot", lease.slot.id)
+        req.response_headers.update({
+            "X-PFlash-Session": record.id,
+            "X-PFlash-Slot": str(lease.slot.id),
+            "X-PFlash-Cache": ctx.cache,
+            "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
+        })
+        req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
+
+    async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        ctx: SessionContext | None = req.state.get(self.name)
+        if ctx is None:
+            return
+        served_hashes = [message_hash(m) for m in ctx.served]
+        self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
+
+    async def on_finish(self, req: ProxyRequest) -> None:
+        ctx: SessionContext | None = req.state.get(self.name)
+        if ctx is None:
+            return
+        self.manager.table.release(ctx.lease)
+        if ctx.record is not None and self.manager.settings.save_every_turn:
+            self.manager.save_in_background(ctx.record.id)
+
+    def stats(self) -> dict[str, Any]:
+        return self.manager.stats()
+
+
+class SessionCommitStage(Stage):
+    """Persist the served history (after every stage that may change it), before forwarding."""
+
+    name = "sessions-commit"
+
+    def __init__(self, manager: SessionManager):
+        self.manager = manager
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        ctx: SessionContext | None = req.state.get(SessionStage.name)
+        if ctx is None or ctx.record is None:
+            return
+        ctx.served = list(req.body["messages"])
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served
+        )

