@@ -1,0 +1,122 @@
+"""Token budget: the prefill curve and the density-greedy unit selector.
+
+Algorithm:
+1. ``BudgetCurve.parse("16384:0.315 32768:0.270 ...")``: points ``tokens:ratio``,
+   strictly ascending in tokens, each ratio in (0, 1].  ``ratio(n)`` interpolates
+   linearly between points and is flat beyond both ends; ``budget(n) = round(n *
+   ratio(n))``.
+2. ``message_budget``: the curve applies to the tokens the upstream prefills
+   (``prompt_tokens``) but only the long message is shortened, so the message gets
+   ``budget(prompt) - (prompt - message)``, floored at ``floor_tokens`` (and at 1) and
+   capped at the message's own size.
+3. ``BudgetSelector.select``: keep every pinned unit; then walk the rest by density
+   (descending; ties by lower index) and keep each unit that still fits under the
+   budget; finally, while the kept total is below ``budget - tol`` (tol = 2%), add the
+   remaining unit that brings the total closest to the budget without passing
+   ``budget + tol``.  Returns kept indices in original order.  Pinned units are kept
+   even when they alone exceed the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .units import Unit
+
+__all__ = ["BudgetCurve", "BudgetSelector", "DEFAULT_CURVE", "message_budget"]
+
+DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
+
+
+@dataclass(frozen=True)
+class BudgetCurve:
+    points: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("prefill curve: needs at least one point")
+        prev = None
+        for n, r in self.points:
+            if n <= 0:
+                raise ValueError(f"prefill curve: token count must be positive, got {n}")
+            if not 0.0 < r <= 1.0:
+                raise ValueError(f"prefill curve: ratio at {n} tokens must be in (0, 1], got {r}")
+            if prev is not None and n <= prev:
+                raise ValueError(f"prefill curve: points must ascend in tokens ({prev} then {n})")
+            prev = n
+
+    @classmethod
+    def parse(cls, spec: str) -> "BudgetCurve":
+        """Parse ``"tokens:ratio tokens:ratio ..."`` (spaces or commas between points)."""
+        pts = []
+        for item in spec.replace(",", " ").split():
+            tok, sep, ratio = item.partition(":")
+            if not sep:
+                raise ValueError(f"prefill curve: point {item!r} is not tokens:ratio")
+            try:
+                pts.append((int(tok), float(ratio)))
+            except ValueError:
+                raise ValueError(f"prefill curve: point {item!r} is not an integer:number pair") from None
+        return cls(tuple(pts))
+
+    def ratio(self, n_tokens: int) -> float:
+        xs = [p[0] for p in self.points]
+        ys = [p[1] for p in self.points]
+        return float(np.interp(n_tokens, xs, ys))
+
+    def budget(self, prompt_tokens: int) -> int:
+        return int(round(prompt_tokens * self.ratio(prompt_tokens)))
+
+    def __str__(self) -> str:
+        return " ".join(f"{n}:{r:g}" for n, r in self.points)
+
+
+def message_budget(curve: BudgetCurve, prompt_tokens: int, message_tokens: int, floor_tokens: int = 0) -> int:
+    """Step 2: the long message's share of the prompt budget."""
+    if message_tokens > prompt_tokens:
+        raise ValueError(f"message has {message_tokens} tokens, more than the prompt's {prompt_tokens}")
+    b = curve.budget(prompt_tokens) - (prompt_tokens - message_tokens)
+    return int(min(max(b, floor_tokens, 1), message_tokens))
+
+
+@dataclass(frozen=True)
+class BudgetSelector:
+    tolerance: float = 0.02
+
+    def select(self, units: Sequence[Unit], density: np.ndarray, budget_tokens: int,
+               pinned: Iterable[int] = ()) -> list[int]:
+        """Step 3: indices of kept units, in original order."""
+        n = len(units)
+        dens = np.asarray(density, dtype=np.float64)
+        if dens.shape != (n,):
+            raise ValueError(f"density has shape {dens.shape}, expected ({n},)")
+        toks = np.fromiter((u.tokens for u in units), dtype=np.int64, count=n)
+        keep = np.zeros(n, dtype=bool)
+        pin = [i for i in pinned if 0 <= i < n]
+        keep[pin] = True
+        total = int(toks[keep].sum())
+        order = np.lexsort((np.arange(n), -dens))  # density desc, then index asc
+        order = order[~keep[order]]
+        tl = toks[order].tolist()
+        for i, t in zip(order.tolist(), tl):
+            if total + t <= budget_tokens:
+                keep[i] = True
+                total += t
+        tol = max(1, int(budget_tokens * self.tolerance))
+        while total < budget_tokens - tol:
+            rest = np.flatnonzero(~keep)
+            if len(rest) == 0:
+                break
+            after = total + toks[rest]
+            ok = after <= budget_tokens + tol
+            if not ok.any():
+                break
+            cand = rest[ok]
+            gap = np.abs(budget_tokens - (total + toks[cand]))
+            best = cand[np.lexsort((cand, -dens[cand], gap))[0]]
+            keep[best] = True
+            total += int(toks[best])
+        return np.flatnonzero(keep).tolist()

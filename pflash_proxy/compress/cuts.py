@@ -1,0 +1,272 @@
+"""Per-kind cut candidates: the line starts where a new structural unit may begin.
+
+All features are computed once per message over its UTF-8 bytes with numpy, so the
+cost is linear and mostly vectorised; Python loops only touch candidate lines.
+
+Algorithm:
+1. ``LineTable``: line start/end byte offsets, indentation, blank flags, first and
+   last non-newline byte of every line (vectorised over the byte array).
+2. Code (``code_features``): blank out string literals and comments with one regex
+   pass (Python: triple/single quoted strings and ``#``; C-like/JS: ``/* */``, ``//``,
+   quotes and backtick templates), marking every line that *starts* inside a literal.
+   Bracket depth at each line start is the running sum of ``([{`` minus ``)]}``,
+   clamped at zero (clamped sum = sum - min(0, running minimum)).
+3. Code starts: indentation 0, depth 0, not inside a literal, not a leader (blank,
+   comment, decorator), not a continuation (``else``/``elif``/``except``/``finally``/
+   ``catch``/``{``/closers, or the previous code line ends with an operator or ``\\``).
+   Each start then moves back over the contiguous top-level leaders above it, so
+   comments, decorators and blank lines go with the definition that follows.
+4. Prose/unknown: a non-blank line after a blank line, or a markdown heading; inside
+   a ``````` fence only an indentation-0 line after a blank line that is not a
+   continuation; an indented line after an indented block is not a start.
+5. Records: each non-blank, non-indented line whose first-byte class (digit, ``{``,
+   ``[``, letter, other) is the dominant one (>= 60% of lines); otherwise every
+   non-indented line.  Indented lines (stack traces) join the record above.
+6. Chat: turn lines ``Speaker: ...`` of speakers that appear at least twice.
+7. Diff: ``diff `` file headers, ``--- `` headers not preceded by header lines, and
+   ``@@`` hunks not directly after a ``+++ `` line.
+8. ``split_priority``: a per-line cost for cutting an oversize unit (lower is better):
+   for code ``2*indent`` (+1 unless a definition/decorator/comment; +1000 inside
+   brackets or a literal); otherwise 0 after a blank line, 1 after a sentence end.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kinds import TURN_RE, ContentKind
+
+__all__ = ["LineTable", "raw_starts", "split_priority"]
+
+_PY_LIT = re.compile(
+    rb"\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'"
+    rb"|#[^\n]*", re.S)
+_C_LIT = re.compile(
+    rb"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n]){0,4}'|`(?:\\.|[^`\\])*`", re.S)
+_PY_HINT = re.compile(rb"^(?:def |class |import |from \S+ import |async def |@\w)|:\s*(?:#.*)?$", re.M)
+_C_HINT = re.compile(rb"[;{}]\s*$", re.M)
+_CONT = (b"else:", b"else ", b"else{", b"elif ", b"except", b"finally", b"catch", b"{", b")", b"]", b"}", b".", b"&&",
+         b"||", b"?")
+_DEFS = (b"def ", b"class ", b"async def ", b"function ", b"@", b"#", b"//", b"/*", b"export ", b"const ", b"let ",
+         b"fn ", b"pub ", b"func ", b"impl ", b"struct ")
+_HEADINGS = (b"# ", b"## ", b"### ", b"#### ", b"##### ", b"###### ")
+_DIFF_HDR = (b"diff ", b"index ", b"new file", b"deleted file", b"similarity", b"rename ", b"old mode", b"new mode")
+_TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
+_BRACKET = np.zeros(256, dtype=bool)
+_BRACKET[list(b"()[]{}")] = True
+_OPEN = np.zeros(256, dtype=bool)
+_OPEN[list(b"([{")] = True
+_OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
+
+
+@dataclass
+class LineTable:
+    """Vectorised per-line features of a text (see step 1)."""
+
+    data: bytes
+    arr: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray  # exclusive, newline excluded
+    indent: np.ndarray
+    blank: np.ndarray
+    first: np.ndarray  # first byte of the line (10 for an empty line)
+    last: np.ndarray  # last non-whitespace byte (0 for a blank line)
+    last_pos: np.ndarray  # byte offset of the last non-whitespace byte (start for a blank line)
+    code: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # cached code_features
+    heads: np.ndarray | None = None  # cached head matrix
+
+    @classmethod
+    def build(cls, text: str) -> "LineTable":
+        data = text.encode("utf-8")
+        arr = np.frombuffer(data, dtype=np.uint8)
+        n = len(arr)
+        nl = np.flatnonzero(arr == 10)
+        starts = np.concatenate(([0], nl + 1)).astype(np.int64)
+        ends = np.concatenate((nl, [n])).astype(np.int64)
+        if n == 0 or arr[-1] == 10:
+            starts, ends = starts[:-1], ends[:-1]
+        pos = np.flatnonzero((arr > 32) | ((arr < 9) | ((arr > 13) & (arr < 32))))  # non-whitespace bytes
+        padded = np.concatenate((arr, [10]))
+        if len(pos) == 0:
+            z = np.zeros(len(starts), dtype=np.int64)
+            return cls(data, arr, starts, ends, z, np.ones(len(starts), bool), padded[starts], z.astype(np.uint8),
+                       starts.copy())
+        k = np.minimum(np.searchsorted(pos, starts), len(pos) - 1)
+        first_nonws = pos[k]
+        blank = (first_nonws >= ends) | (first_nonws < starts)
+        indent = np.where(blank, 0, first_nonws - starts)
+        kl = np.maximum(np.searchsorted(pos, ends) - 1, 0)
+        last_pos = np.where(blank, starts, pos[kl])
+        last = np.where(blank, 0, padded[last_pos]).astype(np.uint8)
+        return cls(data, arr, starts, ends, indent, blank, padded[starts], last, last_pos)
+
+    def head(self, width: int = 12) -> np.ndarray:
+        """(lines, width) matrix of the first bytes after each line's indentation (0-padded)."""
+        if self.heads is None or self.heads.shape[1] < width:
+            first = self.starts + self.indent
+            idx = first[:, None] + np.arange(width)[None, :]
+            padded = np.concatenate((self.arr, np.zeros(width, np.uint8)))
+            m = padded[np.minimum(idx, len(padded) - 1)]
+            m[idx >= self.ends[:, None]] = 0
+            self.heads = m
+        return self.heads[:, :width]
+
+    def startswith(self, prefixes: tuple[bytes, ...], width: int = 12) -> np.ndarray:
+        """Lines whose text after indentation starts with one of ``prefixes``."""
+        h = self.head(width)
+        out = np.zeros(len(self), dtype=bool)
+        for p in prefixes:
+            pa = np.frombuffer(p, dtype=np.uint8)
+            out |= (h[:, :len(pa)] == pa).all(axis=1)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def line(self, i: int) -> bytes:
+        return self.data[self.starts[i]:self.ends[i]]
+
+
+def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(depth at line start, starts-inside-literal, has code after stripping) per line (step 2).
+
+    Works on the sparse positions only: literal spans from one regex pass, bracket bytes
+    outside them, and line starts looked up with ``searchsorted``.
+    """
+    if t.code is not None:
+        return t.code
+    head = t.data[:65536]
+    python = len(_PY_HINT.findall(head)) >= len(_C_HINT.findall(head))
+    spans = [m.span() for m in (_PY_LIT if python else _C_LIT).finditer(t.data)]
+    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    ss, se = sp[:, 0], sp[:, 1]
+
+    def inside(p: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(ss, p, side="right") - 1
+        return (k >= 0) & (p < se[np.maximum(k, 0)]) if len(ss) else np.zeros(len(p), bool)
+
+    arr = t.arr
+    bpos = np.flatnonzero(_BRACKET[arr]) if len(arr) else np.zeros(0, np.int64)
+    bpos = bpos[~inside(bpos)]
+    delta = np.where(_OPEN[arr[bpos]], 1, -1).astype(np.int64)
+    run = np.concatenate(([0], np.cumsum(delta)))
+    clamped = run - np.minimum(np.minimum.accumulate(run), 0)
+    depth = clamped[np.searchsorted(bpos, t.starts, side="left")]
+    in_lit = inside(t.starts - 1) & (t.starts > 0)
+    first = t.starts + t.indent
+    k = np.searchsorted(ss, first, side="right") - 1
+    all_lit = (k >= 0) & (first < se[np.maximum(k, 0)] if len(se) else False) \
+        & (t.last_pos < (se[np.maximum(k, 0)] if len(se) else 0))
+    has_code = ~t.blank & ~all_lit
+    t.code = (depth, in_lit, has_code)
+    return t.code
+
+
+def _code_starts(t: LineTable) -> np.ndarray:
+    depth, in_lit, has_code = code_features(t)
+    n = len(t)
+    top = (depth == 0) & ~in_lit
+    leader = t.blank | (top & (t.indent == 0) & (~has_code | (t.first == 64)))  # 64 = '@'
+    cand = top & (t.indent == 0) & ~leader
+    cand &= ~t.startswith(_CONT)
+    idx = np.arange(n)
+    last_code = np.maximum.accumulate(np.where(has_code, idx, -1))
+    prev_code = np.concatenate(([-1], last_code[:-1]))
+    prev_last = np.where(prev_code >= 0, t.last[np.maximum(prev_code, 0)], 0)
+    cand &= ~np.isin(prev_last, _OPERATOR_END)
+    # step 3: move each start back over the contiguous top-level leaders above it
+    leaderish = leader & ((t.indent == 0) | t.blank) & ~in_lit
+    last_non = np.maximum.accumulate(np.where(~leaderish, idx, -1))
+    c = np.flatnonzero(cand)
+    moved = np.where(c > 0, last_non[np.maximum(c - 1, 0)] + 1, 0)
+    return np.unique(np.concatenate(([0], moved))).astype(np.int64)
+
+
+def _fences(t: LineTable) -> np.ndarray:
+    inside = np.zeros(len(t), dtype=bool)
+    lines = np.flatnonzero(t.startswith((b"```", b"~~~")) & (t.indent <= 3))
+    for a, b in zip(lines[0::2].tolist(), lines[1::2].tolist()):
+        inside[a + 1:b] = True
+    if len(lines) % 2:
+        inside[lines[-1] + 1:] = True
+    return inside
+
+
+def _prose_starts(t: LineTable) -> np.ndarray:
+    n = len(t)
+    prev_blank = np.concatenate(([True], t.blank[:-1]))
+    idx = np.arange(n)
+    last_nb = np.maximum.accumulate(np.where(~t.blank, idx, -1))
+    prev_nb = np.concatenate(([-1], last_nb[:-1]))
+    prev_indented = np.where(prev_nb >= 0, t.indent[np.maximum(prev_nb, 0)] > 0, False)
+    cand = ~t.blank & prev_blank & ~((t.indent > 0) & prev_indented)
+    cand |= t.startswith(_HEADINGS) & (t.indent == 0)
+    fence = _fences(t)
+    ok_in_fence = (t.indent == 0) & ~np.isin(t.first, np.frombuffer(b")]}.", dtype=np.uint8))
+    cand &= ~fence | ok_in_fence
+    cand &= ~(fence & t.startswith(_CONT))
+    cand[0] = True
+    return np.flatnonzero(cand)
+
+
+def _record_starts(t: LineTable) -> np.ndarray:
+    f = t.first
+    cls = np.select([(f >= 48) & (f <= 57), f == 123, f == 91, ((f | 32) >= 97) & ((f | 32) <= 122)], [1, 2, 3, 4], 5)
+    head = ~t.blank & (t.indent == 0)
+    counts = np.bincount(cls[head], minlength=6)
+    dom = int(counts.argmax())
+    cand = head & (cls == dom) if counts[dom] >= 0.6 * max(int(head.sum()), 1) else head
+    cand[0] = True
+    return np.flatnonzero(cand)
+
+
+def _chat_starts(t: LineTable) -> np.ndarray:
+    hits = [(m.start(), m.group(1)) for m in _TURN_B.finditer(t.data)]
+    speakers = Counter(sp for _, sp in hits)
+    pos = [p for p, sp in hits if speakers[sp] >= 2]
+    lines = np.searchsorted(t.starts, pos, side="right") - 1
+    return np.unique(np.concatenate(([0], lines))).astype(np.int64)
+
+
+def _diff_starts(t: LineTable) -> np.ndarray:
+    at0 = t.indent == 0
+    hdr = t.startswith(_DIFF_HDR) & at0
+    minus = t.startswith((b"--- ",)) & at0
+    plus = t.startswith((b"+++ ",)) & at0
+    hunk = t.startswith((b"@@ ",)) & at0
+    prev = lambda m: np.concatenate(([False], m[:-1]))  # noqa: E731
+    nxt = lambda m: np.concatenate((m[1:], [False]))  # noqa: E731
+    cand = t.startswith((b"diff ",)) & at0
+    cand |= minus & nxt(plus) & ~prev(hdr)
+    cand |= hunk & ~prev(plus)
+    cand[0] = True
+    return np.flatnonzero(cand)
+
+
+def raw_starts(t: LineTable, kind: ContentKind) -> np.ndarray:
+    """Sorted unit-start line indices (always containing 0) for ``kind``."""
+    if len(t) == 0:
+        return np.zeros(0, dtype=np.int64)
+    fn = {ContentKind.CODE: _code_starts, ContentKind.RECORDS: _record_starts,
+          ContentKind.CHAT: _chat_starts, ContentKind.DIFF: _diff_starts}.get(kind, _prose_starts)
+    return fn(t)
+
+
+def split_priority(t: LineTable, kind: ContentKind) -> np.ndarray:
+    """Per-line cost of starting a piece at that line when splitting an oversize unit."""
+    n = len(t)
+    prev_last = np.concatenate(([0], t.last[:-1]))
+    prev_blank = np.concatenate(([True], t.blank[:-1]))
+    if kind is ContentKind.CODE:
+        depth, in_lit, _ = code_features(t)
+        pri = 2 * t.indent.astype(np.int64) + 1 + 1000 * ((depth > 0) | in_lit)
+        pri[t.startswith(_DEFS) & (t.indent <= 8)] -= 1
+    else:
+        sentence_end = np.isin(prev_last, np.frombuffer(b".!?:;\"')]", dtype=np.uint8))
+        pri = np.where(prev_blank, 0, np.where(sentence_end, 1, 2)).astype(np.int64)
+    pri[t.blank] += 5000
+    return pri[:n]

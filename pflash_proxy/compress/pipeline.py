@@ -1,0 +1,184 @@
+"""The compression pipeline for one new long message.
+
+Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
+1. segment: cut the message into whole-line units (``Segmenter``).
+2. pin: when the request pins the message tail, the units holding the trailing lines
+   whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
+   line) are always kept.
+3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
+4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
+   upstream would prefill), then ``BudgetSelector`` by density.  The note and marker
+   lines cost tokens too: the selection is rerun once with the budget lowered by
+   their estimated size (``approx_tokens``) so the served message lands on budget.
+5. spread: ``relevance_spread``; flat on a cold request -> ``full-flat`` (original
+   text); flat inside a running conversation -> compress anyway (recall can bring
+   lines back).
+6. rewrite: note + kept lines + markers; keep the reps and omitted unit texts as a
+   ``RecallSource``.
+Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
+returns ``full-error`` with the original text and the reason; ``compress`` never
+raises.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
+from .recall import RecallSource
+from .request import RequestSpec, tail_lines
+from .rewrite import Rewriter, Source, marker_line, note_line, omitted_ranges
+from .scores import LexicalScorer, Scorer, density, validate_scores
+from .spread import relevance_spread
+from .text import TokenizedText, approx_tokens
+from .units import Segmenter, Unit, UnitSegmenter
+
+__all__ = ["CompressionOutcome", "CompressionSettings", "Compressor", "Mode"]
+
+Mode = Literal["compressed", "full-flat", "full-error"]
+
+
+@dataclass(frozen=True)
+class CompressionSettings:
+    threshold: int = 16384
+    curve: BudgetCurve = field(default_factory=lambda: BudgetCurve.parse(DEFAULT_CURVE))
+    query_pin: int = 512
+    fallback_spread: float = 0.11
+    theta: float = 0.075
+    recall_budget: int = 2048
+    min_segment: int = 32
+    max_segment: int = 512
+    min_message_budget: int = 256  # floor of a message's budget, in tokens
+
+    def __post_init__(self) -> None:
+        if isinstance(self.curve, str):
+            object.__setattr__(self, "curve", BudgetCurve.parse(self.curve))
+        for name in ("threshold", "query_pin", "recall_budget", "min_segment", "max_segment"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0 <= self.theta <= 1:
+            raise ValueError("theta must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class CompressionOutcome:
+    mode: Mode
+    text: str
+    prompt_tokens: int
+    message_tokens: int
+    budget_tokens: int
+    kept_tokens: int  # message tokens of the kept units (exact)
+    overhead_tokens: int  # estimated tokens of the note and marker lines
+    units_in: int
+    units_kept: int
+    recall: RecallSource | None
+    stage_ms: dict[str, float]
+    reason: str | None = None
+    spread: float | None = None
+
+    @property
+    def served_message_tokens(self) -> int:
+        return self.kept_tokens + self.overhead_tokens
+
+    @property
+    def kept_prompt_tokens(self) -> int:
+        """Estimated prompt tokens after shortening the message."""
+        return self.prompt_tokens - self.message_tokens + self.served_message_tokens
+
+
+def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[int]:
+    """Step 2: units holding the trailing lines within ``pin_tokens``."""
+    if pin_tokens <= 0 or not units:
+        return set()
+    first = tail_lines(tt.lines, tt.line_tokens, pin_tokens, paragraphs=False)
+    starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=len(units))
+    k = int(np.searchsorted(starts, first, side="right")) - 1
+    return set(range(max(k, 0), len(units)))
+
+
+class Compressor:
+    def __init__(self, settings: CompressionSettings | None = None, segmenter: Segmenter | None = None,
+                 scorer: Scorer | None = None) -> None:
+        self.settings = settings or CompressionSettings()
+        self.segmenter = segmenter or UnitSegmenter(self.settings.min_segment, self.settings.max_segment)
+        self.scorer = scorer or LexicalScorer()
+        self.selector = BudgetSelector()
+        self.rewriter = Rewriter()
+
+    def compress(self, tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool,
+                 source: Source, label: str = "") -> CompressionOutcome:
+        ms: dict[str, float] = {}
+        m_tok = tt.total_tokens
+
+        def full(mode: Mode, reason: str, **kw) -> CompressionOutcome:
+            base = dict(budget_tokens=0, units_in=0, units_kept=0, spread=None)
+            base.update(kw)
+            return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, base["budget_tokens"], m_tok, 0,
+                                      base["units_in"], base["units_in"], None, ms, reason, base["spread"])
+
+        try:
+            t = time.perf_counter()
+            units = list(self.segmenter.segment(tt, None))
+            _check_units(units, tt)
+            t = _lap(ms, "segment", t)
+            pinned = pinned_units(tt, units, request.pinned_tail_tokens)
+            reps = self.scorer.represent(tt, units)
+            t = _lap(ms, "represent", t)
+            scores = validate_scores(self.scorer.score(reps, request.text), len(units))
+            t = _lap(ms, "score", t)
+            toks = np.fromiter((u.tokens for u in units), dtype=np.int64, count=len(units))
+            dens = density(scores, toks)
+            budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
+                                    min(self.settings.min_message_budget, m_tok))
+            kept = self.selector.select(units, dens, budget, pinned)
+            overhead = self._overhead(units, kept, source, label, len(tt.lines))
+            if overhead:
+                kept = self.selector.select(units, dens, max(budget - overhead, 1), pinned)
+            t = _lap(ms, "select", t)
+            sp = relevance_spread(scores, len(kept), self.settings.fallback_spread)
+            t = _lap(ms, "spread", t)
+            if sp.flat and not in_conversation:
+                return full("full-flat", f"relevance too flat: spread {sp.spread:.3f} > "
+                            f"{self.settings.fallback_spread} (N_eff {sp.effective_units:.1f}, keeps {len(kept)} "
+                            f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread)
+            out = self.rewriter.rewrite(tt, units, kept, source, label)
+            overhead = approx_tokens(out.note) + sum(approx_tokens(marker_line(r)) + 1 for r in out.omitted)
+            kept_tokens = int(toks[kept].sum())
+            omitted_ids = [i for r in out.omitted for i in r.unit_indices]
+            recall = RecallSource(label, reps, tuple((u.start_line, u.end_line) for u in units),
+                                  tuple(int(x) for x in toks),
+                                  {i: tt.range_text(units[i].start_line, units[i].end_line) for i in omitted_ids})
+            _lap(ms, "rewrite", t)
+            return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
+                                      len(units), len(kept), recall, ms, None, sp.spread)
+        except Exception as e:  # noqa: BLE001 - never fail the request (issue stage 9)
+            return full("full-error", f"{type(e).__name__}: {e}")
+
+    @staticmethod
+    def _overhead(units: list[Unit], kept: list[int], source: Source, label: str, n_lines: int) -> int:
+        """Estimated tokens of the note and marker lines for this selection."""
+        runs = omitted_ranges(units, kept)
+        shown = n_lines - sum(r.n_lines for r in runs)
+        return approx_tokens(note_line(source, shown, n_lines, label)) + sum(
+            approx_tokens(marker_line(r)) + 1 for r in runs)
+
+
+def _check_units(units: list[Unit], tt: TokenizedText) -> None:
+    """Units from a plug-in segmenter must tile the message in order."""
+    pos = 0
+    for i, u in enumerate(units):
+        if u.index != i or u.start_line != pos or u.end_line <= u.start_line:
+            raise ValueError(f"segmenter returned a unit {i} that does not tile the message")
+        pos = u.end_line
+    if pos != len(tt.lines) or len(units) < 2:
+        raise ValueError("segmenter units do not cover the message")
+
+
+def _lap(ms: dict[str, float], name: str, t: float) -> float:
+    now = time.perf_counter()
+    ms[name] = ms.get(name, 0.0) + (now - t) * 1e3
+    return now

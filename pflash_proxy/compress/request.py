@@ -1,0 +1,161 @@
+"""Find the request (what is being asked) for a long message.
+
+Algorithm (``RequestFinder``):
+1. Flatten each message's content: a string, or the ``text`` of its
+   ``{"type": "text"}`` parts joined by newlines (other parts are ignored).
+2. Long **user** message: the request is the text after the bulk, taken as the
+   trailing paragraphs (blank-line separated) whose tokens sum to at most
+   ``query_pin``; if the last paragraph alone is larger, the trailing *lines* up to
+   ``query_pin`` tokens (at least the last non-blank line).  The pin is
+   ``pinned_tail_tokens = query_pin``: the compressor always keeps the units holding
+   the trailing lines that sum to at most ``query_pin`` tokens.
+3. Long **tool** message (``role == "tool"`` or legacy ``"function"``): the task
+   (latest user message before it) plus the assistant turn that issued the call:
+   its text and the matching ``tool_calls`` entry (by ``tool_call_id``; all calls of
+   the nearest assistant turn when no id matches) as ``name(arguments)``.  No pin.
+4. Any other long message (system, assistant): the latest user message anywhere
+   else in the list; no pin.  With no user message at all, the message's own tail.
+5. Plain ``/completion`` prompt: the trailing lines up to ``query_pin`` tokens are the
+   request and are pinned.
+Token counts come from the caller's ``TokenizedText`` when given, else from
+``approx_line_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .text import TokenizedText, approx_line_tokens, split_lines
+
+__all__ = ["RequestFinder", "RequestSpec", "message_text", "tail_lines"]
+
+RequestSource = Literal["message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    text: str
+    pinned_tail_tokens: int
+    source: RequestSource
+
+
+def message_text(msg: dict[str, Any]) -> str:
+    """Step 1: the text of a chat message's content."""
+    content = msg.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict) and p.get("type") in ("text", "input_text") and isinstance(p.get("text"), str):
+                parts.append(p["text"])
+        return "\n".join(parts)
+    return str(content)
+
+
+def tail_lines(lines: list[str], line_tokens: list[int], limit: int, *, paragraphs: bool) -> int:
+    """Index of the first line of the request tail (steps 2 and 5).
+
+    With ``paragraphs``, whole trailing paragraphs within ``limit`` tokens; if none fits,
+    falls back to trailing lines within ``limit``.  Always includes the last non-blank
+    line.  Returns ``len(lines)`` for an all-blank text.
+    """
+    n = len(lines)
+    end = n
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    if end == 0:
+        return n
+    first = end - 1
+    total = line_tokens[first]
+    i = first
+    while i > 0 and total + line_tokens[i - 1] <= limit:
+        i -= 1
+        total += line_tokens[i]
+    if not paragraphs:
+        return i
+    # back up to a paragraph start: the first line in [i, end) that follows a blank line
+    for j in range(i, end):
+        if j == 0 or not lines[j - 1].strip():
+            return j if j < end else i
+    return i
+
+
+@dataclass(frozen=True)
+class RequestFinder:
+    query_pin: int = 512
+
+    def find(self, messages: list[dict[str, Any]], long_index: int,
+             long_tt: TokenizedText | None = None) -> RequestSpec:
+        """The request for ``messages[long_index]`` (steps 2-4)."""
+        if not 0 <= long_index < len(messages):
+            raise IndexError(f"long_index {long_index} outside {len(messages)} messages")
+        msg = messages[long_index]
+        role = msg.get("role")
+        if role == "user":
+            return self._tail(msg, long_tt, "message-tail", pin=True)
+        if role in ("tool", "function"):
+            return self._tool(messages, long_index)
+        latest = next((message_text(m) for m in reversed(messages)
+                       if m is not msg and m.get("role") == "user" and message_text(m).strip()), None)
+        if latest is not None:
+            return RequestSpec(latest, 0, "latest-user")
+        return self._tail(msg, long_tt, "message-tail", pin=False)
+
+    def find_in_prompt(self, prompt: str | TokenizedText) -> RequestSpec:
+        """Step 5: the tail of a plain completion prompt, pinned."""
+        tt = prompt if isinstance(prompt, TokenizedText) else TokenizedText.from_text(prompt)
+        start = tail_lines(tt.lines, tt.line_tokens, self.query_pin, paragraphs=False)
+        return RequestSpec("".join(tt.lines[start:]), self.query_pin if start < len(tt.lines) else 0, "prompt-tail")
+
+    def _tail(self, msg: dict[str, Any], tt: TokenizedText | None, source: RequestSource, pin: bool) -> RequestSpec:
+        if tt is None:
+            text = message_text(msg)
+            lines = split_lines(text)
+            counts = approx_line_tokens(lines)
+        else:
+            lines, counts = tt.lines, tt.line_tokens
+        start = tail_lines(lines, counts, self.query_pin, paragraphs=True)
+        if start >= len(lines):
+            return RequestSpec("", 0, "none")
+        return RequestSpec("".join(lines[start:]), self.query_pin if pin else 0, source)
+
+    def _tool(self, messages: list[dict[str, Any]], idx: int) -> RequestSpec:
+        tool_msg = messages[idx]
+        call_id = tool_msg.get("tool_call_id")
+        task = next((message_text(m) for m in reversed(messages[:idx])
+                     if m.get("role") == "user" and message_text(m).strip()), "")
+        parts = [task] if task else []
+        caller = None
+        for m in reversed(messages[:idx]):
+            calls = m.get("tool_calls") or []
+            if m.get("role") != "assistant":
+                continue
+            if call_id is not None and any(isinstance(c, dict) and c.get("id") == call_id for c in calls):
+                caller = (m, [c for c in calls if isinstance(c, dict) and c.get("id") == call_id])
+                break
+            if caller is None and (calls or m.get("function_call")):
+                caller = (m, [c for c in calls if isinstance(c, dict)])
+                if call_id is None:
+                    break
+        if caller is not None:
+            m, calls = caller
+            if message_text(m).strip():
+                parts.append(message_text(m))
+            if m.get("function_call"):
+                calls = calls + [{"function": m["function_call"]}]
+            for c in calls:
+                fn = c.get("function") or {}
+                args = fn.get("arguments", "")
+                if not isinstance(args, str):
+                    args = str(args)
+                parts.append(f"{fn.get('name', '')}({args})")
+        elif tool_msg.get("name"):
+            parts.append(str(tool_msg["name"]))
+        text = "\n".join(parts)
+        return RequestSpec(text, 0, "tool-call" if text else "none")
