@@ -135,6 +135,16 @@ async def pflash_metrics(request: web.Request) -> web.Response:
     return web.Response(text=request.app[METRICS].prometheus(collect_stats(request.app)), content_type="text/plain")
 
 
+async def pflash_save(request: web.Request) -> web.Response:
+    """Snapshot every resident session now (used by ``pflash-proxy warm`` and before maintenance)."""
+    saved = 0
+    for stage in request.app[PIPELINE].stages:
+        save_all = getattr(stage, "save_all", None)
+        if save_all is not None:
+            saved += await save_all()
+    return web.json_response({"saved": saved})
+
+
 def collect_stats(app: web.Application) -> dict[str, Any]:
     stats: dict[str, Any] = {"requests": app[METRICS].snapshot()}
     upstream = app[UPSTREAM]
@@ -152,6 +162,7 @@ def add_routes(app: web.Application) -> None:
         app.router.add_post(path, parsed)
     app.router.add_get("/pflash/stats", pflash_stats)
     app.router.add_get("/pflash/metrics", pflash_metrics)
+    app.router.add_post("/pflash/save", pflash_save)
     app.router.add_route("*", "/{tail:.*}", passthrough)
 
 

@@ -67,27 +67,31 @@ class SessionManager:
         if self._monitor is not None:
             self._monitor.cancel()
         try:
-            await asyncio.wait_for(self._save_all_resident(), self.settings.shutdown_save_timeout_s)
+            await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
         except asyncio.TimeoutError:
             log.error("shutdown snapshot save timed out after %.0fs", self.settings.shutdown_save_timeout_s)
         for task in list(self._background):
             task.cancel()
         self.store.close()
 
-    async def _save_all_resident(self) -> None:
+    async def save_all_resident(self) -> int:
+        """Snapshot every resident session whose snapshot is not current; returns how many were written."""
+        saved = 0
         if not self._ready:
-            return
-        for slot in self.table.slots:
+            return saved
+        for slot in list(self.table.slots):
             sid = slot.session
             if sid is None or sid.startswith("anon-") or slot.snapshot_current or not slot.tokens:
                 continue
             lease = await self.table.acquire(sid)
             try:
-                if lease.resident:
-                    await self._save(lease.slot.id, sid, lease.slot.tokens, lease.slot.served_hashes)
-                    lease.slot.snapshot_current = True
+                if lease.resident and not lease.slot.snapshot_current:
+                    if await self._save(lease.slot.id, sid, lease.slot.tokens, lease.slot.served_hashes):
+                        lease.slot.snapshot_current = True
+                        saved += 1
             finally:
                 self.table.release(lease)
+        return saved
 
     # Identity ----------------------------------------------------------------------------------------------
     async def ensure_ready(self) -> None:
@@ -179,12 +183,14 @@ class SessionManager:
         self.counters["misses"] += 1
         return "miss", 0
 
-    async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> None:
+    async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> bool:
         try:
             await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
-        except (SlotActionFailed, UpstreamUnavailable, UpstreamTimeout, OSError) as exc:
+            return True
+        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout, OSError) as exc:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
+            return False
 
     def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult) -> None:
         timings = (result.final_json or {}).get("timings") or {}
@@ -212,8 +218,7 @@ class SessionManager:
             try:
                 slot = lease.slot
                 if lease.resident and slot.tokens and not slot.snapshot_current:
-                    await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
-                    slot.snapshot_current = True
+                    slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
             finally:
                 self.table.release(lease)
 

@@ -50,7 +50,10 @@ class SnapshotManager:
         except BaseException:
             (self.dir / tmp).unlink(missing_ok=True)
             raise
-        os.chmod(self.dir / final, 0o600)
+        try:
+            os.chmod(self.dir / final, 0o600)
+        except PermissionError:  # written by a llama-server running as another user
+            log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
         size = (self.dir / final).stat().st_size
         tokens = int(data.get("n_saved", tokens) or tokens)
         prev = self.store.snapshot(sid)

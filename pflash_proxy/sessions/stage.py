@@ -112,6 +112,9 @@ class SessionStage(Stage):
         if ctx.record is not None and self.manager.settings.save_every_turn:
             self.manager.save_in_background(ctx.record.id)
 
+    async def save_all(self) -> int:
+        return await self.manager.save_all_resident()
+
     def stats(self) -> dict[str, Any]:
         return self.manager.stats()
 
