@@ -1,0 +1,384 @@
+"""The in-process drafter: llama-cpp-python on one worker thread, taps and attention from one forward pass.
+
+1. Load once: the GGUF model, a vocab, and (lazily) one llama context per flash-attention mode, each with the
+   ``Capture`` eval callback (``_ggml.py``) and an abort callback. Every llama call runs on ONE dedicated
+   worker thread (``ThreadPoolExecutor(max_workers=1)``); sync methods block on that thread's future, the
+   ``async def run_*`` twins await it with ``loop.run_in_executor`` semantics, so the event loop never waits.
+2. A pass decodes a token stream in batches of ``n_batch`` (= ``n_ubatch``, so one decode is one ubatch)
+   with every logit flag off, and keeps for every token the tap ``l_out-K`` (the residual leaving block K),
+   ``(tokens, d)`` float32, concatenated over ubatches. ``K`` must be below the last block (llama.cpp keeps only
+   output rows there).
+3. Windows: a stream longer than the context (``W = n_ctx - 1`` tokens after BOS) is read in windows of ``W``
+   tokens with stride ``S = W - overlap`` (``overlap`` default ``W // 4``): window 0 gives taps for ``[0, W)``,
+   window ``k >= 1`` starts at ``k*S`` and gives taps only for its last ``S`` tokens, so every token after the
+   first window sees between ``overlap`` and ``W - 1`` tokens of left context (not the whole message): an
+   honest approximation, documented in docs/probes.md. Nothing is truncated.
+4. Sessions: after a pass the KV state of the current window (``llama_state_seq_get_data``), the window start
+   and the token stream are kept in an LRU bounded in bytes (``cache_mb``). A later call whose stream starts
+   with the cached one restores that state and decodes only the new tokens, following the same window schedule,
+   so it gives the same taps as a cold pass over the whole stream.
+5. Attention (flash attention off, so ``kq_soft_max-L`` exists): tokens from ``attend_from`` on are decoded with
+   a reducer that keeps, per wanted layer, the attention those tokens pay to each earlier token, summed over
+   heads and query tokens (``attention.py`` normalises and aggregates).
+6. Failures (llama error, abort, timeout via ``timeout`` seconds from submission) raise ``DrafterError``;
+   the context is cleared so the next call starts clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+class DrafterError(RuntimeError):
+    """The drafter could not produce a result; callers serve the message whole."""
+
+
+@dataclass(frozen=True)
+class DraftPass:
+    """Result of one call: taps for ``tokens[start:]`` and, if asked, attention over ``tokens[:attend_from]``."""
+    tokens: np.ndarray  # the whole stream, int32, no BOS
+    start: int  # first token decoded by this call (earlier ones came from the session cache)
+    taps: dict[int, np.ndarray]  # block -> (len(tokens) - start, d) float32
+    attention: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (attend_from,) float32
+    seconds: float = 0.0
+
+
+@dataclass
+class _Session:
+    tokens: np.ndarray
+    win_start: int
+    state: bytes
+    flash: bool
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.state) + self.tokens.nbytes
+
+
+class Drafter:
+    def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 8192, n_threads: int = 2,
+                 n_gpu_layers: int = 0, n_batch: int = 512, timeout: float = 300.0, cache_mb: float = 512,
+                 overlap: int | None = None) -> None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as e:
+            raise DrafterError(f"llama-cpp-python is not installed ({e})") from None
+        if not os.path.isfile(path):
+            raise DrafterError(f"drafter file {path} does not exist")
+        self.path, self.n_ctx, self.n_threads, self.n_batch = str(path), n_ctx, n_threads, min(n_batch, n_ctx)
+        self.n_gpu_layers, self.timeout, self.cache_bytes = n_gpu_layers, timeout, int(cache_mb * 2**20)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflash-drafter")
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._ctx: dict[bool, Any] = {}
+        self._deadline = float("inf")
+        self.stats = {"passes": 0, "tokens": 0, "seconds": 0.0, "cache_hits": 0, "aborts": 0}
+        self._submit(self._load, None).result()
+        self.window = self.n_ctx - int(self.add_bos)
+        self.overlap = self.window // 4 if overlap is None else overlap
+        if not 0 <= self.overlap < self.window:
+            raise DrafterError(f"overlap {self.overlap} must be in [0, {self.window})")
+
+    # ------------------------------------------------------------------ thread plumbing
+    def _submit(self, fn: Callable[..., T], timeout: float | None, *args: Any) -> "Future[T]":
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        return self._pool.submit(self._guard, fn, deadline, *args)
+
+    def _guard(self, fn: Callable[..., T], deadline: float, *args: Any) -> T:
+        if time.monotonic() > deadline:
+            raise DrafterError("drafter timed out while queued")
+        self._deadline = deadline
+        try:
+            return fn(*args)
+        except DrafterError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise DrafterError(f"drafter failed: {type(e).__name__}: {e}") from e
+        finally:
+            self._deadline = float("inf")
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return self._submit(fn, None, *args).result()
+
+    async def run_call(self, fn: Callable[..., T], *args: Any) -> T:
+        fut = self._submit(fn, None, *args)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout + 5.0)
+        except asyncio.TimeoutError:
+            raise DrafterError(f"drafter timed out after {self.timeout:.0f} s") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.submit(self._free).result()
+            self._pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ llama objects (worker thread only)
+    def _load(self) -> None:
+        import llama_cpp as L
+        from ._ggml import Capture
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = self.n_gpu_layers
+        self._model = L.llama_model_load_from_file(self.path.encode(), mp)
+        if not self._model:
+            raise DrafterError(f"llama.cpp could not load drafter {self.path}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_layer = int(L.llama_model_n_layer(self._model))
+        self.n_embd = int(L.llama_model_n_embd(self._model))
+        self.n_head = int(L.llama_model_n_head(self._model))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.bos = int(L.llama_vocab_bos(self._vocab))
+        self.capture = Capture()
+        self._abort_cb = L.ggml_abort_callback(lambda _d: time.monotonic() > self._deadline)
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+            self._batch.logits[i] = 0
+
+    def _context(self, flash: bool) -> Any:
+        if flash not in self._ctx:
+            import llama_cpp as L
+            cp = L.llama_context_default_params()
+            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = self.n_ctx, self.n_batch, self.n_batch, 1
+            cp.n_threads = cp.n_threads_batch = self.n_threads
+            cp.flash_attn_type = -1 if flash else 0  # auto / disabled (kq_soft_max-L needs disabled)
+            cp.cb_eval, cp.cb_eval_user_data = self.capture.c_callback, None
+            cp.no_perf = True
+            ctx = L.llama_init_from_model(self._model, cp)
+            if not ctx:
+                raise DrafterError(f"llama.cpp could not create a context of {self.n_ctx} tokens")
+            L.llama_set_abort_callback(ctx, self._abort_cb, None)
+            self._ctx[flash] = ctx
+        return self._ctx[flash]
+
+    def _free(self) -> None:
+        import llama_cpp as L
+        for ctx in self._ctx.values():
+            L.llama_free(ctx)
+        self._ctx.clear()
+        L.llama_batch_free(self._batch)
+        L.llama_model_free(self._model)
+        self._sessions.clear()
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, text: str) -> np.ndarray:
+        """Token ids of ``text`` (no BOS, special tokens not parsed), int32."""
+        import llama_cpp as L
+        raw = text.encode()
+        cap = len(raw) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self._vocab, raw, len(raw), buf, cap, False, False)
+        if n < 0:
+            raise DrafterError(f"tokenizer needs {-n} slots")
+        return np.ctypeslib.as_array(buf)[:n].astype(np.int32)
+
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        import llama_cpp as L
+        buf = ctypes.create_string_buffer(256)
+        out = []
+        for t in np.asarray(tokens).tolist():
+            n = L.llama_token_to_piece(self._vocab, int(t), buf, 256, 0, False)
+            out.append(buf.raw[:max(n, 0)])
+        return out
+
+    def token_starts(self, text: str, tokens: np.ndarray) -> np.ndarray:
+        """Byte offset in ``text`` where each token starts (pieces re-joined; clipped to the text)."""
+        lens = np.fromiter((len(p) for p in self.pieces(tokens)), dtype=np.int64, count=len(tokens))
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1])) if len(tokens) else np.zeros(0, np.int64)
+        return np.minimum(starts, max(len(text.encode()) - 1, 0))
+
+    # ------------------------------------------------------------------ passes (public)
+    def trace(self, tokens: Sequence[int] | np.ndarray, *, session: str | None = None, taps: Sequence[int] = (),
+              attend_from: int | None = None, attn_layers: Sequence[int] = (), flash: bool | None = None,
+              save: bool = True) -> DraftPass:
+        """One pass over ``tokens`` (steps 2-5); blocks the caller until the worker thread is done."""
+        return self.call(self._trace, np.asarray(tokens, np.int32), session, tuple(taps), attend_from,
+                         tuple(attn_layers), flash, save)
+
+    async def run_trace(self, tokens: Sequence[int] | np.ndarray, **kw: Any) -> DraftPass:
+        """``trace`` awaited from the event loop (the work runs on the drafter thread)."""
+        return await self.run_call(lambda: self._trace(np.asarray(tokens, np.int32), kw.get("session"),
+                                                       tuple(kw.get("taps", ())), kw.get("attend_from"),
+                                                       tuple(kw.get("attn_layers", ())), kw.get("flash"),
+                                                       kw.get("save", True)))
+
+    def attention_windows(self, content: np.ndarray, query: np.ndarray, layers: Sequence[int]) -> dict[int, np.ndarray]:
+        """Attention ``query`` pays to each content token when content + query exceed one context: every window
+        holds a slice of the content followed by the whole query; each content token takes its value from the
+        window that owns it (same schedule as step 3 with ``W' = W - len(query)``)."""
+        return self.call(self._attention_windows, np.asarray(content, np.int32), np.asarray(query, np.int32),
+                         tuple(layers))
+
+    def session_bytes(self, session: str) -> int:
+        s = self._sessions.get(session)
+        return s.nbytes if s is not None else 0
+
+    @property
+    def cache_used(self) -> int:
+        return sum(s.nbytes for s in self._sessions.values())
+
+    # ------------------------------------------------------------------ passes (worker thread)
+    def _trace(self, tokens: np.ndarray, session: str | None, taps: tuple[int, ...], attend_from: int | None,
+               attn_layers: tuple[int, ...], flash: bool | None, save: bool) -> DraftPass:
+        t0 = time.perf_counter()
+        for k in taps:
+            if not 0 <= k < self.n_layer - 1:
+                raise DrafterError(f"tap block {k} outside [0, {self.n_layer - 1}) for a {self.n_layer}-block drafter")
+        flash = (not attn_layers) if flash is None else flash
+        if attn_layers and (flash or attend_from is None or len(tokens) > self.window):
+            raise DrafterError("attention needs flash=False, attend_from, and a stream within one context")
+        ctx = self._context(flash)
+        prior, ws = self._restore(ctx, session, tokens, flash, attend_from)
+        got: dict[str, list[Any]] = {f"l_out-{k}": [] for k in taps}
+        att: dict[int, np.ndarray] = {}
+        try:
+            n, W, S, p = len(tokens), self.window, self.window - self.overlap, prior
+            while p < n:
+                if ws is None:
+                    ws = 0
+                    self._fresh(ctx)
+                elif p >= ws + W:
+                    ws += S
+                    self._fresh(ctx)
+                    self._decode(ctx, tokens[ws:p], 0, None, (), {})  # overlap: context only
+                end = min(n, ws + W)
+                self._decode(ctx, tokens[p:end], p - ws, attend_from, attn_layers, got, ws)
+                p = end
+            if attn_layers:
+                att = {L: self._merge_attention(got[f"kq_soft_max-{L}"], attend_from) for L in attn_layers}
+        except BaseException:
+            self._reset(ctx, session)
+            raise
+        if session is not None and save and ws is not None:
+            self._save(ctx, session, tokens, ws, flash)
+        tap_arrays = {k: (np.concatenate(got[f"l_out-{k}"]) if got[f"l_out-{k}"]
+                          else np.zeros((0, self.n_embd), np.float32)) for k in taps}
+        dt = time.perf_counter() - t0
+        self.stats["passes"] += 1
+        self.stats["tokens"] += len(tokens) - prior
+        self.stats["seconds"] += dt
+        return DraftPass(tokens, prior, tap_arrays, att, dt)
+
+    def _fresh(self, ctx: Any) -> None:
+        import llama_cpp as L
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        if self.add_bos:
+            self._decode(ctx, np.asarray([self.bos], np.int32), -1, None, (), {})
+
+    def _decode(self, ctx: Any, toks: np.ndarray, rel0: int, attend_from: int | None,
+                attn_layers: tuple[int, ...], got: dict[str, list[Any]], ws: int = 0) -> None:
+        """Decode ``toks`` at window positions ``rel0..`` (+1 after BOS), capturing the names in ``got``."""
+        import llama_cpp as L
+        b = self._batch
+        off = int(self.add_bos)
+        before = {k: sum(len(x) for x in v) for k, v in got.items() if k.startswith("l_out-")}
+        for i in range(0, len(toks), self.n_batch):
+            chunk = toks[i:i + self.n_batch]
+            m = len(chunk)
+            np.ctypeslib.as_array(b.token, shape=(self.n_batch,))[:m] = chunk
+            np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))[:m] = np.arange(m) + rel0 + i + off
+            b.n_tokens = m
+            red: dict[str, Callable[[np.ndarray], Any]] = {}
+            for name in got:
+                if name.startswith("l_out-"):
+                    red[name] = lambda a: a[0, 0]
+            if attn_layers:
+                q0 = max(0, attend_from - (ws + rel0 + i))  # first query row in this ubatch
+                if q0 < m:
+                    for Lr in attn_layers:
+                        red[f"kq_soft_max-{Lr}"] = lambda a, q0=q0: a[0, :, q0:, :].sum(axis=(0, 1))
+                        got.setdefault(f"kq_soft_max-{Lr}", [])
+            self.capture.want(red)
+            rc = L.llama_decode(ctx, b)
+            self.capture.clear()
+            if rc != 0:
+                if rc == 2:
+                    self.stats["aborts"] += 1
+                    raise DrafterError(f"drafter timed out after {self.timeout:.0f} s (aborted)")
+                raise DrafterError(f"llama_decode returned {rc}")
+            if self.capture.error:
+                raise DrafterError(f"eval callback: {self.capture.error}")
+            for name in red:
+                if name.startswith("l_out-") and sum(len(x) for x in got[name]) != before[name] + i + m:
+                    raise DrafterError(f"{name} not produced for every token (is block in the graph?)")
+
+    def _merge_attention(self, parts: list[np.ndarray], attend_from: int) -> np.ndarray:
+        """Sum the per-ubatch attention rows; keep the columns of the content tokens (cell = position)."""
+        if not parts:
+            raise DrafterError("no attention captured")
+        n_kv = max(len(p) for p in parts)
+        acc = np.zeros(n_kv, np.float32)
+        for p in parts:
+            acc[:len(p)] += p
+        off = int(self.add_bos)
+        if n_kv < off + attend_from:
+            raise DrafterError(f"attention has {n_kv} cells for {attend_from} content tokens")
+        return acc[off:off + attend_from]
+
+    def _attention_windows(self, content: np.ndarray, query: np.ndarray, layers: tuple[int, ...]) -> dict[int, np.ndarray]:
+        Wc = self.window - len(query)
+        if Wc < 8:
+            raise DrafterError(f"query of {len(query)} tokens leaves no room in a {self.n_ctx}-token context")
+        Sc = Wc - min(self.overlap, Wc // 4)
+        out = {L: np.zeros(len(content), np.float32) for L in layers}
+        ws = 0
+        while True:
+            seg = content[ws:ws + Wc]
+            r = self._trace(np.concatenate([seg, query]), None, (), len(seg), layers, False, False)
+            own = 0 if ws == 0 else Wc - Sc
+            for L in layers:
+                out[L][ws + own:ws + len(seg)] = r.attention[L][own:]
+            if ws + Wc >= len(content):
+                return out
+            ws += Sc
+
+    # ------------------------------------------------------------------ session cache (worker thread)
+    def _restore(self, ctx: Any, session: str | None, tokens: np.ndarray, flash: bool,
+                 attend_from: int | None) -> tuple[int, int | None]:
+        import llama_cpp as L
+        s = self._sessions.get(session) if session is not None else None
+        m = 0 if s is None else len(s.tokens)
+        if (s is None or s.flash != flash or m > len(tokens) or not np.array_equal(tokens[:m], s.tokens)
+                or (attend_from is not None and attend_from < m)):
+            return 0, None
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        buf = (ctypes.c_uint8 * len(s.state)).from_buffer_copy(s.state)
+        if L.llama_state_seq_set_data(ctx, buf, len(s.state), 0) == 0:
+            self._sessions.pop(session, None)  # type: ignore[arg-type]
+            return 0, None
+        self._sessions.move_to_end(session)  # type: ignore[arg-type]
+        self.stats["cache_hits"] += 1
+        return m, s.win_start
+
+    def _save(self, ctx: Any, session: str, tokens: np.ndarray, ws: int, flash: bool) -> None:
+        import llama_cpp as L
+        size = int(L.llama_state_seq_get_size(ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(L.llama_state_seq_get_data(ctx, buf, size, 0))
+        self._sessions.pop(session, None)
+        entry = _Session(tokens.copy(), ws, bytes(buf)[:got], flash)
+        if entry.nbytes > self.cache_bytes:
+            return
+        self._sessions[session] = entry
+        while self.cache_used > self.cache_bytes:
+            self._sessions.popitem(last=False)
+
+    def _reset(self, ctx: Any, session: str | None) -> None:
+        import llama_cpp as L
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        if session is not None:
+            self._sessions.pop(session, None)
+
+    def forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
