@@ -22,8 +22,7 @@ This is the Speculative Prefill idea (arXiv 2502.02789), the first PFlash's scor
 
 from __future__ import annotations
 
-import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -35,31 +34,37 @@ QUERY_SEP = "\n\n"
 BUILTIN_SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}  # llama.cpp set_swa_pattern defaults
 
 
-def global_layers(path: str | os.PathLike[str], n_layer: int | None = None,
-                  override: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Step 1: the blocks whose attention spans the whole context."""
+def _parse(v: Any) -> Any:
+    """Metadata as llama.cpp prints it (``llama_model_meta_val_str``) or as gguf returns it."""
+    if not isinstance(v, str):
+        return v
+    t = v.strip().lower()
+    if t.startswith("["):
+        return [x.strip() in ("true", "1") for x in t.strip("[]").split(",") if x.strip()]
+    try:
+        return int(t)
+    except ValueError:
+        return t
+
+
+def global_layers(meta: Callable[[str], Any], n_layer: int, override: Sequence[int] | None = None
+                  ) -> tuple[int, ...]:
+    """Step 1: the blocks whose attention spans the whole context; ``meta(key)`` reads drafter metadata."""
     if override:
         return tuple(sorted(int(i) for i in override))
-    from gguf import GGUFReader
-    f = {k: v for k, v in GGUFReader(str(path)).fields.items()}
-
-    def val(key: str) -> Any:
-        return f[key].contents() if key in f else None
-
-    arch = val("general.architecture")
-    n = int(n_layer if n_layer is not None else val(f"{arch}.block_count"))
-    interval = val(f"{arch}.full_attention_interval")
+    arch = str(meta("general.architecture"))
+    interval = _parse(meta(f"{arch}.full_attention_interval"))
     if interval:
-        return tuple(i for i in range(n) if (i + 1) % int(interval) == 0)
-    if not val(f"{arch}.attention.sliding_window"):
-        return tuple(range(n))
-    pat = val(f"{arch}.attention.sliding_window_pattern")
+        return tuple(i for i in range(n_layer) if (i + 1) % int(interval) == 0)
+    if not _parse(meta(f"{arch}.attention.sliding_window")):
+        return tuple(range(n_layer))
+    pat = _parse(meta(f"{arch}.attention.sliding_window_pattern"))
     if isinstance(pat, list):
-        return tuple(i for i, swa in enumerate(pat[:n]) if not swa)
-    period = int(pat) if pat else BUILTIN_SWA_PATTERN.get(str(arch), 0)
+        return tuple(i for i, swa in enumerate(pat[:n_layer]) if not swa)
+    period = int(pat) if pat else BUILTIN_SWA_PATTERN.get(arch, 0)
     if period <= 0:
         raise DrafterError(f"cannot tell the global-attention layers of a {arch} drafter: configure them")
-    return tuple(i for i in range(n) if i % period == period - 1)
+    return tuple(i for i in range(n_layer) if i % period == period - 1)
 
 
 def mean_attention(att: dict[int, np.ndarray], n_head: int, n_query: int) -> np.ndarray:
@@ -85,7 +90,7 @@ class AttentionScorer:
 
     def __init__(self, drafter: Drafter, layers: Sequence[int] | None = None) -> None:
         self.drafter = drafter
-        self.layers = global_layers(drafter.path, drafter.n_layer, layers)
+        self.layers = global_layers(drafter.meta, drafter.n_layer, layers)
 
     def token_attention(self, content: np.ndarray, question: str, session: str | None = None) -> np.ndarray:
         """Per content token: mean attention the question pays to it (steps 2-3)."""

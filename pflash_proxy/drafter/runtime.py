@@ -171,6 +171,13 @@ class Drafter:
         L.llama_model_free(self._model)
         self._sessions.clear()
 
+    def meta(self, key: str) -> str | None:
+        """A drafter GGUF metadata value as llama.cpp prints it, or None."""
+        import llama_cpp as L
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else None
+
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str) -> np.ndarray:
         """Token ids of ``text`` (no BOS, special tokens not parsed), int32."""

@@ -1,0 +1,189 @@
+"""The real gemma-3-270m GGUF as drafter: taps, windows, follow-ups from cached state, timeouts, scorers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import HAVE_LLAMA
+
+pytestmark = [pytest.mark.drafter, pytest.mark.skipif(not HAVE_LLAMA, reason="llama_cpp not importable")]
+
+TAP = 9
+PARA = ("Line {i}: the ledger of warehouse {i} lists {n} crates of copper wire, audited on day {d} by clerk "
+        "number {c}, who noted nothing unusual about the shipment.\n")
+
+
+def doc(n_lines: int, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    return "".join(PARA.format(i=i, n=rng.integers(10, 999), d=rng.integers(1, 28), c=rng.integers(1, 99))
+                   for i in range(n_lines))
+
+
+def tt_of(text: str) -> SimpleNamespace:
+    lines = text.splitlines(keepends=True)
+    return SimpleNamespace(text=text, lines=lines, token_offsets=np.arange(len(lines) + 1) * 10)
+
+
+def test_tap_shape_and_determinism(drafter) -> None:
+    toks = drafter.tokenize(doc(8))
+    a = drafter.trace(toks, taps=(TAP,)).taps[TAP]
+    b = drafter.trace(toks, taps=(TAP,)).taps[TAP]
+    assert a.shape == (len(toks), 640) and a.dtype == np.float32 and len(toks) > 200
+    assert np.isfinite(a).all() and np.abs(a[1:] - a[:-1]).max() > 0.1
+    np.testing.assert_array_equal(a, b)
+
+
+def test_token_lines_follow_the_text(drafter) -> None:
+    text = doc(5)
+    toks = drafter.tokenize(text)
+    assert b"".join(drafter.pieces(toks)) == text.encode()
+    from pflash_proxy.drafter.segment import token_lines
+    tl = token_lines(drafter.token_starts(text, toks), text)
+    assert tl[0] == 0 and tl[-1] == 4 and (np.diff(tl) >= 0).all()
+
+
+def test_last_block_and_bad_tap_rejected(drafter) -> None:
+    from pflash_proxy.drafter.runtime import DrafterError
+    with pytest.raises(DrafterError, match="tap block 17"):
+        drafter.trace(drafter.tokenize("hello"), taps=(17,))
+
+
+def test_followup_from_cached_state_equals_cold_pass(drafter) -> None:
+    toks = drafter.tokenize(doc(10, seed=1))
+    more = drafter.tokenize("\n\nWhich clerk audited warehouse 3, and on what day?")
+    full = np.concatenate([toks, more])
+    drafter.forget("s1")
+    first = drafter.trace(toks, session="s1", taps=(TAP,))
+    assert first.start == 0 and drafter.session_bytes("s1") > 0
+    hits = drafter.stats["cache_hits"]
+    follow = drafter.trace(full, session="s1", taps=(TAP,), save=False)
+    assert follow.start == len(toks) and drafter.stats["cache_hits"] == hits + 1
+    assert follow.taps[TAP].shape == (len(more), 640)
+    cold = drafter.trace(full, taps=(TAP,)).taps[TAP]
+    np.testing.assert_allclose(follow.taps[TAP], cold[len(toks):], rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(first.taps[TAP], cold[:len(toks)])
+
+
+def test_windows_and_followup_across_a_window_edge(gemma) -> None:
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=256, n_batch=64, overlap=64, cache_mb=64)
+    try:
+        toks = d.tokenize(doc(24, seed=2))[:700]
+        cold = d.trace(toks, taps=(TAP,)).taps[TAP]
+        assert cold.shape == (700, 640)
+        d.trace(toks[:300], session="w", taps=(TAP,))  # ends inside window 1 ([191, 446))
+        warm = d.trace(toks, session="w", taps=(TAP,)).taps[TAP]  # continues, then opens windows 2 and 3
+        np.testing.assert_allclose(warm, cold[300:], rtol=1e-4, atol=1e-3)
+        assert d.window == 255 and d.overlap == 64 and d.stats["cache_hits"] == 1
+    finally:
+        d.close()
+
+
+def test_timeout_raises_and_drafter_recovers(drafter) -> None:
+    from pflash_proxy.drafter.runtime import DrafterError
+    toks = drafter.tokenize(doc(30, seed=3))
+    old = drafter.timeout
+    drafter.timeout = 0.2
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DrafterError, match="timed out"):
+            drafter.trace(toks, taps=(TAP,))
+        assert time.monotonic() - t0 < 5.0  # aborted, not run to the end
+    finally:
+        drafter.timeout = old
+    small = drafter.tokenize(doc(2))
+    assert drafter.trace(small, taps=(TAP,)).taps[TAP].shape == (len(small), 640)
+
+
+async def test_async_run_keeps_event_loop_free(drafter) -> None:
+    toks = drafter.tokenize(doc(12, seed=4))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    r = await drafter.run_trace(toks, taps=(TAP,))
+    task.cancel()
+    assert r.taps[TAP].shape[0] == len(toks) and r.seconds > 0.3 and ticks >= 0.5 * r.seconds / 0.01
+
+
+def test_session_cache_is_bounded_in_bytes(gemma) -> None:
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=1024, cache_mb=1.0)
+    try:
+        toks = d.tokenize(doc(3))
+        for s in ("a", "b", "c", "e", "f"):
+            d.trace(toks, session=s)
+        per = d.session_bytes("f")
+        assert per > 0 and d.cache_used <= 2**20 and d.session_bytes("a") == 0
+    finally:
+        d.close()
+
+
+def _units(text: str, per: int):
+    from pflash_proxy.drafter.segment import ProbeUnit
+    n = len(text.splitlines())
+    return [ProbeUnit(i, a, min(a + per, n), 10, "probe") for i, a in enumerate(range(0, n, per))]
+
+
+def test_head_scorer_followup_equals_cold(drafter, gemma, tmp: Path) -> None:
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.head import QUERY_SEP, query_rep, relevance, unit_reps
+    from pflash_proxy.drafter.probe_writer import random_head_weights, write_scorer_head
+    from pflash_proxy.drafter.probes import load_scorer_head
+    from pflash_proxy.drafter.segment import token_lines, unit_token_spans
+    from pflash_proxy.drafter.head import HeadScorer
+    from pflash_proxy.drafter.stages import ProbeStages
+    write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
+                      drafter_sha256=file_sha256(gemma))
+    w = load_scorer_head(tmp / "h.gguf", gemma)
+    text, q = doc(12, seed=5), "Which clerk audited warehouse 7?"
+    units = _units(text, 3)
+    scorer = HeadScorer(ProbeStages(drafter, TAP), w)
+    reps = scorer.represent(tt_of(text), units)
+    warm = scorer.score(reps, q)
+    # cold: one pass over message + question, nothing cached
+    toks = drafter.tokenize(text)
+    stream = np.concatenate([toks, drafter.tokenize(QUERY_SEP + q)])
+    tap = drafter.trace(stream, taps=(TAP,)).taps[TAP]
+    s, e = unit_token_spans(token_lines(drafter.token_starts(text, toks), text), units)
+    cold = relevance(w, unit_reps(w, tap[:len(toks)], s, e), query_rep(w, tap[len(toks):])) * 10
+    assert warm.shape == (4,) and (warm >= 0).all()
+    np.testing.assert_allclose(warm, cold, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_needle_ranks_above_median(drafter) -> None:
+    from pflash_proxy.drafter.attention import AttentionScorer
+    rng = np.random.default_rng(7)
+    topics = ["orchard", "harbor", "library", "bakery", "railway", "museum", "glacier", "market", "quarry",
+              "theater", "vineyard", "airport", "lighthouse", "monastery", "brewery", "stadium"]
+    paras = []
+    for i in range(40):
+        t = topics[i % len(topics)]
+        paras.append(f"The {t} district report {i}: visitors counted {rng.integers(100, 999)} people, the "
+                     f"weather was mild, and the committee approved routine maintenance of the {t} paths.\n")
+    needle = 23
+    paras[needle] = ("The vault in Lisbon opens only with the secret code 7421, which the night guard "
+                     "Tomas keeps written inside his boot.\n")
+    text = "".join(paras)
+    units = _units(text, 1)
+    sc = AttentionScorer(drafter)
+    assert sc.layers == (5, 11, 17)
+    toks = drafter.tokenize(text)
+    assert 1000 < len(toks) < 2100
+    reps = sc.represent(tt_of(text), units)
+    scores = sc.score(reps, "What is the secret code that opens the vault in Lisbon?")
+    dens = scores / np.maximum(reps.unit_tokens, 1)
+    assert scores.shape == (40,) and (scores >= 0).all()
+    assert dens[needle] > np.median(dens)
+    assert (dens > dens[needle]).sum() <= 3  # in practice the needle is at or near the top
