@@ -134,10 +134,7 @@ class Compressor:
             dens = density(scores, toks)
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
-            kept = self.selector.select(units, dens, budget, pinned)
-            overhead = self._overhead(units, kept, source, label, len(tt.lines))
-            if overhead:
-                kept = self.selector.select(units, dens, max(budget - overhead, 1), pinned)
+            kept = self._select_with_overhead(units, toks, dens, budget, pinned, source, label, len(tt.lines))
             t = _lap(ms, "select", t)
             sp = relevance_spread(scores, len(kept), self.settings.fallback_spread)
             t = _lap(ms, "spread", t)
@@ -157,6 +154,27 @@ class Compressor:
                                       len(units), len(kept), recall, ms, None, sp.spread)
         except Exception as e:  # noqa: BLE001 - never fail the request (issue stage 9)
             return full("full-error", f"{type(e).__name__}: {e}")
+
+    def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
+                              pinned: set[int], source: Source, label: str, n_lines: int) -> list[int]:
+        """Step 4: select so that kept units plus note/marker lines land on the budget.
+
+        Reselects with ``budget - overhead`` until the overhead estimate stops changing
+        (at most 4 rounds) and returns the round whose served total is closest to the
+        budget.
+        """
+        best: tuple[int, list[int]] | None = None
+        overhead = 0
+        for _ in range(4):
+            kept = self.selector.select(units, dens, max(budget - overhead, 1), pinned)
+            new = self._overhead(units, kept, source, label, n_lines)
+            served = int(toks[kept].sum()) + new
+            if best is None or abs(served - budget) < best[0]:
+                best = (abs(served - budget), kept)
+            if new == overhead:
+                break
+            overhead = new
+        return best[1]
 
     @staticmethod
     def _overhead(units: list[Unit], kept: list[int], source: Source, label: str, n_lines: int) -> int:

@@ -3,10 +3,11 @@
 Algorithm (``RequestFinder``):
 1. Flatten each message's content: a string, or the ``text`` of its
    ``{"type": "text"}`` parts joined by newlines (other parts are ignored).
-2. Long **user** message: the request is the text after the bulk, taken as the
-   trailing paragraphs (blank-line separated) whose tokens sum to at most
-   ``query_pin``; if the last paragraph alone is larger, the trailing *lines* up to
-   ``query_pin`` tokens (at least the last non-blank line).  The pin is
+2. Long **user** message: the request is the text after the bulk: the last paragraph
+   (blank-line separated), plus earlier paragraphs while what is taken is under
+   ``min_request_tokens`` (32) and all stays within ``query_pin`` tokens; if the last
+   paragraph alone exceeds ``query_pin``, the trailing *lines* up to ``query_pin``
+   tokens (at least the last non-blank line).  The pin is
    ``pinned_tail_tokens = query_pin``: the compressor always keeps the units holding
    the trailing lines that sum to at most ``query_pin`` tokens.
 3. Long **tool** message (``role == "tool"`` or legacy ``"function"``): the task
@@ -28,7 +29,7 @@ from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "message_text", "tail_lines"]
+__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "tail_lines"]
 
 RequestSource = Literal["message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
 
@@ -86,9 +87,25 @@ def tail_lines(lines: list[str], line_tokens: list[int], limit: int, *, paragrap
     return i
 
 
+def request_tail(lines: list[str], line_tokens: list[int], limit: int, min_tokens: int) -> int:
+    """Index of the first line of the request paragraph(s) at the end of a message (step 2)."""
+    pin_start = tail_lines(lines, line_tokens, limit, paragraphs=False)
+    end = len(lines)
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    start = None
+    for j in range(end - 1, pin_start - 1, -1):
+        if lines[j].strip() and (j == 0 or not lines[j - 1].strip()):
+            start = j
+            if sum(line_tokens[start:end]) >= min_tokens:
+                break
+    return pin_start if start is None else start
+
+
 @dataclass(frozen=True)
 class RequestFinder:
     query_pin: int = 512
+    min_request_tokens: int = 32
 
     def find(self, messages: list[dict[str, Any]], long_index: int,
              long_tt: TokenizedText | None = None) -> RequestSpec:
@@ -120,8 +137,8 @@ class RequestFinder:
             counts = approx_line_tokens(lines)
         else:
             lines, counts = tt.lines, tt.line_tokens
-        start = tail_lines(lines, counts, self.query_pin, paragraphs=True)
-        if start >= len(lines):
+        start = request_tail(lines, counts, self.query_pin, self.min_request_tokens)
+        if start >= len(lines) or not "".join(lines[start:]).strip():
             return RequestSpec("", 0, "none")
         return RequestSpec("".join(lines[start:]), self.query_pin if pin else 0, source)
 

@@ -7,7 +7,8 @@ question-independent, picklable ``UnitReps`` (cacheable, stored for recall);
 Algorithm (``LexicalScorer``):
 1. Terms (``lexicon.span_terms``): word runs split at ``_`` and camelCase humps
    (``parseHTTPHeader`` -> ``parse http header``), lowercased, plus each compound
-   identifier whole (``parse_header`` -> ``parseheader``); stopwords dropped.
+   identifier whole (``parse_header`` -> ``parseheader``); stopwords and single
+   letters dropped.
 2. ``represent``: map every unit's terms to ids of a per-message vocabulary (unique
    terms, Unicode-lowercased) and build the BM25 matrix with one document per unit,
    vectorised: tf per (term, unit) by sorting ``term * n_units + unit`` keys; weights
@@ -69,7 +70,12 @@ about into over under again further once all any both each few more most other s
 
 def terms(text: str) -> list[str]:
     """Step 1: the lowercased lexical terms of ``text`` (stopwords kept out)."""
-    return [w for w in (t.lower() for t in text_terms(text)) if w not in STOPWORDS]
+    return [w for w in (t.lower() for t in text_terms(text)) if not _is_stop(w)]
+
+
+def _is_stop(w: str) -> bool:
+    """Stopwords and single letters (possessive ``'s``, loop variables) carry no relevance."""
+    return w in STOPWORDS or (len(w) == 1 and w.isalpha())
 
 
 def density(scores: np.ndarray, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
@@ -129,7 +135,7 @@ class LexicalScorer:
             w = t.decode("utf-8", "replace")
             if not t.isascii():
                 w = w.lower()
-            canon[i] = -1 if w in STOPWORDS else vocab.setdefault(w, len(vocab))
+            canon[i] = -1 if _is_stop(w) else vocab.setdefault(w, len(vocab))
         ids = canon[np.fromiter(map(raw_id.__getitem__, flat), dtype=np.int64, count=len(flat))] if flat \
             else np.zeros(0, np.int64)
         docs = np.repeat(np.arange(n_units, dtype=np.int64), lengths)

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from pflash_proxy.compress.budget import BudgetCurve, message_budget
+from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
+from pflash_proxy.compress.recall import RecallGate, format_recall_block
+from pflash_proxy.compress.request import RequestFinder, RequestSpec
+from pflash_proxy.compress.rewrite import MARKER_RE, Rewriter
+from pflash_proxy.compress.scores import LexicalScorer
+from pflash_proxy.compress.text import TokenizedText
+from pflash_proxy.compress.units import UnitSegmenter
+
+from .corpus import NEEDLE, document_with_needle, prose_paragraphs
+
+QUESTION = "What is the vault combination for the Zebulon archive, and who may open it?"
+
+
+def _check_markers(original: TokenizedText, served: str, expect_note: str) -> int:
+    """Rebuild the original from the served text: kept lines verbatim, markers cover their range."""
+    out = served.splitlines(keepends=True)
+    assert out[0].startswith("[pflash: showing ") and expect_note in out[0]
+    pos, markers = 0, 0
+    for line in out[1:]:
+        m = re.match(MARKER_RE, line.rstrip("\n"))
+        if m:
+            n, a = int(m.group(1)), int(m.group(2))
+            b = int(m.group(3) or a)
+            assert a == pos + 1 and b - a + 1 == n
+            pos = b
+            markers += 1
+        else:
+            assert line == original.lines[pos], f"line {pos + 1} not verbatim"
+            pos += 1
+    assert pos == len(original.lines)
+    return markers
+
+
+def test_rewrite_markers_and_note_exact():
+    tt = TokenizedText.from_text(document_with_needle())
+    units = UnitSegmenter().segment(tt)
+    kept = [0, 3, 4, len(units) - 1]
+    rw = Rewriter().rewrite(tt, units, kept, "tool", "4")
+    markers = _check_markers(tt, rw.text, "of this tool output (message 4)")
+    assert markers == len(rw.omitted) == 2
+    assert "call the tool again for that range" in rw.text.splitlines()[0]
+    assert rw.shown_lines == sum(units[i].n_lines for i in kept)
+    assert f"showing {rw.shown_lines:,} of {rw.total_lines:,} lines" in rw.text
+    paste = Rewriter().rewrite(tt, units, kept, "paste")
+    assert "ask about it and it will be brought back" in paste.text.splitlines()[0]
+
+
+def test_single_line_marker_and_no_trailing_newline():
+    text = "\n\n".join(prose_paragraphs(4)) + "\n\nlast line"
+    tt = TokenizedText.from_text(text)
+    units = UnitSegmenter(min_segment=1).segment(tt)
+    rw = Rewriter().rewrite(tt, units, list(range(len(units) - 1)), "prompt")
+    assert rw.text.endswith(f"[… 1 line omitted: line {len(tt.lines)} …]")
+
+
+def _compress(tt, request, in_conversation=False, prompt_extra=200, **kw):
+    settings = CompressionSettings(**kw)
+    return Compressor(settings).compress(tt, request, tt.total_tokens + prompt_extra, in_conversation, "paste", "1")
+
+
+def test_pipeline_needle_document_budget_and_needle_kept():
+    text = document_with_needle(n_paragraphs=40) + "\n" + QUESTION + "\n"
+    tt = TokenizedText.from_text(text)
+    assert 2500 < tt.total_tokens < 4500
+    req = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
+    out = _compress(tt, req)
+    assert out.mode == "compressed", out.reason
+    curve = BudgetCurve.parse("16384:0.315 32768:0.270 65536:0.270 120000:0.225")
+    budget = message_budget(curve, out.prompt_tokens, tt.total_tokens, 256)
+    assert out.budget_tokens == budget
+    assert abs(out.served_message_tokens - budget) <= 0.02 * budget
+    assert out.kept_tokens < tt.total_tokens * 0.5
+    assert NEEDLE in out.text and QUESTION in out.text
+    _check_markers(tt, out.text, "of this message (message 1)")
+    assert set(out.stage_ms) >= {"segment", "represent", "score", "select", "rewrite"}
+    assert out.recall is not None and out.recall.omitted
+
+
+def test_pinned_tail_always_kept():
+    text = document_with_needle() + "\nUnrelated closing remark about teapots and porcelain glazes.\n"
+    tt = TokenizedText.from_text(text)
+    out = _compress(tt, RequestSpec(QUESTION, 64, "message-tail"))
+    assert out.mode == "compressed"
+    assert out.text.endswith("Unrelated closing remark about teapots and porcelain glazes.\n")
+    unpinned = _compress(tt, RequestSpec(QUESTION, 0, "latest-user"))
+    assert not unpinned.text.endswith("porcelain glazes.\n")
+
+
+def test_kept_code_units_are_whole_functions():
+    tt = TokenizedText.from_text(document_with_needle())
+    out = _compress(tt, RequestSpec("dedent common leading whitespace margin", 0, "latest-user"))
+    assert out.mode == "compressed"
+    import inspect
+    import textwrap
+    src = inspect.getsource(textwrap.dedent)
+    assert src.rstrip("\n") in out.text  # the whole function, not a piece
+
+
+def _flat_records(n=300):
+    return "\n".join(json.dumps({"id": i, "from": f"user{i}@example.com", "subject": f"Invoice {i} for project X",
+                                 "body": f"Please find the invoice number {i} attached."}) for i in range(n)) + "\n"
+
+
+def test_flat_relevance_cold_full_flat_and_conversation_compressed():
+    tt = TokenizedText.from_text(_flat_records())
+    req = RequestSpec("List every message that mentions an invoice", 0, "latest-user")
+    cold = _compress(tt, req, in_conversation=False)
+    assert cold.mode == "full-flat" and cold.text == tt.text and "spread" in cold.reason
+    warm = _compress(tt, req, in_conversation=True)
+    assert warm.mode == "compressed" and warm.text != tt.text and warm.kept_tokens < tt.total_tokens
+
+
+class _Garbage:
+    name = "garbage"
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def represent(self, tt, units):
+        if self.kind == "raise-represent":
+            raise RuntimeError("drafter died")
+        return LexicalScorer().represent(tt, units)
+
+    def score(self, reps, query):
+        if self.kind == "nan":
+            return np.full(reps.n_units, np.nan)
+        if self.kind == "short":
+            return np.ones(reps.n_units - 1)
+        if self.kind == "negative":
+            return -np.ones(reps.n_units)
+        raise ValueError("head exploded")
+
+
+@pytest.mark.parametrize("kind", ["nan", "short", "negative", "raise", "raise-represent"])
+def test_garbage_scorer_full_error(kind):
+    tt = TokenizedText.from_text(document_with_needle())
+    out = Compressor(CompressionSettings(), scorer=_Garbage(kind)).compress(
+        tt, RequestSpec(QUESTION, 0, "latest-user"), tt.total_tokens, False, "tool", "2")
+    assert out.mode == "full-error" and out.text == tt.text and out.reason
+
+
+def test_cannot_segment_full_error():
+    tt = TokenizedText.from_text("word " * 4000 + "\n")
+    out = Compressor().compress(tt, RequestSpec("word", 0, "latest-user"), tt.total_tokens, False, "paste")
+    assert out.mode == "full-error" and "CannotSegment" in out.reason and out.text == tt.text
+
+
+def test_recall_gate_above_and_below_theta():
+    text = document_with_needle()
+    tt = TokenizedText.from_text(text)
+    out = _compress(tt, RequestSpec("sourdough starter yeast acidity", 0, "latest-user"), in_conversation=True,
+                    prompt_extra=0, curve="1000:0.12")
+    assert out.mode == "compressed" and NEEDLE not in out.text
+    gate = RecallGate(theta=0.075, recall_budget=2048)
+    scorer = LexicalScorer()
+    hit = gate.decide([out.recall], "What was the vault combination of the Zebulon archive?", scorer)
+    assert hit.share >= 0.075 and hit.recalled
+    assert any(NEEDLE in e.text for e in hit.recalled)
+    assert sum(e.tokens for e in hit.recalled) <= 2048
+    block = format_recall_block(hit.recalled)
+    first = hit.recalled[0]
+    assert block.startswith(f"[pflash recall: from earlier message 1, lines {first.start_line + 1}–")
+    assert "".join(tt.lines[first.start_line:first.end_line]) in block
+    miss = gate.decide([out.recall], "Why does a sourdough starter need feeding?", scorer)
+    assert miss.share < 0.075 and not miss.recalled and format_recall_block(miss.recalled) == ""
