@@ -1,0 +1,66 @@
+"""Configuration precedence and one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pflash_proxy.config import ConfigError, load_settings, state_home
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_cli_over_env_over_file(tmp_path):
+    f = write(tmp_path, 'upstream = "http://file:1"\n[proxy]\nport = 1111\nhost = "0.0.0.0"\n[compression]\nthreshold = 7\n')
+    env = {"PFLASH_PORT": "2222", "PFLASH_THRESHOLD": "8"}
+    s = load_settings({"port": "3333"}, environ=env, config_file=f)
+    assert s.port == 3333 and s.threshold == 8 and s.host == "0.0.0.0" and s.upstream == "http://file:1"
+    s = load_settings({}, environ=env, config_file=f)
+    assert s.port == 2222
+
+
+def test_seed_variable_names_are_accepted(tmp_path):
+    env = {"PFLASH_UPSTREAM": "http://x:1", "PFLASH_FALLBACK_SPREAD": "0.2", "PFLASH_QUERY_PIN": "64",
+           "PFLASH_CHAT_RECALL": "0.05", "PFLASH_SEGMENT_PROBE_GGUF": "/p.gguf"}
+    s = load_settings({}, environ=env)
+    assert s.fallback_spread == 0.2 and s.query_pin == 64 and s.theta == 0.05 and s.chat_recall
+    assert str(s.segment_probe) == "/p.gguf"
+    assert not load_settings({}, environ={**env, "PFLASH_CHAT_RECALL": "0"}).chat_recall
+
+
+@pytest.mark.parametrize("cli,env,needle", [
+    ({"port": "x"}, {}, "port (from --port)"),
+    ({}, {"PFLASH_MAX_BODY_MB": "-1"}, "max_body_mb (from PFLASH_MAX_BODY_MB)"),
+    ({"prefill_curve": "16384:0.3 1000:0.2"}, {}, "prefill_curve"),
+    ({"upstream": "localhost:8080"}, {}, "upstream (from --upstream): must be an http"),
+    ({"upstream": None}, {}, "upstream: give --upstream URL or --spawn"),
+])
+def test_invalid_values_name_the_option(cli, env, needle):
+    cli = {"upstream": "http://x:1", **cli}
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cli, environ=env)
+    assert needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_unknown_key_in_file_is_rejected(tmp_path):
+    f = write(tmp_path, 'upstream = "http://x:1"\nthresold = 5\n')
+    with pytest.raises(ConfigError, match="thresold: unknown option"):
+        load_settings({}, environ={}, config_file=f)
+
+
+def test_state_home_follows_env_at_call_time(monkeypatch, tmp_path):
+    monkeypatch.setenv("PFLASH_HOME", str(tmp_path / "a"))
+    assert state_home() == tmp_path / "a"
+    monkeypatch.setenv("PFLASH_HOME", str(tmp_path / "b"))
+    assert load_settings({"upstream": "http://x:1"}, environ={"PFLASH_HOME": str(tmp_path / "b")}).home == tmp_path / "b"
+
+
+def test_example_config_file_is_valid():
+    from pathlib import Path
+
+    s = load_settings({}, environ={}, config_file=Path(__file__).parent.parent / "configs" / "pflash-proxy.toml")
+    assert s.threshold == 16384 and s.prefill_curve.startswith("16384:0.315")

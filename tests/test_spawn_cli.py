@@ -1,0 +1,107 @@
+"""``pflash-proxy serve --spawn`` as a user runs it: a real process, a real llama-server, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pflash_proxy.spawn import free_port
+
+pytestmark = pytest.mark.llama
+
+
+def http(method: str, url: str, payload=None, timeout=60):
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read() or b"null")
+
+
+def start_proxy(home: Path, model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "PFLASH_HOME": str(home)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflash_proxy", "serve", "--spawn", "--model", str(model), "--port", str(port),
+         "--parallel", "1", "--ctx-size", "4096", "--spawn-threads", "2", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError("proxy exited during start-up")
+        if "listening on" in line:
+            assert url in line
+            return proc, url
+    raise RuntimeError("proxy did not announce its URL")
+
+
+def llama_pid(home: Path) -> int:
+    out = subprocess.run(["pgrep", "-f", f"slot-save-path {home}/slots"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, out.stdout
+    return pids[0]
+
+
+def test_spawn_serves_restarts_and_snapshots_on_sigterm(tmp_path, gemma_model):
+    home = tmp_path / "home"
+    proc, url = start_proxy(home, gemma_model)
+    try:
+        status, headers, body = http("POST", url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["choices"][0]["message"]["content"] is not None
+        session = headers["X-PFlash-Session"]
+        assert http("GET", url + "/health")[0] == 200
+
+        # The spawned server dies: the proxy answers 503 (OpenAI-shaped) until it is back.
+        os.kill(llama_pid(home), signal.SIGKILL)
+        saw_503 = False
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            status, _, body = http("GET", url + "/health", timeout=5)
+            if status == 503:
+                saw_503 = True
+                assert body["error"]["type"] == "unavailable_error"
+            elif status == 200 and saw_503:
+                break
+            time.sleep(0.1)
+        assert saw_503 and status == 200
+        # Served again after the restart (history is re-read: the server lost it).
+        status, headers, _ = http("POST", url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0})
+        assert status == 200 and headers["X-PFlash-Session"] == session
+        pid = llama_pid(home)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    # SIGTERM saved the resident session and stopped the spawned llama-server.
+    snaps = list((home / "slots").glob("pf-*.bin"))
+    assert len(snaps) == 1 and oct(snaps[0].stat().st_mode & 0o777) == "0o600"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    ls = subprocess.run([sys.executable, "-m", "pflash_proxy", "ls"], env={**os.environ, "PFLASH_HOME": str(home)},
+                        capture_output=True, text=True)
+    assert session in ls.stdout and "1 snapshots" in ls.stdout
+
+
+def test_invalid_configuration_is_one_clear_line(tmp_path):
+    env = {**os.environ, "PFLASH_HOME": str(tmp_path), "PFLASH_PORT": "eighty"}
+    out = subprocess.run([sys.executable, "-m", "pflash_proxy", "serve", "--upstream", "http://127.0.0.1:1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "port" in lines[0] and "PFLASH_PORT" in lines[0]
