@@ -35,9 +35,9 @@ def projected(w: ScorerHeadWeights, tap: np.ndarray, weight: np.ndarray) -> np.n
     """Step 1: ``weight @ LayerNorm(tap_t)`` for every token, (tokens, r) float32."""
     tap = np.asarray(tap, dtype=np.float32)
     out = np.empty((tap.shape[0], weight.shape[0]), np.float32)
-    wt = np.ascontiguousarray(weight.T)
+    gw_t = np.ascontiguousarray((weight * w.norm_weight).T)
     for sl in nn.chunked_rows(tap.shape[0]):
-        out[sl] = nn.layer_norm(tap[sl], w.norm_weight, w.norm_bias, w.meta.eps) @ wt
+        out[sl] = nn.ln_linear(tap[sl], w.norm_weight, w.norm_bias, w.meta.eps, weight, 0.0, gw_t)
     return out
 
 

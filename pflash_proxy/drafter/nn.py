@@ -12,6 +12,9 @@ Every probe reads the drafter's tap, a ``(tokens, d)`` float32 matrix, and appli
    ``y[t] = sum_k w[k] * z[t + k - 2]`` for ``k = 0..4``, with ``z[i] = 0`` outside ``0 <= i < T``.
    ``w[2]`` weighs the token itself, ``w[0]``/``w[1]`` the two tokens before it, ``w[3]``/``w[4]`` the two after.
 4. ``sigmoid``: numerically stable logistic.
+5. ``ln_linear``: ``LayerNorm(x) @ W.T + c`` without materialising the normalised rows, using
+   ``LN(x) @ W.T = rstd * (x @ (g*W).T - mu * sum_j (g*W)_j) + b @ W.T`` with per-row ``mu``, ``rstd``:
+   one matmul on the raw tap plus two row reductions (about 2x faster than normalising first).
 
 Long inputs are processed in row chunks (``CHUNK`` tokens) so the temporaries of a 100K-token tap stay small.
 """
@@ -35,9 +38,32 @@ def erf(x: np.ndarray) -> np.ndarray:
     return s * (F32(1.0) - poly * np.exp(-a * a))
 
 
+def _erf_abs(a: np.ndarray) -> np.ndarray:
+    """erf(a) for a >= 0 (A&S 7.1.26), computed in place on fresh buffers."""
+    t = a * F32(0.3275911)
+    t += F32(1.0)
+    np.reciprocal(t, out=t)
+    p = t * F32(1.061405429)
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        p += F32(c)
+        p *= t
+    e = np.square(a)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    p *= e
+    np.subtract(F32(1.0), p, out=p)
+    return p
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact (erf) GELU."""
-    return F32(0.5) * x * (F32(1.0) + erf(x * F32(0.7071067811865476)))
+    """Exact (erf) GELU as ``0.5 * (x + |x| * erf(|x| / sqrt 2))`` (erf is odd), float32."""
+    x = np.asarray(x, dtype=F32)
+    a = np.abs(x)
+    r = _erf_abs(a * F32(0.7071067811865476))
+    r *= a
+    r += x
+    r *= F32(0.5)
+    return r
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -56,6 +82,23 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
     xc = x - mu
     var = np.mean(xc * xc, axis=-1, keepdims=True, dtype=F32)
     return xc * (F32(1.0) / np.sqrt(var + F32(eps))) * weight + bias
+
+
+def ln_linear(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float, w: np.ndarray,
+              c: np.ndarray | float = 0.0, gw_t: np.ndarray | None = None) -> np.ndarray:
+    """``layer_norm(x, g, b, eps) @ w.T + c`` for ``w`` of shape (out, d), float32, fused (step 5)."""
+    x = np.asarray(x, dtype=F32)
+    d = x.shape[-1]
+    if gw_t is None:
+        gw_t = np.ascontiguousarray((w * g).T, dtype=F32)  # (d, out)
+    mu = np.einsum("ij->i", x) / F32(d)
+    var = np.maximum(np.einsum("ij,ij->i", x, x) / F32(d) - mu * mu, F32(0.0))
+    rstd = (F32(1.0) / np.sqrt(var + F32(eps)))[:, None]
+    y = x @ gw_t
+    y -= mu[:, None] * gw_t.sum(axis=0)
+    y *= rstd
+    y += (w @ b).astype(F32) + c
+    return y
 
 
 def conv5(z: np.ndarray, w: np.ndarray, bias: float = 0.0) -> np.ndarray:

@@ -117,10 +117,10 @@ class Trunk:
         tap = np.asarray(tap, dtype=np.float32)
         act = nn.ACTIVATIONS[self.activation]
         out = np.empty((tap.shape[0], self.fc_weight.shape[0]), dtype=np.float32)
-        wt = np.ascontiguousarray(self.fc_weight.T)
+        gw_t = np.ascontiguousarray((self.fc_weight * self.norm_weight).T)
         for sl in nn.chunked_rows(tap.shape[0]):
-            x = nn.layer_norm(tap[sl], self.norm_weight, self.norm_bias, self.eps)
-            out[sl] = act(x @ wt + self.fc_bias)
+            out[sl] = act(nn.ln_linear(tap[sl], self.norm_weight, self.norm_bias, self.eps, self.fc_weight,
+                                       self.fc_bias, gw_t))
         return out
 
 
