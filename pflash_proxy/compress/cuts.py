@@ -42,24 +42,21 @@ from .kinds import TURN_RE, ContentKind
 
 __all__ = ["LineTable", "raw_starts", "split_priority"]
 
-_PY_LIT = re.compile(
-    rb"\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'"
-    rb"|#[^\n]*", re.S)
+_PY_LIT = re.compile(  # unrolled loops: no per-character backtracking inside literals
+    rb'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|' + rb"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''|"
+    rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|' + rb"'[^'\\\n]*(?:\\.[^'\\\n]*)*'|#[^\n]*")
 _C_LIT = re.compile(
-    rb"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n]){0,4}'|`(?:\\.|[^`\\])*`", re.S)
+    rb"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|//[^\n]*|" + rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'
+    rb"'(?:\\.|[^'\\\n]){0,4}'|`[^`\\]*(?:\\.[^`\\]*)*`")
 _PY_HINT = re.compile(rb"^(?:def |class |import |from \S+ import |async def |@\w)|:\s*(?:#.*)?$", re.M)
 _C_HINT = re.compile(rb"[;{}]\s*$", re.M)
 _CONT = (b"else:", b"else ", b"else{", b"elif ", b"except", b"finally", b"catch", b"{", b")", b"]", b"}", b".", b"&&",
          b"||", b"?")
-_DEFS = (b"def ", b"class ", b"async def ", b"function ", b"@", b"#", b"//", b"/*", b"export ", b"const ", b"let ",
+_DEFS = (b"def ", b"class ", b"async de", b"function", b"@", b"#", b"//", b"/*", b"export ", b"const ", b"let ",
          b"fn ", b"pub ", b"func ", b"impl ", b"struct ")
 _HEADINGS = (b"# ", b"## ", b"### ", b"#### ", b"##### ", b"###### ")
 _DIFF_HDR = (b"diff ", b"index ", b"new file", b"deleted file", b"similarity", b"rename ", b"old mode", b"new mode")
 _TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
-_BRACKET = np.zeros(256, dtype=bool)
-_BRACKET[list(b"()[]{}")] = True
-_OPEN = np.zeros(256, dtype=bool)
-_OPEN[list(b"([{")] = True
 _OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
 
 
@@ -77,7 +74,7 @@ class LineTable:
     last: np.ndarray  # last non-whitespace byte (0 for a blank line)
     last_pos: np.ndarray  # byte offset of the last non-whitespace byte (start for a blank line)
     code: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # cached code_features
-    heads: np.ndarray | None = None  # cached head matrix
+    heads: np.ndarray | None = None  # cached packed line heads
 
     @classmethod
     def build(cls, text: str) -> "LineTable":
@@ -104,24 +101,25 @@ class LineTable:
         last = np.where(blank, 0, padded[last_pos]).astype(np.uint8)
         return cls(data, arr, starts, ends, indent, blank, padded[starts], last, last_pos)
 
-    def head(self, width: int = 12) -> np.ndarray:
-        """(lines, width) matrix of the first bytes after each line's indentation (0-padded)."""
-        if self.heads is None or self.heads.shape[1] < width:
+    def packed(self) -> np.ndarray:
+        """First 8 bytes after each line's indentation as one little-endian uint64 (0-padded)."""
+        if self.heads is None:
             first = self.starts + self.indent
-            idx = first[:, None] + np.arange(width)[None, :]
-            padded = np.concatenate((self.arr, np.zeros(width, np.uint8)))
-            m = padded[np.minimum(idx, len(padded) - 1)]
+            idx = first[:, None] + np.arange(8)[None, :]
+            padded = np.concatenate((self.arr, np.zeros(8, np.uint8)))
+            m = padded[idx]
             m[idx >= self.ends[:, None]] = 0
-            self.heads = m
-        return self.heads[:, :width]
+            self.heads = np.ascontiguousarray(m).view("<u8").ravel()
+        return self.heads
 
-    def startswith(self, prefixes: tuple[bytes, ...], width: int = 12) -> np.ndarray:
-        """Lines whose text after indentation starts with one of ``prefixes``."""
-        h = self.head(width)
+    def startswith(self, prefixes: tuple[bytes, ...]) -> np.ndarray:
+        """Lines whose text after indentation starts with one of ``prefixes`` (<= 8 bytes each)."""
+        h = self.packed()
         out = np.zeros(len(self), dtype=bool)
         for p in prefixes:
-            pa = np.frombuffer(p, dtype=np.uint8)
-            out |= (h[:, :len(pa)] == pa).all(axis=1)
+            val = int.from_bytes(p[:8].ljust(8, b"\0"), "little")
+            mask = (1 << (8 * min(len(p), 8))) - 1
+            out |= (h & np.uint64(mask)) == np.uint64(val)
         return out
 
     def __len__(self) -> int:
@@ -139,10 +137,10 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     if t.code is not None:
         return t.code
-    head = t.data[:65536]
+    head = t.data[:16384]
     python = len(_PY_HINT.findall(head)) >= len(_C_HINT.findall(head))
-    spans = [m.span() for m in (_PY_LIT if python else _C_LIT).finditer(t.data)]
-    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    flat = [x for m in (_PY_LIT if python else _C_LIT).finditer(t.data) for x in m.span()]
+    sp = np.array(flat, dtype=np.int64).reshape(-1, 2)
     ss, se = sp[:, 0], sp[:, 1]
 
     def inside(p: np.ndarray) -> np.ndarray:
@@ -150,9 +148,10 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (k >= 0) & (p < se[np.maximum(k, 0)]) if len(ss) else np.zeros(len(p), bool)
 
     arr = t.arr
-    bpos = np.flatnonzero(_BRACKET[arr]) if len(arr) else np.zeros(0, np.int64)
+    bpos = np.flatnonzero((arr == 40) | (arr == 41) | (arr == 91) | (arr == 93) | (arr == 123) | (arr == 125))
     bpos = bpos[~inside(bpos)]
-    delta = np.where(_OPEN[arr[bpos]], 1, -1).astype(np.int64)
+    ab = arr[bpos]
+    delta = np.where((ab == 40) | (ab == 91) | (ab == 123), 1, -1).astype(np.int64)
     run = np.concatenate(([0], np.cumsum(delta)))
     clamped = run - np.minimum(np.minimum.accumulate(run), 0)
     depth = clamped[np.searchsorted(bpos, t.starts, side="left")]

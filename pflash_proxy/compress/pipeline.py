@@ -31,7 +31,7 @@ import numpy as np
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
-from .rewrite import Rewriter, Source, marker_line, note_line, omitted_ranges
+from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
 from .scores import LexicalScorer, Scorer, density, validate_scores
 from .spread import relevance_spread
 from .text import TokenizedText, approx_tokens
@@ -143,11 +143,11 @@ class Compressor:
                             f"{self.settings.fallback_spread} (N_eff {sp.effective_units:.1f}, keeps {len(kept)} "
                             f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread)
             out = self.rewriter.rewrite(tt, units, kept, source, label)
-            overhead = approx_tokens(out.note) + sum(approx_tokens(marker_line(r)) + 1 for r in out.omitted)
+            overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
             kept_tokens = int(toks[kept].sum())
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
             recall = RecallSource(label, reps, tuple((u.start_line, u.end_line) for u in units),
-                                  tuple(int(x) for x in toks),
+                                  tuple(toks.tolist()),
                                   {i: tt.range_text(units[i].start_line, units[i].end_line) for i in omitted_ids})
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
@@ -178,11 +178,17 @@ class Compressor:
 
     @staticmethod
     def _overhead(units: list[Unit], kept: list[int], source: Source, label: str, n_lines: int) -> int:
-        """Estimated tokens of the note and marker lines for this selection."""
-        runs = omitted_ranges(units, kept)
-        shown = n_lines - sum(r.n_lines for r in runs)
-        return approx_tokens(note_line(source, shown, n_lines, label)) + sum(
-            approx_tokens(marker_line(r)) + 1 for r in runs)
+        """Estimated tokens of the note and marker lines for this selection (vectorised)."""
+        n = len(units)
+        keep = np.zeros(n + 2, dtype=bool)
+        keep[[0, n + 1]] = True
+        keep[np.asarray(kept, dtype=np.int64) + 1] = True
+        edges = np.flatnonzero(keep[1:] != keep[:-1])
+        starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n)
+        ends = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n)
+        a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
+        shown = n_lines - int((b - a).sum())
+        return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())
 
 
 def _check_units(units: list[Unit], tt: TokenizedText) -> None:

@@ -19,10 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+import numpy as np
+
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["MARKER_RE", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "note_line", "omitted_ranges"]
+__all__ = ["MARKER_RE", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "marker_tokens", "note_line", "omitted_ranges"]
 
 Source = Literal["tool", "paste", "prompt"]
 MARKER_RE = r"^\[… (\d+) lines? omitted: lines? (\d+)(?:–(\d+))? …\]$"
@@ -80,22 +82,38 @@ def note_line(source: Source, shown: int, total: int, label: str = "") -> str:
 
 
 def omitted_ranges(units: Sequence[Unit], kept_indices: Sequence[int]) -> list[OmittedRange]:
-    """Step 2: runs of consecutive omitted units."""
-    kept_set = set(kept_indices)
-    if any(not 0 <= k < len(units) for k in kept_set):
+    """Step 2: runs of consecutive omitted units (vectorised over the keep mask)."""
+    n = len(units)
+    keep = np.zeros(n + 2, dtype=bool)
+    keep[[0, n + 1]] = True
+    kept = np.asarray(list(kept_indices), dtype=np.int64)
+    if len(kept) and (kept.min() < 0 or kept.max() >= n):
         raise IndexError("kept index out of range")
-    omitted: list[OmittedRange] = []
-    run: list[int] = []
-    for i, u in enumerate(units):
-        if i in kept_set:
-            if run:
-                omitted.append(OmittedRange(units[run[0]].start_line, units[run[-1]].end_line, tuple(run)))
-                run = []
-        else:
-            run.append(i)
-    if run:
-        omitted.append(OmittedRange(units[run[0]].start_line, units[run[-1]].end_line, tuple(run)))
-    return omitted
+    keep[kept + 1] = True
+    edges = np.flatnonzero(keep[1:] != keep[:-1])  # alternating run starts / ends (unit indices)
+    return [OmittedRange(units[a].start_line, units[b - 1].end_line, tuple(range(a, b)))
+            for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist())]
+
+
+def marker_tokens(runs: Sequence[OmittedRange]) -> int:
+    """Estimated tokens (``approx_tokens`` + 1 for the newline) of the marker lines, vectorised."""
+    if not runs:
+        return 0
+    a = np.fromiter((r.start_line for r in runs), dtype=np.int64, count=len(runs))
+    b = np.fromiter((r.end_line for r in runs), dtype=np.int64, count=len(runs))
+    return int(marker_tokens_arrays(a, b).sum())
+
+
+def marker_tokens_arrays(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    n = end - start
+
+    def digits(x: np.ndarray) -> np.ndarray:
+        return np.floor(np.log10(np.maximum(x, 1))).astype(np.int64) + 1
+
+    many = len("[…  lines omitted: lines – …]".encode()) + digits(n) + (digits(n) - 1) // 3 + digits(start + 1) \
+        + digits(end)
+    one = len("[… 1 line omitted: line  …]".encode()) + digits(start + 1)
+    return (np.where(n == 1, one, many) + 3) // 4 + 1
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ Algorithm (``UnitSegmenter.segment``):
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -37,9 +38,12 @@ class CannotSegment(ValueError):
     """The message cannot be cut cleanly into at least two whole-line units."""
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """Lines ``[start_line, end_line)`` (0-based, end exclusive) of a message."""
+class Unit(NamedTuple):
+    """Lines ``[start_line, end_line)`` (0-based, end exclusive) of a message.
+
+    A NamedTuple: immutable, picklable and ~5x cheaper to build than a frozen dataclass,
+    which matters with thousands of record units per message.
+    """
 
     index: int
     start_line: int
@@ -115,21 +119,20 @@ class UnitSegmenter:
         if not (sizes > hi).any():
             return bounds
         pri = priority_fn()
+        offl = off.tolist()
         out = [bounds[0]]
         for a, b in zip(bounds[:-1], bounds[1:]):
             pos = a
-            while int(off[b] - off[pos]) > hi:
-                # candidate cut lines c in (pos, b) with tokens(pos, c) <= hi
-                last_ok = int(np.searchsorted(off, off[pos] + hi, side="right")) - 1
-                cand = np.arange(pos + 1, min(last_ok, b - 1) + 1)
-                if len(cand) == 0:
-                    cand = np.array([pos + 1])
-                big = cand[off[cand] - off[pos] >= lo]
-                if len(big):
-                    cand = big
-                p = pri[cand]
-                best = cand[np.flatnonzero(p == p.min())[-1]]
-                out.append(int(best))
-                pos = int(best)
+            while offl[b] - offl[pos] > hi:
+                # candidate cut lines c in (pos, b) with tokens(pos, c) <= hi, preferring >= lo
+                last_ok = min(bisect_right(offl, offl[pos] + hi) - 1, b - 1)
+                first_ok = max(pos + 1, bisect_left(offl, offl[pos] + lo))
+                if first_ok > last_ok:
+                    first_ok = pos + 1
+                last_ok = max(last_ok, first_ok)
+                window = pri[first_ok:last_ok + 1][::-1]
+                best = last_ok - int(np.argmin(window))
+                out.append(best)
+                pos = best
             out.append(b)
         return out

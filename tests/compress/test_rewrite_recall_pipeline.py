@@ -54,6 +54,14 @@ def test_rewrite_markers_and_note_exact():
     assert "ask about it and it will be brought back" in paste.text.splitlines()[0]
 
 
+def test_marker_token_estimate_matches_rendered_markers():
+    from pflash_proxy.compress.rewrite import OmittedRange, marker_line, marker_tokens
+    from pflash_proxy.compress.text import approx_tokens
+    runs = [OmittedRange(0, 1, (0,)), OmittedRange(8, 45, (1,)), OmittedRange(998, 2120, (2,)),
+            OmittedRange(99_999, 100_000, (3,)), OmittedRange(5, 123_456, (4,))]
+    assert marker_tokens(runs) == sum(approx_tokens(marker_line(r)) + 1 for r in runs)
+
+
 def test_single_line_marker_and_no_trailing_newline():
     text = "\n\n".join(prose_paragraphs(4)) + "\n\nlast line"
     tt = TokenizedText.from_text(text)
