@@ -125,8 +125,6 @@ class LineTable:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def line(self, i: int) -> bytes:
-        return self.data[self.starts[i]:self.ends[i]]
 
 
 def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -165,9 +165,12 @@ class Compressor:
         """
         best: tuple[int, list[int]] | None = None
         overhead = 0
+        n = len(units)
+        starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n)
+        ends = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n)
         for _ in range(4):
             kept = self.selector.select(units, dens, max(budget - overhead, 1), pinned)
-            new = self._overhead(units, kept, source, label, n_lines)
+            new = self._overhead(starts, ends, kept, source, label, n_lines)
             served = int(toks[kept].sum()) + new
             if best is None or abs(served - budget) < best[0]:
                 best = (abs(served - budget), kept)
@@ -177,15 +180,14 @@ class Compressor:
         return best[1]
 
     @staticmethod
-    def _overhead(units: list[Unit], kept: list[int], source: Source, label: str, n_lines: int) -> int:
+    def _overhead(starts: np.ndarray, ends: np.ndarray, kept: list[int], source: Source, label: str,
+                  n_lines: int) -> int:
         """Estimated tokens of the note and marker lines for this selection (vectorised)."""
-        n = len(units)
+        n = len(starts)
         keep = np.zeros(n + 2, dtype=bool)
         keep[[0, n + 1]] = True
         keep[np.asarray(kept, dtype=np.int64) + 1] = True
         edges = np.flatnonzero(keep[1:] != keep[:-1])
-        starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n)
-        ends = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n)
         a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
         shown = n_lines - int((b - a).sum())
         return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())

@@ -30,7 +30,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .lexicon import span_terms, text_terms
+from .lexicon import hash_tokens, span_hashes, text_terms
 from .text import TokenizedText
 from .units import Unit
 
@@ -70,7 +70,10 @@ about into over under again further once all any both each few more most other s
 
 def terms(text: str) -> list[str]:
     """Step 1: the lowercased lexical terms of ``text`` (stopwords kept out)."""
-    return [w for w in (t.lower() for t in text_terms(text)) if not _is_stop(w)]
+    return [w for w in text_terms(text) if not _is_stop(w)]
+
+
+_STOP_HASHES = np.unique(hash_tokens(" ".join(sorted(STOPWORDS)).encode())[0])
 
 
 def _is_stop(w: str) -> bool:
@@ -100,10 +103,16 @@ def validate_scores(arr: Any, n: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _LexicalIndex:
-    vocab: dict[str, int]
-    data: np.ndarray
-    indices: np.ndarray
-    indptr: np.ndarray
+    vocab: np.ndarray  # sorted unique 64-bit term hashes
+    data: np.ndarray  # BM25 weight per (term, unit) entry, grouped by term
+    indices: np.ndarray  # unit of each entry
+    indptr: np.ndarray  # entries of term j: indptr[j]:indptr[j + 1]
+
+
+def _term_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    h, unit, single = span_hashes(data, spans)
+    keep = ~single & ~np.isin(h, _STOP_HASHES)
+    return h[keep], unit[keep]
 
 
 @dataclass(frozen=True)
@@ -118,33 +127,18 @@ class LexicalScorer:
         n_units = len(units)
         toks = np.fromiter((u.tokens for u in units), dtype=np.int64, count=n_units)
         data = tt.text.encode("utf-8")
-        line_bytes = np.fromiter(map(len, tt.lines), dtype=np.int64, count=len(tt.lines))
-        if len(data) != len(tt.text):  # non-ASCII: count bytes per line
-            line_bytes = np.fromiter((len(x.encode("utf-8")) for x in tt.lines), dtype=np.int64, count=len(tt.lines))
-        off = np.concatenate(([0], np.cumsum(line_bytes)))
-        spans = [(int(off[u.start_line]), int(off[u.end_line])) for u in units]
-        per_unit = span_terms(data, spans)
-        lengths = np.fromiter(map(len, per_unit), dtype=np.int64, count=n_units)
-        flat = [t for ts in per_unit for t in ts]
-        uniq = list(dict.fromkeys(flat))
-        raw_id = {t: i for i, t in enumerate(uniq)}
-        # canonical (Unicode-lowercased, stopword-free) vocabulary over the unique raw terms
-        vocab: dict[str, int] = {}
-        canon = np.empty(len(uniq), dtype=np.int64)
-        for i, t in enumerate(uniq):
-            w = t.decode("utf-8", "replace")
-            if not t.isascii():
-                w = w.lower()
-            canon[i] = -1 if _is_stop(w) else vocab.setdefault(w, len(vocab))
-        ids = canon[np.fromiter(map(raw_id.__getitem__, flat), dtype=np.int64, count=len(flat))] if flat \
-            else np.zeros(0, np.int64)
-        docs = np.repeat(np.arange(n_units, dtype=np.int64), lengths)
-        keep = ids >= 0
-        ids, docs = ids[keep], docs[keep]
-        doc_len = np.bincount(docs, minlength=n_units).astype(np.float64)
+        nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        line_start = np.concatenate(([0], nl + 1, [len(data)]))[: len(tt.lines) + 1]
+        line_start[len(tt.lines)] = len(data)
+        us = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n_units)
+        ue = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n_units)
+        spans = list(zip(line_start[us].tolist(), line_start[ue].tolist()))
+        h, docs = _term_hashes(data, spans)
+        vocab, ids = np.unique(h, return_inverse=True)
         v = len(vocab)
+        doc_len = np.bincount(docs, minlength=n_units).astype(np.float64)
         if len(ids):
-            sk = np.sort(ids * n_units + docs)
+            sk = np.sort(ids.astype(np.int64) * n_units + docs)
             first = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
             keys = sk[first]
             tf = np.diff(np.concatenate((first, [len(sk)]))).astype(np.float64)
@@ -163,12 +157,18 @@ class LexicalScorer:
         if reps.scorer != self.name or not isinstance(reps.payload, _LexicalIndex):
             raise TypeError(f"reps from scorer {reps.scorer!r}, not {self.name!r}")
         idx: _LexicalIndex = reps.payload
-        ids = sorted({idx.vocab[w] for w in terms(query) if w in idx.vocab})
         out = np.zeros(reps.n_units, dtype=np.float64)
-        if not ids:
+        q = query.encode("utf-8")
+        qh, _ = _term_hashes(q, [(0, len(q))])
+        qh = np.unique(qh)
+        k = np.searchsorted(idx.vocab, qh)
+        k = k[(k < len(idx.vocab))]
+        ids = k[idx.vocab[k] == qh[: len(k)]] if len(k) == len(qh) else \
+            np.array([j for j, x in zip(np.searchsorted(idx.vocab, qh).tolist(), qh.tolist())
+                      if j < len(idx.vocab) and idx.vocab[j] == x], dtype=np.int64)
+        if len(ids) == 0:
             return out
-        spans = [(int(idx.indptr[i]), int(idx.indptr[i + 1])) for i in ids]
-        sel = np.concatenate([np.arange(a, b) for a, b in spans]) if spans else np.zeros(0, np.int64)
+        sel = np.concatenate([np.arange(idx.indptr[i], idx.indptr[i + 1]) for i in ids.tolist()])
         if len(sel):
             out += np.bincount(idx.indices[sel], weights=idx.data[sel], minlength=reps.n_units)[: reps.n_units]
         return out

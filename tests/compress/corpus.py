@@ -6,7 +6,6 @@ import inspect
 import json
 import textwrap
 
-from pflash_proxy.compress.text import TokenizedText
 
 PARAGRAPHS = [
     "The harbour town woke slowly that winter. Fishing boats sat in the mud at low tide, and the gulls "
