@@ -18,8 +18,10 @@ class _Open(BaseModel):
 
 
 class ChatMessage(_Open):
+    # Only what the pipeline relies on is typed strictly; llama-server validates the rest itself, with its
+    # own error messages, so a client sees the same errors through the proxy as without it.
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: Any = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -39,10 +41,12 @@ class CompletionRequest(_Open):
     id_slot: int | None = None
 
 
-def message_text(content: str | list[dict[str, Any]] | None) -> str:
+def message_text(content: Any) -> str:
     """The text of a message's content (string or OpenAI content parts); non-text parts are skipped."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    if not isinstance(content, list):
+        return ""
+    return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
