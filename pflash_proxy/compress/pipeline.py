@@ -10,7 +10,7 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    upstream would prefill), then ``BudgetSelector`` by density.  The note and marker
    lines cost tokens too: the selection is rerun once with the budget lowered by
    their estimated size (``approx_tokens``) so the served message lands on budget.
-5. spread: ``relevance_spread``; flat on a cold request -> ``full-flat`` (original
+5. spread: ``relevance_spread`` over the non-pinned units; flat on a cold request -> ``full-flat`` (original
    text); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
 6. rewrite: note + kept lines + markers; keep the reps and omitted unit texts as a
@@ -110,7 +110,9 @@ class Compressor:
         self.rewriter = Rewriter()
 
     def compress(self, tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool,
-                 source: Source, label: str = "") -> CompressionOutcome:
+                 source: Source, label: str = "", budget_adjust: int = 0) -> CompressionOutcome:
+        """``budget_adjust``: tokens to take off the budget (a caller that measured the served message exactly
+        and found the note/marker estimate off re-runs with the difference)."""
         ms: dict[str, float] = {}
         m_tok = tt.total_tokens
 
@@ -134,9 +136,14 @@ class Compressor:
             dens = density(scores, toks)
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
+            budget = max(1, budget - budget_adjust)
             kept = self._select_with_overhead(units, toks, dens, budget, pinned, source, label, len(tt.lines))
             t = _lap(ms, "select", t)
-            sp = relevance_spread(scores, len(kept), self.settings.fallback_spread)
+            # The pinned units (the request itself, when it sits in the message) are kept whatever their
+            # score and would dominate the measure: spread is over the units the budget actually chooses.
+            free = np.ones(len(units), dtype=bool)
+            free[list(pinned)] = False
+            sp = relevance_spread(scores[free], len(set(kept) - pinned), self.settings.fallback_spread)
             t = _lap(ms, "spread", t)
             if sp.flat and not in_conversation:
                 return full("full-flat", f"relevance too flat: spread {sp.spread:.3f} > "

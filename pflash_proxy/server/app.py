@@ -33,7 +33,13 @@ def build_stages(app: web.Application) -> list[Stage]:
     from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
 
     manager = SessionManager(settings, app[UPSTREAM])
-    return [SessionStage(manager), SessionCommitStage(manager)]
+    stages: list[Stage] = [SessionStage(manager)]
+    if settings.pflash:
+        from pflash_proxy.compress_stage import CompressStage
+
+        stages.append(CompressStage(settings, app[UPSTREAM]))
+    stages.append(SessionCommitStage(manager))
+    return stages
 
 
 def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +88,12 @@ class SessionStore:
         rec.last_use = time.time()
         rec.turns += 1
         with self.cache.transact():
-            self.cache.set(("session", rec.id), asdict(rec))
+            self.cache.set(("session", rec.id), _shallow(rec))
             for h in chain(rec.seed, client_hashes):
                 self.cache.set(("chain", h), rec.id)
 
     def update_extra(self, rec: SessionRecord) -> None:
-        self.cache.set(("session", rec.id), asdict(rec))
+        self.cache.set(("session", rec.id), _shallow(rec))
 
     def sessions(self) -> list[SessionRecord]:
         return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
@@ -120,3 +120,8 @@ class SessionStore:
                 if data:
                     out.append(SnapshotRecord(**data))
         return out
+
+
+def _shallow(rec: SessionRecord) -> dict[str, Any]:
+    """Like ``asdict`` but keeps objects in ``extra`` as they are (diskcache pickles them)."""
+    return {f.name: getattr(rec, f.name) for f in fields(rec)}

@@ -1,0 +1,243 @@
+"""``CompressStage``: the I/O shell around the sans-IO ``compress`` package (PFlash for chat requests).
+
+Runs after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage`` (which
+persists what was served):
+1. Admission.  Only messages the session has not been served are candidates, and only the newest of them.
+   Its UTF-8 byte length bounds its token count from above (no token is shorter than a byte), so short
+   messages cost nothing; otherwise the upstream tokenizes it exactly (``/tokenize`` with pieces → exact
+   per-line counts).  Below ``--threshold`` the request passes through.  The whole prompt is counted exactly
+   (``/v1/chat/completions/input_tokens``); above ``--max-prompt-tokens`` → 400 ``context_length_exceeded``.
+2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
+   the tokens the upstream would prefill (the uncached part) → flat fallback → rewrite.  The served message
+   is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
+3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
+   the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
+4. Any failure in 1–3 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log).
+Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pflash_proxy.compress import (
+    CompressionSettings, Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
+    TokenizedText, UnitSegmenter, format_recall_block,
+)
+from pflash_proxy.compress.text import split_lines
+from pflash_proxy.config import Settings
+from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.models import message_text
+from pflash_proxy.server.pipeline import ProxyRequest, Stage
+from pflash_proxy.sessions.stage import SessionContext, SessionStage
+from pflash_proxy.upstream import Upstream
+
+log = logging.getLogger("pflash_proxy.compress")
+
+RECALL_KEY = "pflash_recall"  # SessionRecord.extra: list[RecallSource]
+_BUDGET_SLACK = 0.015
+_BUDGET_ROUNDS = 4
+
+
+class ContextTooLong(ProxyError):
+    status = 400
+    code = "context_length_exceeded"
+
+
+class CompressStage(Stage):
+    name = "pflash"
+
+    def __init__(self, settings: Settings, upstream: Upstream, segmenter: Segmenter | None = None,
+                 scorer: Scorer | None = None):
+        self.settings = settings
+        self.upstream = upstream
+        self.csettings = CompressionSettings(
+            threshold=settings.threshold, curve=settings.prefill_curve, query_pin=settings.query_pin,
+            fallback_spread=settings.fallback_spread, theta=settings.theta, recall_budget=settings.recall_budget,
+            min_segment=settings.min_segment, max_segment=settings.max_segment)
+        self.scorer = scorer or LexicalScorer()
+        self.compressor = Compressor(self.csettings, segmenter or UnitSegmenter(settings.min_segment,
+                                                                               settings.max_segment), self.scorer)
+        self.finder = RequestFinder(query_pin=settings.query_pin)
+        self.gate = RecallGate(theta=settings.theta, recall_budget=settings.recall_budget)
+        self.counters: dict[str, int] = {}
+        self.tokens_in = self.tokens_kept = 0
+
+    # Pipeline hook ---------------------------------------------------------------------------------------
+    async def on_request(self, req: ProxyRequest) -> None:
+        ctx: SessionContext | None = req.state.get(SessionStage.name)
+        if req.kind != "chat" or ctx is None or ctx.record is None:
+            return
+        mode, prompt_tokens, kept_tokens = "passthrough", None, None
+        try:
+            result = await self._process(req, ctx)
+            if result is not None:
+                mode, prompt_tokens, kept_tokens = result
+        except ContextTooLong:
+            raise
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+            mode = "full-error"
+            log.warning("pflash: serving the message whole: upstream call failed: %s", exc)
+            req.log_fields["pflash_reason"] = str(exc)
+        except Exception as exc:  # never fail the request because of compression
+            mode = "full-error"
+            log.exception("pflash: serving the message whole after an internal error")
+            req.log_fields["pflash_reason"] = f"{type(exc).__name__}: {exc}"
+        self.counters[mode] = self.counters.get(mode, 0) + 1
+        req.response_headers["X-PFlash-Mode"] = mode
+        if prompt_tokens is not None:
+            req.response_headers["X-PFlash-Prompt-Tokens"] = str(prompt_tokens)
+            req.response_headers["X-PFlash-Kept-Tokens"] = str(kept_tokens)
+        req.log_fields["pflash"] = mode
+
+    async def _process(self, req: ProxyRequest, ctx: SessionContext) -> tuple[str, int, int] | None:
+        if not self.settings.pflash:
+            return None
+        messages: list[dict] = list(req.body["messages"])
+        new_from = ctx.matched
+        if new_from >= len(messages):
+            return None
+        idx = len(messages) - 1
+        msg = messages[idx]
+        text = message_text(msg.get("content"))
+        if len(text.encode("utf-8")) < self.settings.threshold:
+            return await self._recall(req, ctx, messages, idx, text)
+        tt = await self._tokenized(text)
+        if tt.total_tokens < self.settings.threshold:
+            return await self._recall(req, ctx, messages, idx, text)
+        prompt_tokens = await self.upstream.input_tokens(req.body)
+        if prompt_tokens > self.settings.max_prompt_tokens:
+            raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
+                                 f"{self.settings.max_prompt_tokens} allowed with PFlash on (--max-prompt-tokens)")
+        return await self._compress(req, ctx, messages, idx, tt, prompt_tokens)
+
+    # Compression -----------------------------------------------------------------------------------------
+    async def _compress(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
+                        tt: TokenizedText, prompt_tokens: int) -> tuple[str, int, int]:
+        loop = asyncio.get_running_loop()
+        msg = messages[idx]
+        source = "tool" if msg.get("role") in ("tool", "function") else "paste"
+        label = str(idx + 1)
+        request = self.finder.find(messages, idx, tt)
+        uncached = max(prompt_tokens - ctx.expected_cached, tt.total_tokens)
+        in_conversation = ctx.matched > 0
+        t0 = time.perf_counter()
+        outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
+                                             in_conversation, source, label)
+        if outcome.mode == "compressed":
+            outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
+                                                                label, outcome)
+        total_ms = (time.perf_counter() - t0) * 1000
+        fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
+                  "scorer": getattr(self.scorer, "name", type(self.scorer).__name__), "pflash_ms": round(total_ms, 1),
+                  **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
+        if outcome.mode != "compressed":
+            req.log_fields.update(fields)
+            req.log_fields["pflash_reason"] = outcome.reason
+            log.info("pflash %s: message %s (%d tokens) served whole: %s", outcome.mode, label, tt.total_tokens,
+                     outcome.reason, extra={"fields": fields})
+            return outcome.mode, prompt_tokens, prompt_tokens
+        kept_prompt = prompt_tokens - tt.total_tokens + served_tokens
+        fields["tokens_kept"] = served_tokens
+        log.info("pflash compressed message %s: %d → %d tokens, %d → %d units (%s, %.0f ms)", label,
+                 tt.total_tokens, served_tokens, outcome.units_in, outcome.units_kept, fields["scorer"], total_ms,
+                 extra={"fields": fields})
+        req.log_fields.update(fields)
+        messages[idx] = _with_text(msg, outcome.text)
+        body = dict(req.body)
+        body["messages"] = messages
+        req.set_body(body)
+        if outcome.recall is not None and outcome.recall.omitted_texts:
+            sources = list(ctx.record.extra.get(RECALL_KEY, []))
+            sources.append(outcome.recall)
+            ctx.record.extra[RECALL_KEY] = sources
+        self.tokens_in += tt.total_tokens
+        self.tokens_kept += served_tokens
+        return "compressed", prompt_tokens, kept_prompt
+
+    async def _land_on_budget(self, tt, request, uncached, in_conversation, source, label, outcome):
+        """Measure the served message exactly; while the note/marker estimate leaves it more than 1.5 % off the
+        budget, re-select with the measured error taken off (a few cheap rounds, best one kept)."""
+        loop = asyncio.get_running_loop()
+        target = outcome.budget_tokens
+        best = (outcome, await self._count(outcome.text))
+        adjust = 0
+        for _ in range(_BUDGET_ROUNDS):
+            error = best[1] - target
+            if abs(error) <= _BUDGET_SLACK * target:
+                break
+            adjust += error
+            retry = await loop.run_in_executor(None, lambda a=adjust: self.compressor.compress(
+                tt, request, uncached, in_conversation, source, label, budget_adjust=a))
+            if retry.mode != "compressed":
+                break
+            count = await self._count(retry.text)
+            if abs(count - target) < abs(best[1] - target):
+                best = (retry, count)
+            else:
+                adjust -= error // 2  # overshot: step back half way
+        return best
+
+    # Recall ----------------------------------------------------------------------------------------------
+    async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
+                      text: str) -> tuple[str, int, int] | None:
+        sources: list[RecallSource] = ctx.record.extra.get(RECALL_KEY, [])
+        msg = messages[idx]
+        if not self.settings.chat_recall or not sources or msg.get("role") != "user" or not text.strip():
+            return None
+        loop = asyncio.get_running_loop()
+        decision = await loop.run_in_executor(None, self.gate.decide, sources, text, self.scorer)
+        req.log_fields["recall_share"] = round(decision.share, 4)
+        if not decision.recall:
+            return None
+        block = format_recall_block(decision.recalled)
+        messages[idx] = _with_text(msg, block + "\n\n" + text if not block.endswith("\n") else block + "\n" + text)
+        body = dict(req.body)
+        body["messages"] = messages
+        req.set_body(body)
+        recalled = sum(e.tokens for e in decision.recalled)
+        log.info("pflash recall: %d excerpt(s), %d tokens, share %.3f", len(decision.recalled), recalled,
+                 decision.share, extra={"fields": {"recall_tokens": recalled}})
+        return "recall", recalled, recalled
+
+    # Token counts ----------------------------------------------------------------------------------------
+    async def _tokenized(self, text: str) -> TokenizedText:
+        """Exact per-line token counts from the upstream tokenizer (each token counted on its first line)."""
+        pieces = await self.upstream.tokenize(text, with_pieces=True)
+        lines = split_lines(text)
+        ends, pos = [], 0
+        for line in lines:
+            pos += len(line.encode("utf-8"))
+            ends.append(pos)
+        counts = [0] * len(lines)
+        offset, li = 0, 0
+        for tok in pieces:
+            piece = tok.get("piece", "") if isinstance(tok, dict) else ""
+            size = len(piece.encode("utf-8")) if isinstance(piece, str) else len(piece)
+            while li < len(lines) - 1 and offset >= ends[li]:
+                li += 1
+            counts[li] += 1
+            offset += size
+        return TokenizedText(text, lines, counts)
+
+    async def _count(self, text: str) -> int:
+        return len(await self.upstream.tokenize(text))
+
+    def stats(self) -> dict[str, Any]:
+        return {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
+                "threshold": self.settings.threshold, "scorer": getattr(self.scorer, "name", "lexical")}
+
+
+def _with_text(msg: dict, text: str) -> dict:
+    """The message with its text replaced; content parts keep their shape (non-text parts stay)."""
+    new = dict(msg)
+    content = msg.get("content")
+    if isinstance(content, list):
+        others = [p for p in content if not (isinstance(p, dict) and p.get("type", "text") == "text")]
+        new["content"] = [{"type": "text", "text": text}, *others]
+    else:
+        new["content"] = text
+    return new
