@@ -1,4 +1,4 @@
-"""Command line: ``pflash-proxy serve|ls|rm|stats|warm``.
+"""Command line: ``pflash-proxy serve|ls|rm|stats|warm|bench``.
 
 ``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
 ``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML.  Flags default to
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
     warm.add_argument("--config")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
+    from pflash_proxy.benchcli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -84,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from pflash_proxy.benchcli import main as bench_main
+
+        return bench_main(args)
     cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if extra:
         cli["llama_server_args"] = extra
@@ -126,8 +133,14 @@ def serve(settings: Settings) -> int:
         print(f"pflash-proxy listening on {url}  (OpenAI base URL: {url}/v1)", flush=True)
 
     try:
+        import uvloop  # ~25 % less per-request overhead than the default loop (measured, benchmarks/)
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    try:
         web.run_app(app, host=settings.host, port=settings.port, print=announce, access_log=None,
-                    shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True)
+                    shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True, loop=loop)
     except SpawnError as exc:
         print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
         return 1

@@ -95,9 +95,17 @@ class Upstream:
         self.check_ready()
         url = self.base_url + path_qs
         try:
-            return await self.session.request(
-                method, url, headers=headers, data=body, allow_redirects=False, compress=False
-            )
+            try:
+                return await self.session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False, compress=False
+                )
+            except aiohttp.ServerDisconnectedError:
+                # Almost always a pooled keep-alive connection the server had already closed (it drops idle
+                # ones): the request never reached it, so retry once on a fresh connection.
+                log.debug("stale upstream connection; retrying %s %s once", method, path_qs)
+                return await self.session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False, compress=False
+                )
         except asyncio.TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.base_url} did not answer in time") from exc
         except (aiohttp.ClientConnectionError, OSError) as exc:

