@@ -1,0 +1,89 @@
+"""``pflash-proxy bench quality|ttft|answers``: benchmarks of the product as users meet it.
+
+1. ``add_parser(sub)`` adds the ``bench`` subcommand and its options to the CLI's subparsers.
+2. ``main(args)`` fills in the defaults that depend on ``--quick`` (lengths, threshold, prompts), makes a work
+   directory (snapshots, session stores, llama-server log; removed afterwards unless ``--keep``), runs the
+   bench (``quality``/``ttft``/``answers`` modules), writes JSON + markdown (+ PNG) under ``--out`` and prints
+   the markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+QUICK_LENGTHS = (2048, 4096)
+QUICK_THRESHOLD = 1024
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.strip().lower().replace("k", "")) * (1024 if x.strip().lower().endswith("k") else 1)
+            for x in text.split(",") if x.strip()]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers)",
+                       description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
+    p.add_argument("kind", choices=("quality", "ttft", "answers"))
+    p.add_argument("--quick", action="store_true", help="small lengths and a subset, threshold 1024 (minutes)")
+    p.add_argument("--out", default="benchmarks/results", help="directory for KIND.json / KIND.md / KIND.png")
+    p.add_argument("--upstream", help="use this llama-server instead of spawning one")
+    p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
+    p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
+    p.add_argument("--scorers", default="lexical,attention,head", help="PFlash scorers to compare")
+    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
+    p.add_argument("--per-family", type=int, default=1, help="cases per family and length (quality, answers)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
+                                                  "--quick 1024)")
+    p.add_argument("--prompts", type=int, help="prompts per length for ttft (default 3, --quick 2)")
+    p.add_argument("--drafter", type=Path, help="drafter GGUF (enables the attention scorer)")
+    p.add_argument("--scoring-head", type=Path, help="scorer head GGUF (with --drafter: the head scorer)")
+    p.add_argument("--request-probe", type=Path, help="request probe GGUF (optional, head scorer)")
+    p.add_argument("--gpu-prefill-tps", type=float, default=8000.0,
+                   help="projection: target prefill tokens/s on the GPU at short lengths (ttft)")
+    p.add_argument("--gpu-quadratic-at", type=float, default=65536.0,
+                   help="projection: tokens at which attention doubles the per-token prefill cost (ttft)")
+    p.add_argument("--max-tokens", type=int, default=48, help="answer length for `answers`")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
+    p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    args.lengths = list(args.lengths or (QUICK_LENGTHS if args.quick else (16_384, 32_768)))
+    if args.threshold is None:
+        args.threshold = QUICK_THRESHOLD if args.quick else min(16_384, min(args.lengths) // 2)
+    if args.prompts is None:
+        args.prompts = 2 if args.quick else 3
+    args.scorers = [s for s in args.scorers.split(",") if s] if isinstance(args.scorers, str) else args.scorers
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
+    args.workdir = workdir
+    try:
+        written = asyncio.run(run(args))
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(written.markdown)
+    for path in written.paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+async def run(args: argparse.Namespace) -> Any:
+    if args.kind == "quality":
+        from pflash_proxy.benchcli import quality as mod
+    elif args.kind == "ttft":
+        from pflash_proxy.benchcli import ttft as mod  # type: ignore[no-redef]
+    else:
+        from pflash_proxy.benchcli import answers as mod  # type: ignore[no-redef]
+    data = await mod.run(args)
+    return mod.report(data, Path(args.out), args)

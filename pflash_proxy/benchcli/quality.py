@@ -1,0 +1,222 @@
+"""``bench quality``: how much of the gold evidence reaches the upstream, PFlash vs baselines at the same budget.
+
+1. Cases: ``generate(families, lengths, per_family, seed)`` (default every family at 16K and 32K; ``--quick``:
+   2K and 4K, a subset of families, threshold 1024).
+2. One llama-server (spawned like ``--spawn``, or ``--upstream``) gives the exact token counts PFlash uses
+   (``/tokenize``, ``input_tokens``).  One proxy per available scorer, in dry-run mode: each case goes through
+   the real chat route (sessions → PFlash → commit) and is stopped just before the forward; the recorder keeps
+   the messages the upstream would receive.  No prefill and no generation (the TTFT bench forwards for real).
+3. Budget: the estimated size of the long message PFlash served (the first scorer's row, ``lexical``); head+tail
+   truncation and random whole units shorten the same message to that budget; full prefill keeps everything.
+4. Retention per row and turn with ``check_retention``: gold whole (bool), kept fraction, mode.
+5. Multi-turn: the follow-ups go through the same proxy session (placeholder assistant replies); the served
+   follow-up turn, with any recall excerpts, must carry its gold.  The baselines have no recall.
+6. Summary tables per row × length for the main families, the aggregation negative control and the follow-ups.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pflash_proxy.bench import (Case, check_retention, default_count_tokens, generate, head_tail_truncate,
+                                messages_text, random_units, shorten_longest)
+from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
+from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
+
+QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
+                  "aggregation")
+BASELINES = ("full prefill", "head+tail", "random units")
+
+
+def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
+    """name → a Scorer (None = the stage's default lexical scorer) or a string saying why it is unavailable."""
+    out: dict[str, Any] = {}
+    drafter = None
+    for name in names:
+        if name == "lexical":
+            out[name] = None
+            continue
+        if name not in ("attention", "head"):
+            out[name] = f"unknown scorer {name!r}"
+            continue
+        if not getattr(opts, "drafter", None):
+            out[name] = "unavailable: no drafter configured (--drafter GGUF)"
+            continue
+        if name == "head" and not getattr(opts, "scoring_head", None):
+            out[name] = "unavailable: no scoring head configured (--scoring-head GGUF)"
+            continue
+        try:
+            from pflash_proxy.drafter.runtime import Drafter
+
+            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024)
+            if name == "attention":
+                from pflash_proxy.drafter.attention import AttentionScorer
+
+                out[name] = AttentionScorer(drafter)
+            else:
+                from pflash_proxy.drafter.head import HeadScorer
+                from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head
+                from pflash_proxy.drafter.stages import ProbeStages
+
+                head = load_scorer_head(opts.scoring_head, opts.drafter)
+                req = load_request_probe(opts.request_probe, opts.drafter) if opts.request_probe else None
+                out[name] = HeadScorer(ProbeStages(drafter, head.meta.tap_block), head, req)
+        except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
+            out[name] = f"unavailable: {type(exc).__name__}: {exc}"
+    return out
+
+
+def _longest_index(messages: list[dict]) -> int:
+    best = -1
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), str) and (best < 0 or len(m["content"]) >= len(messages[best]["content"])):
+            best = i
+    return best
+
+
+def _record(row: str, case: Case, turn: int, received: Any, mode: str, **extra: Any) -> dict[str, Any]:
+    r = check_retention(case, received, turn=turn)
+    return {"row": row, "case_id": case.case_id, "family": case.family, "length": case.target_tokens,
+            "turn": turn, "negative_control": case.negative_control, "all_gold": r.all_gold,
+            "gold_whole": r.gold_whole, "gold_total": r.gold_total, "kept_fraction": round(r.kept_fraction, 4),
+            "mode": mode, "missing": list(r.missing), **extra}
+
+
+async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, case: Case) -> list[dict]:
+    out = []
+    for turn in range(len(case.followups) + 1):
+        key = new_id()
+        res = await chat(http, proxy.url, case.turn_messages(turn), stream=False, max_tokens=1, bench_id=key)
+        seen = proxy.seen(key)
+        h = res.headers
+        out.append(_record(row, case, turn, seen.messages, h.get("X-PFlash-Mode", "?"),
+                           prompt_tokens=_int(h.get("X-PFlash-Prompt-Tokens")),
+                           kept_tokens=_int(h.get("X-PFlash-Kept-Tokens")),
+                           pflash_ms=seen.fields.get("pflash_ms"), served=seen.messages if turn == 0 else None))
+    return out
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v is not None else None
+
+
+def _baselines(case: Case, served: list[dict], seed: int) -> list[dict]:
+    idx = _longest_index(case.messages)
+    budget = default_count_tokens(messages_text([served[idx]])) if idx >= 0 and idx < len(served) else None
+    full_size = default_count_tokens(messages_text([case.messages[idx]])) if idx >= 0 else 0
+    out = []
+    for turn in range(len(case.followups) + 1):
+        msgs = case.turn_messages(turn)
+        out.append(_record("full prefill", case, turn, msgs, "full"))
+        shortened = budget is not None and budget < full_size
+        mode = "truncated" if shortened else "full"
+        ht = shorten_longest(msgs, lambda t: head_tail_truncate(t, budget)) if shortened else msgs
+        ru = shorten_longest(msgs, lambda t: random_units(t, budget, seed)) if shortened else msgs
+        out += [_record("head+tail", case, turn, ht, mode, budget=budget),
+                _record("random units", case, turn, ru, mode, budget=budget)]
+    return out
+
+
+async def run(opts: Any) -> dict[str, Any]:
+    families = opts.families or (QUICK_FAMILIES if opts.quick else None)
+    cases = generate(families, opts.lengths, per_family=opts.per_family, seed=opts.seed)
+    scorers = build_scorers(opts.scorers, opts)
+    usable = {k: v for k, v in scorers.items() if not isinstance(v, str)}
+    work = Path(opts.workdir)
+    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=max(opts.lengths) + 4096)
+    t0 = time.perf_counter()
+    await llama.start()
+    records: list[dict] = []
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as http:
+            proxies = {}
+            for name, scorer in usable.items():
+                settings = bench_settings(llama.url, work / f"proxy-{name}", llama.slot_dir,
+                                          threshold=opts.threshold)
+                proxies[name] = await Proxy(settings, scorer=scorer, dry_run=True).__aenter__()
+            try:
+                for case in cases:
+                    primary = None
+                    for name, proxy in proxies.items():
+                        recs = await _through_proxy(http, proxy, f"pflash-{name}", case)
+                        primary = primary or recs[0]["served"]
+                        records += recs
+                    records += _baselines(case, primary or case.messages, opts.seed)
+                    if opts.verbose:
+                        print(f"  {case.case_id}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
+            finally:
+                for proxy in proxies.values():
+                    await proxy.__aexit__(None, None, None)
+    finally:
+        await llama.stop()
+    for r in records:
+        r.pop("served", None)
+    rows = list(BASELINES) + [f"pflash-{n}" for n in scorers]
+    unavailable = {f"pflash-{k}": v for k, v in scorers.items() if isinstance(v, str)}
+    return {"bench": "quality", "quick": opts.quick, "lengths": list(opts.lengths), "threshold": opts.threshold,
+            "seed": opts.seed, "families": sorted({c.family for c in cases}), "rows": rows,
+            "unavailable": unavailable, "seconds": round(time.perf_counter() - t0, 1), "records": records}
+
+
+def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
+    lengths, rows, recs = data["lengths"], data["rows"], data["records"]
+    heads = ["row"] + [h for n in lengths for h in (f"{n // 1024}K gold whole", f"{n // 1024}K kept")]
+    groups = [("Gold evidence reaching the upstream whole (main families, first turn)",
+               lambda r: r["turn"] == 0 and not r["negative_control"]),
+              ("Negative control: aggregation (count/list every X), first turn",
+               lambda r: r["turn"] == 0 and r["negative_control"]),
+              ("Multi-turn follow-ups (gold of each later question; PFlash rows include recall)",
+               lambda r: r["turn"] > 0)]
+    out, chart_series = [], {}
+    for title, pick in groups:
+        body = []
+        for row in rows:
+            if row in data["unavailable"]:
+                body.append([row, data["unavailable"][row]] + ["–"] * (2 * len(lengths) - 1))
+                continue
+            cells: list[Any] = [row]
+            for n in lengths:
+                sel = [r for r in recs if r["row"] == row and r["length"] == n and pick(r)]
+                cells += [pct(sum(r["all_gold"] for r in sel), len(sel)), mean([r["kept_fraction"] for r in sel])]
+                if title.startswith("Gold") and sel:
+                    chart_series.setdefault(row, []).append(100 * sum(r["all_gold"] for r in sel) / len(sel))
+            body.append(cells)
+        out.append(Table(title, heads, body))
+    per_case = []
+    pflash_rows = [r for r in rows if r.startswith("pflash-") and r not in data["unavailable"]]
+    for r0 in [r for r in recs if r["row"] == "full prefill"]:
+        def get(row: str) -> dict | None:
+            return next((r for r in recs if r["row"] == row and r["case_id"] == r0["case_id"]
+                         and r["turn"] == r0["turn"]), None)
+        line: list[Any] = [r0["case_id"], r0["turn"]]
+        for row in pflash_rows:
+            p = get(row)
+            line += [p["mode"], p.get("prompt_tokens"), p.get("kept_tokens"), _gold(p)] if p else ["–"] * 4
+        line += [_gold(get("head+tail")), _gold(get("random units"))]
+        per_case.append(line)
+    ph = [h for row in pflash_rows for h in (f"{row} mode", "prompt tok", "kept tok", f"{row} gold")]
+    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer)",
+                     ["case", "turn", *ph, "head+tail gold", "random gold"], per_case))
+    chart = Chart("Gold evidence kept whole (main families)", "% of cases",
+                  [f"{n // 1024}K" for n in lengths], chart_series)
+    return out, chart
+
+
+def _gold(r: dict | None) -> str:
+    return f"{r['gold_whole']}/{r['gold_total']}" if r else "–"
+
+
+def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
+    t, chart = tables(data)
+    notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens (estimated, UTF-8 bytes/4), seed "
+             f"{data['seed']}, threshold {data['threshold']}, families: {', '.join(data['families'])}",
+             "measured through the proxy's real chat route (sessions → PFlash → commit), stopped just before the "
+             "forward: no prefill, no generation (retention needs neither; see `bench ttft` for real forwarding)",
+             "baselines shorten the same long message to the budget PFlash used (its served size); kept = "
+             "received / original tokens (same estimator for every row)",
+             f"run took {data['seconds']} s"]
+    return write_report(out_dir, "quality", "PFlash quality: gold evidence retention", data, t, notes, chart)

@@ -1,0 +1,277 @@
+"""The machinery every bench shares: a real llama-server, in-process proxies, a streaming client.
+
+1. ``LlamaProc`` starts llama-server the way ``--spawn`` does (``find_llama_server``, the gemma GGUF by default,
+   ``server_args`` with the safe flags, ``--swa-full`` for sliding-window models, a ``--slot-save-path``), waits
+   for ``/health`` and can ``restart()`` it on the same port (the resume bench).  With ``--upstream`` nothing is
+   started and the URL is used as it is (``restart`` is then unavailable).
+2. ``Proxy`` runs ``create_app(settings)`` in-process on a free loopback port (``web.AppRunner``) with the
+   product's own stages (sessions → PFlash → commit) plus a ``Recorder`` at the end of the pipeline: it keeps,
+   per ``X-Bench-Id``, the exact messages that are forwarded upstream and the stage log fields (mode, tokens,
+   compression ms).  With ``dry_run`` the recorder stops the request there (``DryRun``, HTTP 200 with the
+   proxy's headers), so the quality bench measures the real path without paying for a prefill.
+3. ``chat()`` sends one chat request (streaming or not) and returns first-content time, total time, the text,
+   llama-server's ``timings`` and the proxy's headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pflash_proxy.config import Settings
+from pflash_proxy.errors import ProxyError
+from pflash_proxy.server.pipeline import ProxyRequest, Stage
+
+log = logging.getLogger("pflash_proxy.bench")
+
+BENCH_HEADER = "X-Bench-Id"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------- llama-server
+
+
+class LlamaProc:
+    def __init__(self, workdir: Path, upstream: str | None = None, model: Path | None = None,
+                 ctx_per_slot: int = 8192, parallel: int = 2, threads: int | None = None):
+        self.workdir, self.model, self.parallel = Path(workdir), model, parallel
+        self.ctx_per_slot, self.threads = ctx_per_slot, threads
+        self.slot_dir = self.workdir / "slots"
+        self.url = upstream.rstrip("/") if upstream else ""
+        self.external = upstream is not None
+        self.args: list[str] = []
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log_path = self.workdir / "llama-server.log"
+
+    async def start(self) -> None:
+        self.slot_dir.mkdir(parents=True, exist_ok=True)
+        if self.external:
+            return
+        from pflash_proxy.spawn import default_model, find_llama_server, free_port, gguf_sliding_window, server_args
+
+        binary = find_llama_server(None)
+        model = self.model or _default_model(default_model)
+        settings = Settings(spawn=True, home=self.workdir, parallel=self.parallel,
+                            ctx_size=self.ctx_per_slot * self.parallel, slot_save_path=self.slot_dir,
+                            spawn_threads=self.threads)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.args = server_args(settings, binary, Path(model), port, bool(gguf_sliding_window(Path(model))))
+        await self._launch()
+
+    async def _launch(self) -> None:
+        with open(self.log_path, "ab") as logf:
+            self.proc = await asyncio.create_subprocess_exec(*self.args, stdin=asyncio.subprocess.DEVNULL,
+                                                             stdout=logf, stderr=logf, start_new_session=True)
+        await self.wait_healthy()
+
+    async def wait_healthy(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.returncode is not None:
+                    raise BenchError(f"llama-server exited with {self.proc.returncode} (see {self.log_path})")
+                try:
+                    async with s.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.25)
+        raise BenchError(f"llama-server at {self.url} did not become healthy in {timeout_s:.0f}s")
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def restart(self) -> float:
+        """Stop and start llama-server on the same port; returns the seconds until it was healthy again."""
+        if self.external:
+            raise BenchError("cannot restart an --upstream server")
+        t0 = time.perf_counter()
+        await self.stop()
+        await self._launch()
+        return time.perf_counter() - t0
+
+
+def _default_model(assemble_into) -> Path:
+    """The gemma GGUF, reused where `make run` or the tests already assembled it."""
+    from pflash_proxy.config import state_home
+
+    for home in (state_home(), Path.home() / ".cache" / "pflash-proxy"):
+        found = sorted((home / "models").glob("gemma-3-270m*.gguf")) if (home / "models").is_dir() else []
+        if found:
+            return found[0]
+    return assemble_into(state_home())
+
+
+# ----------------------------------------------------------------------------------------------- proxy
+
+
+class DryRun(ProxyError):
+    status = 200
+    code = "bench_dry_run"
+
+
+@dataclass
+class Seen:
+    messages: list[dict[str, Any]]
+    fields: dict[str, Any]
+
+
+class Recorder(Stage):
+    """Last stage: what the upstream receives, per ``X-Bench-Id``; optionally stops the request there."""
+
+    name = "bench-recorder"
+
+    def __init__(self, dry_run: bool = False):
+        self.dry_run = dry_run
+        self.seen: dict[str, Seen] = {}
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        key = req.headers.get(BENCH_HEADER)
+        if key and req.kind == "chat":
+            forwarded = json.loads(req.forward_bytes())
+            self.seen[key] = Seen(forwarded.get("messages", []), dict(req.log_fields))
+        if self.dry_run:
+            raise DryRun("dry run: not forwarded")
+
+
+class Proxy:
+    """One in-process proxy (``create_app``) on a free port, with the product's stages plus a ``Recorder``."""
+
+    def __init__(self, settings: Settings, scorer: Any = None, dry_run: bool = False):
+        self.settings, self.scorer = settings, scorer
+        self.recorder = Recorder(dry_run)
+        self.url = ""
+        self.compress: Any = None
+        self.manager: Any = None
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> "Proxy":
+        from pflash_proxy.server.app import create_app
+        from pflash_proxy.server.keys import UPSTREAM
+        from pflash_proxy.sessions.manager import SessionManager
+        from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
+        from pflash_proxy.spawn import free_port
+
+        stages: list[Stage] = []
+        app = create_app(self.settings, stages=stages)  # the list is read at start-up, filled in below
+        self.manager = SessionManager(self.settings, app[UPSTREAM])
+        stages.append(SessionStage(self.manager))
+        if self.settings.pflash:
+            from pflash_proxy.compress_stage import CompressStage
+
+            self.compress = CompressStage(self.settings, app[UPSTREAM], scorer=self.scorer)
+            stages.append(self.compress)
+        stages += [SessionCommitStage(self.manager), self.recorder]
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def seen(self, key: str) -> Seen:
+        return self.recorder.seen[key]
+
+
+def bench_settings(upstream: str, home: Path, slot_dir: Path, **kw: Any) -> Settings:
+    home.mkdir(parents=True, exist_ok=True)
+    kw.setdefault("max_cache_gb", 4)
+    return Settings(upstream=upstream, home=home, slot_save_path=slot_dir, log_level="warning", **kw)
+
+
+# ----------------------------------------------------------------------------------------------- client
+
+
+@dataclass
+class ChatResult:
+    status: int
+    ttft_s: float | None
+    total_s: float
+    text: str
+    timings: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+
+    @property
+    def prompt_n(self) -> int | None:
+        t = self.timings
+        return (t.get("prompt_n") or 0) + (t.get("cache_n") or 0) if t else None
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *, stream: bool = True,
+               max_tokens: int = 4, bench_id: str | None = None, retries: int = 60, **extra: Any) -> ChatResult:
+    """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting)."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 1,
+            "stream": stream, **extra}
+    headers = {BENCH_HEADER: bench_id} if bench_id else {}
+    for _ in range(retries):
+        t0 = time.perf_counter()
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+            if resp.status == 503:
+                await resp.read()
+                await asyncio.sleep(0.5)
+                continue
+            hdrs = {k: v for k, v in resp.headers.items() if k.lower().startswith("x-pflash")}
+            if not stream or resp.content_type != "text/event-stream":
+                data = await resp.json(content_type=None)
+                total = time.perf_counter() - t0
+                text = ""
+                if isinstance(data, dict) and data.get("choices"):
+                    text = data["choices"][0].get("message", {}).get("content") or ""
+                timings = data.get("timings", {}) if isinstance(data, dict) else {}
+                return ChatResult(resp.status, None, total, text, timings, hdrs, data)
+            ttft, parts, timings = None, [], {}
+            async for raw in resp.content:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                timings = chunk.get("timings") or timings
+                for choice in chunk.get("choices") or ():
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        parts.append(piece)
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            return ChatResult(resp.status, ttft if ttft is not None else total, total, "".join(parts), timings, hdrs)
+    raise BenchError(f"{url} kept answering 503")
+
+
+def salted(messages: list[dict], salt: str) -> list[dict]:
+    """A copy whose first message starts with a unique line, so no run reuses another run's prefix cache."""
+    out = [dict(m) for m in messages]
+    first = out[0]
+    if isinstance(first.get("content"), str):
+        first["content"] = f"[run {salt}]\n{first['content']}"
+    return out

@@ -1,0 +1,231 @@
+"""``bench ttft``: how much sooner the first token comes, measured against a real llama-server.
+
+1. One llama-server (spawned like ``--spawn``, or ``--upstream``) and two in-process proxies in front of it:
+   ``pflash`` (PFlash on, the first available scorer) and ``full`` (``pflash=False``: the same proxy, sessions
+   and all, full prefill).  Every run's first message starts with a unique salt line, so no run reuses another
+   run's prefix cache (``cache_n`` is recorded to show it); after each run the proxy snapshots its sessions
+   (``/pflash/save``, untimed) so no later run pays for saving a displaced one.
+2. Lengths: ``--prompts`` prompts per length (families cycle through a prose retrieval case, a code case and a
+   sectioned document), the two arms interleaved (the order alternates).  First-token time = streaming, time
+   to the first content chunk; prefill tokens from llama-server's ``timings``.
+3. Chat replay, each arm in turn: a long document (turn 1), a short follow-up, a long paste (turn 3, half the
+   length), a short follow-up; the model's own replies are kept.  Per-turn and whole-chat waiting time.
+4. Resume: a PFlash conversation is snapshotted, llama-server is restarted, and the follow-up is asked again
+   (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
+   prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
+5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
+   the measured token counts: t(n) = (n + n²/(2Q)) / R, projected PFlash TTFT = compression time + t(kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pflash_proxy.bench import generate
+from pflash_proxy.benchcli.quality import build_scorers
+from pflash_proxy.benchcli.report import Table, mean, median, write_report
+from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, bench_settings, chat, new_id, salted
+
+PROMPT_FAMILIES = ("ruler_single", "code", "multiturn")
+
+
+def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Any) -> dict[str, Any]:
+    fields = proxy.seen(key).fields if proxy is not None and key in proxy.recorder.seen else {}
+    t = res.timings or {}
+    return {"arm": arm, "status": res.status, "ttft_s": round(res.ttft_s or 0, 3), "total_s": round(res.total_s, 3),
+            "prefill_tokens": t.get("prompt_n"), "cache_n": t.get("cache_n"), "prompt_tokens": res.prompt_n,
+            "mode": res.headers.get("X-PFlash-Mode", "off" if arm != "pflash" else "?"),
+            "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": fields.get("pflash_ms"),
+            "drafter_ms": _drafter_ms(fields), "reply": res.text[:80], **extra}
+
+
+def _drafter_ms(fields: dict) -> float | None:
+    if fields.get("scorer") in (None, "lexical"):
+        return None
+    return round(fields.get("ms_represent", 0) + fields.get("ms_score", 0), 1)
+
+
+async def _one(http, arm: str, proxy: Proxy, messages: list[dict], **extra: Any) -> dict[str, Any]:
+    key = new_id()
+    res = await chat(http, proxy.url, messages, bench_id=key)
+    async with http.post(proxy.url + "/pflash/save") as r:
+        await r.read()
+    return _row(arm, res, proxy, key, **extra)
+
+
+async def _lengths(http, opts, arms: dict[str, Proxy]) -> list[dict]:
+    out = []
+    for n in opts.lengths:
+        for i in range(opts.prompts):
+            fam = PROMPT_FAMILIES[i % len(PROMPT_FAMILIES)]
+            case = generate([fam], [n], per_family=1 + i // len(PROMPT_FAMILIES), seed=opts.seed)[-1]
+            order = ["full", "pflash"] if i % 2 == 0 else ["pflash", "full"]
+            for arm in order:
+                row = await _one(http, arm, arms[arm], salted(case.messages, new_id()), length=n,
+                                 case_id=case.case_id)
+                out.append(row)
+                if opts.verbose:
+                    print(f"  ttft {case.case_id} {arm}: {row['ttft_s']} s, {row['prefill_tokens']} tok", flush=True)
+    return out
+
+
+def _replay_turns(opts) -> tuple[list[dict], list[str | tuple[str, str]]]:
+    n = max(opts.lengths)
+    doc = generate(["multiturn"], [n], seed=opts.seed)[0]
+    paste = generate(["ruler_single"], [n // 2], seed=opts.seed + 1)[0]
+    return doc.messages, [doc.followups[0].question, ("paste", paste.messages[0]["content"]),
+                          doc.followups[1].question]
+
+
+async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
+    first, later = _replay_turns(opts)
+    out = []
+    for arm in ("pflash", "full"):
+        msgs = salted(first, new_id())
+        kinds = ["long document"] + ["long paste" if isinstance(t, tuple) else "short follow-up" for t in later]
+        for turn, kind in enumerate(kinds):
+            if turn:
+                item = later[turn - 1]
+                msgs = msgs + [{"role": "user", "content": item[1] if isinstance(item, tuple) else item}]
+            key = new_id()
+            res = await chat(http, arms[arm].url, msgs, bench_id=key, max_tokens=8)
+            out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind))
+            msgs = msgs + [{"role": "assistant", "content": res.text}]
+    return out
+
+
+async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
+    doc = generate(["multiturn"], [max(opts.lengths)], seed=opts.seed + 2)[0]
+    msgs = salted(doc.messages, new_id())
+    first = await chat(http, proxy.url, msgs, max_tokens=8)
+    async with http.post(proxy.url + "/pflash/save") as r:
+        saved = (await r.json()).get("saved")
+    restart_s = await llama.restart()
+    for _ in range(40):  # let the proxies' health monitors see the restart before asking again
+        async with http.get(proxy.url + "/pflash/stats") as r:
+            if (await r.json()).get("sessions", {}).get("upstream_restarts", 0) >= 1:
+                break
+        await asyncio.sleep(0.25)
+    follow = msgs + [{"role": "assistant", "content": first.text},
+                     {"role": "user", "content": doc.followups[0].question}]
+    key = new_id()
+    res = await chat(http, proxy.url, follow, bench_id=key)
+    out = [_row("pflash", res, proxy, key, case="resume from SSD snapshot", saved=saved,
+                restart_s=round(restart_s, 1))]
+    served = proxy.seen(key).messages
+    for label, messages in (("cold: same served prompt, slots erased", served),
+                            ("cold: original prompt, no PFlash", follow)):
+        for slot in range(llama.parallel):
+            async with http.post(f"{llama.url}/slots/{slot}?action=erase") as r:
+                await r.read()
+        res = await chat(http, llama.url, messages, id_slot=0)
+        out.append(_row("direct", res, None, None, case=label))
+    return out
+
+
+async def run(opts: Any) -> dict[str, Any]:
+    scorers = {k: v for k, v in build_scorers(opts.scorers, opts).items() if not isinstance(v, str)}
+    scorer_name, scorer = next(iter(scorers.items()), ("lexical", None))
+    work = Path(opts.workdir)
+    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=int(max(opts.lengths) * 1.6) + 2048)
+    t0 = time.perf_counter()
+    await llama.start()
+    data: dict[str, Any] = {"bench": "ttft", "quick": opts.quick, "lengths": list(opts.lengths),
+                            "threshold": opts.threshold, "prompts": opts.prompts, "scorer": scorer_name,
+                            "upstream": opts.upstream or "spawned gemma-3-270m (CPU)"}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as http:
+            common = dict(threshold=opts.threshold, upstream_timeout_s=1800)
+            async with Proxy(bench_settings(llama.url, work / "pflash", llama.slot_dir, **common),
+                             scorer=scorer) as pf, \
+                    Proxy(bench_settings(llama.url, work / "full", llama.slot_dir, pflash=False, **common)) as full:
+                arms = {"pflash": pf, "full": full}
+                data["runs"] = await _lengths(http, opts, arms)
+                data["replay"] = await _replay(http, opts, arms)
+                data["resume"] = [] if llama.external else await _resume(http, opts, llama, pf)
+    finally:
+        await llama.stop()
+    data["seconds"] = round(time.perf_counter() - t0, 1)
+    return data
+
+
+def project(n: float, rate: float, quad: float) -> float:
+    """Projected prefill seconds for n tokens: per-token cost (1 + x/Q)/R integrated over the prompt."""
+    return (n + n * n / (2 * quad)) / rate
+
+
+def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
+    rows, proj = [], []
+    for n in data["lengths"]:
+        arm_stats = {}
+        for arm in ("full", "pflash"):
+            sel = [r for r in data["runs"] if r["length"] == n and r["arm"] == arm]
+            st = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
+                  "tokens": mean([r["prompt_tokens"] for r in sel]), "pflash_ms": mean([r["pflash_ms"] for r in sel]),
+                  "modes": ",".join(sorted({r["mode"] for r in sel})), "cache_n": max((r["cache_n"] or 0) for r in sel)}
+            arm_stats[arm] = st
+            rows.append([f"{n // 1024}K", arm, len(sel), st["modes"], st["tokens"], st["cache_n"], st["ttft_mean"],
+                         st["ttft_median"], st["pflash_ms"]])
+        f, p = arm_stats["full"], arm_stats["pflash"]
+        if f["ttft_median"] and p["ttft_median"]:
+            rows.append([f"{n // 1024}K", "speedup (median full / median pflash)", "", "", "", "", "",
+                         f["ttft_median"] / p["ttft_median"], ""])
+        if f["tokens"] and p["tokens"]:
+            comp_s = (p["pflash_ms"] or 0) / 1000
+            pf_full, pf_pf = project(f["tokens"], rate, quad), comp_s + project(p["tokens"], rate, quad)
+            proj.append([f"{n // 1024}K", f["tokens"], p["tokens"], comp_s, pf_full, pf_pf, pf_full / pf_pf])
+    out = [Table("First-token time, full prefill vs PFlash (interleaved, salted, streaming)",
+                 ["length", "arm", "n", "mode", "prompt tokens (mean)", "max cache_n", "TTFT mean s",
+                  "TTFT median s", "compression ms (mean)"], rows)]
+    rep = data.get("replay", [])
+    turns = sorted({r["turn"] for r in rep})
+    body = []
+    for t in turns:
+        a = {r["arm"]: r for r in rep if r["turn"] == t}
+        f, p = a.get("full", {}), a.get("pflash", {})
+        body.append([t, (p or f).get("kind"), f.get("ttft_s"), f.get("prefill_tokens"), p.get("ttft_s"),
+                     p.get("prefill_tokens"), p.get("mode"), p.get("cache")])
+    if rep:
+        tot = {arm: (sum(r["ttft_s"] for r in rep if r["arm"] == arm), sum(r["total_s"] for r in rep
+                                                                            if r["arm"] == arm)) for arm in
+               ("full", "pflash")}
+        body.append(["whole chat", "sum of TTFT (sum incl. 8-token replies)",
+                     f"{tot['full'][0]:.1f} ({tot['full'][1]:.1f})", "", f"{tot['pflash'][0]:.1f} "
+                     f"({tot['pflash'][1]:.1f})", "", "", ""])
+    out.append(Table("Chat replay (per turn: first-token time s, prefilled tokens)",
+                     ["turn", "kind", "full TTFT s", "full prefilled", "pflash TTFT s", "pflash prefilled",
+                      "pflash mode", "proxy cache"], body))
+    if data.get("resume"):
+        out.append(Table("Resume after a llama-server restart vs cold",
+                         ["case", "TTFT s", "prefilled tokens", "cached tokens", "proxy cache"],
+                         [[r["case"], r["ttft_s"], r["prefill_tokens"], r["cache_n"], r.get("cache") or "–"]
+                          for r in data["resume"]]))
+    dms = [r["drafter_ms"] for r in data["runs"] if r.get("drafter_ms") is not None]
+    out.append(Table("Drafter cost", ["scorer", "drafter ms (mean, represent+score)", "whole compression ms (mean)"],
+                     [[data["scorer"], mean(dms) if dms else "no drafter",
+                       mean([r["pflash_ms"] for r in data["runs"] if r["arm"] == "pflash"])]]))
+    out.append(Table(f"GPU projection (a projection, not a measurement: R = {rate:.0f} tok/s, Q = {quad:.0f})",
+                     ["length", "full tokens", "kept tokens", "compression s (measured here)",
+                      "projected full TTFT s", "projected PFlash TTFT s", "projected speedup"], proj))
+    return out
+
+
+def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
+    rate = getattr(opts, "gpu_prefill_tps", 8000.0)
+    quad = getattr(opts, "gpu_quadratic_at", 65536.0)
+    notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
+             f"{data['prompts']} prompts per length; run took {data['seconds']} s",
+             "arms: two in-process proxies on one llama-server, PFlash on vs off; every run salted at the start "
+             "of its first message so no run reuses another's prefix cache (max cache_n shows it)",
+             "TTFT = time to the first streamed content chunk, measured by the client; both arms pay the same "
+             "proxy overheads; PFlash's time includes exact token counting and compression",
+             "projection assumptions: target prefill time t(n) = (n + n²/(2Q))/R (per-token cost grows linearly "
+             "with position, doubling at Q tokens); PFlash = compression time as measured here (CPU, not "
+             "accelerated) + drafter time + t(kept tokens); decode, network and queueing ignored",
+             "on this machine (2 shared CPU cores, gemma-3-270m) absolute times are noisy; compare within a run"]
+    return write_report(out_dir, "ttft", "PFlash time to first token", data, tables(data, rate, quad), notes)

@@ -1,0 +1,39 @@
+"""One `bench quality --quick` run end to end through the proxy against a real llama-server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pflash_proxy.cli import main
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.mark.timeout(600)
+def test_bench_quality_quick_end_to_end(llama_server, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["bench", "quality", "--quick", "--upstream", llama_server.url, "--out", str(out)]) == 0
+    md = (out / "quality.md").read_text()
+    assert "| full prefill | 7/7 (100%) | 1.000 | 7/7 (100%) | 1.000 |" in md
+    assert "pflash-attention | unavailable: no drafter configured" in md
+    assert md.strip() in capsys.readouterr().out
+    data = json.loads((out / "quality.json").read_text())
+    recs = data["records"]
+    pflash = [r for r in recs if r["row"] == "pflash-lexical"]
+    full = [r for r in recs if r["row"] == "full prefill"]
+    assert len(pflash) == len(full) > 0 and all(r["all_gold"] for r in full)
+    assert {"compressed"} <= {r["mode"] for r in pflash}
+    # compressed rows were counted by the upstream's tokenizer and kept less than they received
+    for r in pflash:
+        if r["mode"] == "compressed":
+            assert r["kept_tokens"] < r["prompt_tokens"] and r["kept_fraction"] < 1
+    # multi-turn follow-ups went through the same proxy session (recall or passthrough, never an error)
+    follow = [r for r in pflash if r["turn"] > 0]
+    assert follow and {r["mode"] for r in follow} <= {"recall", "passthrough"}
+    # baselines used PFlash's budget: where PFlash compressed, they were shortened too
+    for r in pflash:
+        if r["mode"] == "compressed" and r["turn"] == 0:
+            ht = next(x for x in recs if x["row"] == "head+tail" and x["case_id"] == r["case_id"] and x["turn"] == 0)
+            assert ht["mode"] == "truncated"
