@@ -199,7 +199,7 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
         line += [_gold(get("head+tail")), _gold(get("random units"))]
         per_case.append(line)
     ph = [h for row in pflash_rows for h in (f"{row} mode", "prompt tok", "kept tok", f"{row} gold")]
-    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer)",
+    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer; on recall turns: recalled tokens)",
                      ["case", "turn", *ph, "head+tail gold", "random gold"], per_case))
     chart = Chart("Gold evidence kept whole (main families)", "% of cases",
                   [f"{n // 1024}K" for n in lengths], chart_series)

@@ -29,9 +29,10 @@ def test_bench_quality_quick_end_to_end(llama_server, tmp_path, capsys):
     for r in pflash:
         if r["mode"] == "compressed":
             assert r["kept_tokens"] < r["prompt_tokens"] and r["kept_fraction"] < 1
-    # multi-turn follow-ups went through the same proxy session (recall or passthrough, never an error)
+    # multi-turn follow-ups went through the same proxy session; the 4K one had lines left out, so recall acted
     follow = [r for r in pflash if r["turn"] > 0]
-    assert follow and {r["mode"] for r in follow} <= {"recall", "passthrough"}
+    assert follow and not {r["mode"] for r in pflash} & {"full-error", "?"}
+    assert any(r["mode"] == "recall" for r in follow)
     # baselines used PFlash's budget: where PFlash compressed, they were shortened too
     for r in pflash:
         if r["mode"] == "compressed" and r["turn"] == 0:
