@@ -12,7 +12,9 @@ persists what was served):
    is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
 3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
    the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
-4. Any failure in 1–3 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log).
+4. A cold earlier history (no slot, no snapshot) is never compressed: when it alone reaches the threshold the
+   request is marked ``full-cold`` and prefilled as it is.
+5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log).
 Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
 """
 
@@ -104,10 +106,10 @@ class CompressStage(Stage):
         msg = messages[idx]
         text = message_text(msg.get("content"))
         if len(text.encode("utf-8")) < self.settings.threshold:
-            return await self._recall(req, ctx, messages, idx, text)
+            return await self._recall(req, ctx, messages, idx, text) or await self._cold(ctx, messages, idx)
         tt = await self._tokenized(text)
         if tt.total_tokens < self.settings.threshold:
-            return await self._recall(req, ctx, messages, idx, text)
+            return await self._recall(req, ctx, messages, idx, text) or await self._cold(ctx, messages, idx)
         prompt_tokens = await self.upstream.input_tokens(req.body)
         if prompt_tokens > self.settings.max_prompt_tokens:
             raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
@@ -180,6 +182,19 @@ class CompressStage(Stage):
             else:
                 adjust -= error // 2  # overshot: step back half way
         return best
+
+    async def _cold(self, ctx: SessionContext, messages: list[dict], idx: int) -> tuple[str, int, int] | None:
+        """An uncached earlier history of at least ``threshold`` tokens is prefilled as it is (never compressed):
+        say so with ``full-cold``."""
+        if ctx.cache != "miss" or idx == 0:
+            return None
+        history = "".join(message_text(m.get("content")) for m in messages[:idx])
+        if len(history.encode("utf-8")) < self.settings.threshold:
+            return None
+        n = len(await self.upstream.tokenize(history))
+        if n < self.settings.threshold:
+            return None
+        return "full-cold", n, n
 
     # Recall ----------------------------------------------------------------------------------------------
     async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,

@@ -200,3 +200,13 @@ async def test_prompt_over_the_limit_gets_context_length_exceeded(aiohttp_client
     assert resp.status == 400
     err = (await resp.json())["error"]
     assert err["code"] == "context_length_exceeded" and "1500" in err["message"]
+
+
+async def test_cold_long_history_is_served_whole_as_full_cold(proxy):
+    history = [{"role": "user", "content": document()},
+               {"role": "assistant", "content": "Noted."},
+               {"role": "user", "content": "Which section mentions the glacier?"}]
+    h, body = await ask(proxy, history)
+    assert h["X-PFlash-Mode"] == "full-cold" and h["X-PFlash-Cache"] == "miss"
+    served = session_store(proxy).get(h["X-PFlash-Session"]).served
+    assert served == history
