@@ -56,8 +56,9 @@ class DraftPass:
 
 @dataclass
 class _Session:
-    tokens: np.ndarray
-    win_start: int
+    tokens: np.ndarray  # every token read so far
+    win_start: int  # stream index of the current window's first token
+    kv_end: int  # the state holds the KV of tokens [win_start, kv_end): kv_end is ubatch-aligned
     state: bytes
     flash: bool
 
@@ -69,7 +70,7 @@ class _Session:
 class Drafter:
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 8192, n_threads: int = 2,
                  n_gpu_layers: int = 0, n_batch: int = 512, timeout: float = 300.0, cache_mb: float = 512,
-                 overlap: int | None = None) -> None:
+                 overlap: int | None = None, verbose: bool = False) -> None:
         try:
             import llama_cpp  # noqa: F401
         except ImportError as e:
@@ -78,6 +79,7 @@ class Drafter:
             raise DrafterError(f"drafter file {path} does not exist")
         self.path, self.n_ctx, self.n_threads, self.n_batch = str(path), n_ctx, n_threads, min(n_batch, n_ctx)
         self.n_gpu_layers, self.timeout, self.cache_bytes = n_gpu_layers, timeout, int(cache_mb * 2**20)
+        self.verbose = verbose
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflash-drafter")
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._ctx: dict[bool, Any] = {}
@@ -125,7 +127,9 @@ class Drafter:
     # ------------------------------------------------------------------ llama objects (worker thread only)
     def _load(self) -> None:
         import llama_cpp as L
+        from llama_cpp._logger import set_verbose
         from ._ggml import Capture
+        set_verbose(self.verbose)  # llama.cpp's log lines only when asked (process-wide, as Llama() does)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = self.n_gpu_layers
@@ -155,6 +159,7 @@ class Drafter:
             cp.flash_attn_type = -1 if flash else 0  # auto / disabled (kq_soft_max-L needs disabled)
             cp.cb_eval, cp.cb_eval_user_data = self.capture.c_callback, None
             cp.no_perf = True
+            cp.swa_full = True  # sliding-window layers keep every cell: the saved state can be cut anywhere
             ctx = L.llama_init_from_model(self._model, cp)
             if not ctx:
                 raise DrafterError(f"llama.cpp could not create a context of {self.n_ctx} tokens")
@@ -246,34 +251,35 @@ class Drafter:
         if attn_layers and (flash or attend_from is None or len(tokens) > self.window):
             raise DrafterError("attention needs flash=False, attend_from, and a stream within one context")
         ctx = self._context(flash)
-        prior, ws = self._restore(ctx, session, tokens, flash, attend_from)
+        prior, kv_end, ws = self._restore(ctx, session, tokens, flash, attend_from)
         got: dict[str, list[Any]] = {f"l_out-{k}": [] for k in taps}
-        att: dict[int, np.ndarray] = {}
+        got.update({f"kq_soft_max-{L}": [] for L in attn_layers})
         try:
-            n, W, S, p = len(tokens), self.window, self.window - self.overlap, prior
+            n, W, S, p = len(tokens), self.window, self.window - self.overlap, kv_end
             while p < n:
                 if ws is None:
                     ws = 0
                     self._fresh(ctx)
-                elif p >= ws + W:
+                elif p >= ws + W:  # next window: re-read its overlap as context, keep taps from p on
                     ws += S
                     self._fresh(ctx)
-                    self._decode(ctx, tokens[ws:p], 0, None, (), {})  # overlap: context only
+                    p = ws
                 end = min(n, ws + W)
-                self._decode(ctx, tokens[p:end], p - ws, attend_from, attn_layers, got, ws)
+                self._decode(ctx, tokens, ws, p, end, max(prior, ws + (self.overlap if ws else 0)),
+                             attend_from, attn_layers, got)
                 p = end
-            if attn_layers:
-                att = {L: self._merge_attention(got[f"kq_soft_max-{L}"], attend_from) for L in attn_layers}
+            att = {L: self._merge_attention(got[f"kq_soft_max-{L}"], attend_from)  # type: ignore[arg-type]
+                   for L in attn_layers}
+            if session is not None and save and ws is not None and len(tokens) > prior:
+                self._save(ctx, session, tokens, ws, flash)
         except BaseException:
             self._reset(ctx, session)
             raise
-        if session is not None and save and ws is not None:
-            self._save(ctx, session, tokens, ws, flash)
         tap_arrays = {k: (np.concatenate(got[f"l_out-{k}"]) if got[f"l_out-{k}"]
                           else np.zeros((0, self.n_embd), np.float32)) for k in taps}
         dt = time.perf_counter() - t0
         self.stats["passes"] += 1
-        self.stats["tokens"] += len(tokens) - prior
+        self.stats["tokens"] += len(tokens) - kv_end
         self.stats["seconds"] += dt
         return DraftPass(tokens, prior, tap_arrays, att, dt)
 
@@ -281,33 +287,34 @@ class Drafter:
         import llama_cpp as L
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         if self.add_bos:
-            self._decode(ctx, np.asarray([self.bos], np.int32), -1, None, (), {})
+            self._decode(ctx, np.asarray([self.bos], np.int32), 1, 0, 1, 1, None, (), {})
 
-    def _decode(self, ctx: Any, toks: np.ndarray, rel0: int, attend_from: int | None,
-                attn_layers: tuple[int, ...], got: dict[str, list[Any]], ws: int = 0) -> None:
-        """Decode ``toks`` at window positions ``rel0..`` (+1 after BOS), capturing the names in ``got``."""
+    def _decode(self, ctx: Any, tokens: np.ndarray, ws: int, a: int, b: int, keep_from: int,
+                attend_from: int | None, attn_layers: tuple[int, ...], got: dict[str, list[Any]]) -> None:
+        """Decode ``tokens[a:b]`` of the window starting at ``ws`` (position ``t - ws``, +1 after BOS) in
+        ubatches aligned to ``ws + j * n_batch``, so a row's ubatch never depends on where a call started
+        (llama.cpp's CPU kernels give a row slightly different bits in a different tile). Taps are kept for
+        ``t >= keep_from``; attention rows for ``t >= attend_from``."""
         import llama_cpp as L
-        b = self._batch
-        off = int(self.add_bos)
-        before = {k: sum(len(x) for x in v) for k, v in got.items() if k.startswith("l_out-")}
-        for i in range(0, len(toks), self.n_batch):
-            chunk = toks[i:i + self.n_batch]
-            m = len(chunk)
-            np.ctypeslib.as_array(b.token, shape=(self.n_batch,))[:m] = chunk
-            np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))[:m] = np.arange(m) + rel0 + i + off
-            b.n_tokens = m
+        bt, nb, off = self._batch, self.n_batch, int(self.add_bos)
+        start = a
+        while start < b:
+            end = min(b, ws + ((start - ws) // nb + 1) * nb)
+            m = end - start
+            np.ctypeslib.as_array(bt.token, shape=(nb,))[:m] = tokens[start:end]
+            np.ctypeslib.as_array(bt.pos, shape=(nb,))[:m] = np.arange(start - ws, end - ws) + off
+            bt.n_tokens = m
             red: dict[str, Callable[[np.ndarray], Any]] = {}
-            for name in got:
-                if name.startswith("l_out-"):
-                    red[name] = lambda a: a[0, 0]
-            if attn_layers:
-                q0 = max(0, attend_from - (ws + rel0 + i))  # first query row in this ubatch
-                if q0 < m:
-                    for Lr in attn_layers:
-                        red[f"kq_soft_max-{Lr}"] = lambda a, q0=q0: a[0, :, q0:, :].sum(axis=(0, 1))
-                        got.setdefault(f"kq_soft_max-{Lr}", [])
+            lo = keep_from - start
+            if lo < m:
+                for name in got:
+                    if name.startswith("l_out-"):
+                        red[name] = lambda x, lo=max(lo, 0): x[0, 0, lo:]
+            if attn_layers and attend_from is not None and attend_from - start < m:
+                for Lr in attn_layers:
+                    red[f"kq_soft_max-{Lr}"] = lambda x, q0=max(attend_from - start, 0): x[0, :, q0:, :].sum(axis=(0, 1))
             self.capture.want(red)
-            rc = L.llama_decode(ctx, b)
+            rc = L.llama_decode(ctx, bt)
             self.capture.clear()
             if rc != 0:
                 if rc == 2:
@@ -316,9 +323,11 @@ class Drafter:
                 raise DrafterError(f"llama_decode returned {rc}")
             if self.capture.error:
                 raise DrafterError(f"eval callback: {self.capture.error}")
-            for name in red:
-                if name.startswith("l_out-") and sum(len(x) for x in got[name]) != before[name] + i + m:
-                    raise DrafterError(f"{name} not produced for every token (is block in the graph?)")
+            for name, parts in self.capture.got.items():
+                if len(parts) != 1:
+                    raise DrafterError(f"{name} captured {len(parts)} times in one ubatch (is it in the graph?)")
+                got[name].extend(parts)
+            start = end
 
     def _merge_attention(self, parts: list[np.ndarray], attend_from: int) -> np.ndarray:
         """Sum the per-ubatch attention rows; keep the columns of the content tokens (cell = position)."""
@@ -352,29 +361,36 @@ class Drafter:
 
     # ------------------------------------------------------------------ session cache (worker thread)
     def _restore(self, ctx: Any, session: str | None, tokens: np.ndarray, flash: bool,
-                 attend_from: int | None) -> tuple[int, int | None]:
+                 attend_from: int | None) -> tuple[int, int, int | None]:
+        """(tokens already read, first token to decode, window start) -- (0, 0, None) for a cold pass."""
         import llama_cpp as L
         s = self._sessions.get(session) if session is not None else None
         m = 0 if s is None else len(s.tokens)
         if (s is None or s.flash != flash or m > len(tokens) or not np.array_equal(tokens[:m], s.tokens)
                 or (attend_from is not None and attend_from < m)):
-            return 0, None
+            return 0, 0, None
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         buf = (ctypes.c_uint8 * len(s.state)).from_buffer_copy(s.state)
         if L.llama_state_seq_set_data(ctx, buf, len(s.state), 0) == 0:
             self._sessions.pop(session, None)  # type: ignore[arg-type]
-            return 0, None
+            return 0, 0, None
         self._sessions.move_to_end(session)  # type: ignore[arg-type]
         self.stats["cache_hits"] += 1
-        return m, s.win_start
+        return m, s.kv_end, s.win_start
 
     def _save(self, ctx: Any, session: str, tokens: np.ndarray, ws: int, flash: bool) -> None:
+        """Keep the KV of ``[ws, kv_end)``, ``kv_end`` the last ubatch boundary: a follow-up re-reads the
+        partial last ubatch with the same alignment a cold pass would use."""
         import llama_cpp as L
+        n, off = len(tokens), int(self.add_bos)
+        kv_end = ws + (n - ws) // self.n_batch * self.n_batch
+        if kv_end < n and not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, kv_end - ws + off, -1):
+            return
         size = int(L.llama_state_seq_get_size(ctx, 0))
         buf = (ctypes.c_uint8 * size)()
         got = int(L.llama_state_seq_get_data(ctx, buf, size, 0))
         self._sessions.pop(session, None)
-        entry = _Session(tokens.copy(), ws, bytes(buf)[:got], flash)
+        entry = _Session(tokens.copy(), ws, kv_end, bytes(buf)[:got], flash)
         if entry.nbytes > self.cache_bytes:
             return
         self._sessions[session] = entry

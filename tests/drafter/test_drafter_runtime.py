@@ -66,8 +66,10 @@ def test_followup_from_cached_state_equals_cold_pass(drafter) -> None:
     assert follow.start == len(toks) and drafter.stats["cache_hits"] == hits + 1
     assert follow.taps[TAP].shape == (len(more), 640)
     cold = drafter.trace(full, taps=(TAP,)).taps[TAP]
-    np.testing.assert_allclose(follow.taps[TAP], cold[len(toks):], rtol=1e-4, atol=1e-3)
-    np.testing.assert_array_equal(first.taps[TAP], cold[:len(toks)])
+    # bit-identical: the follow-up re-reads the partial last ubatch with the alignment a cold pass uses
+    np.testing.assert_array_equal(follow.taps[TAP], cold[len(toks):])
+    # the first pass's tail ubatch held fewer rows than the cold pass's, so only float noise may differ
+    np.testing.assert_allclose(first.taps[TAP], cold[:len(toks)], rtol=1e-3, atol=2e-3)
 
 
 def test_windows_and_followup_across_a_window_edge(gemma) -> None:
@@ -79,7 +81,7 @@ def test_windows_and_followup_across_a_window_edge(gemma) -> None:
         assert cold.shape == (700, 640)
         d.trace(toks[:300], session="w", taps=(TAP,))  # ends inside window 1 ([191, 446))
         warm = d.trace(toks, session="w", taps=(TAP,)).taps[TAP]  # continues, then opens windows 2 and 3
-        np.testing.assert_allclose(warm, cold[300:], rtol=1e-4, atol=1e-3)
+        np.testing.assert_array_equal(warm, cold[300:])
         assert d.window == 255 and d.overlap == 64 and d.stats["cache_hits"] == 1
     finally:
         d.close()
@@ -119,13 +121,14 @@ async def test_async_run_keeps_event_loop_free(drafter) -> None:
 
 def test_session_cache_is_bounded_in_bytes(gemma) -> None:
     from pflash_proxy.drafter.runtime import Drafter
-    d = Drafter(gemma, n_ctx=1024, cache_mb=1.0)
+    d = Drafter(gemma, n_ctx=512, n_batch=64, cache_mb=8.0)
     try:
-        toks = d.tokenize(doc(3))
+        toks = d.tokenize(doc(4))[:140]  # the state keeps the KV of the first 128 tokens (ubatch-aligned)
         for s in ("a", "b", "c", "e", "f"):
             d.trace(toks, session=s)
         per = d.session_bytes("f")
-        assert per > 0 and d.cache_used <= 2**20 and d.session_bytes("a") == 0
+        assert per > 128 * 10_000  # gemma-3-270m: 18 blocks x (256 + 256) x f16 = 18 KiB per token
+        assert d.cache_used <= 8 * 2**20 and d.session_bytes("a") == 0 and len(d._sessions) == 8 * 2**20 // per
     finally:
         d.close()
 
@@ -159,7 +162,7 @@ def test_head_scorer_followup_equals_cold(drafter, gemma, tmp: Path) -> None:
     s, e = unit_token_spans(token_lines(drafter.token_starts(text, toks), text), units)
     cold = relevance(w, unit_reps(w, tap[:len(toks)], s, e), query_rep(w, tap[len(toks):])) * 10
     assert warm.shape == (4,) and (warm >= 0).all()
-    np.testing.assert_allclose(warm, cold, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(warm, cold, rtol=1e-6, atol=1e-7)
 
 
 def test_attention_needle_ranks_above_median(drafter) -> None:
@@ -187,3 +190,31 @@ def test_attention_needle_ranks_above_median(drafter) -> None:
     assert scores.shape == (40,) and (scores >= 0).all()
     assert dens[needle] > np.median(dens)
     assert (dens > dens[needle]).sum() <= 3  # in practice the needle is at or near the top
+
+
+def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.probe_writer import random_segment_weights, write_segment_probe
+    from pflash_proxy.drafter.probes import ProbeMismatch, SEED_DRAFTER_SHA256, load_segment_probe
+    from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
+    sha = file_sha256(gemma)
+    write_segment_probe(tmp / "seed.gguf", random_segment_weights(640), tap_block=TAP)
+    with pytest.raises(ProbeMismatch) as e:  # a file for the seed's Qwen3.5 drafter refuses gemma
+        load_segment_probe(tmp / "seed.gguf", gemma)
+    assert SEED_DRAFTER_SHA256 in str(e.value) and sha in str(e.value)
+    write_segment_probe(tmp / "s.gguf", random_segment_weights(640, seed=11),
+                        {"min_segment": 16, "max_segment": 100}, tap_block=TAP, drafter_sha256=sha)
+    probe = load_segment_probe(tmp / "s.gguf", gemma)
+    text = doc(20, seed=6)
+    stages = ProbeStages(drafter, TAP)
+    d = stages.draft(text)
+    counts = np.bincount(d.token_line, minlength=d.n_lines)
+    lines = text.splitlines(keepends=True)
+    tt = SimpleNamespace(text=text, lines=lines, token_offsets=np.r_[0, np.cumsum(counts)])
+    passes = drafter.stats["passes"]
+    units = DrafterSegmenter(stages, probe).segment(tt)
+    assert drafter.stats["passes"] == passes  # the memoised pass is reused
+    assert units[0].start_line == 0 and units[-1].end_line == len(lines)
+    assert all(a.end_line == b.start_line for a, b in zip(units, units[1:]))
+    assert sum(u.tokens for u in units) == len(d.tokens)
+    assert all(16 <= u.tokens <= 100 or u.end_line - u.start_line == 1 for u in units)
