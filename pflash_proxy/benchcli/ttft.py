@@ -32,6 +32,7 @@ from pflash_proxy.benchcli.report import Table, mean, median, write_report
 from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, bench_settings, chat, new_id, salted
 
 PROMPT_FAMILIES = ("ruler_single", "code", "multiturn")
+REPLY_TOKENS = 4  # chat replay: short replies, the waiting measured is mostly prefill
 
 
 def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Any) -> dict[str, Any]:
@@ -93,7 +94,7 @@ async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
                 item = later[turn - 1]
                 msgs = msgs + [{"role": "user", "content": item[1] if isinstance(item, tuple) else item}]
             key = new_id()
-            res = await chat(http, arms[arm].url, msgs, bench_id=key, max_tokens=8)
+            res = await chat(http, arms[arm].url, msgs, bench_id=key, max_tokens=REPLY_TOKENS)
             out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind))
             msgs = msgs + [{"role": "assistant", "content": res.text}]
     return out
@@ -102,7 +103,7 @@ async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
 async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
     doc = generate(["multiturn"], [max(opts.lengths)], seed=opts.seed + 2)[0]
     msgs = salted(doc.messages, new_id())
-    first = await chat(http, proxy.url, msgs, max_tokens=8)
+    first = await chat(http, proxy.url, msgs, max_tokens=REPLY_TOKENS)
     async with http.post(proxy.url + "/pflash/save") as r:
         saved = (await r.json()).get("saved")
     restart_s = await llama.restart()
@@ -118,13 +119,16 @@ async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
     out = [_row("pflash", res, proxy, key, case="resume from SSD snapshot", saved=saved,
                 restart_s=round(restart_s, 1))]
     served = proxy.seen(key).messages
-    for label, messages in (("cold: same served prompt, slots erased", served),
-                            ("cold: original prompt, no PFlash", follow)):
-        for slot in range(llama.parallel):
-            async with http.post(f"{llama.url}/slots/{slot}?action=erase") as r:
-                await r.read()
-        res = await chat(http, llama.url, messages, id_slot=0)
-        out.append(_row("direct", res, None, None, case=label))
+    # Direct calls use fresh connections: llama-server may close a kept-alive one after a streamed answer.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as direct:
+        for label, messages in (("cold: same served prompt, slots erased", served),
+                                ("cold: original prompt, no PFlash", follow)):
+            for slot in range(llama.parallel):
+                async with direct.post(f"{llama.url}/slots/{slot}?action=erase") as r:
+                    await r.read()
+            res = await chat(direct, llama.url, messages, id_slot=0)
+            out.append(_row("direct", res, None, None, case=label))
     return out
 
 
@@ -147,7 +151,12 @@ async def run(opts: Any) -> dict[str, Any]:
                 arms = {"pflash": pf, "full": full}
                 data["runs"] = await _lengths(http, opts, arms)
                 data["replay"] = await _replay(http, opts, arms)
-                data["resume"] = [] if llama.external else await _resume(http, opts, llama, pf)
+                data["resume"] = []
+                if not llama.external:
+                    try:
+                        data["resume"] = await _resume(http, opts, llama, pf)
+                    except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
+                        data["resume_error"] = f"{type(exc).__name__}: {exc}"
     finally:
         await llama.stop()
     data["seconds"] = round(time.perf_counter() - t0, 1)
@@ -194,7 +203,7 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
         tot = {arm: (sum(r["ttft_s"] for r in rep if r["arm"] == arm), sum(r["total_s"] for r in rep
                                                                             if r["arm"] == arm)) for arm in
                ("full", "pflash")}
-        body.append(["whole chat", "sum of TTFT (sum incl. 8-token replies)",
+        body.append(["whole chat", f"sum of TTFT (sum incl. {REPLY_TOKENS}-token replies)",
                      f"{tot['full'][0]:.1f} ({tot['full'][1]:.1f})", "", f"{tot['pflash'][0]:.1f} "
                      f"({tot['pflash'][1]:.1f})", "", "", ""])
     out.append(Table("Chat replay (per turn: first-token time s, prefilled tokens)",
@@ -227,5 +236,6 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
              "projection assumptions: target prefill time t(n) = (n + n²/(2Q))/R (per-token cost grows linearly "
              "with position, doubling at Q tokens); PFlash = compression time as measured here (CPU, not "
              "accelerated) + drafter time + t(kept tokens); decode, network and queueing ignored",
+             *([f"resume step failed: {data['resume_error']}"] if data.get("resume_error") else []),
              "on this machine (2 shared CPU cores, gemma-3-270m) absolute times are noisy; compare within a run"]
     return write_report(out_dir, "ttft", "PFlash time to first token", data, tables(data, rate, quad), notes)
