@@ -35,7 +35,8 @@ def document() -> str:
             n = rep * len(TOPICS) + i
             if rep == 0:
                 paras.append(f"Section {n + 1}: the {t} of Vellmoor was founded by a family of {t} keepers, and "
-                             f"the {t} records list {i * 13 + 7} visitors in its first year.")
+                             f"the {t} records list {i * 13 + 7} visitors in its first year."
+                             + (" Its prize bird was a silver eagle named Orrin." if t == NEEDLE_TOPIC else ""))
             else:
                 paras.append(f"Section {n + 1}: travellers describe the {t} workshop as quiet and orderly; the "
                              f"council bought the {t} workshop in {1800 + i * 7} to keep it open.")
@@ -90,7 +91,7 @@ def check_markers(served: str, original: str) -> list[tuple[int, int]]:
 
 async def test_long_document_is_compressed_to_budget_with_markers_and_prefix_reuse(proxy):
     doc = document()
-    question = f"How many visitors did the {NEEDLE_TOPIC} of Vellmoor have in its first year?"
+    question = "What was the name of the silver eagle, the prize bird?"
     turn1 = [{"role": "user", "content": doc + "\n\n" + question}]
     h, body = await ask(proxy, turn1)
     assert h["X-PFlash-Mode"] == "compressed"
@@ -102,7 +103,7 @@ async def test_long_document_is_compressed_to_budget_with_markers_and_prefix_reu
     served = served_message(proxy, h["X-PFlash-Session"], 0)
     ranges = check_markers(served, doc + "\n\n" + question)
     assert ranges, "something must have been left out"
-    assert f"the {NEEDLE_TOPIC} records list" in served and served.rstrip().endswith(question)
+    assert "silver eagle named Orrin" in served and served.rstrip().endswith(question)
 
     # Next turn: the server reuses the whole served first turn from its cache.
     turn2 = turn1 + [body["choices"][0]["message"], {"role": "user", "content": "Thanks. Who founded it?"}]
@@ -125,7 +126,7 @@ async def test_long_document_is_compressed_to_budget_with_markers_and_prefix_reu
 
     # A follow-up about content the model already has: no recall.
     turn4 = turn3 + [body3["choices"][0]["message"],
-                     {"role": "user", "content": f"Repeat the {NEEDLE_TOPIC} visitor count."}]
+                     {"role": "user", "content": "Tell me more about Orrin, the silver eagle."}]
     h4, _ = await ask(proxy, turn4)
     assert h4["X-PFlash-Mode"] == "passthrough"
 
