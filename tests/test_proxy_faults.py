@@ -209,3 +209,20 @@ async def test_client_disconnect_closes_upstream_within_a_second(aiohttp_server,
     assert "upstream_saw_close_at" in state
     assert state["upstream_saw_close_at"] - left_at < 1.0
     assert len(state["sent_at"]) < 20  # generation stopped long before the 50 events
+
+
+async def test_one_structured_log_line_per_request(aiohttp_server, aiohttp_client, tmp_path, caplog):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
+    caplog.set_level("INFO", logger="pflash_proxy.access")
+    resp = await client.get("/v1/models?x=1")
+    body = await resp.read()
+    lines = [r for r in caplog.records if r.name == "pflash_proxy.access"]
+    assert len(lines) == 1
+    fields = lines[0].fields
+    assert fields["method"] == "GET" and fields["path"] == "/v1/models" and fields["status"] == 200
+    assert fields["bytes"] == len(body) and fields["upstream_ms"] >= 0
+    from pflash_proxy.logs import JsonFormatter
+
+    assert json.loads(JsonFormatter().format(lines[0]))["status"] == 200

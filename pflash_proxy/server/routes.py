@@ -57,6 +57,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
         up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None)
         resp, result = await relay(request, up, openai_stream=request.path in OPENAI_STREAM_PATHS)
+        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         return resp
     except ProxyError as exc:
@@ -91,12 +92,14 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, body, model)
         await pipeline.run_request(req)
         upstream = app[UPSTREAM]
+        t0 = time.monotonic()
         up = await upstream.open(
             request.method, req.path_qs, forwardable_headers(request.headers), req.forward_bytes()
         )
         resp, result = await relay(
             request, up, extra_headers=req.response_headers, openai_stream=request.path in OPENAI_STREAM_PATHS
         )
+        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
         return resp
@@ -117,6 +120,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         "path": request.path,
         "status": status,
         "ms": round((time.monotonic() - started) * 1000, 2),
+        "upstream_ms": result.extra.get("upstream_ms") if result else None,
         "bytes": result.bytes_out if result else 0,
     }
     if result is not None and result.client_gone:

@@ -1,0 +1,78 @@
+"""SnapshotManager without a server: atomic naming, 0600, LRU eviction, start-up reconciliation."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pflash_proxy.sessions.snapshots import SnapshotManager
+from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.upstream import SlotActionFailed
+
+
+class FakeUpstream:
+    """Writes/reads slot files the way llama-server does (in its --slot-save-path)."""
+
+    def __init__(self, directory, size=1000):
+        self.dir, self.size, self.calls = directory, size, []
+
+    async def slot_action(self, slot, action, filename=None, timeout_s=120):
+        self.calls.append((slot, action, filename))
+        path = self.dir / filename
+        if action == "save":
+            path.write_bytes(b"k" * self.size)
+            return {"n_saved": 123}
+        if action == "restore":
+            if not path.exists() or path.read_bytes()[:1] != b"k":
+                raise SlotActionFailed(action, slot, 400, {"error": "bad file"})
+            return {"n_restored": 123}
+        raise AssertionError(action)
+
+
+@pytest.fixture
+def mgr(tmp_path):
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    store = SessionStore(tmp_path / "idx")
+    m = SnapshotManager(store, FakeUpstream(slots), slots, max_bytes=2500)
+    yield m
+    store.close()
+
+
+async def test_save_is_atomic_private_and_indexed(mgr):
+    rec = await mgr.save(0, "a" * 32, 100, ["h1"], "model-x")
+    path = mgr.dir / rec.file
+    assert rec.file == f"pf-{'a' * 32}.bin" and rec.tokens == 123 and rec.size == 1000
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    tmp_name = mgr.upstream.calls[-1][2]
+    assert tmp_name != rec.file and not (mgr.dir / tmp_name).exists()  # written under a temp name, then renamed
+    assert mgr.restorable("a" * 32, "model-x") is not None
+    assert mgr.restorable("a" * 32, "other-model") is None  # never across model identities
+
+
+async def test_lru_eviction_keeps_total_under_limit(mgr):
+    for i, sid in enumerate(("a", "b", "c")):
+        await mgr.save(i, sid * 32, 10, [], "m")
+    names = sorted(p.name for p in mgr.dir.glob("pf-*.bin"))
+    assert names == [f"pf-{'b' * 32}.bin", f"pf-{'c' * 32}.bin"]  # 'a' was least recently used
+    assert mgr.stats["evictions"] == 1
+
+
+async def test_failed_restore_deletes_the_snapshot(mgr):
+    rec = await mgr.save(0, "d" * 32, 10, [], "m")
+    (mgr.dir / rec.file).write_bytes(b"garbage")
+    assert await mgr.restore(0, rec) is False
+    assert not (mgr.dir / rec.file).exists() and mgr.store.snapshot("d" * 32) is None
+
+
+async def test_reconcile_removes_orphans_and_drops_missing(mgr):
+    keep = await mgr.save(0, "e" * 32, 10, [], "m")
+    gone = await mgr.save(1, "f" * 32, 10, [], "m")
+    os.unlink(mgr.dir / gone.file)
+    (mgr.dir / "pf-tmp-123.bin").write_bytes(b"half")
+    (mgr.dir / f"pf-{'9' * 32}.bin").write_bytes(b"orphan")
+    (mgr.dir / "user-file.bin").write_bytes(b"not ours")
+    result = mgr.reconcile()
+    assert result == {"orphans_removed": 2, "entries_dropped": 1}
+    assert sorted(p.name for p in mgr.dir.iterdir()) == sorted([keep.file, "user-file.bin"])
