@@ -122,6 +122,7 @@ def serve(settings: Settings) -> int:
 
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
+    from pflash_proxy.drafter_setup import DrafterSetupError
     from pflash_proxy.spawn import SpawnError
 
     setup_logging(settings.log_level, settings.log_json)
@@ -144,6 +145,9 @@ def serve(settings: Settings) -> int:
     except SpawnError as exc:
         print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
         return 1
+    except DrafterSetupError as exc:
+        print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

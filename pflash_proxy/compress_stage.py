@@ -53,8 +53,9 @@ class CompressStage(Stage):
     name = "pflash"
 
     def __init__(self, settings: Settings, upstream: Upstream, segmenter: Segmenter | None = None,
-                 scorer: Scorer | None = None):
+                 scorer: Scorer | None = None, resources: Any = None):
         self.settings = settings
+        self.resources = resources  # owns the drafter, if any (closed on stop)
         self.upstream = upstream
         self.csettings = CompressionSettings(
             threshold=settings.threshold, curve=settings.prefill_curve, query_pin=settings.query_pin,
@@ -241,9 +242,17 @@ class CompressStage(Stage):
     async def _count(self, text: str) -> int:
         return len(await self.upstream.tokenize(text))
 
+    async def stop(self) -> None:
+        if self.resources is not None:
+            self.resources.close()
+
     def stats(self) -> dict[str, Any]:
-        return {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
-                "threshold": self.settings.threshold, "scorer": getattr(self.scorer, "name", "lexical")}
+        out = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
+               "threshold": self.settings.threshold, "scorer": getattr(self.scorer, "name", "lexical"),
+               "segmenter": getattr(self.compressor.segmenter, "name", "heuristic")}
+        if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
+            out["drafter"] = self.resources.describe().get("drafter")
+        return out
 
 
 def _with_text(msg: dict, text: str) -> dict:

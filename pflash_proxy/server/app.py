@@ -8,6 +8,7 @@ Start-up (``cleanup_ctx``, in order; torn down in reverse):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import AsyncIterator
 
@@ -36,8 +37,10 @@ def build_stages(app: web.Application) -> list[Stage]:
     stages: list[Stage] = [SessionStage(manager)]
     if settings.pflash:
         from pflash_proxy.compress_stage import CompressStage
+        from pflash_proxy.drafter_setup import build_stages as build_compression
 
-        stages.append(CompressStage(settings, app[UPSTREAM]))
+        built = build_compression(settings)  # loads the drafter when one is configured; errors stop start-up
+        stages.append(CompressStage(settings, app[UPSTREAM], built.segmenter, built.scorer, built))
     stages.append(SessionCommitStage(manager))
     return stages
 
@@ -76,7 +79,10 @@ async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def _stages_ctx(stages: list[Stage] | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        app[PIPELINE].stages = list(stages) if stages is not None else build_stages(app)
+        if stages is not None:
+            app[PIPELINE].stages = list(stages)
+        else:  # may load a drafter model: keep the event loop free
+            app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(None, build_stages, app)
         started: list[Stage] = []
         try:
             for stage in app[PIPELINE].stages:

@@ -1,0 +1,99 @@
+"""Choose and build the compression stages from the settings (``--scorer``, ``--segmenter``, ``--drafter``).
+
+1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
+2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
+3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
+   ``--request-probe`` when given); both are checked against the drafter's sha256 and read the tap block their
+   file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers).
+4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
+   start-up stops with a clear message instead of serving with a different configuration than asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pflash_proxy.config import Settings
+
+log = logging.getLogger("pflash_proxy.drafter")
+
+
+class DrafterSetupError(Exception):
+    pass
+
+
+@dataclass
+class BuiltStages:
+    segmenter: Any = None  # None → the heuristic UnitSegmenter
+    scorer: Any = None  # None → LexicalScorer
+    drafter: Any = None
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"segmenter": getattr(self.segmenter, "name", "heuristic"),
+                               "scorer": getattr(self.scorer, "name", "lexical")}
+        if self.drafter is not None:
+            out["drafter"] = {"path": self.drafter.path, **self.drafter.stats}
+        return out
+
+
+def build_stages(settings: Settings) -> BuiltStages:
+    wants_drafter = settings.scorer != "lexical" or settings.segmenter != "heuristic"
+    if not wants_drafter:
+        if settings.drafter is not None:
+            log.info("--drafter given but --scorer lexical and --segmenter heuristic need no drafter; not loading it")
+        return BuiltStages()
+    if settings.drafter is None:
+        raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
+                                f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
+    from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
+    from pflash_proxy.drafter.runtime import Drafter, DrafterError
+    from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
+
+    hash_cache = settings.home / "drafter-hashes.json"
+    try:
+        drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
+                          n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
+                          cache_mb=settings.drafter_cache_mb)
+    except DrafterError as exc:
+        raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
+    built = BuiltStages(drafter=drafter)
+    try:
+        probe = head = request = None
+        try:
+            if settings.segmenter == "probe":
+                if settings.segment_probe is None:
+                    raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
+                                            "(PFLASH_SEGMENT_PROBE_GGUF)")
+                probe = load_segment_probe(settings.segment_probe, settings.drafter, hash_cache=hash_cache)
+            if settings.scorer == "head":
+                if settings.scoring_head is None:
+                    raise DrafterSetupError("scoring_head: --scorer head needs --scoring-head PATH "
+                                            "(PFLASH_SCORING_HEAD_GGUF)")
+                head = load_scorer_head(settings.scoring_head, settings.drafter, hash_cache=hash_cache)
+                if settings.request_probe is not None:
+                    request = load_request_probe(settings.request_probe, settings.drafter, hash_cache=hash_cache)
+        except ProbeError as exc:
+            raise DrafterSetupError(str(exc)) from exc
+        tap_block = (probe or head).meta.tap_block if (probe or head) is not None else None
+        stages = ProbeStages(drafter, tap_block) if tap_block is not None else None
+        if probe is not None:
+            built.segmenter = DrafterSegmenter(stages, probe)
+        if settings.scorer == "head":
+            from pflash_proxy.drafter.head import HeadScorer
+
+            built.scorer = HeadScorer(stages, head, request)
+        elif settings.scorer == "attention":
+            from pflash_proxy.drafter.attention import AttentionScorer
+
+            built.scorer = AttentionScorer(drafter)
+    except (DrafterSetupError, DrafterError) as exc:
+        drafter.close()
+        raise DrafterSetupError(str(exc)) from exc
+    log.info("compression stages: %s", built.describe())
+    return built

@@ -1,0 +1,76 @@
+"""The drafter stages end to end through the proxy on a real llama-server (gemma-3-270m as target AND drafter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pflash_proxy.drafter_setup import DrafterSetupError, build_stages
+from pflash_proxy.server.app import create_app
+from tests.conftest import make_settings
+from tests.test_compress_real import CURVE, ask, document
+
+pytestmark = [pytest.mark.llama, pytest.mark.drafter]
+pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def probe_files(gemma_model, tmp_path_factory):
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.probe_writer import (random_head_weights, random_segment_weights, write_scorer_head,
+                                                   write_segment_probe)
+
+    d = tmp_path_factory.mktemp("probes")
+    sha = file_sha256(gemma_model)
+    seg, head = d / "segment.gguf", d / "head.gguf"
+    write_segment_probe(seg, random_segment_weights(640), tap_block=9, drafter_sha256=sha)
+    write_scorer_head(head, random_head_weights(640), tap_block=9, drafter_sha256=sha)
+    wrong = d / "wrong.gguf"
+    write_scorer_head(wrong, random_head_weights(640), tap_block=9)  # the seed's drafter hash, not gemma's
+    return {"segment": seg, "head": head, "wrong": wrong}
+
+
+def drafter_settings(llama_server, tmp_path, gemma_model, **kw):
+    return make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                         prefill_curve=CURVE, query_pin=32, drafter=gemma_model, drafter_ctx=4096, **kw)
+
+
+async def test_attention_scorer_compresses_through_the_proxy(aiohttp_client, llama_server, tmp_path, gemma_model):
+    proxy = await aiohttp_client(create_app(drafter_settings(llama_server, tmp_path, gemma_model, scorer="attention")))
+    question = "What was the name of the silver eagle, the prize bird?"
+    h, body = await ask(proxy, [{"role": "user", "content": document() + "\n\n" + question}])
+    assert h["X-PFlash-Mode"] in ("compressed", "full-flat")
+    assert int(h["X-PFlash-Kept-Tokens"]) <= int(h["X-PFlash-Prompt-Tokens"])
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["pflash"]["scorer"] == "attention" and stats["pflash"]["drafter"]["passes"] >= 1
+
+
+async def test_probe_segmenter_and_head_scorer_through_the_proxy(aiohttp_client, llama_server, tmp_path,
+                                                                 gemma_model, probe_files):
+    settings = drafter_settings(llama_server, tmp_path, gemma_model, scorer="head", segmenter="probe",
+                                segment_probe=probe_files["segment"], scoring_head=probe_files["head"])
+    proxy = await aiohttp_client(create_app(settings))
+    h, body = await ask(proxy, [{"role": "user", "content": document() + "\n\nWhich section is about the bakery?"}])
+    # Random probe weights: whatever the ranking, the request is answered and the stages ran.
+    assert h["X-PFlash-Mode"] in ("compressed", "full-flat", "full-error")
+    assert body["choices"][0]["message"]["content"] is not None
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["pflash"]["scorer"] == "head" and stats["pflash"]["drafter"]["passes"] >= 1
+
+
+def test_mismatched_probe_refuses_to_start_with_both_hashes(tmp_path, gemma_model, probe_files):
+    from pflash_proxy.drafter.hashing import file_sha256
+
+    settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024, scorer="head",
+                             scoring_head=probe_files["wrong"])
+    with pytest.raises(DrafterSetupError) as exc:
+        build_stages(settings)
+    msg = str(exc.value)
+    assert "\n" not in msg and file_sha256(gemma_model) in msg
+    assert "cedf89af31c9041b601fa58303285bc46d99c51baee1b13f5e919626ca526ee5" in msg
+
+
+def test_drafter_scorers_need_a_drafter(tmp_path):
+    with pytest.raises(DrafterSetupError, match="need --drafter"):
+        build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention"))
+    with pytest.raises(DrafterSetupError, match="drafter: cannot load"):
+        build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention", drafter=tmp_path / "no.gguf"))
