@@ -115,26 +115,36 @@ class SessionManager:
             else:
                 self.table.mark_all_empty()
             self.model_identity, self.identity_info = identity, info
-            self._check_flags(props)
+            await self._check_flags(props)
             self._ready = True
             log.info("upstream has %d slots (n_ctx %s per slot), model identity %s", n_slots, info["n_ctx"], identity)
 
-    def _check_flags(self, props: dict) -> None:
+    async def _check_flags(self, props: dict) -> None:
+        """Warn once about what the attached server's API shows (or cannot show) of the flags we rely on.
+
+        b11434's ``/props`` reports neither ``--cache-idle-slots`` nor ``-sps``; whether slots can be saved is
+        probed with a save request carrying an invalid filename (400 = enabled, 501 = no --slot-save-path),
+        which the server rejects before it touches any slot.
+        """
         if self._warned or self.settings.spawn:
             return
-        problems = []
-        gen = props.get("default_generation_settings") or {}
-        if props.get("cache_idle_slots", False) or gen.get("cache_idle_slots", False):
-            problems.append("--no-cache-idle-slots")
-        sps = props.get("slot_prompt_similarity", gen.get("slot_prompt_similarity"))
-        if sps not in (None, 0, 0.0):
-            problems.append("-sps 0")
-        if problems:
-            self._warned = True
-            log.warning("llama-server at %s runs with settings that let it move or mix slot contents; restart it "
-                        "with: %s (and an explicit -np N, --swa-full for sliding-window models, and "
-                        "--slot-save-path %s)", self.upstream.base_url, " ".join(problems),
-                        self.settings.effective_slot_save_path)
+        self._warned = True
+        notes = []
+        try:
+            status, _ = await self.upstream.call("POST", "/slots/0?action=save", {"filename": "../pflash-probe"},
+                                                 timeout_s=5)
+        except (UpstreamUnavailable, UpstreamTimeout):
+            status = None
+        if status == 501:
+            notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
+        if props.get("endpoint_slots") is False:
+            notes.append("/slots is disabled")
+        flags = (f"-np {len(self.table.slots)} --no-cache-idle-slots -sps 0 --swa-full (sliding-window models) "
+                 f"--slot-save-path {self.settings.effective_slot_save_path}")
+        log.warning("llama-server at %s: %sthe proxy cannot verify from /props that it runs with %s; without them "
+                    "idle slots can be cleared or mixed and every turn is re-prefilled (the proxy checks cache_n "
+                    "after each response and counts mismatches in /pflash/stats)", self.upstream.base_url,
+                    ("; ".join(notes) + "; ") if notes else "", flags)
 
     def _on_restart(self, reason: str) -> None:
         self.counters["upstream_restarts"] += 1

@@ -114,3 +114,14 @@ async def test_eight_concurrent_sessions_on_two_slots(aiohttp_client, llama_serv
         assert body["choices"][0]["message"]["content"] == want
     stats = await (await proxy.get("/pflash/stats")).json()
     assert stats["sessions"]["slots"] == 2
+
+
+async def test_attached_server_gets_one_warning_with_the_flags(aiohttp_client, llama_server, tmp_path, caplog):
+    caplog.set_level("WARNING", logger="pflash_proxy.sessions")
+    proxy = await make_proxy(aiohttp_client, llama_server, tmp_path)
+    await ask(proxy, [{"role": "user", "content": "hi"}], max_tokens=1)
+    await ask(proxy, [{"role": "user", "content": "hi again"}], max_tokens=1)
+    warnings = [r.getMessage() for r in caplog.records if "cannot verify" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "--no-cache-idle-slots -sps 0" in warnings[0] and "-np 2" in warnings[0]
+    assert "no --slot-save-path" not in warnings[0]  # this server has one: the probe saw 400, not 501
