@@ -17,7 +17,7 @@ This is the Speculative Prefill idea (arXiv 2502.02789), the first PFlash's scor
    question token's head pays to each content token); the layers are averaged.
 4. A unit's score is the sum over its tokens (attention mass, non-negative); the pipeline ranks by density
    (mass / tokens). Content plus question longer than one context is scored window by window
-   (``Drafter.attention_windows``), each window holding a slice of the content and the whole question.
+   (``AttentionScorer.attention_windows``), each window holding a slice of the content and the question.
 """
 
 from __future__ import annotations
@@ -100,8 +100,29 @@ class AttentionScorer:
                                    attn_layers=self.layers, flash=False, save=False)
             att = r.attention
         else:
-            att = self.drafter.attention_windows(content, qt, self.layers)
+            att = self.attention_windows(content, qt)
         return mean_attention(att, self.drafter.n_head, len(qt))
+
+    def attention_windows(self, content: np.ndarray, query: np.ndarray) -> dict[int, np.ndarray]:
+        """Content plus question longer than one context: each window holds a slice of the content followed by
+        the whole question; a content token takes its value from the window that owns it (the drafter's window
+        schedule with ``W' = W - len(query)``)."""
+        d = self.drafter
+        wc = d.window - len(query)
+        if wc < 8:
+            raise DrafterError(f"question of {len(query)} tokens leaves no room in a {d.n_ctx}-token context")
+        sc = wc - min(d.overlap, wc // 4)
+        out = {L: np.zeros(len(content), np.float32) for L in self.layers}
+        ws = 0
+        while True:
+            seg = content[ws:ws + wc]
+            r = d.trace(np.concatenate([seg, query]), attend_from=len(seg), attn_layers=self.layers, flash=False)
+            own = 0 if ws == 0 else wc - sc
+            for L in self.layers:
+                out[L][ws + own:ws + len(seg)] = r.attention[L][own:]
+            if ws + wc >= len(content):
+                return out
+            ws += sc
 
     def represent(self, tt: Any, units: Sequence[Any]) -> Any:
         toks = self.drafter.tokenize(tt.text)

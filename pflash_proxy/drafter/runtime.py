@@ -7,16 +7,19 @@
 2. A pass decodes a token stream in batches of ``n_batch`` (= ``n_ubatch``, so one decode is one ubatch)
    with every logit flag off, and keeps for every token the tap ``l_out-K`` (the residual leaving block K),
    ``(tokens, d)`` float32, concatenated over ubatches. ``K`` must be below the last block (llama.cpp keeps only
-   output rows there).
+   output rows there). Ubatches are aligned to multiples of ``n_batch`` from the window start, whatever the
+   call: llama.cpp's CPU kernels give a row slightly different bits in a different ubatch shape, and the
+   alignment makes a follow-up bit-identical to a cold pass.
 3. Windows: a stream longer than the context (``W = n_ctx - 1`` tokens after BOS) is read in windows of ``W``
    tokens with stride ``S = W - overlap`` (``overlap`` default ``W // 4``): window 0 gives taps for ``[0, W)``,
    window ``k >= 1`` starts at ``k*S`` and gives taps only for its last ``S`` tokens, so every token after the
    first window sees between ``overlap`` and ``W - 1`` tokens of left context (not the whole message): an
    honest approximation, documented in docs/probes.md. Nothing is truncated.
-4. Sessions: after a pass the KV state of the current window (``llama_state_seq_get_data``), the window start
-   and the token stream are kept in an LRU bounded in bytes (``cache_mb``). A later call whose stream starts
-   with the cached one restores that state and decodes only the new tokens, following the same window schedule,
-   so it gives the same taps as a cold pass over the whole stream.
+4. Sessions: after a pass the KV state of the current window up to its last full ubatch (the partial tail is
+   removed with ``llama_memory_seq_rm`` first; ``swa_full`` keeps that possible), the window start and the
+   token stream are kept in an LRU bounded in bytes (``cache_mb``). A later call whose stream starts with the
+   cached one restores that state and decodes only the new tokens plus that partial tail (< ``n_batch``),
+   following the same window schedule, so it gives the same taps as a cold pass over the whole stream.
 5. Attention (flash attention off, so ``kq_soft_max-L`` exists): tokens from ``attend_from`` on are decoded with
    a reducer that keeps, per wanted layer, the attention those tokens pay to each earlier token, summed over
    heads and query tokens (``attention.py`` normalises and aggregates).
@@ -225,13 +228,6 @@ class Drafter:
                                                        tuple(kw.get("attn_layers", ())), kw.get("flash"),
                                                        kw.get("save", True)))
 
-    def attention_windows(self, content: np.ndarray, query: np.ndarray, layers: Sequence[int]) -> dict[int, np.ndarray]:
-        """Attention ``query`` pays to each content token when content + query exceed one context: every window
-        holds a slice of the content followed by the whole query; each content token takes its value from the
-        window that owns it (same schedule as step 3 with ``W' = W - len(query)``)."""
-        return self.call(self._attention_windows, np.asarray(content, np.int32), np.asarray(query, np.int32),
-                         tuple(layers))
-
     def session_bytes(self, session: str) -> int:
         s = self._sessions.get(session)
         return s.nbytes if s is not None else 0
@@ -341,23 +337,6 @@ class Drafter:
         if n_kv < off + attend_from:
             raise DrafterError(f"attention has {n_kv} cells for {attend_from} content tokens")
         return acc[off:off + attend_from]
-
-    def _attention_windows(self, content: np.ndarray, query: np.ndarray, layers: tuple[int, ...]) -> dict[int, np.ndarray]:
-        Wc = self.window - len(query)
-        if Wc < 8:
-            raise DrafterError(f"query of {len(query)} tokens leaves no room in a {self.n_ctx}-token context")
-        Sc = Wc - min(self.overlap, Wc // 4)
-        out = {L: np.zeros(len(content), np.float32) for L in layers}
-        ws = 0
-        while True:
-            seg = content[ws:ws + Wc]
-            r = self._trace(np.concatenate([seg, query]), None, (), len(seg), layers, False, False)
-            own = 0 if ws == 0 else Wc - Sc
-            for L in layers:
-                out[L][ws + own:ws + len(seg)] = r.attention[L][own:]
-            if ws + Wc >= len(content):
-                return out
-            ws += Sc
 
     # ------------------------------------------------------------------ session cache (worker thread)
     def _restore(self, ctx: Any, session: str | None, tokens: np.ndarray, flash: bool,

@@ -218,3 +218,22 @@ def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
     assert all(a.end_line == b.start_line for a, b in zip(units, units[1:]))
     assert sum(u.tokens for u in units) == len(d.tokens)
     assert all(16 <= u.tokens <= 100 or u.end_line - u.start_line == 1 for u in units)
+
+
+def test_attention_windows_cover_long_content(gemma) -> None:
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=256, n_batch=64, overlap=32)
+    try:
+        sc = AttentionScorer(d)
+        content = d.tokenize(doc(14, seed=8))[:520]
+        a = sc.token_attention(content, "Which warehouse holds the most crates?")
+        assert a.shape == (520,) and np.isfinite(a).all() and (a >= 0).all()
+        assert (a > 0).all()  # every content token got a value from the window that owns it
+        q = d.tokenize("\n\nWhich warehouse holds the most crates?")
+        first = d.trace(np.concatenate([content[:255 - len(q)], q]), attend_from=255 - len(q),
+                        attn_layers=sc.layers, flash=False).attention
+        own = np.mean(np.stack(list(first.values())), axis=0) / (d.n_head * len(q))
+        np.testing.assert_allclose(a[:255 - len(q)], own, rtol=1e-6)
+    finally:
+        d.close()
