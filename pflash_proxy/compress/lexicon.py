@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["hash_tokens", "span_hashes", "span_terms", "text_terms"]
+__all__ = ["hash_tokens", "span_hashes", "span_term_ids", "span_terms", "text_terms"]
 
 _TABLE = bytes((c + 32 if 65 <= c <= 90 else c) if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c >= 128)
               else 32 for c in range(256))
@@ -147,3 +147,147 @@ def span_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, 
             single = np.concatenate((single, np.zeros(len(ch), bool)))
     inside = (unit >= 0) & (unit < len(spans))
     return h[inside], unit[inside], single[inside]
+
+
+# ----------------------------------------------------------------- term ids (the index build's fast path)
+_STRIDE = 8
+_BYTE = np.uint64(255)
+_LENMASK = np.array([(1 << (8 * k)) - 1 for k in range(_STRIDE + 1)], dtype=np.uint64)
+_MARKS = (1, 2, 3, 4, 5, 6, 7, 8, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 0)
+
+
+def _hash_at(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``hash_tokens`` of the tokens ``buf[s:s + l]`` (same values), reading each token 8 bytes at a time as one
+    little-endian uint64 word.  ``buf`` must extend at least 8 bytes past the last token.
+    """
+    n = len(starts)
+    acc = np.zeros(n, dtype=np.uint64)
+    if n == 0:
+        return acc
+    words = np.ndarray((len(buf) - _STRIDE + 1,), dtype="<u8", buffer=buf, strides=(1,))
+    act = None  # None: all tokens
+    s, ln = starts, lengths
+    k = 0
+    with np.errstate(over="ignore"):
+        while True:
+            w = words[s + k] & _LENMASK[np.minimum(ln - k, _STRIDE)]
+            part = (w & _BYTE) * _R[min(k, 63)]
+            for i in range(1, _STRIDE):
+                part += ((w >> np.uint64(8 * i)) & _BYTE) * _R[min(k + i, 63)]
+            if act is None:
+                acc += part
+            else:
+                acc[act] += part
+            k += _STRIDE
+            more = ln > k
+            if not more.any():
+                break
+            act = np.flatnonzero(more) if act is None else act[more]
+            s, ln = s[more], ln[more]
+        return acc * _MIX + lengths.astype(np.uint64)
+
+
+def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Terms of the spans starting at byte offsets ``starts`` (sorted; each span runs to the next start, the
+    last to the end of ``data``) as (vocab, term id, span index).
+
+    Same terms and hashes as ``span_hashes``: ``vocab`` is the sorted unique 64-bit hashes of the kept terms,
+    ``term id`` indexes ``vocab``, one entry per term occurrence, ordered by span.  Terms whose hash is in
+    ``drop`` (sorted) are left out.
+    """
+    arr = np.frombuffer(data, dtype=np.uint8)
+    n = len(arr)
+    z = np.zeros(0, np.int64)
+    if n == 0 or len(starts) == 0:
+        return z.astype(np.uint64), z, z
+    lo = (arr >= 97) & (arr <= 122)
+    up = (arr >= 65) & (arr <= 90)
+    dg = (arr >= 48) & (arr <= 57)
+    al = lo | up
+    b = np.zeros(n, dtype=bool)
+    b[1:] = (lo[:-1] & up[1:]) | (al[:-1] & dg[1:]) | (dg[:-1] & al[1:])
+    b[1:-1] |= up[:-2] & up[1:-1] & lo[2:]
+    pos = np.flatnonzero(b)
+    # inserted boundary marks are a control byte absent from the text (a space after translation)
+    mark = next((c for c in _MARKS if bytes((c,)) not in data), None)
+    if mark is None:
+        return _span_term_ids_slow(data, starts, drop)
+    raw = np.insert(arr, pos, mark) if len(pos) else arr
+    m = len(raw)
+    idx = np.arange(m + 1, dtype=np.int64)
+    pa = np.frombuffer(raw.tobytes().translate(_TABLE), dtype=np.uint8)
+    tok = np.empty(m + 2, dtype=bool)
+    tok[0] = tok[-1] = False
+    np.not_equal(pa, 32, out=tok[1:-1])
+    edge = idx[tok[1:] != tok[:-1]]
+    ts, te = edge[0::2], edge[1::2]
+    tl = te - ts
+    padded = np.concatenate((pa, np.zeros(_STRIDE, np.uint8)))
+    h = _hash_at(padded, ts, tl)
+    # span of each token: spans start at byte offsets; a token's span is the last span starting at or before it
+    sstart = starts + np.searchsorted(pos, starts)
+    cuts = np.searchsorted(ts, sstart, side="left")
+    unit = np.repeat(np.arange(-1, len(starts), dtype=np.int64), np.diff(cuts, prepend=0, append=len(ts)))
+    # compounds: runs of >= 2 tokens joined only by "_" or boundary marks (one word run of the text)
+    if len(ts) > 1:
+        gs, ge = te[:-1], ts[1:]
+        g1 = raw[gs]
+        link = (g1 == mark) | (g1 == 95)
+        long = link & (ge - gs > 1)
+        if long.any():
+            g2 = raw[ge[long] - 1]
+            link[long] = (g2 == mark) | (g2 == 95)
+        long = np.flatnonzero(link & (ge - gs > 2))
+        if len(long):
+            rb = raw.tobytes()
+            for j in long.tolist():
+                if rb[gs[j]:ge[j]].translate(None, bytes((95, mark))):
+                    link[j] = False
+        if link.any():
+            lk = np.concatenate(([False], link, [False]))
+            ce = np.flatnonzero(lk[1:] != lk[:-1])
+            c0, c1 = ce[0::2], ce[1::2]  # chain of tokens c0..c1 (inclusive)
+            cs, cend = ts[c0], te[c1]
+            pb = pa.tobytes()
+            comp = b"\n".join([pb[x:y] for x, y in zip(cs.tolist(), cend.tolist())]).translate(None, b" ")
+            cbuf = np.frombuffer(comp, dtype=np.uint8)
+            nlp = np.flatnonzero(cbuf == 10)
+            cst = np.concatenate(([0], nlp + 1))
+            cl = np.concatenate((nlp, [len(cbuf)])) - cst
+            ch = _hash_at(np.concatenate((cbuf, np.zeros(_STRIDE, np.uint8))), cst, cl)
+            cu = unit[c0]
+            at = np.searchsorted(unit, cu, side="right")
+            h = np.insert(h, at, ch)
+            unit = np.insert(unit, at, cu)
+    keep = unit >= 0
+    if not keep.all():
+        h, unit = h[keep], unit[keep]
+    keep = unit < len(starts)
+    if not keep.all():
+        h, unit = h[keep], unit[keep]
+    vocab = np.unique(h)
+    if len(drop):
+        vocab = vocab[~_sorted_isin(vocab, drop)]
+        ids = np.searchsorted(vocab, h)
+        ok = ids < len(vocab)
+        ok[ok] = vocab[ids[ok]] == h[ok]
+        return vocab, ids[ok], unit[ok]
+    return vocab, np.searchsorted(vocab, h), unit
+
+
+def _span_term_ids_slow(data: bytes, starts: np.ndarray, drop: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ends = np.concatenate((starts[1:], [len(data)]))
+    h, unit, _ = span_hashes(data, list(zip(starts.tolist(), ends.tolist())))
+    vocab = np.unique(h)
+    vocab = vocab[~_sorted_isin(vocab, drop)] if len(drop) else vocab
+    ids = np.searchsorted(vocab, h)
+    ok = ids < len(vocab)
+    ok[ok] = vocab[ids[ok]] == h[ok]
+    return vocab, ids[ok], unit[ok]
+
+
+def _sorted_isin(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    k = np.minimum(np.searchsorted(sorted_set, x), len(sorted_set) - 1)
+    return sorted_set[k] == x

@@ -30,7 +30,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .lexicon import hash_tokens, span_hashes, text_terms
+from .lexicon import hash_tokens, span_hashes, span_term_ids, text_terms
 from .text import TokenizedText
 from .units import Unit
 
@@ -74,6 +74,8 @@ def terms(text: str) -> list[str]:
 
 
 _STOP_HASHES = np.unique(hash_tokens(" ".join(sorted(STOPWORDS)).encode())[0])
+# stopwords and single lowercase letters (``_is_stop``), dropped by hash in ``represent``
+_DROP_HASHES = np.unique(np.concatenate((_STOP_HASHES, hash_tokens(" ".join("abcdefghijklmnopqrstuvwxyz").encode())[0])))
 
 
 def _is_stop(w: str) -> bool:
@@ -131,20 +133,20 @@ class LexicalScorer:
         line_start = np.concatenate(([0], nl + 1, [len(data)]))[: len(tt.lines) + 1]
         line_start[len(tt.lines)] = len(data)
         us = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n_units)
-        ue = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n_units)
-        spans = list(zip(line_start[us].tolist(), line_start[ue].tolist()))
-        h, docs = _term_hashes(data, spans)
-        vocab, ids = np.unique(h, return_inverse=True)
+        vocab, ids, docs = span_term_ids(data, line_start[us], _DROP_HASHES)
         v = len(vocab)
-        doc_len = np.bincount(docs, minlength=n_units).astype(np.float64)
         if len(ids):
-            sk = np.sort(ids.astype(np.int64) * n_units + docs)
-            first = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+            sk = np.sort(ids * n_units + docs)
+            new = np.empty(len(sk), dtype=bool)
+            new[0] = True
+            np.not_equal(sk[1:], sk[:-1], out=new[1:])
+            first = np.arange(len(sk))[new]
             keys = sk[first]
             tf = np.diff(np.concatenate((first, [len(sk)]))).astype(np.float64)
         else:
             keys, tf = np.zeros(0, np.int64), np.zeros(0)
         term, doc = keys // max(n_units, 1), keys % max(n_units, 1)
+        doc_len = np.bincount(doc, weights=tf, minlength=n_units)
         df = np.bincount(term, minlength=v).astype(np.float64)
         idf = np.log1p((n_units - df + 0.5) / (df + 0.5))
         avg = max(float(doc_len.mean()) if n_units else 0.0, 1e-9)
