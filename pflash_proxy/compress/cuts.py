@@ -127,6 +127,34 @@ class LineTable:
 
 
 
+_PY_FIRST = np.frombuffer(b"\"'#", dtype=np.uint8)
+_C_FIRST = np.frombuffer(b"/\"'`", dtype=np.uint8)
+
+
+def _literal_spans(data: bytes, arr: np.ndarray, python: bool) -> list[int]:
+    """Flattened spans of ``_PY_LIT``/``_C_LIT`` matches, as ``finditer`` finds them.
+
+    Every alternative starts with one of a few bytes, so instead of letting the regex engine try each
+    position, it is tried only at those bytes (in order, skipping any inside the previous match).
+    """
+    pat, first = (_PY_LIT, _PY_FIRST) if python else (_C_LIT, _C_FIRST)
+    cand = arr == first[0]
+    for c in first[1:]:
+        cand |= arr == c
+    flat: list[int] = []
+    end = 0
+    match = pat.match
+    for p in np.flatnonzero(cand).tolist():
+        if p < end:
+            continue
+        m = match(data, p)
+        if m is not None:
+            end = m.end()
+            flat.append(p)
+            flat.append(end)
+    return flat
+
+
 def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(depth at line start, starts-inside-literal, has code after stripping) per line (step 2).
 
@@ -137,7 +165,7 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return t.code
     head = t.data[:16384]
     python = len(_PY_HINT.findall(head)) >= len(_C_HINT.findall(head))
-    flat = [x for m in (_PY_LIT if python else _C_LIT).finditer(t.data) for x in m.span()]
+    flat = _literal_spans(t.data, t.arr, python)
     sp = np.array(flat, dtype=np.int64).reshape(-1, 2)
     ss, se = sp[:, 0], sp[:, 1]
 
