@@ -37,7 +37,7 @@ WORDS = ("harbour ledger orchard lantern copper meadow signal quarry tapestry gl
 
 def document(n_tokens: int) -> str:
     paras, i = [], 0
-    while len(" ".join(paras)) < n_tokens * 4.2:
+    while len(" ".join(paras)) < n_tokens * 3.0:  # ~3 characters per gemma token for these records
         w = WORDS[i % len(WORDS)]
         paras.append(f"Record {i}: the {w} registry notes that item {i * 37 % 1000} was moved to shelf "
                      f"{i % 97} on day {i % 365}, inspected by clerk {i % 41}, and marked {w}-{i % 13}.")
