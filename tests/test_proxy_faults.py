@@ -28,6 +28,11 @@ def echo_app(seen: list) -> web.Application:
     return app
 
 
+def client_requests(seen: list) -> list:
+    """What reached the fake upstream, minus the session layer's own start-up probe of slot saving."""
+    return [r for r in seen if r["path_qs"] != "/slots/0?action=save"]
+
+
 async def proxy_for(aiohttp_client, upstream_url: str, tmp_path, **kw):
     return await aiohttp_client(create_app(make_settings(upstream_url, tmp_path, **kw)))
 
@@ -88,7 +93,7 @@ async def test_malformed_json_gets_400(aiohttp_server, aiohttp_client, tmp_path)
     resp = await client.post("/v1/chat/completions", json={"messages": "not a list"})
     assert resp.status == 400
     assert "messages" in (await resp.json())["error"]["message"]
-    assert seen == []  # nothing reached the upstream
+    assert client_requests(seen) == []  # nothing the client sent reached the upstream
 
 
 async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path):
@@ -100,7 +105,7 @@ async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path
     assert (await resp.json())["error"]["code"] == "request_too_large"
     resp = await client.post("/anything/else", data=b"x" * 5000)
     assert resp.status == 413
-    assert seen == []
+    assert client_requests(seen) == []
 
 
 async def test_upstream_down_gets_502(aiohttp_client, tmp_path):
