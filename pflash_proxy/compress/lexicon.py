@@ -28,20 +28,25 @@ _TABLE = bytes((c + 32 if 65 <= c <= 90 else c) if (48 <= c <= 57 or 65 <= c <= 
               else 32 for c in range(256))
 
 
+def _part_boundaries(arr: np.ndarray) -> np.ndarray:
+    """Byte offsets where an identifier splits into parts: camelCase (aB, ABc) and letter/digit changes."""
+    lo = (arr >= 97) & (arr <= 122)
+    up = (arr >= 65) & (arr <= 90)
+    dg = (arr >= 48) & (arr <= 57)
+    al = lo | up
+    b = np.zeros(len(arr), dtype=bool)
+    b[1:] = (lo[:-1] & up[1:]) | (al[:-1] & dg[1:]) | (dg[:-1] & al[1:])
+    b[1:-1] |= up[:-2] & up[1:-1] & lo[2:]
+    return np.flatnonzero(b)
+
+
 def span_terms(data: bytes, spans: list[tuple[int, int]]) -> list[list[bytes]]:
     """Terms of each byte span ``[a, b)`` of ``data`` (steps 1-4)."""
     arr = np.frombuffer(data, dtype=np.uint8)
     n = len(arr)
     if n == 0:
         return [[] for _ in spans]
-    lo = (arr >= 97) & (arr <= 122)
-    up = (arr >= 65) & (arr <= 90)
-    dg = (arr >= 48) & (arr <= 57)
-    al = lo | up
-    b = np.zeros(n, dtype=bool)
-    b[1:] = (lo[:-1] & up[1:]) | (al[:-1] & dg[1:]) | (dg[:-1] & al[1:])
-    b[1:-1] |= up[:-2] & up[1:-1] & lo[2:]
-    pos = np.flatnonzero(b)
+    pos = _part_boundaries(arr)
     parts = (np.insert(arr, pos, 32).tobytes() if len(pos) else data).translate(_TABLE)
     starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
     ends = np.fromiter((e for _, e in spans), dtype=np.int64, count=len(spans))
@@ -49,7 +54,7 @@ def span_terms(data: bytes, spans: list[tuple[int, int]]) -> list[list[bytes]]:
     shift_e = (ends + np.searchsorted(pos, ends, side="left")).tolist()
     result = [parts[s:e].split() for s, e in zip(shift_s, shift_e)]
     # step 4: compound identifiers (word runs with two or more parts)
-    alnum = al | dg | (arr >= 128)
+    alnum = ((arr | 32) >= 97) & ((arr | 32) <= 122) | ((arr >= 48) & (arr <= 57)) | (arr >= 128)
     word = alnum | (arr == 95)
     wt = np.flatnonzero(word[1:] != word[:-1]) + 1
     edges = np.concatenate(([0] if word[0] else [], wt, [n] if word[-1] else [])).astype(np.int64)
@@ -113,14 +118,7 @@ def span_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, 
     z = np.zeros(0, np.int64)
     if n == 0 or not spans:
         return z.astype(np.uint64), z, z.astype(bool)
-    lo = (arr >= 97) & (arr <= 122)
-    up = (arr >= 65) & (arr <= 90)
-    dg = (arr >= 48) & (arr <= 57)
-    al = lo | up
-    b = np.zeros(n, dtype=bool)
-    b[1:] = (lo[:-1] & up[1:]) | (al[:-1] & dg[1:]) | (dg[:-1] & al[1:])
-    b[1:-1] |= up[:-2] & up[1:-1] & lo[2:]
-    pos = np.flatnonzero(b)
+    pos = _part_boundaries(arr)
     parts = (np.insert(arr, pos, 32).tobytes() if len(pos) else data).translate(_TABLE)
     starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
     ends = np.fromiter((e for _, e in spans), dtype=np.int64, count=len(spans))
@@ -129,7 +127,7 @@ def span_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, 
     single = (tl == 1) & (pa[ts] >= 97) & (pa[ts] <= 122)
     unit = np.searchsorted(starts + np.searchsorted(pos, starts), ts, side="right") - 1
     # compounds: word runs (letters, digits, "_", non-ASCII) with two or more parts
-    alnum = al | dg | (arr >= 128)
+    alnum = ((arr | 32) >= 97) & ((arr | 32) <= 122) | ((arr >= 48) & (arr <= 57)) | (arr >= 128)
     word = alnum | (arr == 95)
     edge = np.flatnonzero(np.diff(np.concatenate(([False], word, [False])).view(np.int8)))
     ws, we = edge[0::2], edge[1::2]
@@ -201,14 +199,7 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
     z = np.zeros(0, np.int64)
     if n == 0 or len(starts) == 0:
         return z.astype(np.uint64), z, z
-    lo = (arr >= 97) & (arr <= 122)
-    up = (arr >= 65) & (arr <= 90)
-    dg = (arr >= 48) & (arr <= 57)
-    al = lo | up
-    b = np.zeros(n, dtype=bool)
-    b[1:] = (lo[:-1] & up[1:]) | (al[:-1] & dg[1:]) | (dg[:-1] & al[1:])
-    b[1:-1] |= up[:-2] & up[1:-1] & lo[2:]
-    pos = np.flatnonzero(b)
+    pos = _part_boundaries(arr)
     # inserted boundary marks are a control byte absent from the text (a space after translation)
     mark = next((c for c in _MARKS if bytes((c,)) not in data), None)
     if mark is None:
