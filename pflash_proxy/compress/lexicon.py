@@ -206,12 +206,11 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
         return _span_term_ids_slow(data, starts, drop)
     raw = np.insert(arr, pos, mark) if len(pos) else arr
     m = len(raw)
-    idx = np.arange(m + 1, dtype=np.int64)
     pa = np.frombuffer(raw.tobytes().translate(_TABLE), dtype=np.uint8)
     tok = np.empty(m + 2, dtype=bool)
     tok[0] = tok[-1] = False
     np.not_equal(pa, 32, out=tok[1:-1])
-    edge = idx[tok[1:] != tok[:-1]]
+    edge = np.flatnonzero(tok[1:] != tok[:-1])
     ts, te = edge[0::2], edge[1::2]
     tl = te - ts
     padded = np.concatenate((pa, np.zeros(_STRIDE, np.uint8)))
@@ -230,23 +229,25 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
             g2 = raw[ge[long] - 1]
             link[long] = (g2 == mark) | (g2 == 95)
         long = np.flatnonzero(link & (ge - gs > 2))
-        if len(long):
-            rb = raw.tobytes()
-            for j in long.tolist():
-                if rb[gs[j]:ge[j]].translate(None, bytes((95, mark))):
-                    link[j] = False
+        if len(long):  # a link's gap must hold only "_" and marks: count other bytes per gap
+            la, ll = gs[long], ge[long] - gs[long]
+            off = np.cumsum(ll) - ll
+            gb = raw[np.repeat(la - off, ll) + np.arange(int(ll.sum()), dtype=np.int64)]
+            bad = np.add.reduceat(((gb != 95) & (gb != mark)).astype(np.int64), off)
+            link[long[bad > 0]] = False
         if link.any():
             lk = np.concatenate(([False], link, [False]))
             ce = np.flatnonzero(lk[1:] != lk[:-1])
             c0, c1 = ce[0::2], ce[1::2]  # chain of tokens c0..c1 (inclusive)
             cs, cend = ts[c0], te[c1]
-            pb = pa.tobytes()
-            comp = b"\n".join([pb[x:y] for x, y in zip(cs.tolist(), cend.tolist())]).translate(None, b" ")
-            cbuf = np.frombuffer(comp, dtype=np.uint8)
-            nlp = np.flatnonzero(cbuf == 10)
-            cst = np.concatenate(([0], nlp + 1))
-            cl = np.concatenate((nlp, [len(cbuf)])) - cst
-            ch = _hash_at(np.concatenate((cbuf, np.zeros(_STRIDE, np.uint8))), cst, cl)
+            # each chain's bytes cs..cend without the spaces between its tokens, packed one after another
+            ln = cend - cs
+            off = np.cumsum(ln) - ln
+            gb = pa[np.repeat(cs - off, ln) + np.arange(int(ln.sum()), dtype=np.int64)]
+            nsp = gb != 32
+            cl = np.add.reduceat(nsp.astype(np.int64), off)
+            cst = np.cumsum(cl) - cl
+            ch = _hash_at(np.concatenate((gb[nsp], np.zeros(_STRIDE, np.uint8))), cst, cl)
             cu = unit[c0]
             at = np.searchsorted(unit, cu, side="right")
             h = np.insert(h, at, ch)
@@ -257,14 +258,22 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
     keep = unit < len(starts)
     if not keep.all():
         h, unit = h[keep], unit[keep]
-    vocab = np.unique(h)
+    # vocabulary and term ids from one sort (same as ``np.unique`` then ``searchsorted``)
+    order = np.argsort(h)
+    hs = h[order]
+    new = np.empty(len(hs), dtype=bool)
+    new[:1] = True
+    np.not_equal(hs[1:], hs[:-1], out=new[1:])
+    vocab = hs[new]
+    ids = np.empty(len(h), dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
     if len(drop):
-        vocab = vocab[~_sorted_isin(vocab, drop)]
-        ids = np.searchsorted(vocab, h)
-        ok = ids < len(vocab)
-        ok[ok] = vocab[ids[ok]] == h[ok]
-        return vocab, ids[ok], unit[ok]
-    return vocab, np.searchsorted(vocab, h), unit
+        keepv = ~_sorted_isin(vocab, drop)
+        if not keepv.all():
+            vocab = vocab[keepv]
+            ok = keepv[ids]
+            return vocab, (np.cumsum(keepv) - 1)[ids[ok]], unit[ok]
+    return vocab, ids, unit
 
 
 def _span_term_ids_slow(data: bytes, starts: np.ndarray, drop: np.ndarray
