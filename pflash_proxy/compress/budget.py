@@ -20,6 +20,7 @@ Algorithm:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ from .units import Unit
 
 __all__ = ["BudgetCurve", "BudgetSelector", "DEFAULT_CURVE", "message_budget"]
 
+_TOKENS = attrgetter("tokens")
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
 
 
@@ -87,21 +89,42 @@ class BudgetSelector:
     tolerance: float = 0.02
 
     def select(self, units: Sequence[Unit], density: np.ndarray, budget_tokens: int,
-               pinned: Iterable[int] = ()) -> list[int]:
-        """Step 3: indices of kept units, in original order."""
+               pinned: Iterable[int] = (), *, tokens: np.ndarray | None = None) -> list[int]:
+        """Step 3: indices of kept units, in original order.
+
+        ``tokens``: the units' token counts as an int64 array, when the caller already has them.
+        """
         n = len(units)
         dens = np.asarray(density, dtype=np.float64)
         if dens.shape != (n,):
             raise ValueError(f"density has shape {dens.shape}, expected ({n},)")
-        toks = np.fromiter((u.tokens for u in units), dtype=np.int64, count=n)
+        if tokens is None:
+            toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=n)
+        else:
+            toks = np.asarray(tokens, dtype=np.int64)
+            if toks.shape != (n,):
+                raise ValueError(f"tokens has shape {toks.shape}, expected ({n},)")
         keep = np.zeros(n, dtype=bool)
         pin = [i for i in pinned if 0 <= i < n]
         keep[pin] = True
         total = int(toks[keep].sum())
         order = np.lexsort((np.arange(n), -dens))  # density desc, then index asc
         order = order[~keep[order]]
-        tl = toks[order].tolist()
-        for i, t in zip(order.tolist(), tl):
+        # greedy walk in density order, keeping each unit that still fits: a prefix of the units that
+        # fit the remaining room is kept in one step (cumulative sum); the first unit past it is skipped and
+        # the rest are filtered again (room only shrinks).  A few vectorised rounds, then a plain loop.
+        ot = toks[order]
+        for _ in range(8):
+            room = budget_tokens - total
+            fit = ot <= room
+            order, ot = order[fit], ot[fit]
+            if len(order) == 0:
+                break
+            k = int(np.searchsorted(np.cumsum(ot), room, side="right"))
+            keep[order[:k]] = True
+            total += int(ot[:k].sum())
+            order, ot = order[k + 1:], ot[k + 1:]
+        for i, t in zip(order.tolist(), ot.tolist()):
             if total + t <= budget_tokens:
                 keep[i] = True
                 total += t

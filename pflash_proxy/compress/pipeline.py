@@ -23,6 +23,7 @@ raises.
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +39,8 @@ from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
 __all__ = ["CompressionOutcome", "CompressionSettings", "Compressor", "Mode"]
+
+_START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
 Mode = Literal["compressed", "full-flat", "full-error"]
 
@@ -95,7 +98,7 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     if pin_tokens <= 0 or not units:
         return set()
     first = tail_lines(tt.lines, tt.line_tokens, pin_tokens, paragraphs=False)
-    starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=len(units))
+    starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
     k = int(np.searchsorted(starts, first, side="right")) - 1
     return set(range(max(k, 0), len(units)))
 
@@ -132,7 +135,7 @@ class Compressor:
             t = _lap(ms, "represent", t)
             scores = validate_scores(self.scorer.score(reps, request.text), len(units))
             t = _lap(ms, "score", t)
-            toks = np.fromiter((u.tokens for u in units), dtype=np.int64, count=len(units))
+            toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             dens = density(scores, toks)
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
@@ -153,9 +156,11 @@ class Compressor:
             overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
             kept_tokens = int(toks[kept].sum())
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
-            recall = RecallSource(label, reps, tuple((u.start_line, u.end_line) for u in units),
-                                  tuple(toks.tolist()),
-                                  {i: tt.range_text(units[i].start_line, units[i].end_line) for i in omitted_ids})
+            us, ue = list(map(_START, units)), list(map(_END, units))
+            lines = tt.lines
+            recall = RecallSource(label, reps, tuple(zip(us, ue)), tuple(toks.tolist()),
+                                  {i: lines[us[i]] if ue[i] - us[i] == 1 else "".join(lines[us[i]:ue[i]])
+                                   for i in omitted_ids})
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
                                       len(units), len(kept), recall, ms, None, sp.spread)
@@ -173,10 +178,10 @@ class Compressor:
         best: tuple[int, list[int]] | None = None
         overhead = 0
         n = len(units)
-        starts = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n)
-        ends = np.fromiter((u.end_line for u in units), dtype=np.int64, count=n)
+        starts = np.fromiter(map(_START, units), dtype=np.int64, count=n)
+        ends = np.fromiter(map(_END, units), dtype=np.int64, count=n)
         for _ in range(4):
-            kept = self.selector.select(units, dens, max(budget - overhead, 1), pinned)
+            kept = self._select(units, dens, max(budget - overhead, 1), pinned, toks)
             new = self._overhead(starts, ends, kept, source, label, n_lines)
             served = int(toks[kept].sum()) + new
             if best is None or abs(served - budget) < best[0]:
@@ -185,6 +190,12 @@ class Compressor:
                 break
             overhead = new
         return best[1]
+
+    def _select(self, units: list[Unit], dens: np.ndarray, budget: int, pinned: set[int],
+                toks: np.ndarray) -> list[int]:
+        if isinstance(self.selector, BudgetSelector):  # hand it the token array it would rebuild each round
+            return self.selector.select(units, dens, budget, pinned, tokens=toks)
+        return self.selector.select(units, dens, budget, pinned)
 
     @staticmethod
     def _overhead(starts: np.ndarray, ends: np.ndarray, kept: list[int], source: Source, label: str,
