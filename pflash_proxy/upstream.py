@@ -53,8 +53,11 @@ class Upstream:
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        # DummyCookieJar: a proxy must never keep one client's Set-Cookie and replay it for another (and it
+        # skips the jar's per-request work).
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector, timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

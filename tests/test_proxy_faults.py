@@ -231,3 +231,23 @@ async def test_one_structured_log_line_per_request(aiohttp_server, aiohttp_clien
     from pflash_proxy.logs import JsonFormatter
 
     assert json.loads(JsonFormatter().format(lines[0]))["status"] == 200
+
+
+async def test_upstream_cookies_are_never_replayed_to_other_clients(aiohttp_server, aiohttp_client, tmp_path):
+    seen: list = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        resp = web.json_response({"ok": True})
+        resp.set_cookie("session", "secret-of-client-a")
+        return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    up = await aiohttp_server(app)
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
+    first = await client.get("/a")
+    assert "secret-of-client-a" in first.headers["Set-Cookie"]  # relayed to its own client
+    client.session.cookie_jar.clear()
+    await client.get("/b")
+    assert seen == [None, None]  # the proxy kept nothing
