@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -92,14 +94,16 @@ class UnitSegmenter:
         bounds = self._split(bounds, off, lambda: split_priority(table, kind))
         if len(bounds) < 3:
             raise CannotSegment(f"only one unit ({tt.total_tokens} tokens, {n} lines)")
-        units = [Unit(i, a, b, int(off[b] - off[a]), kind)
-                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-        return units
+        toks = np.diff(off[bounds]).tolist()
+        # tuple.__new__ on zipped fields: the same Units as ``Unit(i, a, b, t, kind)``, without per-call overhead
+        return list(map(partial(tuple.__new__, Unit),
+                        zip(range(len(toks)), bounds[:-1], bounds[1:], toks, repeat(kind))))
 
     def _merge(self, starts: np.ndarray, off: np.ndarray, n: int) -> list[int]:
         """Step 4: boundaries (start lines + ``n``) after merging short units forward."""
-        cuts = [int(x) for x in starts if 0 < x < n]
-        cum = off[cuts].tolist() if cuts else []
+        sel = starts[(starts > 0) & (starts < n)]
+        cuts = sel.tolist()
+        cum = off[sel].tolist()
         out = [0]
         base = 0
         lo = self.min_segment
