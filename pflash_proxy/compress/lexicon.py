@@ -194,16 +194,24 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
     ``term id`` indexes ``vocab``, one entry per term occurrence, ordered by span.  Terms whose hash is in
     ``drop`` (sorted) are left out.
     """
+    return span_term_ids_grouped(data, starts, drop)[:3]
+
+
+def span_term_ids_grouped(data: bytes, starts: np.ndarray, drop: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``span_term_ids`` plus the same (term id, span index) entries sorted by term id, then span index."""
     arr = np.frombuffer(data, dtype=np.uint8)
     n = len(arr)
     z = np.zeros(0, np.int64)
     if n == 0 or len(starts) == 0:
-        return z.astype(np.uint64), z, z
+        return z.astype(np.uint64), z, z, z, z
     pos = _part_boundaries(arr)
     # inserted boundary marks are a control byte absent from the text (a space after translation)
     mark = next((c for c in _MARKS if bytes((c,)) not in data), None)
     if mark is None:
-        return _span_term_ids_slow(data, starts, drop)
+        vocab, ids, unit = _span_term_ids_slow(data, starts, drop)
+        order = np.lexsort((unit, ids))
+        return vocab, ids, unit, ids[order], unit[order]
     raw = np.insert(arr, pos, mark) if len(pos) else arr
     m = len(raw)
     pa = np.frombuffer(raw.tobytes().translate(_TABLE), dtype=np.uint8)
@@ -258,22 +266,52 @@ def span_term_ids(data: bytes, starts: np.ndarray, drop: np.ndarray
     keep = unit < len(starts)
     if not keep.all():
         h, unit = h[keep], unit[keep]
-    # vocabulary and term ids from one sort (same as ``np.unique`` then ``searchsorted``)
-    order = np.argsort(h)
+    return _vocab_ids_sorted(h, unit, drop)
+
+
+def _stable_order(h: np.ndarray) -> np.ndarray:
+    """``np.argsort(h, kind="stable")``, usually via one value sort of packed (hash prefix, position) keys.
+
+    The packed sort is checked: when two distinct hashes share the prefix and come out of order, the
+    stable argsort decides, so the result is always the stable order.
+    """
+    n = len(h)
+    bits = max(1, (n - 1).bit_length())
+    if n < 2 or bits > 32:
+        return np.argsort(h, kind="stable")
+    low = np.uint64((1 << bits) - 1)
+    key = (h & ~low) | np.arange(n, dtype=np.uint64)
+    key.sort()
+    order = (key & low).astype(np.int64)
+    hs = h[order]
+    if (hs[1:] < hs[:-1]).any():
+        return np.argsort(h, kind="stable")
+    return order
+
+
+def _vocab_ids_sorted(h: np.ndarray, unit: np.ndarray, drop: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(vocab, ids, unit) as ``span_term_ids`` returns them, plus (ids, unit) of the same entries sorted by
+    (id, unit): one stable sort of the hashes (``unit`` is non-decreasing) gives both."""
+    order = _stable_order(h)
     hs = h[order]
     new = np.empty(len(hs), dtype=bool)
     new[:1] = True
     np.not_equal(hs[1:], hs[:-1], out=new[1:])
     vocab = hs[new]
+    sid = np.cumsum(new) - 1
     ids = np.empty(len(h), dtype=np.int64)
-    ids[order] = np.cumsum(new) - 1
+    ids[order] = sid
+    sunit = unit[order]
     if len(drop):
         keepv = ~_sorted_isin(vocab, drop)
         if not keepv.all():
             vocab = vocab[keepv]
+            remap = np.cumsum(keepv) - 1
             ok = keepv[ids]
-            return vocab, (np.cumsum(keepv) - 1)[ids[ok]], unit[ok]
-    return vocab, ids, unit
+            sok = keepv[sid]
+            return vocab, remap[ids[ok]], unit[ok], remap[sid[sok]], sunit[sok]
+    return vocab, ids, unit, sid, sunit
 
 
 def _span_term_ids_slow(data: bytes, starts: np.ndarray, drop: np.ndarray

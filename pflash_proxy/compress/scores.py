@@ -30,7 +30,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .lexicon import hash_tokens, span_hashes, span_term_ids, text_terms
+from .lexicon import hash_tokens, span_hashes, span_term_ids_grouped, text_terms
 from .text import TokenizedText
 from .units import Unit
 
@@ -133,10 +133,10 @@ class LexicalScorer:
         line_start = np.concatenate(([0], nl + 1, [len(data)]))[: len(tt.lines) + 1]
         line_start[len(tt.lines)] = len(data)
         us = np.fromiter((u.start_line for u in units), dtype=np.int64, count=n_units)
-        vocab, ids, docs = span_term_ids(data, line_start[us], _DROP_HASHES)
+        vocab, _, _, sids, sdocs = span_term_ids_grouped(data, line_start[us], _DROP_HASHES)
         v = len(vocab)
-        if len(ids):
-            sk = np.sort(ids * n_units + docs)
+        if len(sids):
+            sk = sids * n_units + sdocs  # already sorted: grouped by term id, then unit
             new = np.empty(len(sk), dtype=bool)
             new[0] = True
             np.not_equal(sk[1:], sk[:-1], out=new[1:])
