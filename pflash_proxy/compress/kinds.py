@@ -43,14 +43,17 @@ _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@", re.M)
 _DIFF_HEAD = re.compile(r"^(?:diff --git |--- |\+\+\+ )", re.M)
 _DIFF_LINE = re.compile(r"^(?:[ +\-@\\]|diff |index |new file|deleted file|similarity|rename |old mode|new mode)")
 _JSON_LINE = re.compile(r"^\s*[\[{].*[\]}],?\s*$")
+_JSON_OPEN = frozenset("[{")
 _LOG_LINE = re.compile(
     r"^(?:\[?\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d|\[?(?:TRACE|DEBUG|INFO|WARN|WARNING|ERROR|FATAL|CRITICAL)\b"
     r"|[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d+\.\d+\s)")
-_CODE_LINE = re.compile(
-    r"^(?:\s*(?:def |class |async def |import |from \S+ import |#include|#define|function |const |let |var |"
+_CODE_HEAD = (
+    r"(?:\s*(?:def |class |async def |import |from \S+ import |#include|#define|function |const |let |var |"
     r"return\b|if ?\(|for ?\(|while ?\(|switch ?\(|}|@\w|//|/\*|\*/|public |private |protected |static |fn |"
-    r"use |package |func |impl |struct |enum |type |interface |export |module )|(?:[ ]{2,}|\t)\S)"
-    r"|[{};:,(\[]\s*$")
+    r"use |package |func |impl |struct |enum |type |interface |export |module )|(?:[ ]{2,}|\t)\S)")
+_CODE_LINE = re.compile(r"^" + _CODE_HEAD + r"|[{};:,(\[]\s*$")
+_CODE_START = re.compile(_CODE_HEAD).match  # anchored half of _CODE_LINE
+_CODE_ENDS = frozenset("{};:,([")  # unanchored half: last non-whitespace character (``\s`` == ``str.isspace``)
 _WORDY = re.compile(r"^\W*[A-Za-z]\w*(?:[ ,;:'’()\"-]+\w+){4,}")
 
 
@@ -73,7 +76,7 @@ def detect_kind(text: str) -> ContentKind:
     if n == 0:
         return ContentKind.UNKNOWN
     joined = "\n".join(lines)
-    if (_HUNK.search(joined) and len(_DIFF_HEAD.findall(joined)) >= 2
+    if ("@@ -" in joined and _HUNK.search(joined) and len(_DIFF_HEAD.findall(joined)) >= 2
             and sum(1 for ln in lines if _DIFF_LINE.match(ln)) >= 0.8 * n):
         return ContentKind.DIFF
     speakers = Counter(m.group(1) for m in TURN_RE.finditer(joined))
@@ -81,7 +84,7 @@ def detect_kind(text: str) -> ContentKind:
     turns = sum(repeat.values())
     if len(repeat) >= 2 and turns >= 4 and turns >= 0.05 * n:
         return ContentKind.CHAT
-    if sum(1 for ln in lines if _JSON_LINE.match(ln)) >= 0.6 * n:
+    if sum(1 for ln in lines if ln.lstrip()[:1] in _JSON_OPEN and _JSON_LINE.match(ln)) >= 0.6 * n:
         return ContentKind.RECORDS
     if sum(1 for ln in lines if _LOG_LINE.match(ln)) >= 0.5 * n:
         return ContentKind.RECORDS
@@ -91,7 +94,9 @@ def detect_kind(text: str) -> ContentKind:
             c, k = counts.most_common(1)[0]
             if c > 0 and k >= 0.8 * n:
                 return ContentKind.RECORDS
-    if sum(1 for ln in lines if _CODE_LINE.search(ln)) >= 0.45 * n:
+    # same count as ``_CODE_LINE.search`` per line: its ``[{};:,(\[]\s*$`` half is a test of the last
+    # non-whitespace character, the rest is anchored
+    if sum(1 for ln in lines if ln.rstrip()[-1:] in _CODE_ENDS or _CODE_START(ln)) >= 0.45 * n:
         return ContentKind.CODE
     if sum(1 for ln in lines if _WORDY.match(ln)) >= 0.5 * n:
         return ContentKind.PROSE
