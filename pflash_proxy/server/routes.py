@@ -34,7 +34,11 @@ async def read_body(request: web.Request) -> bytes:
     limit = request.app[SETTINGS].max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
-    chunks, size = [], 0
+    if not request.body_exists:
+        return b""
+    if request.content_length is not None:  # bounded above: aiohttp reads it in one go
+        return await request.read()
+    chunks, size = [], 0  # chunked upload: count as it arrives
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > limit:
