@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from pflash_proxy.bench import Case, generate
-from pflash_proxy.benchcli.quality import build_scorers
+from pflash_proxy.benchcli.arms import two_arms
 from pflash_proxy.benchcli.report import Table, pct, write_report
-from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id, salted
+from pflash_proxy.benchcli.runner import chat, new_id, salted
 
 QUICK_FAMILIES = ("ruler_single", "nolima", "vartrack", "multiturn")
 
@@ -41,35 +39,22 @@ def correct(reply: str, answers: list[str]) -> bool:
 async def run(opts: Any) -> dict[str, Any]:
     families = opts.families or (QUICK_FAMILIES if opts.quick else None)
     cases = generate(families, opts.lengths, per_family=opts.per_family, seed=opts.seed)
-    scorers = {k: v for k, v in build_scorers(opts.scorers, opts).items() if not isinstance(v, str)}
-    scorer_name, scorer = next(iter(scorers.items()), ("lexical", None))
-    work = Path(opts.workdir)
-    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=int(max(opts.lengths) * 2.2) + 2048)
     t0 = time.perf_counter()
-    await llama.start()
     results = []
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as http:
-            common = dict(threshold=opts.threshold, upstream_timeout_s=1800)
-            async with Proxy(bench_settings(llama.url, work / "pflash", llama.slot_dir, **common),
-                             scorer=scorer) as pf, \
-                    Proxy(bench_settings(llama.url, work / "full", llama.slot_dir, pflash=False, **common)) as full:
-                for case in cases:
-                    row: dict[str, Any] = {"case_id": case.case_id, "family": case.family,
-                                           "length": case.target_tokens, "expected": expected(case),
-                                           "negative_control": case.negative_control}
-                    for arm, proxy in (("full", full), ("pflash", pf)):
-                        res = await chat(http, proxy.url, salted(case.messages, new_id()), stream=False,
-                                         max_tokens=opts.max_tokens)
-                        row[arm] = {"reply": res.text, "right": correct(res.text, row["expected"]),
-                                    "mode": res.headers.get("X-PFlash-Mode", "off"), "status": res.status,
-                                    "prompt_tokens": res.prompt_n}
-                    results.append(row)
-                    if opts.verbose:
-                        print(f"  {case.case_id}: full {row['full']['right']} pflash {row['pflash']['right']}",
-                              flush=True)
-    finally:
-        await llama.stop()
+    async with two_arms(opts, ctx_factor=2.2) as a:
+        scorer_name = a.scorer_name
+        for case in cases:
+            row: dict[str, Any] = {"case_id": case.case_id, "family": case.family, "length": case.target_tokens,
+                                   "expected": expected(case), "negative_control": case.negative_control}
+            for arm, proxy in (("full", a.full), ("pflash", a.pflash)):
+                res = await chat(a.http, proxy.url, salted(case.messages, new_id()), stream=False,
+                                 max_tokens=opts.max_tokens)
+                row[arm] = {"reply": res.text, "right": correct(res.text, row["expected"]),
+                            "mode": res.headers.get("X-PFlash-Mode", "off"), "status": res.status,
+                            "prompt_tokens": res.prompt_n}
+            results.append(row)
+            if opts.verbose:
+                print(f"  {case.case_id}: full {row['full']['right']} pflash {row['pflash']['right']}", flush=True)
     return {"bench": "answers", "quick": opts.quick, "lengths": list(opts.lengths), "threshold": opts.threshold,
             "scorer": scorer_name, "upstream": opts.upstream or "spawned gemma-3-270m (CPU)",
             "max_tokens": opts.max_tokens, "seconds": round(time.perf_counter() - t0, 1), "results": results}

@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 
 from pflash_proxy.bench import generate
-from pflash_proxy.benchcli.quality import build_scorers
+from pflash_proxy.benchcli.arms import two_arms
 from pflash_proxy.benchcli.report import Table, mean, median, write_report
-from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, bench_settings, chat, new_id, salted
+from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, chat, new_id, salted
 
 PROMPT_FAMILIES = ("ruler_single", "code", "multiturn")
 REPLY_TOKENS = 4  # chat replay: short replies, the waiting measured is mostly prefill
@@ -133,32 +133,21 @@ async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
 
 
 async def run(opts: Any) -> dict[str, Any]:
-    scorers = {k: v for k, v in build_scorers(opts.scorers, opts).items() if not isinstance(v, str)}
-    scorer_name, scorer = next(iter(scorers.items()), ("lexical", None))
-    work = Path(opts.workdir)
-    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=int(max(opts.lengths) * 1.6) + 2048)
     t0 = time.perf_counter()
-    await llama.start()
     data: dict[str, Any] = {"bench": "ttft", "quick": opts.quick, "lengths": list(opts.lengths),
-                            "threshold": opts.threshold, "prompts": opts.prompts, "scorer": scorer_name,
+                            "threshold": opts.threshold, "prompts": opts.prompts,
                             "upstream": opts.upstream or "spawned gemma-3-270m (CPU)"}
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as http:
-            common = dict(threshold=opts.threshold, upstream_timeout_s=1800)
-            async with Proxy(bench_settings(llama.url, work / "pflash", llama.slot_dir, **common),
-                             scorer=scorer) as pf, \
-                    Proxy(bench_settings(llama.url, work / "full", llama.slot_dir, pflash=False, **common)) as full:
-                arms = {"pflash": pf, "full": full}
-                data["runs"] = await _lengths(http, opts, arms)
-                data["replay"] = await _replay(http, opts, arms)
-                data["resume"] = []
-                if not llama.external:
-                    try:
-                        data["resume"] = await _resume(http, opts, llama, pf)
-                    except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
-                        data["resume_error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        await llama.stop()
+    async with two_arms(opts, ctx_factor=1.6) as a:
+        data["scorer"] = a.scorer_name
+        arms = {"pflash": a.pflash, "full": a.full}
+        data["runs"] = await _lengths(a.http, opts, arms)
+        data["replay"] = await _replay(a.http, opts, arms)
+        data["resume"] = []
+        if not a.llama.external:
+            try:
+                data["resume"] = await _resume(a.http, opts, a.llama, a.pflash)
+            except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
+                data["resume_error"] = f"{type(exc).__name__}: {exc}"
     data["seconds"] = round(time.perf_counter() - t0, 1)
     return data
 

@@ -1,0 +1,47 @@
+"""The shared set-up of ``bench ttft`` and ``bench answers``: one llama-server, two proxies in front of it.
+
+1. Pick the first available scorer of ``--scorers`` (lexical when none is).
+2. Start llama-server (or attach to ``--upstream``) with room for the longest case.
+3. One HTTP client and two in-process proxies on the same server: PFlash on and PFlash off.
+4. On exit, stop what was started, whatever happened.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+from pflash_proxy.benchcli.quality import build_scorers
+from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings
+
+
+@dataclass
+class Arms:
+    llama: LlamaProc
+    http: aiohttp.ClientSession
+    pflash: Proxy
+    full: Proxy
+    scorer_name: str
+
+
+@asynccontextmanager
+async def two_arms(opts: Any, ctx_factor: float) -> AsyncIterator[Arms]:
+    scorers = {k: v for k, v in build_scorers(opts.scorers, opts).items() if not isinstance(v, str)}
+    scorer_name, scorer = next(iter(scorers.items()), ("lexical", None))
+    work = Path(opts.workdir)
+    llama = LlamaProc(work / "llama", opts.upstream, opts.model,
+                      ctx_per_slot=int(max(opts.lengths) * ctx_factor) + 2048)
+    await llama.start()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as http:
+            common = dict(threshold=opts.threshold, upstream_timeout_s=1800)
+            async with Proxy(bench_settings(llama.url, work / "pflash", llama.slot_dir, **common),
+                             scorer=scorer) as pf, \
+                    Proxy(bench_settings(llama.url, work / "full", llama.slot_dir, pflash=False, **common)) as full:
+                yield Arms(llama, http, pf, full, scorer_name)
+    finally:
+        await llama.stop()
