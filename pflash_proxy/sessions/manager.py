@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import time
 from typing import Any
 
 from pflash_proxy.config import Settings
@@ -76,22 +75,31 @@ class SessionManager:
 
     async def save_all_resident(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
-        saved = 0
         if not self._ready:
-            return saved
-        for slot in list(self.table.slots):
-            sid = slot.session
-            if sid is None or sid.startswith("anon-") or slot.snapshot_current or not slot.tokens:
-                continue
-            lease = await self.table.acquire(sid)
-            try:
-                if lease.resident and not lease.slot.snapshot_current:
-                    if await self._save(lease.slot.id, sid, lease.slot.tokens, lease.slot.served_hashes):
-                        lease.slot.snapshot_current = True
-                        saved += 1
-            finally:
-                self.table.release(lease)
-        return saved
+            return 0
+        sessions = [s.session for s in self.table.slots if s.session and not s.session.startswith("anon-")]
+        return sum([await self._snapshot_now(sid) for sid in sessions])
+
+    async def _snapshot_now(self, sid: str) -> bool:
+        """Save ``sid``'s slot now (waiting for its running request, if any); True when a snapshot was written.
+
+        Only a resident session is leased: leasing any other would hand it a slot.  If it lost its slot while
+        waiting, the lease displaced someone, who is saved the way a request would save them.
+        """
+        if self.table.resident(sid) is None:
+            return False
+        lease = await self.table.acquire(sid)
+        try:
+            if not lease.resident:
+                await self.prepare_slot(lease, None)
+                return False
+            slot = lease.slot
+            if not slot.tokens or slot.snapshot_current:
+                return False
+            slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
+            return slot.snapshot_current
+        finally:
+            self.table.release(lease)
 
     # Identity ----------------------------------------------------------------------------------------------
     async def ensure_ready(self) -> None:
@@ -223,16 +231,7 @@ class SessionManager:
         slot.snapshot_current = False
 
     def save_in_background(self, sid: str) -> None:
-        async def run() -> None:
-            lease = await self.table.acquire(sid)
-            try:
-                slot = lease.slot
-                if lease.resident and slot.tokens and not slot.snapshot_current:
-                    slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
-            finally:
-                self.table.release(lease)
-
-        task = asyncio.create_task(run())
+        task = asyncio.create_task(self._snapshot_now(sid))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

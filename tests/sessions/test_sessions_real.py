@@ -125,3 +125,16 @@ async def test_attached_server_gets_one_warning_with_the_flags(aiohttp_client, l
     assert len(warnings) == 1
     assert "--no-cache-idle-slots -sps 0" in warnings[0] and "-np 2" in warnings[0]
     assert "no --slot-save-path" not in warnings[0]  # this server has one: the probe saw 400, not 501
+
+
+async def test_save_every_turn_snapshots_in_the_background(aiohttp_client, llama_server, tmp_path):
+    proxy = await make_proxy(aiohttp_client, llama_server, tmp_path, save_every_turn=True)
+    h, _ = await ask(proxy, [{"role": "user", "content": "Count to three."}], max_tokens=4)
+    path = llama_server.slot_dir / f"pf-{h['X-PFlash-Session']}.bin"
+    for _ in range(50):
+        if path.is_file():
+            break
+        await asyncio.sleep(0.1)
+    assert path.is_file()
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["sessions"]["snap_saves"] == 1 and stats["sessions"]["evicted_saves"] == 0
