@@ -149,10 +149,7 @@ class CompressStage(Stage):
                  tt.total_tokens, served_tokens, outcome.units_in, outcome.units_kept, fields["scorer"], total_ms,
                  extra={"fields": fields})
         req.log_fields.update(fields)
-        messages[idx] = _with_text(msg, outcome.text)
-        body = dict(req.body)
-        body["messages"] = messages
-        req.set_body(body)
+        _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             sources = list(ctx.record.extra.get(RECALL_KEY, []))
             sources.append(outcome.recall)
@@ -210,10 +207,7 @@ class CompressStage(Stage):
         if not decision.recall:
             return None
         block = format_recall_block(decision.recalled)
-        messages[idx] = _with_text(msg, block + "\n\n" + text if not block.endswith("\n") else block + "\n" + text)
-        body = dict(req.body)
-        body["messages"] = messages
-        req.set_body(body)
+        _serve_text(req, messages, idx, block + ("\n" if block.endswith("\n") else "\n\n") + text)
         recalled = sum(e.tokens for e in decision.recalled)
         log.info("pflash recall: %d excerpt(s), %d tokens, share %.3f", len(decision.recalled), recalled,
                  decision.share, extra={"fields": {"recall_tokens": recalled}})
@@ -253,6 +247,14 @@ class CompressStage(Stage):
         if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
             out["drafter"] = self.resources.describe().get("drafter")
         return out
+
+
+def _serve_text(req: ProxyRequest, messages: list[dict], idx: int, text: str) -> None:
+    """Forward ``messages`` with message ``idx`` carrying ``text`` instead of what the client sent."""
+    messages[idx] = _with_text(messages[idx], text)
+    body = dict(req.body)
+    body["messages"] = messages
+    req.set_body(body)
 
 
 def _with_text(msg: dict, text: str) -> dict:
