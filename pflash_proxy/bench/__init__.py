@@ -6,12 +6,13 @@ compared with PFlash at the same budget.
 """
 
 from pflash_proxy.bench.generator import (DEFAULT_LENGTHS, FAMILIES, RULER_FAMILIES, Case, FollowUp, case_tokens,
-                                          default_count_tokens, generate, messages_text)
+                                          default_count_tokens, family_names, generate, generate_case,
+                                          messages_text)
 from pflash_proxy.bench.retention import (Retention, check_retention, gold_whole, head_tail_truncate, marker_line,
                                           random_units, shorten_longest)
 
 __all__ = [
     "DEFAULT_LENGTHS", "FAMILIES", "RULER_FAMILIES", "Case", "FollowUp", "case_tokens", "default_count_tokens",
-    "generate", "messages_text", "Retention", "check_retention", "gold_whole", "head_tail_truncate", "marker_line",
+    "family_names", "generate", "generate_case", "messages_text", "Retention", "check_retention", "gold_whole", "head_tail_truncate", "marker_line",
     "random_units", "shorten_longest",
 ]

@@ -219,7 +219,7 @@ def _agent_messages(task: str, tool: str, args: dict[str, Any], output: str) -> 
 
 def build_agent(ctx: _Ctx) -> Case:
     """Log variant at 16K, 64K, ... and source variant at 32K, 128K, ... (alternating by index too)."""
-    octave = round(math.log2(max(ctx.target, 1) / 16_384))
+    octave = round(math.log2(max(ctx.nominal, 1) / 16_384))  # the labelled length, not a resizing target
     if (ctx.index + octave) % 2:
         case = _code_case(ctx, agent=True)
     else:

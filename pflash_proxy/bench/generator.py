@@ -214,11 +214,13 @@ def prose_sentences() -> tuple[str, ...]:
 class _Ctx:
     """Per-case state: the seeded rng and the token counter."""
 
-    def __init__(self, seed: int, family: str, target: int, index: int, count: CountTokens):
+    def __init__(self, seed: int, family: str, target: int, index: int, count: CountTokens,
+                 nominal: int | None = None):
         self.index = index
         self.rng = random.Random(f"pflash-bench:{seed}:{family}:{target}:{index}")
         self.count = count
         self.target = target
+        self.nominal = nominal or target  # the length the case is labelled with (choices like a variant use it)
 
     def fill(self, pool: Sequence[str], budget: int, forbid: Iterable[str] = (), sep: str = "\n\n",
              cycle: bool = True) -> list[str]:
@@ -279,28 +281,36 @@ def generate(families: Sequence[str] | None = None, lengths: Sequence[int] = DEF
              per_family: int = 1, seed: int = 0, count_tokens: CountTokens | None = None) -> list[Case]:
     """Cases for every (family, length, index), in that order. `families` may name `ruler` for all four
     RULER variants. Deterministic in (families, lengths, per_family, seed, count_tokens)."""
+    names = family_names(families)
+    count = lru_cache(maxsize=None)(count_tokens) if count_tokens else default_count_tokens
+    return [generate_case(name, int(target), i, seed, count) for name in names for target in lengths
+            for i in range(per_family)]
+
+
+def family_names(families: Sequence[str] | None = None) -> list[str]:
+    """The families named (``ruler`` = the four RULER variants, None = all), deduplicated, validated."""
     names: list[str] = []
     for f in families or FAMILIES:
-        expanded = RULER_FAMILIES if f == "ruler" else (f,)
-        for name in expanded:
+        for name in RULER_FAMILIES if f == "ruler" else (f,):
             if name not in FAMILIES:
                 raise ValueError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
             if name not in names:
                 names.append(name)
+    return names
+
+
+def generate_case(family: str, target: int, index: int = 0, seed: int = 0,
+                  count_tokens: CountTokens | None = None, nominal: int | None = None) -> Case:
+    """One case: the (family, target, index) item of `generate`.  `nominal` (default `target`) is the length
+    it will be labelled with when `target` is a resizing step (`benchcli.sizing`)."""
     from pflash_proxy.bench import _families as _fam  # builders import this module's helpers
 
-    count = lru_cache(maxsize=None)(count_tokens) if count_tokens else default_count_tokens
-    cases = []
-    for name in names:
-        for target in lengths:
-            for i in range(per_family):
-                ctx = _Ctx(seed, name, int(target), i, count)
-                case = _fam.BUILDERS[name](ctx)
-                case.case_id = f"{name}-{int(target) // 1024}k-{i}-s{seed}"
-                case.family = name
-                case.target_tokens = int(target)
-                cases.append(case)
-    return cases
+    ctx = _Ctx(seed, family, int(target), index, count_tokens or default_count_tokens, nominal)
+    case = _fam.BUILDERS[family](ctx)
+    case.case_id = f"{family}-{int(target) // 1024}k-{index}-s{seed}"
+    case.family = family
+    case.target_tokens = int(target)
+    return case
 
 
 def gold_in_messages(case: Case, turn: int = 0) -> list[bool]:

@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pflash_proxy.bench import Case, generate
+from pflash_proxy.bench import Case
 from pflash_proxy.benchcli.arms import two_arms
 from pflash_proxy.benchcli.report import Table, pct, write_report
 from pflash_proxy.benchcli.runner import chat, new_id, salted
+from pflash_proxy.benchcli.sizing import sized_cases
 
 QUICK_FAMILIES = ("ruler_single", "multiturn")
 
@@ -38,13 +39,14 @@ def correct(reply: str, answers: list[str]) -> bool:
 
 async def run(opts: Any) -> dict[str, Any]:
     families = opts.families or (QUICK_FAMILIES if opts.quick else None)
-    cases = generate(families, opts.lengths, per_family=opts.per_family, seed=opts.seed)
     t0 = time.perf_counter()
     results = []
-    async with two_arms(opts, ctx_factor=2.2) as a:
+    async with two_arms(opts, ctx_factor=1.0) as a:
         scorer_name = a.scorer_name
+        cases = await sized_cases(a.count, families, opts.lengths, opts.per_family, opts.seed, a.cap)
         for case in cases:
             row: dict[str, Any] = {"case_id": case.case_id, "family": case.family, "length": case.target_tokens,
+                                   "case_tokens": case.meta["real_tokens"],
                                    "expected": expected(case), "negative_control": case.negative_control}
             for arm, proxy in (("full", a.full), ("pflash", a.pflash)):
                 res = await chat(a.http, proxy.url, salted(case.messages, new_id()), stream=False,

@@ -1,7 +1,8 @@
 """The shared set-up of ``bench ttft`` and ``bench answers``: one llama-server, two proxies in front of it.
 
 1. Pick the first available scorer of ``--scorers`` (lexical when none is).
-2. Start llama-server (or attach to ``--upstream``) with room for the longest case.
+2. Start llama-server (or attach to ``--upstream``) with room for the longest case; cases are sized with its
+   ``/tokenize`` and capped at what one slot holds (``cap``).
 3. One HTTP client and two in-process proxies on the same server: PFlash on and PFlash off.
 4. On exit, stop what was started, whatever happened.
 """
@@ -17,6 +18,7 @@ import aiohttp
 
 from pflash_proxy.benchcli.quality import build_scorers
 from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings
+from pflash_proxy.benchcli.sizing import ROOM, CountAsync, tokenize_counter
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Arms:
     pflash: Proxy
     full: Proxy
     scorer_name: str
+    count: CountAsync  # llama-server's /tokenize: cases are sized in the upstream's own tokens
+    cap: int  # the longest case that still fits one slot with its reply
 
 
 @asynccontextmanager
@@ -42,6 +46,7 @@ async def two_arms(opts: Any, ctx_factor: float) -> AsyncIterator[Arms]:
             async with Proxy(bench_settings(llama.url, work / "pflash", llama.slot_dir, **common),
                              scorer=scorer) as pf, \
                     Proxy(bench_settings(llama.url, work / "full", llama.slot_dir, pflash=False, **common)) as full:
-                yield Arms(llama, http, pf, full, scorer_name)
+                yield Arms(llama, http, pf, full, scorer_name, tokenize_counter(http, llama.url),
+                           await llama.slot_ctx() - ROOM)
     finally:
         await llama.stop()

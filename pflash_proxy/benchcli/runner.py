@@ -103,6 +103,17 @@ class LlamaProc:
             proc.kill()
             await proc.wait()
 
+    async def slot_ctx(self) -> int:
+        """Tokens one slot holds, as llama-server reports it (it caps ``-c / -np`` at the model's trained
+        context: gemma-3-270m's slots hold 32K whatever was asked)."""
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.url + "/props") as r:
+                props = await r.json()
+        n_ctx = props.get("default_generation_settings", {}).get("n_ctx")
+        if not n_ctx:
+            raise BenchError(f"{self.url}/props reports no n_ctx")
+        return int(n_ctx)
+
     async def restart(self) -> float:
         """Stop and start llama-server on the same port; returns the seconds until it was healthy again."""
         if self.external:

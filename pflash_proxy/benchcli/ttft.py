@@ -5,8 +5,8 @@
    and all, full prefill).  Every run's first message starts with a unique salt line, so no run reuses another
    run's prefix cache (``cache_n`` is recorded to show it); after each run the proxy snapshots its sessions
    (``/pflash/save``, untimed) so no later run pays for saving a displaced one.
-2. Lengths: ``--prompts`` prompts per length (families cycle through a prose retrieval case, a code case and a
-   sectioned document), the two arms interleaved (the order alternates).  First-token time = streaming, time
+2. Lengths: ``--prompts`` prompts per length (families cycle through a sectioned document, a prose retrieval case and a
+   code case), the two arms interleaved (the order alternates).  First-token time = streaming, time
    to the first content chunk; prefill tokens from llama-server's ``timings``.
 3. Chat replay at the shortest length, each arm in turn: a long document (turn 1), a short follow-up, a long
    paste (turn 3, half as long, at least twice the threshold), a short follow-up; the model's own replies are kept.  Per-turn and whole-chat waiting time.
@@ -27,12 +27,13 @@ from typing import Any
 
 import aiohttp
 
-from pflash_proxy.bench import generate
-from pflash_proxy.benchcli.arms import two_arms
+from pflash_proxy.benchcli.arms import Arms, two_arms
 from pflash_proxy.benchcli.report import Chart, Table, mean, median, write_report
-from pflash_proxy.benchcli.runner import ChatResult, LlamaProc, Proxy, chat, new_id, salted
+from pflash_proxy.benchcli.runner import ChatResult, Proxy, chat, new_id, salted
+from pflash_proxy.benchcli.sizing import sized_case
 
-PROMPT_FAMILIES = ("ruler_single", "code", "multiturn")
+# A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
+PROMPT_FAMILIES = ("multiturn", "ruler_single", "code")
 REPLY_TOKENS = 4  # chat replay: short replies, the waiting measured is mostly prefill
 
 
@@ -60,35 +61,36 @@ async def _one(http, arm: str, proxy: Proxy, messages: list[dict], **extra: Any)
     return _row(arm, res, proxy, key, **extra)
 
 
-async def _lengths(http, opts, arms: dict[str, Proxy]) -> list[dict]:
-    out = []
+async def _lengths(a: Arms, opts) -> list[dict]:
+    out, http, arms = [], a.http, {"full": a.full, "pflash": a.pflash}
     for n in opts.lengths:
         for i in range(opts.prompts):
             fam = PROMPT_FAMILIES[i % len(PROMPT_FAMILIES)]
-            case = generate([fam], [n], per_family=1 + i // len(PROMPT_FAMILIES), seed=opts.seed)[-1]
+            case = await sized_case(a.count, fam, n, i // len(PROMPT_FAMILIES), opts.seed, a.cap)
             order = ["full", "pflash"] if i % 2 == 0 else ["pflash", "full"]
             for arm in order:
                 row = await _one(http, arm, arms[arm], salted(case.messages, new_id()), length=n,
-                                 case_id=case.case_id)
+                                 case_id=case.case_id, case_tokens=case.meta["real_tokens"])
                 out.append(row)
                 if opts.verbose:
                     print(f"  ttft {case.case_id} {arm}: {row['ttft_s']} s, {row['prefill_tokens']} tok", flush=True)
     return out
 
 
-def _replay_turns(opts) -> tuple[list[dict], list[str | tuple[str, str]]]:
-    # Document at the shortest length, paste half as long but at least twice the admission threshold (so it is
-    # a long message on its own): together they must fit one slot's context (gemma's is 32K).
-    n = min(opts.lengths)
-    doc = generate(["multiturn"], [n], seed=opts.seed)[0]
-    paste = generate(["ruler_single"], [min(n, max(n // 2, 2 * opts.threshold))], seed=opts.seed + 1)[0]
+async def _replay_turns(a: Arms, opts) -> tuple[list[dict], list[str | tuple[str, str]]]:
+    # The paste is half the document but at least 1.25× the admission threshold (a long message on its own);
+    # document and paste together must fit one slot (gemma's is 32K), so the document gives way if needed.
+    paste_n = max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4)
+    doc_n = min(min(opts.lengths), a.cap - paste_n - 256)
+    doc = await sized_case(a.count, "multiturn", doc_n, 0, opts.seed, a.cap)
+    paste = await sized_case(a.count, "ruler_single", paste_n, 0, opts.seed + 1, a.cap)
     return doc.messages, [doc.followups[0].question, ("paste", paste.messages[0]["content"]),
                           doc.followups[1].question]
 
 
-async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
-    first, later = _replay_turns(opts)
-    out = []
+async def _replay(a: Arms, opts) -> list[dict]:
+    first, later = await _replay_turns(a, opts)
+    out, arms = [], {"full": a.full, "pflash": a.pflash}
     for arm in ("pflash", "full"):
         msgs = salted(first, new_id())
         kinds = ["long document"] + ["long paste" if isinstance(t, tuple) else "short follow-up" for t in later]
@@ -97,14 +99,15 @@ async def _replay(http, opts, arms: dict[str, Proxy]) -> list[dict]:
                 item = later[turn - 1]
                 msgs = msgs + [{"role": "user", "content": item[1] if isinstance(item, tuple) else item}]
             key = new_id()
-            res = await chat(http, arms[arm].url, msgs, bench_id=key, max_tokens=REPLY_TOKENS)
+            res = await chat(a.http, arms[arm].url, msgs, bench_id=key, max_tokens=REPLY_TOKENS)
             out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind))
             msgs = msgs + [{"role": "assistant", "content": res.text}]
     return out
 
 
-async def _resume(http, opts, llama: LlamaProc, proxy: Proxy) -> list[dict]:
-    doc = generate(["multiturn"], [min(opts.lengths)], seed=opts.seed + 2)[0]
+async def _resume(a: Arms, opts) -> list[dict]:
+    http, llama, proxy = a.http, a.llama, a.pflash
+    doc = await sized_case(a.count, "multiturn", min(opts.lengths), 0, opts.seed + 2, a.cap)
     msgs = salted(doc.messages, new_id())
     first = await chat(http, proxy.url, msgs, max_tokens=REPLY_TOKENS)
     async with http.post(proxy.url + "/pflash/save") as r:
@@ -142,13 +145,13 @@ async def run(opts: Any) -> dict[str, Any]:
                             "upstream": opts.upstream or "spawned gemma-3-270m (CPU)"}
     async with two_arms(opts, ctx_factor=1.6) as a:
         data["scorer"] = a.scorer_name
-        arms = {"pflash": a.pflash, "full": a.full}
-        data["runs"] = await _lengths(a.http, opts, arms)
-        data["replay"] = await _replay(a.http, opts, arms)
+        data["slot_cap_tokens"] = a.cap
+        data["runs"] = await _lengths(a, opts)
+        data["replay"] = await _replay(a, opts)
         data["resume"] = []
         if not a.llama.external:
             try:
-                data["resume"] = await _resume(a.http, opts, a.llama, a.pflash)
+                data["resume"] = await _resume(a, opts)
             except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
                 data["resume_error"] = f"{type(exc).__name__}: {exc}"
     data["seconds"] = round(time.perf_counter() - t0, 1)
@@ -221,7 +224,10 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     quad = getattr(opts, "gpu_quadratic_at", 65536.0)
     notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
              f"{data['prompts']} prompts per length; run took {data['seconds']} s",
-             f"chat replay (document and paste) and resume at the shortest length, {min(data['lengths'])} tokens",
+             "cases sized in llama-server's own tokens (/tokenize) to their length, capped at what one slot "
+             f"holds with its reply ({data.get('slot_cap_tokens', '?')} tokens)",
+             "chat replay (document, then a paste half as long, at least 1.25× the threshold) and resume at the "
+             "shortest length",
              "arms: two in-process proxies on one llama-server, PFlash on vs off; every run salted at the start "
              "of its first message so no run reuses another's prefix cache (max cache_n shows it)",
              "TTFT = time to the first streamed content chunk, measured by the client; both arms pay the same "

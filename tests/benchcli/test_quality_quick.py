@@ -12,9 +12,10 @@ pytestmark = pytest.mark.llama
 
 
 @pytest.mark.timeout(600)
-def test_bench_quality_quick_end_to_end(llama_server, tmp_path, capsys):
+def test_bench_quality_quick_end_to_end(gemma_model, tmp_path, capsys):
+    # The bench spawns its own llama-server, as a user's run does: its slots hold the 4K cases at their size.
     out = tmp_path / "results"
-    assert main(["bench", "quality", "--quick", "--upstream", llama_server.url, "--out", str(out)]) == 0
+    assert main(["bench", "quality", "--quick", "--model", str(gemma_model), "--out", str(out)]) == 0
     md = (out / "quality.md").read_text()
     assert "| full prefill | 7/7 (100%) | 1.000 | 7/7 (100%) | 1.000 |" in md
     assert "pflash-attention | unavailable: no drafter configured" in md
@@ -24,6 +25,10 @@ def test_bench_quality_quick_end_to_end(llama_server, tmp_path, capsys):
     pflash = [r for r in recs if r["row"] == "pflash-lexical"]
     full = [r for r in recs if r["row"] == "full prefill"]
     assert len(pflash) == len(full) > 0 and all(r["all_gold"] for r in full)
+    # cases were sized in llama-server's own tokens, within 5% of their length and inside one slot
+    assert all(abs(n - int(cid.split("-")[-3][:-1]) * 1024) <= 0.05 * int(cid.split("-")[-3][:-1]) * 1024
+               for cid, n in data["case_tokens"].items())
+    assert max(data["case_tokens"].values()) <= data["slot_cap_tokens"]
     assert {"compressed"} <= {r["mode"] for r in pflash}
     # compressed rows were counted by the upstream's tokenizer and kept less than they received
     for r in pflash:
