@@ -29,6 +29,8 @@ _HELP = {
     "log_json": "log JSON lines",
     "threshold": "act only on a new message of at least this many tokens",
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
+    "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
+    "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
 }
 
 

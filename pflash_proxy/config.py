@@ -77,6 +77,8 @@ class Settings(BaseModel):
     max_cache_gb: float = Field(20, gt=0)
     save_every_turn: bool = False
     shutdown_save_timeout_s: float = Field(30, gt=0)
+    session_ttl_days: float = Field(30, ge=0)
+    max_sessions: int = Field(10000, ge=1)
     sessions: bool = True
 
     # --- compression (seed defaults) ---

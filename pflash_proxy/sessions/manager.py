@@ -10,6 +10,8 @@
 4. Restart detection: the spawn supervisor notifies directly; for an attached server a monitor polls
    ``/health`` every second, and a failure followed by recovery (or a changed identity) empties the table.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
+6. ``prune`` at start-up and every hour: sessions unused for ``--session-ttl-days`` or beyond
+   ``--max-sessions`` are forgotten with their snapshots (never one that holds a slot or is in flight).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from typing import Any
 
 from pflash_proxy.config import Settings
@@ -31,6 +34,7 @@ from pflash_proxy.upstream import SlotActionFailed, Upstream
 log = logging.getLogger("pflash_proxy.sessions")
 
 CACHE_SLACK = 0.9  # the chat template may re-render the last few tokens of a turn; allow 10 % below
+PRUNE_EVERY_S = 3600.0
 
 
 class SessionManager:
@@ -46,15 +50,17 @@ class SessionManager:
         self._ready = False
         self._ready_lock = asyncio.Lock()
         self._monitor: asyncio.Task | None = None
+        self._pruner: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self._warned = False
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
-                         "evicted_saves": 0, "save_failures": 0}
+                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0}
         upstream.add_restart_listener(self._on_restart)
 
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.snapshots.reconcile)
+        self._pruner = asyncio.create_task(self._prune_loop())
         if not self.settings.spawn:
             self._monitor = asyncio.create_task(self._health_monitor())
         try:
@@ -63,8 +69,9 @@ class SessionManager:
             log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
 
     async def stop(self) -> None:
-        if self._monitor is not None:
-            self._monitor.cancel()
+        for task in (self._monitor, self._pruner):
+            if task is not None:
+                task.cancel()
         try:
             await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
         except asyncio.TimeoutError:
@@ -100,6 +107,34 @@ class SessionManager:
             return slot.snapshot_current
         finally:
             self.table.release(lease)
+
+    # Pruning -----------------------------------------------------------------------------------------------
+    async def prune(self) -> list[str]:
+        """Forget stale and surplus sessions and their snapshots (store work in the executor)."""
+        ttl = self.settings.session_ttl_days
+        older_than = time.time() - ttl * 86400 if ttl > 0 else None
+        keep = self.table.in_use()
+
+        def work() -> list[str]:
+            gone = self.store.prune(older_than=older_than, max_sessions=self.settings.max_sessions, keep=keep)
+            for sid in gone:
+                self.snapshots.delete(sid)
+            return gone
+
+        gone = await asyncio.get_running_loop().run_in_executor(None, work)
+        if gone:
+            self.counters["sessions_pruned"] += len(gone)
+            log.info("pruned %d sessions (unused for %s days or beyond %d sessions)", len(gone), ttl or "∞",
+                     self.settings.max_sessions)
+        return gone
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                await self.prune()
+            except Exception:  # noqa: BLE001 - a failed sweep must not stop the next one
+                log.exception("session pruning failed")
+            await asyncio.sleep(PRUNE_EVERY_S)
 
     # Identity ----------------------------------------------------------------------------------------------
     async def ensure_ready(self) -> None:

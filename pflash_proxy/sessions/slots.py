@@ -64,6 +64,11 @@ class SlotTable:
                 return slot
         return None
 
+    def in_use(self) -> set[str]:
+        """Sessions that hold a slot, run a request or wait for one: never pruned."""
+        return ({s.session for s in self.slots if s.session} | self._busy_sessions
+                | {sid for sid, _ in self._queue})
+
     @property
     def queued(self) -> int:
         return len(self._queue)

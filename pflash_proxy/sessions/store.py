@@ -6,6 +6,9 @@ Keys:
 3. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size and last use.
 
+``prune`` bounds the index: sessions unused for ``--session-ttl-days`` and those beyond ``--max-sessions``
+(least recently used first) are forgotten with their chain entries.
+
 ``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
 upstream holding a prefix the proxy does not know how to replay.
 """
@@ -94,6 +97,28 @@ class SessionStore:
 
     def update_extra(self, rec: SessionRecord) -> None:
         self.cache.set(("session", rec.id), _shallow(rec))
+
+    def prune(self, *, older_than: float | None, max_sessions: int,
+              keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Forget sessions last used before ``older_than`` (epoch s; None = no age limit), then the least
+        recently used beyond ``max_sessions``; never one in ``keep`` (resident or busy).  Removes the record and
+        the chain entries that still point at it (a fork that took over a shared prefix keeps it).  Returns the
+        removed ids; their snapshots are the caller's to delete."""
+        recs = sorted(self.sessions(), key=lambda r: r.last_use)
+        excess = len(recs) - max_sessions
+        victims = []
+        for rec in recs:
+            if rec.id in keep:
+                continue
+            if (older_than is not None and rec.last_use < older_than) or len(victims) < excess:
+                victims.append(rec)
+        for rec in victims:
+            with self.cache.transact():
+                self.cache.delete(("session", rec.id))
+                for h in chain(rec.seed, rec.client_hashes):
+                    if self.cache.get(("chain", h)) == rec.id:
+                        self.cache.delete(("chain", h))
+        return [r.id for r in victims]
 
     def sessions(self) -> list[SessionRecord]:
         return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"

@@ -107,3 +107,34 @@ async def test_restart_empties_idle_slots_and_marks_busy_unknown():
     table.mark_all_empty()
     assert table.resident("B") is None
     assert a.slot.known is False
+
+
+def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_path):
+    import time as _time
+
+    store = SessionStore(tmp_path / "s")
+    seed = namespace_seed("m")
+    doc = {"role": "system", "content": "a long shared document"}
+
+    def saved(question: str, age_days: float, parent=None):
+        msgs = [doc, {"role": "user", "content": question}]
+        rec = store.new_session(seed, False, parent, 1 if parent else 0)
+        store.save_session(rec, [message_hash(m) for m in msgs], msgs)
+        rec.last_use = _time.time() - age_days * 86400
+        store.update_extra(rec)
+        return rec, msgs
+
+    old, old_msgs = saved("an old question", 40)
+    fork, fork_msgs = saved("a newer question", 1, parent=old)  # shares the document's chain entry
+    busy, busy_msgs = saved("a busy old question", 50)
+    recent, _ = saved("a recent question", 0)
+    gone = store.prune(older_than=_time.time() - 30 * 86400, max_sessions=100, keep={busy.id})
+    assert gone == [old.id]
+    assert store.get(old.id) is None and store.lookup(seed, old_msgs)[1] == 1  # only the shared prefix is left
+    # ... and it belongs to a live session that saved the same document later (the last one to save it)
+    assert store.lookup(seed, old_msgs)[0].id == recent.id
+    assert store.lookup(seed, fork_msgs)[0].id == fork.id and store.lookup(seed, busy_msgs)[1] == 2
+    # over the count limit the least recently used go first; a kept one does not count as removable
+    assert store.prune(older_than=None, max_sessions=2, keep={busy.id}) == [fork.id]
+    assert {r.id for r in store.sessions()} == {busy.id, recent.id}
+    store.close()
