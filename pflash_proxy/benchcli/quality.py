@@ -1,8 +1,8 @@
 """``bench quality``: how much of the gold evidence reaches the upstream, PFlash vs baselines at the same budget.
 
 1. Cases: ``generate``'s (default every family at 16K and 32K; ``--quick``: 2K and 4K, a subset of families,
-   threshold 1024), each sized to its length in llama-server's own tokens (``sizing.sized_cases``, capped at
-   what one slot holds).
+   threshold 1024), each sized to its length in llama-server's own tokens (``sizing.sized_cases``; not capped
+   at a slot: nothing is forwarded, and the proxy admits prompts up to ``--max-prompt-tokens``).
 2. One llama-server (spawned like ``--spawn``, or ``--upstream``) gives the exact token counts PFlash uses
    (``/tokenize``, ``input_tokens``).  One proxy per available scorer, in dry-run mode: each case goes through
    the real chat route (sessions → PFlash → commit) and is stopped just before the forward; the recorder keeps
@@ -27,7 +27,7 @@ from pflash_proxy.bench import (Case, check_retention, default_count_tokens, hea
                                 random_units, shorten_longest)
 from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
 from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
-from pflash_proxy.benchcli.sizing import ROOM, sized_cases, tokenize_counter
+from pflash_proxy.benchcli.sizing import sized_cases, tokenize_counter
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
@@ -134,9 +134,10 @@ async def run(opts: Any) -> dict[str, Any]:
     records: list[dict] = []
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as http:
-            cap = await llama.slot_ctx() - ROOM
+            # No cap: nothing is forwarded, and the proxy admits prompts longer than a slot (up to
+            # --max-prompt-tokens) because PFlash may shorten them to fit; 64K/128K work with gemma too.
             cases = await sized_cases(tokenize_counter(http, llama.url), families, opts.lengths, opts.per_family,
-                                      opts.seed, cap)
+                                      opts.seed)
             proxies = {}
             for name, scorer in usable.items():
                 settings = bench_settings(llama.url, work / f"proxy-{name}", llama.slot_dir,
@@ -162,7 +163,7 @@ async def run(opts: Any) -> dict[str, Any]:
     rows = list(BASELINES) + [f"pflash-{n}" for n in scorers]
     unavailable = {f"pflash-{k}": v for k, v in scorers.items() if isinstance(v, str)}
     return {"bench": "quality", "quick": opts.quick, "lengths": list(opts.lengths), "threshold": opts.threshold,
-            "seed": opts.seed, "families": sorted({c.family for c in cases}), "rows": rows, "slot_cap_tokens": cap,
+            "seed": opts.seed, "families": sorted({c.family for c in cases}), "rows": rows,
             "case_tokens": {c.case_id: c.meta["real_tokens"] for c in cases},
             "unavailable": unavailable, "seconds": round(time.perf_counter() - t0, 1), "records": records}
 
@@ -218,7 +219,7 @@ def _gold(r: dict | None) -> str:
 def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     t, chart = tables(data)
     notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens, in llama-server's own tokens (/tokenize, "
-             f"within 3%, capped at {data.get('slot_cap_tokens', '?')} = one slot less room for the reply), seed "
+             f"within 3%; not capped at a slot, as nothing is forwarded), seed "
              f"{data['seed']}, threshold {data['threshold']}, families: {', '.join(data['families'])}",
              "measured through the proxy's real chat route (sessions → PFlash → commit), stopped just before the "
              "forward: no prefill, no generation (retention needs neither; see `bench ttft` for real forwarding)",

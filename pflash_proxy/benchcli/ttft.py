@@ -186,6 +186,16 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
     out = [Table("First-token time, full prefill vs PFlash (interleaved, salted, streaming)",
                  ["length", "arm", "n", "mode", "prompt tokens (mean)", "max cache_n", "TTFT mean s",
                   "TTFT median s", "compression ms (mean)"], rows)]
+    per = []
+    for n in data["lengths"]:
+        for cid in dict.fromkeys(r["case_id"] for r in data["runs"] if r["length"] == n):
+            a = {r["arm"]: r for r in data["runs"] if r["case_id"] == cid}
+            f, p = a.get("full", {}), a.get("pflash", {})
+            per.append([cid, f.get("case_tokens") or f.get("prompt_tokens"), f.get("ttft_s"), p.get("ttft_s"),
+                        p.get("mode"), p.get("prompt_tokens"),
+                        f["ttft_s"] / p["ttft_s"] if f.get("ttft_s") and p.get("ttft_s") else None])
+    out.append(Table("Per prompt", ["case", "tokens", "full TTFT s", "pflash TTFT s", "pflash mode",
+                                    "pflash prompt tokens", "speedup"], per))
     rep = data.get("replay", [])
     turns = sorted({r["turn"] for r in rep})
     body = []

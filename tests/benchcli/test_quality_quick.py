@@ -25,10 +25,9 @@ def test_bench_quality_quick_end_to_end(gemma_model, tmp_path, capsys):
     pflash = [r for r in recs if r["row"] == "pflash-lexical"]
     full = [r for r in recs if r["row"] == "full prefill"]
     assert len(pflash) == len(full) > 0 and all(r["all_gold"] for r in full)
-    # cases were sized in llama-server's own tokens, within 5% of their length and inside one slot
+    # cases were sized in llama-server's own tokens, within 5% of their length
     assert all(abs(n - int(cid.split("-")[-3][:-1]) * 1024) <= 0.05 * int(cid.split("-")[-3][:-1]) * 1024
                for cid, n in data["case_tokens"].items())
-    assert max(data["case_tokens"].values()) <= data["slot_cap_tokens"]
     assert {"compressed"} <= {r["mode"] for r in pflash}
     # compressed rows were counted by the upstream's tokenizer and kept less than they received
     for r in pflash:

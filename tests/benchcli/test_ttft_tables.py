@@ -7,8 +7,8 @@ import pytest
 from pflash_proxy.benchcli.ttft import project, report
 
 
-def _run(arm, n, ttft, tokens, mode, pflash_ms=None):
-    return {"arm": arm, "length": n, "ttft_s": ttft, "total_s": ttft + 1, "prefill_tokens": tokens, "cache_n": 3,
+def _run(arm, n, ttft, tokens, mode, pflash_ms=None, case_id="c"):
+    return {"arm": arm, "length": n, "case_id": case_id, "case_tokens": tokens + 5, "ttft_s": ttft, "total_s": ttft + 1, "prefill_tokens": tokens, "cache_n": 3,
             "prompt_tokens": tokens, "mode": mode, "cache": "miss", "pflash_ms": pflash_ms, "drafter_ms": None}
 
 
@@ -18,8 +18,8 @@ def test_projection_is_linear_plus_quadratic():
 
 
 def test_report_tables(tmp_path):
-    runs = [_run("full", 2048, 30.0, 2000, "off"), _run("pflash", 2048, 10.0, 700, "compressed", 40.0),
-            _run("full", 2048, 32.0, 2100, "off"), _run("pflash", 2048, 12.0, 720, "compressed", 60.0)]
+    runs = [_run("full", 2048, 30.0, 2000, "off", case_id="a"), _run("pflash", 2048, 10.0, 700, "compressed", 40.0, "a"),
+            _run("full", 2048, 32.0, 2100, "off", case_id="b"), _run("pflash", 2048, 12.0, 720, "full-flat", 60.0, "b")]
     replay = [dict(_run(arm, 0, t, 100, "off" if arm == "full" else "recall"), turn=k, kind="short follow-up")
               for k, (arm, t) in enumerate([("pflash", 1.0), ("full", 2.0)] * 2, start=1)]
     resume = [dict(_run("pflash", 0, 0.5, 20, "passthrough"), case="resume from SSD snapshot", cache="restored"),
@@ -32,6 +32,8 @@ def test_report_tables(tmp_path):
     assert "| 2K | speedup (median full / median pflash) |" in md and "2.818" in md
     assert "| resume from SSD snapshot | 0.500 | 20 | 3 | restored |" in md
     assert "| lexical | no drafter | 50.0 |" in md
+    assert "| a | 2005 | 30.0 | 10.0 | compressed | 700 | 3.000 |" in md  # per prompt, with its mode
+    assert "| b | 2105 | 32.0 | 12.0 | full-flat | 720 | 2.667 |" in md
     assert "GPU projection (a projection, not a measurement" in md
     assert (tmp_path / "ttft.json").exists()
 
