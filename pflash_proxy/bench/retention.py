@@ -104,17 +104,32 @@ def head_tail_truncate(text: str, budget_tokens: int, count_tokens: CountTokens 
     return "\n".join(lines[:head] + [marker_line(tail - head, head + 1, tail)] + lines[tail:])
 
 
-def split_units(lines: Sequence[str]) -> list[tuple[int, int]]:
+MAX_UNIT_TOKENS = 512  # the seed's max_segment: a longer paragraph (records, a log) is cut into its lines
+
+
+def split_units(lines: Sequence[str], count_tokens: CountTokens | None = None,
+                max_tokens: int = MAX_UNIT_TOKENS) -> list[tuple[int, int]]:
     """Units as (start, end) line indexes, end exclusive: a run of non-blank lines plus the blank lines after it
-    (leading blank lines form the first unit)."""
-    units: list[tuple[int, int]] = []
+    (leading blank lines form the first unit).  A run over ``max_tokens`` becomes one unit per line, as PFlash's
+    segmenter cuts records and logs, so a baseline can keep part of a one-paragraph export."""
+    count = count_tokens or default_count_tokens
+    paragraphs: list[tuple[int, int]] = []
     start = 0
     for i in range(1, len(lines)):
         if lines[i].strip() and not lines[i - 1].strip():
-            units.append((start, i))
+            paragraphs.append((start, i))
             start = i
     if lines:
-        units.append((start, len(lines)))
+        paragraphs.append((start, len(lines)))
+    units: list[tuple[int, int]] = []
+    for s, e in paragraphs:
+        if e - s > 1 and count("\n".join(lines[s:e])) > max_tokens:
+            body_end = e
+            while body_end > s + 1 and not lines[body_end - 1].strip():
+                body_end -= 1  # trailing blank lines stay with the paragraph's last line
+            units += [(i, i + 1) for i in range(s, body_end - 1)] + [(body_end - 1, e)]
+        else:
+            units.append((s, e))
     return units
 
 
@@ -124,7 +139,7 @@ def random_units(text: str, budget_tokens: int, seed: int, count_tokens: CountTo
     if count(text) <= budget_tokens:
         return text
     lines = text.split("\n")
-    units = split_units(lines)
+    units = split_units(lines, count)
     n = len(units)
     costs = [count("\n".join(lines[s:e]) + "\n") for s, e in units]
     marker_cost = count(marker_line(len(lines), len(lines), len(lines)) + "\n")

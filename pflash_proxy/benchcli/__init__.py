@@ -48,6 +48,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                                   "--quick 1024)")
     p.add_argument("--prompts", type=int, help="prompts per length for ttft (default 3, --quick 1)")
     p.add_argument("--drafter", type=Path, help="drafter GGUF (enables the attention scorer)")
+    p.add_argument("--drafter-timeout", type=float, default=1800.0,
+                   help="seconds one drafter pass may take (the proxy's default is 300; a CPU attention pass over "
+                        "16K tokens takes about that long, and a bench wants the score, not the fallback)")
     p.add_argument("--scoring-head", type=Path, help="scorer head GGUF (with --drafter: the head scorer)")
     p.add_argument("--request-probe", type=Path, help="request probe GGUF (optional, head scorer)")
     p.add_argument("--gpu-prefill-tps", type=float, default=8000.0,

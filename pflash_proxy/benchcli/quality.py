@@ -54,7 +54,8 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
         try:
             from pflash_proxy.drafter.runtime import Drafter
 
-            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024)
+            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024,
+                                         timeout=getattr(opts, "drafter_timeout", 300.0))
             if name == "attention":
                 from pflash_proxy.drafter.attention import AttentionScorer
 

@@ -168,3 +168,17 @@ def test_shorten_longest_touches_only_the_tool_output(by_family):
     assert out[3]["tool_call_id"] == case.messages[3]["tool_call_id"]
     assert default_count_tokens(out[3]["content"]) <= 2100
     assert case.messages[3]["content"] != out[3]["content"]  # the case itself is not mutated
+
+
+def test_a_long_paragraph_of_records_is_cut_into_lines():
+    records = [f"REC-{i:05d} | team: growth | note: record number {i} of the export" for i in range(200)]
+    lines = ["Below is an export.", "", *records, "", "Question?"]
+    units = split_units(lines)
+    assert units[0] == (0, 2) and units[-1] == (len(lines) - 1, len(lines))
+    assert units[1:4] == [(2, 3), (3, 4), (4, 5)]  # one unit per record line
+    assert units[-2] == (201, 203)  # the last record keeps the blank line after it
+    assert [i for s, e in units for i in range(s, e)] == list(range(len(lines)))
+    # so random whole units can keep part of a one-paragraph export instead of nothing
+    text = "\n".join(lines)
+    kept = random_units(text, 800, seed=1)
+    assert 600 <= default_count_tokens(kept) <= 800 and sum(r in kept for r in records) >= 20
