@@ -214,15 +214,6 @@ def test_deterministic_across_processes_and_hash_seeds():
     assert _digest_in_subprocess("1") == _digest_in_subprocess("2")
 
 
-def test_generator_is_fast():
-    code = ("import time; t = time.perf_counter(); from pflash_proxy.bench import generate; "
-            "cs = generate(['ruler_single', 'vartrack', 'nolima', 'code', 'agent', 'multiturn', 'aggregation'], "
-            "lengths=[16384, 32768], seed=11); print(len(cs), time.perf_counter() - t)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out[0] == "14"
-    assert float(out[1]) < 4.0  # ~1 s here, cold caches included; slack for a busy machine
-
-
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError):
         generate(["needle"], lengths=[4096])
