@@ -134,7 +134,9 @@ async def run(opts: Any) -> dict[str, Any]:
     await llama.start()
     records: list[dict] = []
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=600)) as http:
+        # A request waits for the drafter's pass: give the client more than the drafter's own timeout.
+        read_s = getattr(opts, "drafter_timeout", 1800.0) + 600
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=read_s)) as http:
             # No cap: nothing is forwarded, and the proxy admits prompts longer than a slot (up to
             # --max-prompt-tokens) because PFlash may shorten them to fit; 64K/128K work with gemma too.
             cases = await sized_cases(tokenize_counter(http, llama.url), families, opts.lengths, opts.per_family,
