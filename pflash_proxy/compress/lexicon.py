@@ -40,6 +40,19 @@ def _part_boundaries(arr: np.ndarray) -> np.ndarray:
     return np.flatnonzero(b)
 
 
+def _compound_runs(arr: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the word runs (letters, digits, "_", non-ASCII) made of two or more parts: parts
+    are split by "_"/non-word bytes or at the ``_part_boundaries`` ``pos``."""
+    alnum = ((arr | 32) >= 97) & ((arr | 32) <= 122) | ((arr >= 48) & (arr <= 57)) | (arr >= 128)
+    word = alnum | (arr == 95)
+    edge = np.flatnonzero(np.diff(np.concatenate(([False], word, [False])).view(np.int8)))
+    ws, we = edge[0::2], edge[1::2]
+    at = np.flatnonzero(alnum & ~np.concatenate(([False], alnum[:-1])))
+    cnt = (np.searchsorted(at, we) - np.searchsorted(at, ws)) + (np.searchsorted(pos, we) - np.searchsorted(pos, ws))
+    multi = np.flatnonzero(cnt >= 2)
+    return ws[multi], we[multi]
+
+
 def span_terms(data: bytes, spans: list[tuple[int, int]]) -> list[list[bytes]]:
     """Terms of each byte span ``[a, b)`` of ``data`` (steps 1-4)."""
     arr = np.frombuffer(data, dtype=np.uint8)
@@ -54,21 +67,9 @@ def span_terms(data: bytes, spans: list[tuple[int, int]]) -> list[list[bytes]]:
     shift_e = (ends + np.searchsorted(pos, ends, side="left")).tolist()
     result = [parts[s:e].split() for s, e in zip(shift_s, shift_e)]
     # step 4: compound identifiers (word runs with two or more parts)
-    alnum = ((arr | 32) >= 97) & ((arr | 32) <= 122) | ((arr >= 48) & (arr <= 57)) | (arr >= 128)
-    word = alnum | (arr == 95)
-    wt = np.flatnonzero(word[1:] != word[:-1]) + 1
-    edges = np.concatenate(([0] if word[0] else [], wt, [n] if word[-1] else [])).astype(np.int64)
-    ws, we = edges[0::2], edges[1::2]
-    if len(ws) == 0:
+    mws, mwe = _compound_runs(arr, pos)
+    if len(mws) == 0:
         return result
-    at = np.flatnonzero(alnum[1:] & ~alnum[:-1]) + 1
-    if alnum[0]:
-        at = np.concatenate(([0], at))
-    cnt = (np.searchsorted(at, we) - np.searchsorted(at, ws)) + (np.searchsorted(pos, we) - np.searchsorted(pos, ws))
-    multi = np.flatnonzero(cnt >= 2)
-    if len(multi) == 0:
-        return result
-    mws, mwe = ws[multi], we[multi]
     unit_of = np.searchsorted(ends, mws, side="right")
     ok = (unit_of < len(spans))
     ok[ok] &= mws[ok] >= starts[unit_of[ok]]
@@ -127,18 +128,11 @@ def span_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, 
     single = (tl == 1) & (pa[ts] >= 97) & (pa[ts] <= 122)
     unit = np.searchsorted(starts + np.searchsorted(pos, starts), ts, side="right") - 1
     # compounds: word runs (letters, digits, "_", non-ASCII) with two or more parts
-    alnum = ((arr | 32) >= 97) & ((arr | 32) <= 122) | ((arr >= 48) & (arr <= 57)) | (arr >= 128)
-    word = alnum | (arr == 95)
-    edge = np.flatnonzero(np.diff(np.concatenate(([False], word, [False])).view(np.int8)))
-    ws, we = edge[0::2], edge[1::2]
-    at = np.flatnonzero(alnum & ~np.concatenate(([False], alnum[:-1])))
-    cnt = (np.searchsorted(at, we) - np.searchsorted(at, ws)) + (np.searchsorted(pos, we) - np.searchsorted(pos, ws))
-    multi = np.flatnonzero(cnt >= 2)
-    if len(multi):
-        mws, mwe = ws[multi].tolist(), we[multi].tolist()
-        comp = b" ".join([data[x:y] for x, y in zip(mws, mwe)]).translate(_KEEP_CASEFOLD, b"_")
+    cws, cwe = _compound_runs(arr, pos)
+    if len(cws):
+        comp = b" ".join([data[x:y] for x, y in zip(cws.tolist(), cwe.tolist())]).translate(_KEEP_CASEFOLD, b"_")
         ch, _, _ = hash_tokens(comp)
-        cu = np.searchsorted(starts, ws[multi], side="right") - 1
+        cu = np.searchsorted(starts, cws, side="right") - 1
         if len(ch) == len(cu):  # an all-underscore word would vanish; then skip compounds safely
             h = np.concatenate((h, ch))
             unit = np.concatenate((unit, cu))
