@@ -13,6 +13,6 @@ from pflash_proxy.bench.retention import (Retention, check_retention, gold_whole
 
 __all__ = [
     "DEFAULT_LENGTHS", "FAMILIES", "RULER_FAMILIES", "Case", "FollowUp", "case_tokens", "default_count_tokens",
-    "family_names", "generate", "generate_case", "messages_text", "Retention", "check_retention", "gold_whole", "head_tail_truncate", "marker_line",
-    "random_units", "shorten_longest",
+    "family_names", "generate", "generate_case", "messages_text", "Retention", "check_retention", "gold_whole",
+    "head_tail_truncate", "marker_line", "random_units", "shorten_longest",
 ]

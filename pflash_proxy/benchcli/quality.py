@@ -29,6 +29,7 @@ from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
 from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.benchcli.sizing import sized_cases, tokenize_counter
 
+DRAFTER_TIMEOUT_S = 1800.0  # `bench --drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
 BASELINES = ("full prefill", "head+tail", "random units")
@@ -55,7 +56,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             from pflash_proxy.drafter.runtime import Drafter
 
             drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024,
-                                         timeout=getattr(opts, "drafter_timeout", 300.0))
+                                         timeout=getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S))
             if name == "attention":
                 from pflash_proxy.drafter.attention import AttentionScorer
 
@@ -135,7 +136,7 @@ async def run(opts: Any) -> dict[str, Any]:
     records: list[dict] = []
     try:
         # A request waits for the drafter's pass: give the client more than the drafter's own timeout.
-        read_s = getattr(opts, "drafter_timeout", 1800.0) + 600
+        read_s = getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S) + 600
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=read_s)) as http:
             # No cap: nothing is forwarded, and the proxy admits prompts longer than a slot (up to
             # --max-prompt-tokens) because PFlash may shorten them to fit; 64K/128K work with gemma too.

@@ -5,13 +5,15 @@
    and all, full prefill).  Every run's first message starts with a unique salt line, so no run reuses another
    run's prefix cache (``cache_n`` is recorded to show it); after each run the proxy snapshots its sessions
    (``/pflash/save``, untimed) so no later run pays for saving a displaced one.
-2. Lengths: ``--prompts`` prompts per length (families cycle through a sectioned document, a prose retrieval case and a
-   code case), the two arms interleaved (the order alternates).  First-token time = streaming, time
-   to the first content chunk; prefill tokens from llama-server's ``timings``.
+2. Lengths: ``--prompts`` prompts per length (families cycle through a sectioned document, a prose retrieval
+   case and a code case, each sized in the upstream's tokens and capped at one slot), the two arms interleaved
+   (the order alternates).  First-token time = streaming, time to the first content chunk; prefill tokens from
+   llama-server's ``timings``.
 3. Chat replay at the shortest length, each arm in turn: a long document (turn 1), a short follow-up, a long
-   paste (turn 3, half as long, at least twice the threshold), a short follow-up; the model's own replies are kept.  Per-turn and whole-chat waiting time.
-4. Resume (at the shortest length, so a full run stays near 45 minutes on 2 CPU cores; ``benchmarks/bench_resume.py``
-   measures it up to 30K): a PFlash conversation is snapshotted, llama-server is restarted, and the follow-up is asked again
+   paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
+   kept.  Per-turn and whole-chat waiting time.
+4. Resume, at the shortest length (``benchmarks/bench_resume.py`` measures 8K-30K): a PFlash conversation is
+   snapshotted, llama-server is restarted, and the follow-up is asked again
    (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
    prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
 5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
