@@ -3,7 +3,8 @@
 Keys:
 1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
 2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
-3. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
+3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning;
+4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size and last use.
 
 ``prune`` bounds the index: sessions unused for ``--session-ttl-days`` and those beyond ``--max-sessions``
@@ -91,12 +92,26 @@ class SessionStore:
         rec.last_use = time.time()
         rec.turns += 1
         with self.cache.transact():
-            self.cache.set(("session", rec.id), _shallow(rec))
+            self._put(rec)
             for h in chain(rec.seed, client_hashes):
                 self.cache.set(("chain", h), rec.id)
 
     def update_extra(self, rec: SessionRecord) -> None:
+        with self.cache.transact():
+            self._put(rec)
+
+    def _put(self, rec: SessionRecord) -> None:
         self.cache.set(("session", rec.id), _shallow(rec))
+        # last use on its own key: pruning ranks every session without unpickling their served histories
+        self.cache.set(("used", rec.id), rec.last_use)
+
+    def _last_uses(self) -> dict[str, float]:
+        keys = list(self.cache.iterkeys())
+        used = {k[1]: t for k in keys if k[0] == "used" and (t := self.cache.get(k)) is not None}
+        for k in keys:  # records written before the "used" key existed
+            if k[0] == "session" and k[1] not in used and (rec := self.get(k[1])) is not None:
+                used[k[1]] = rec.last_use
+        return used
 
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
@@ -104,21 +119,23 @@ class SessionStore:
         recently used beyond ``max_sessions``; never one in ``keep`` (resident or busy).  Removes the record and
         the chain entries that still point at it (a fork that took over a shared prefix keeps it).  Returns the
         removed ids; their snapshots are the caller's to delete."""
-        recs = sorted(self.sessions(), key=lambda r: r.last_use)
-        excess = len(recs) - max_sessions
-        victims = []
-        for rec in recs:
-            if rec.id in keep:
+        ranked = sorted(self._last_uses().items(), key=lambda kv: kv[1])
+        excess = len(ranked) - max_sessions
+        victims: list[str] = []
+        for sid, last_use in ranked:
+            if sid in keep:
                 continue
-            if (older_than is not None and rec.last_use < older_than) or len(victims) < excess:
-                victims.append(rec)
-        for rec in victims:
+            if (older_than is not None and last_use < older_than) or len(victims) < excess:
+                victims.append(sid)
+        for sid in victims:
+            rec = self.get(sid)
             with self.cache.transact():
-                self.cache.delete(("session", rec.id))
-                for h in chain(rec.seed, rec.client_hashes):
-                    if self.cache.get(("chain", h)) == rec.id:
+                self.cache.delete(("session", sid))
+                self.cache.delete(("used", sid))
+                for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
+                    if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
-        return [r.id for r in victims]
+        return victims
 
     def sessions(self) -> list[SessionRecord]:
         return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"

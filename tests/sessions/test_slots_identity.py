@@ -135,6 +135,8 @@ def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_p
     assert store.lookup(seed, old_msgs)[0].id == recent.id
     assert store.lookup(seed, fork_msgs)[0].id == fork.id and store.lookup(seed, busy_msgs)[1] == 2
     # over the count limit the least recently used go first; a kept one does not count as removable
+    store.cache.delete(("used", fork.id))  # a record written before last use had its own key is still ranked
     assert store.prune(older_than=None, max_sessions=2, keep={busy.id}) == [fork.id]
+    assert store.cache.get(("used", fork.id)) is None and store.cache.get(("used", recent.id)) is not None
     assert {r.id for r in store.sessions()} == {busy.id, recent.id}
     store.close()
