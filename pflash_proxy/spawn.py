@@ -10,6 +10,9 @@
 4. Wait for ``/health`` = 200, then open the upstream gate.  If the process dies, close the gate (clients get
    503), tell the session layer that the server's state is gone, and restart with exponential backoff.
 5. On stop: SIGTERM, then SIGKILL after a grace period.
+6. ``llama-server.log`` (in the state directory) is appended to by every launch; a log past
+   ``LOG_ROTATE_BYTES`` at a launch becomes ``llama-server.log.1`` (one old log kept), so a service that runs
+   for months does not fill the disk with it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pflash_proxy.config import Settings
 from pflash_proxy.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.spawn")
+
+LOG_ROTATE_BYTES = 32 * 2**20
 
 # The flags that make "slot N holds what the proxy last sent it" true (see docs / notes on b11434).
 SAFE_FLAGS = ("--no-cache-idle-slots", "-sps", "0")
@@ -75,6 +80,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
+    """Move a log past ``limit`` bytes to ``<name>.1`` (replacing the previous one); True if it moved."""
+    try:
+        if path.stat().st_size <= limit:
+            return False
+        os.replace(path, path.with_name(path.name + ".1"))
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: bool) -> list[str]:
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(settings.parallel), "-c", str(settings.ctx_size), *SAFE_FLAGS,
@@ -117,6 +133,7 @@ class LlamaServerSupervisor:
 
     async def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(self.log_path)
         logf = open(self.log_path, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(

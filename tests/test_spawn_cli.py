@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash_proxy.spawn import free_port
+from pflash_proxy.spawn import LOG_ROTATE_BYTES, free_port, rotate_log
 
 pytestmark = pytest.mark.llama
 
@@ -57,7 +57,12 @@ def llama_pid(home: Path) -> int:
 
 def test_spawn_serves_restarts_and_snapshots_on_sigterm(tmp_path, gemma_model):
     home = tmp_path / "home"
+    home.mkdir()
+    (home / "llama-server.log").write_bytes(b"an old run\n" * (LOG_ROTATE_BYTES // 11 + 1))  # past the limit
     proc, url = start_proxy(home, gemma_model)
+    # the launch moved the oversized log aside and began a fresh one
+    assert (home / "llama-server.log.1").read_bytes().startswith(b"an old run\n")
+    assert b"an old run" not in (home / "llama-server.log").read_bytes()[:4096]
     try:
         status, headers, body = http("POST", url + "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0})
@@ -105,3 +110,15 @@ def test_invalid_configuration_is_one_clear_line(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "port" in lines[0] and "PFLASH_PORT" in lines[0]
+
+
+def test_rotate_log_keeps_one_old_log(tmp_path):
+    log = tmp_path / "llama-server.log"
+    assert rotate_log(log, limit=10) is False  # no log yet
+    log.write_bytes(b"x" * 10)
+    assert rotate_log(log, limit=10) is False and log.exists()  # at the limit: kept
+    log.write_bytes(b"first" * 3)
+    assert rotate_log(log, limit=10) is True and not log.exists()
+    log.write_bytes(b"second" * 3)
+    assert rotate_log(log, limit=10) is True
+    assert (tmp_path / "llama-server.log.1").read_bytes() == b"second" * 3  # only the newest old log is kept
