@@ -237,3 +237,27 @@ def test_attention_windows_cover_long_content(gemma) -> None:
         np.testing.assert_allclose(a[:255 - len(q)], own, rtol=1e-6)
     finally:
         d.close()
+
+
+def test_attention_followup_from_session_matches_cold(gemma) -> None:
+    """The attention scorer's path: the content is read once with flash attention off and kept as a session
+    (its partial last ubatch dropped); a question read on top of it pays the same attention to every content
+    token as a cold pass over content + question."""
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=2048, n_batch=64)
+    try:
+        content = d.tokenize(doc(45, seed=3))[:1500]  # 23 full ubatches of 64 and a partial one of 28
+        assert len(content) == 1500
+        q = d.tokenize("\n\nWhich clerk audited warehouse 3?")
+        layers = (5, 11, 17)
+        d.trace(content, session="attn", flash=False)
+        assert d.session_bytes("attn") > 0
+        stream = np.concatenate([content, q])
+        warm = d.trace(stream, session="attn", attend_from=1500, attn_layers=layers, flash=False, save=False)
+        assert warm.start == 1500 and d.stats["cache_hits"] == 1
+        cold = d.trace(stream, attend_from=1500, attn_layers=layers, flash=False)
+        for L in layers:
+            assert warm.attention[L].shape == (1500,) and warm.attention[L].sum() > 0
+            np.testing.assert_allclose(warm.attention[L], cold.attention[L], rtol=1e-3, atol=1e-6)
+    finally:
+        d.close()
