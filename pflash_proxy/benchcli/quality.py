@@ -25,11 +25,11 @@ import aiohttp
 
 from pflash_proxy.bench import (Case, check_retention, default_count_tokens, head_tail_truncate, messages_text,
                                 random_units, shorten_longest)
+from pflash_proxy.benchcli import DRAFTER_TIMEOUT_S
 from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
 from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.benchcli.sizing import sized_cases, tokenize_counter
 
-DRAFTER_TIMEOUT_S = 1800.0  # `bench --drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
 BASELINES = ("full prefill", "head+tail", "random units")
