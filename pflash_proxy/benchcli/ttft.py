@@ -11,9 +11,10 @@
    llama-server's ``timings``.
 3. Chat replay at the shortest length, each arm in turn: a long document (turn 1), a short follow-up, a long
    paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
-   kept.  Per-turn and whole-chat waiting time.
-4. Resume, at the shortest length (``benchmarks/bench_resume.py`` measures 8K-30K): a PFlash conversation is
-   snapshotted, llama-server is restarted, and the follow-up is asked again
+   kept.  Per-turn and whole-chat waiting time.  It runs before step 2, and its first turn is step 2's first
+   prompt at that length (the same sectioned document, salted the same way), so that prompt is not sent twice.
+4. Resume, at the shortest length (``benchmarks/bench_resume.py`` measures 8K-30K): a new PFlash conversation
+   over the replay's document is snapshotted, llama-server is restarted, and the follow-up is asked again
    (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
    prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
 5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
@@ -63,12 +64,16 @@ async def _one(http, arm: str, proxy: Proxy, messages: list[dict], **extra: Any)
     return _row(arm, res, proxy, key, **extra)
 
 
-async def _lengths(a: Arms, opts) -> list[dict]:
+async def _lengths(a: Arms, opts, replay: list[dict]) -> list[dict]:
     out, http, arms = [], a.http, {"full": a.full, "pflash": a.pflash}
     for n in opts.lengths:
         for i in range(opts.prompts):
             fam = PROMPT_FAMILIES[i % len(PROMPT_FAMILIES)]
             case = await sized_case(a.count, fam, n, i // len(PROMPT_FAMILIES), opts.seed, a.cap)
+            turn1 = [r for r in replay if r["turn"] == 1 and r.get("case_id") == case.case_id]
+            if len(turn1) == 2:  # the replay's first turn was this very prompt, salted, in both arms
+                out.extend({**r, "length": n, "from_replay": True} for r in turn1)
+                continue
             order = ["full", "pflash"] if i % 2 == 0 else ["pflash", "full"]
             for arm in order:
                 row = await _one(http, arm, arms[arm], salted(case.messages, new_id()), length=n,
@@ -79,22 +84,30 @@ async def _lengths(a: Arms, opts) -> list[dict]:
     return out
 
 
-async def _replay_turns(a: Arms, opts) -> tuple[list[dict], list[str | tuple[str, str]]]:
-    # The paste is half the document but at least 1.25× the admission threshold (a long message on its own);
-    # document and paste together must fit one slot (gemma's is 32K), so the document gives way if needed.
-    paste_n = max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4)
-    doc_n = min(min(opts.lengths), a.cap - paste_n - 256)
-    doc = await sized_case(a.count, "multiturn", doc_n, 0, opts.seed, a.cap)
-    paste = await sized_case(a.count, "ruler_single", paste_n, 0, opts.seed + 1, a.cap)
-    return doc.messages, [doc.followups[0].question, ("paste", paste.messages[0]["content"]),
-                          doc.followups[1].question]
+def _paste_tokens(opts) -> int:
+    """The paste is half the document but at least 1.25× the admission threshold (a long message on its own)."""
+    return max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4)
+
+
+async def _document(a: Arms, opts) -> Any:
+    """The replay's (and resume's) sectioned document; document and paste together must fit one slot
+    (gemma's is 32K), so the document gives way if needed."""
+    doc_n = min(min(opts.lengths), a.cap - _paste_tokens(opts) - 256)
+    return await sized_case(a.count, "multiturn", doc_n, 0, opts.seed, a.cap)
+
+
+async def _replay_turns(a: Arms, opts) -> tuple[Any, list[str | tuple[str, str]]]:
+    doc = await _document(a, opts)
+    paste = await sized_case(a.count, "ruler_single", _paste_tokens(opts), 0, opts.seed + 1, a.cap)
+    return doc, [doc.followups[0].question, ("paste", paste.messages[0]["content"]), doc.followups[1].question]
 
 
 async def _replay(a: Arms, opts) -> list[dict]:
-    first, later = await _replay_turns(a, opts)
+    doc, later = await _replay_turns(a, opts)
     out, arms = [], {"full": a.full, "pflash": a.pflash}
+    case = {"case_id": doc.case_id, "case_tokens": doc.meta["real_tokens"]}
     for arm in ("pflash", "full"):
-        msgs = salted(first, new_id())
+        msgs = salted(doc.messages, new_id())
         kinds = ["long document"] + ["long paste" if isinstance(t, tuple) else "short follow-up" for t in later]
         for turn, kind in enumerate(kinds):
             if turn:
@@ -102,14 +115,14 @@ async def _replay(a: Arms, opts) -> list[dict]:
                 msgs = msgs + [{"role": "user", "content": item[1] if isinstance(item, tuple) else item}]
             key = new_id()
             res = await chat(a.http, arms[arm].url, msgs, bench_id=key, max_tokens=REPLY_TOKENS)
-            out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind))
+            out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind, **(case if turn == 0 else {})))
             msgs = msgs + [{"role": "assistant", "content": res.text}]
     return out
 
 
 async def _resume(a: Arms, opts) -> list[dict]:
     http, llama, proxy = a.http, a.llama, a.pflash
-    doc = await sized_case(a.count, "multiturn", min(opts.lengths), 0, opts.seed + 2, a.cap)
+    doc = await _document(a, opts)  # a new conversation (new salt) over the replay's document
     msgs = salted(doc.messages, new_id())
     first = await chat(http, proxy.url, msgs, max_tokens=REPLY_TOKENS)
     async with http.post(proxy.url + "/pflash/save") as r:
@@ -148,8 +161,8 @@ async def run(opts: Any) -> dict[str, Any]:
     async with two_arms(opts, ctx_factor=1.6) as a:
         data["scorer"] = a.scorer_name
         data["slot_cap_tokens"] = a.cap
-        data["runs"] = await _lengths(a, opts)
         data["replay"] = await _replay(a, opts)
+        data["runs"] = await _lengths(a, opts, data["replay"])
         data["resume"] = []
         if not a.llama.external:
             try:
