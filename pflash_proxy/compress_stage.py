@@ -160,7 +160,8 @@ class CompressStage(Stage):
 
     async def _land_on_budget(self, tt, request, uncached, in_conversation, source, label, outcome):
         """Measure the served message exactly; while the note/marker estimate leaves it more than 1.5 % off the
-        budget, re-select with the measured error taken off (a few cheap rounds, best one kept)."""
+        budget, re-select with the measured error taken off (a few cheap rounds, best one kept: each reuses the
+        first round's units and scores)."""
         loop = asyncio.get_running_loop()
         target = outcome.budget_tokens
         best = (outcome, await self._count(outcome.text))
@@ -171,7 +172,8 @@ class CompressStage(Stage):
                 break
             adjust += error
             retry = await loop.run_in_executor(None, lambda a=adjust: self.compressor.compress(
-                tt, request, uncached, in_conversation, source, label, budget_adjust=a))
+                tt, request, uncached, in_conversation, source, label, budget_adjust=a,
+                analysis=outcome.analysis))  # the same units and scores: no second drafter pass
             if retry.mode != "compressed":
                 break
             count = await self._count(retry.text)

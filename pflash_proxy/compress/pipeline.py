@@ -17,7 +17,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    ``RecallSource``.
 Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
 returns ``full-error`` with the original text and the reason; ``compress`` never
-raises.
+raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
+re-runs the budget (``budget_adjust``) passes it back, so a drafter scorer does not
+read the message again.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
-from .scores import LexicalScorer, Scorer, density, validate_scores
+from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
 from .spread import relevance_spread
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
-__all__ = ["CompressionOutcome", "CompressionSettings", "Compressor", "Mode"]
+__all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Mode"]
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
@@ -68,6 +70,16 @@ class CompressionSettings:
 
 
 @dataclass(frozen=True)
+class Analysis:
+    """Stages 1-3 for one message and request: what a budget re-run reuses (independent of the budget)."""
+    units: list[Unit]
+    pinned: set[int]
+    reps: UnitReps
+    scores: np.ndarray
+    stage_ms: dict[str, float]  # what stages 1-3 cost, reported again by every outcome built on them
+
+
+@dataclass(frozen=True)
 class CompressionOutcome:
     mode: Mode
     text: str
@@ -82,6 +94,7 @@ class CompressionOutcome:
     stage_ms: dict[str, float]
     reason: str | None = None
     spread: float | None = None
+    analysis: Analysis | None = field(default=None, repr=False, compare=False)
 
     @property
     def served_message_tokens(self) -> int:
@@ -113,9 +126,11 @@ class Compressor:
         self.rewriter = Rewriter()
 
     def compress(self, tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool,
-                 source: Source, label: str = "", budget_adjust: int = 0) -> CompressionOutcome:
+                 source: Source, label: str = "", budget_adjust: int = 0,
+                 analysis: Analysis | None = None) -> CompressionOutcome:
         """``budget_adjust``: tokens to take off the budget (a caller that measured the served message exactly
-        and found the note/marker estimate off re-runs with the difference)."""
+        and found the note/marker estimate off re-runs with the difference, passing the first outcome's
+        ``analysis`` so that stages 1-3 are not repeated)."""
         ms: dict[str, float] = {}
         m_tok = tt.total_tokens
 
@@ -127,14 +142,19 @@ class Compressor:
 
         try:
             t = time.perf_counter()
-            units = list(self.segmenter.segment(tt, None))
-            _check_units(units, tt)
-            t = _lap(ms, "segment", t)
-            pinned = pinned_units(tt, units, request.pinned_tail_tokens)
-            reps = self.scorer.represent(tt, units)
-            t = _lap(ms, "represent", t)
-            scores = validate_scores(self.scorer.score(reps, request.text), len(units))
-            t = _lap(ms, "score", t)
+            if analysis is None:
+                units = list(self.segmenter.segment(tt, None))
+                _check_units(units, tt)
+                t = _lap(ms, "segment", t)
+                pinned = pinned_units(tt, units, request.pinned_tail_tokens)
+                reps = self.scorer.represent(tt, units)
+                t = _lap(ms, "represent", t)
+                scores = validate_scores(self.scorer.score(reps, request.text), len(units))
+                t = _lap(ms, "score", t)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms))
+            else:
+                ms.update(analysis.stage_ms)
+            units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             dens = density(scores, toks)
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
@@ -163,7 +183,7 @@ class Compressor:
                                    for i in omitted_ids})
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
-                                      len(units), len(kept), recall, ms, None, sp.spread)
+                                      len(units), len(kept), recall, ms, None, sp.spread, analysis)
         except Exception as e:  # noqa: BLE001 - never fail the request (issue stage 9)
             return full("full-error", f"{type(e).__name__}: {e}")
 

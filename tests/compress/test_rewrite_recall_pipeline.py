@@ -93,6 +93,39 @@ def test_pipeline_needle_document_budget_and_needle_kept():
     assert out.recall is not None and out.recall.omitted
 
 
+class CountingScorer(LexicalScorer):
+    """The lexical scorer, counting its calls (a drafter scorer's represent is a whole drafter pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"represent": 0, "score": 0}
+
+    def represent(self, tt, units):
+        self.calls["represent"] += 1
+        return super().represent(tt, units)
+
+    def score(self, reps, query):
+        self.calls["score"] += 1
+        return super().score(reps, query)
+
+
+def test_budget_rerun_reuses_the_analysis():
+    text = document_with_needle(n_paragraphs=40) + "\n" + QUESTION + "\n"
+    tt = TokenizedText.from_text(text)
+    req = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
+    scorer = CountingScorer()
+    comp = Compressor(CompressionSettings(), scorer=scorer)
+    first = comp.compress(tt, req, tt.total_tokens + 200, False, "paste", "1")
+    assert first.mode == "compressed" and first.analysis is not None
+    assert scorer.calls == {"represent": 1, "score": 1}
+    again = comp.compress(tt, req, tt.total_tokens + 200, False, "paste", "1", budget_adjust=80,
+                          analysis=first.analysis)
+    assert scorer.calls == {"represent": 1, "score": 1}  # no second read of the message
+    fresh = comp.compress(tt, req, tt.total_tokens + 200, False, "paste", "1", budget_adjust=80)
+    assert again.text == fresh.text and again.kept_tokens < first.kept_tokens
+    assert again.stage_ms["represent"] == first.stage_ms["represent"]  # the cost paid once is still reported
+
+
 def test_pinned_tail_always_kept():
     text = document_with_needle() + "\nUnrelated closing remark about teapots and porcelain glazes.\n"
     tt = TokenizedText.from_text(text)
