@@ -64,3 +64,28 @@ def test_quick_presets_per_bench():
     assert (full.lengths, full.threshold, full.prompts) == ([16384, 32768], 8192, 3)
     assert parsed("ttft", "--lengths", "8k", "--prompts", "5").prompts == 5
     assert parsed("quality", "--scorers", "lexical,attention").scorers == ["lexical", "attention"]
+
+
+async def test_replay_first_turn_stands_in_for_the_same_prompt():
+    """The replay's opening turn is the shortest length's first prompt: `_lengths` reuses its two rows instead of
+    sending that case again, and sends every other prompt (no server: a send would fail on `http=None`)."""
+    from types import SimpleNamespace
+
+    from pflash_proxy.benchcli.sizing import sized_case
+    from pflash_proxy.benchcli.ttft import _lengths
+
+    async def count(text: str) -> int:
+        return len(text.encode()) // 4
+
+    doc = await sized_case(count, "multiturn", 4096, 0, 0, None)
+    replay = [dict(_run(arm, 0, t, 4000, mode), turn=1, kind="long document", case_id=doc.case_id)
+              for arm, t, mode in (("pflash", 5.0, "compressed"), ("full", 20.0, "off"))]
+    replay.append(dict(_run("pflash", 0, 1.0, 50, "recall"), turn=2, kind="short follow-up"))
+    arms = SimpleNamespace(http=None, full=None, pflash=None, count=count, cap=None)
+    opts = SimpleNamespace(lengths=[4096], prompts=1, seed=0, verbose=False)
+    rows = await _lengths(arms, opts, replay)
+    assert [(r["arm"], r["ttft_s"], r["length"], r["from_replay"]) for r in rows] == [
+        ("pflash", 5.0, 4096, True), ("full", 20.0, 4096, True)]
+    opts.prompts = 2  # the second prompt (a retrieval case) is not in the replay: it must be sent
+    with pytest.raises(AttributeError):
+        await _lengths(arms, opts, replay)
