@@ -20,7 +20,7 @@ from typing import Any
 
 QUICK_THRESHOLD = 1024
 DRAFTER_TIMEOUT_S = 1800.0  # `--drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
-# --quick finishes in under 2 minutes on 2 CPU cores (measured: quality ~35 s, ttft ~100 s, answers ~90 s).
+# --quick finishes in under 2 minutes on 2 CPU cores (measured: quality ~21 s, ttft ~100 s, answers ~90 s).
 # Retention needs no forward, so quality covers 2K and 4K; ttft and answers pay for every full prefill
 # (gemma-3-270m: ~200 tokens/s at 4K here), so they run at 4K only (below ~4K the lexical scores of these cases
 # are flat and PFlash serves them whole, which shows nothing).
