@@ -37,7 +37,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
     p.add_argument("kind", choices=("quality", "ttft", "answers"))
     p.add_argument("--quick", action="store_true",
-                   help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K (each under 2 minutes here)")
+                   help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K "
+                        "(each under 2 minutes here)")
     p.add_argument("--out", default="benchmarks/results", help="directory for KIND.json / KIND.md / KIND.png")
     p.add_argument("--upstream", help="use this llama-server instead of spawning one")
     p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
