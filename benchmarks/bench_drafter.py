@@ -7,8 +7,13 @@
    drafter's 1024): segment probe forward, segmentation, request probe forward, head unit reps + relevance.
 3. Host memory per cached session: bytes of the drafter KV state kept for a session after the 4K-token pass,
    per token and extrapolated to 16K tokens (the admission threshold).
-Usage: ``python benchmarks/bench_drafter.py [--drafter PATH] [--runs 3] [--tokens 4096]``; writes
-``benchmarks/results/drafter.json``.
+4. The attention scorer's cost (``--attention-tokens``, default the ``--tokens`` list): per length, one flash-on
+   forward of content + question with raw llama-cpp-python (no callback), vs ``AttentionScorer`` scoring the
+   same content cold (``represent``: one flash-on pass with the global layers' ``Kcur`` taps; ``score``: the
+   question read on top, its ``Qcur`` taps, the attention in numpy), interleaved, ``--runs`` each; the ratio of
+   medians (target <= 1.3) and how much of it is numpy.
+Usage: ``python benchmarks/bench_drafter.py [--drafter PATH] [--runs 3] [--tokens 4096]
+[--attention-tokens 4096,16384]``; writes ``benchmarks/results/drafter.json``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,48 @@ def bench_throughput(path: str, n_tokens: int, runs: int, tap: int) -> dict:
     return out
 
 
+def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
+    """Step 4: the attention scorer's whole cost against one plain flash-on forward of the same tokens."""
+    import llama_cpp
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.compress.units import UnitSegmenter
+    from pflash_proxy.drafter.attention import QUERY_SEP, AttentionScorer
+    from pflash_proxy.drafter.runtime import Drafter
+    rows = []
+    question = "Which ledger entry names the copper vault and the harbor clerk?"
+    for n in lengths:
+        d = Drafter(path, n_ctx=n + 512, n_threads=2, n_batch=512, cache_mb=4096)
+        sc = AttentionScorer(d)
+        text = text_of(n // 8)
+        while len(d.tokenize(text)) > n:  # trim to n drafter tokens at a line end
+            text = text[:text.rfind("\n", 0, int(len(text) * 0.98)) + 1]
+        tt = TokenizedText.from_text(text)
+        units = UnitSegmenter(32, 512).segment(tt, None)
+        ids = d.tokenize(text).tolist() + d.tokenize(QUERY_SEP + question).tolist()
+        ids = [d.bos] + ids if d.add_bos else ids
+        raw = llama_cpp.Llama(path, n_ctx=n + 512, n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512,
+                              flash_attn=True, verbose=False)
+        fwd, att, outside = [], [], []
+        for _ in range(runs):
+            raw.reset()
+            t0 = time.perf_counter()
+            raw.eval(ids)
+            fwd.append(time.perf_counter() - t0)
+            sc._keys.clear()
+            passes = d.stats["seconds"]
+            t0 = time.perf_counter()
+            sc.score(sc.represent(tt, units), question)
+            att.append(time.perf_counter() - t0)
+            outside.append(att[-1] - (d.stats["seconds"] - passes))  # tokenizing, numpy attention, glue
+        rows.append({"tokens": len(ids), "flash_forward_s": fwd, "attention_scorer_s": att,
+                     "outside_drafter_passes_s": outside,
+                     "ratio": statistics.median(att) / statistics.median(fwd)})
+        print(json.dumps(rows[-1]), flush=True)
+        del raw
+        d.close()
+    return rows
+
+
 def bench_probes(n: int, width: int) -> dict:
     tmp = Path(tempfile.mkdtemp())
     write_segment_probe(tmp / "s.gguf", random_segment_weights(width))
@@ -106,6 +153,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--tap", type=int, default=9)
     ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--attention-tokens", default=None, help="lengths for step 4, e.g. 4096,16384")
     ap.add_argument("--skip-llama", action="store_true")
     a = ap.parse_args()
     res = {"probes": bench_probes(100_000, a.width)}
@@ -117,6 +165,8 @@ def main() -> None:
             path = str(assemble())
         res["throughput"] = bench_throughput(path, a.tokens, a.runs, a.tap)
         print(json.dumps(res["throughput"], indent=1), flush=True)
+        lengths = [int(x) for x in (a.attention_tokens or str(a.tokens)).split(",")]
+        res["attention"] = bench_attention(path, lengths, a.runs)
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     (out / "drafter.json").write_text(json.dumps(res, indent=1))

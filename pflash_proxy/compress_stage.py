@@ -247,7 +247,10 @@ class CompressStage(Stage):
                "threshold": self.settings.threshold, "scorer": getattr(self.scorer, "name", "lexical"),
                "segmenter": getattr(self.compressor.segmenter, "name", "heuristic")}
         if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
-            out["drafter"] = self.resources.describe().get("drafter")
+            desc = self.resources.describe()
+            out["drafter"] = desc.get("drafter")
+            if "attention_heads" in desc:
+                out["attention_heads"] = desc["attention_heads"]
         return out
 
 

@@ -45,6 +45,17 @@ def state_home() -> Path:
     return Path.home() / ".local" / "state" / "pflash-proxy"
 
 
+def parse_heads(v: str) -> list[tuple[int, int]]:
+    """``--attention-heads 5.0,11.2`` → [(5, 0), (11, 2)]; ValueError on anything else."""
+    out = []
+    for item in v.replace(" ", "").split(","):
+        layer, head = item.split(".")
+        out.append((int(layer), int(head)))
+    if not out or any(a < 0 or b < 0 for a, b in out):
+        raise ValueError(v)
+    return out
+
+
 class ConfigError(Exception):
     """Invalid configuration: the message is one line naming the option."""
 
@@ -94,7 +105,7 @@ class Settings(BaseModel):
     cold_history: Literal["raw"] = "raw"
     min_segment: int = Field(32, ge=1)
     max_segment: int = Field(512, ge=2)
-    scorer: Literal["lexical", "attention", "head"] = "lexical"
+    scorer: Literal["lexical", "attention", "hybrid", "head"] = "lexical"
     segmenter: Literal["heuristic", "probe"] = "heuristic"
 
     # --- drafter / probes ---
@@ -104,6 +115,7 @@ class Settings(BaseModel):
     drafter_ctx: int = Field(32768, ge=512)
     drafter_cache_mb: int = Field(512, ge=0)
     drafter_timeout_s: float = Field(120, gt=0)
+    attention_heads: str = "auto"
     segment_probe: Path | None = None
     request_probe: Path | None = None
     scoring_head: Path | None = None
@@ -116,6 +128,18 @@ class Settings(BaseModel):
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError("must be an http:// or https:// URL")
         return v.rstrip("/")
+
+    @field_validator("attention_heads")
+    @classmethod
+    def _heads(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("auto", "all"):
+            return v
+        try:
+            parse_heads(v)
+        except ValueError:
+            raise ValueError("expected 'auto', 'all' or LAYER.HEAD pairs like '5.0,11.2'") from None
+        return v
 
     @field_validator("prefill_curve")
     @classmethod

@@ -4,7 +4,10 @@
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
 3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
    ``--request-probe`` when given); both are checked against the drafter's sha256 and read the tap block their
-   file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers).
+   file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
+   ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
+   (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
+   ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
 """
@@ -37,6 +40,9 @@ class BuiltStages:
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"segmenter": getattr(self.segmenter, "name", "heuristic"),
                                "scorer": getattr(self.scorer, "name", "lexical")}
+        heads = getattr(self.scorer, "heads", getattr(getattr(self.scorer, "second", None), "heads", "n/a"))
+        if heads != "n/a":  # the attention scorer, alone or fused: which heads it reads (None = all)
+            out["attention_heads"] = None if heads is None else [f"{L}.{h}" for L, h in sorted(heads)]
         if self.drafter is not None:
             out["drafter"] = {"path": self.drafter.path, **self.drafter.stats}
         return out
@@ -89,11 +95,30 @@ def build_stages(settings: Settings) -> BuiltStages:
 
             built.scorer = HeadScorer(stages, head, request)
         elif settings.scorer == "attention":
-            from pflash_proxy.drafter.attention import AttentionScorer
+            built.scorer = _attention_scorer(settings, drafter, hash_cache)
+        elif settings.scorer == "hybrid":
+            from pflash_proxy.compress.fusion import FusedScorer
+            from pflash_proxy.compress.scores import LexicalScorer
 
-            built.scorer = AttentionScorer(drafter)
+            built.scorer = FusedScorer(LexicalScorer(), _attention_scorer(settings, drafter, hash_cache))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc
     log.info("compression stages: %s", built.describe())
     return built
+
+
+def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:
+    from pflash_proxy.config import parse_heads
+    from pflash_proxy.drafter.attention import AttentionScorer
+
+    if settings.attention_heads == "all":
+        return AttentionScorer(drafter)
+    if settings.attention_heads != "auto":
+        return AttentionScorer(drafter, heads=parse_heads(settings.attention_heads))
+    from pflash_proxy.drafter import calibrate
+    from pflash_proxy.drafter.hashing import file_sha256
+
+    scorer = AttentionScorer(drafter)
+    result = calibrate.load_or_calibrate(scorer, settings.home, file_sha256(drafter.path, hash_cache))
+    return calibrate.apply(scorer, result)

@@ -45,7 +45,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
     p.add_argument("--scorers", default="lexical,attention,head", help="PFlash scorers to compare")
     p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
-    p.add_argument("--per-family", type=int, default=1, help="cases per family and length (quality, answers)")
+    p.add_argument("--per-family", type=_per_family, default=1,
+                   help="cases per family and length (quality, answers): N, or N,FAMILY=M,... "
+                        "(e.g. 1,nolima=10,agent=10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
                                                   "--quick 1024)")
@@ -64,6 +66,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
     return p
+
+
+def _per_family(v: str) -> int | dict[str, int]:
+    """``3`` → 3; ``1,nolima=10,agent=10`` → {"*": 1, "nolima": 10, "agent": 10}."""
+    out: dict[str, int] = {}
+    try:
+        for item in v.split(","):
+            name, _, n = item.rpartition("=")
+            out[name.strip() or "*"] = int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,FAMILY=M,... (got {v!r})") from None
+    if any(n < 0 for n in out.values()):
+        raise argparse.ArgumentTypeError("counts must be >= 0")
+    return out["*"] if list(out) == ["*"] else out
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:

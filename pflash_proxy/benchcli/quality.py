@@ -36,14 +36,18 @@ BASELINES = ("full prefill", "head+tail", "random units")
 
 
 def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
-    """name → a Scorer (None = the stage's default lexical scorer) or a string saying why it is unavailable."""
+    """name → a Scorer (None = the stage's default lexical scorer) or a string saying why it is unavailable.
+
+    ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
+    ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical and
+    calibrated attention fused (``compress/fusion.py``)."""
     out: dict[str, Any] = {}
-    drafter = None
+    drafter = calibrated = None
     for name in names:
         if name == "lexical":
             out[name] = None
             continue
-        if name not in ("attention", "head"):
+        if name not in ("attention", "attention-all", "hybrid", "head"):
             out[name] = f"unknown scorer {name!r}"
             continue
         if not getattr(opts, "drafter", None):
@@ -55,12 +59,31 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
         try:
             from pflash_proxy.drafter.runtime import Drafter
 
-            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024,
+            # cache_mb: a 32K message's drafter state (~0.6 GB for gemma-3-270m) must stay, so the other
+            # attention rows of the same case read only their question
+            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024, cache_mb=4096,
                                          timeout=getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S))
-            if name == "attention":
+            if name in ("attention", "attention-all", "hybrid"):
                 from pflash_proxy.drafter.attention import AttentionScorer
 
-                out[name] = AttentionScorer(drafter)
+                if name == "attention-all":
+                    out[name] = AttentionScorer(drafter)
+                    continue
+                if calibrated is None:
+                    from pflash_proxy.config import state_home
+                    from pflash_proxy.drafter import calibrate
+                    from pflash_proxy.drafter.hashing import file_sha256
+
+                    base = AttentionScorer(drafter)
+                    calibrated = calibrate.apply(base, calibrate.load_or_calibrate(
+                        base, state_home(), file_sha256(drafter.path, state_home() / "drafter-hashes.json")))
+                if name == "attention":
+                    out[name] = calibrated
+                else:
+                    from pflash_proxy.compress.fusion import FusedScorer
+                    from pflash_proxy.compress.scores import LexicalScorer
+
+                    out[name] = FusedScorer(LexicalScorer(), calibrated)
             else:
                 from pflash_proxy.drafter.head import HeadScorer
                 from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head

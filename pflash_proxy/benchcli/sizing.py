@@ -15,7 +15,7 @@ was 39K real tokens, more than a 32K slot holds.  For each (family, length, inde
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
@@ -59,7 +59,11 @@ async def sized_case(count: CountAsync, family: str, length: int, index: int = 0
 
 
 async def sized_cases(count: CountAsync, families: Sequence[str] | None, lengths: Sequence[int],
-                      per_family: int = 1, seed: int = 0, cap: int | None = None) -> list[Case]:
-    """``generate``'s cases, in its order, each sized to its length in real tokens (see the module steps)."""
+                      per_family: int | Mapping[str, int] = 1, seed: int = 0, cap: int | None = None
+                      ) -> list[Case]:
+    """``generate``'s cases, in its order, each sized to its length in real tokens (see the module steps).
+    ``per_family``: cases per family and length, one number for all or ``{family: n, "*": default}``."""
+    def n_for(name: str) -> int:
+        return per_family if isinstance(per_family, int) else int(per_family.get(name, per_family.get("*", 1)))
     return [await sized_case(count, name, int(n), i, seed, cap) for name in family_names(families)
-            for n in lengths for i in range(per_family)]
+            for n in lengths for i in range(n_for(name))]

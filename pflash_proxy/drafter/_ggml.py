@@ -8,7 +8,11 @@
    (``type``, ``ne[4]``, ``nb[4]``, the first fields of ``struct ggml_tensor``) gives the shape, the F32 data is
    copied out with ``ggml_backend_tensor_get`` (works for CPU and GPU buffers) into a numpy array of shape
    ``(ne3, ne2, ne1, ne0)``, and the wanted name's reducer turns it into what is kept (e.g. the tap rows).
-3. The callback fires once per ubatch, so the kept pieces are lists, concatenated by the caller. An exception
+3. The callback fires once per ubatch, so the kept pieces are lists, concatenated by the caller. A name that
+   one graph gives to several nodes (``Qcur-L``/``Kcur-L``: the projection, its reshape, then the tensor after
+   the Q/K norm and RoPE) is named in ``want(..., last=...)``: each occurrence replaces the previous raw copy, and
+   ``finish()`` (after ``llama_decode``) applies the reducer to the last one only -- the one attention uses.
+4. An exception
    inside the callback is recorded (never raised through C) and the computation continues; the caller checks
    ``Capture.error`` after ``llama_decode``.
 """
@@ -62,19 +66,33 @@ class Capture:
     def __init__(self) -> None:
         self.lib = ggml_lib()
         self.wanted: dict[bytes, Reducer] = {}
+        self.last: set[bytes] = set()
         self.got: dict[str, list[Any]] = {}
         self.error: str | None = None
         self.calls = 0
         from llama_cpp import ggml_backend_sched_eval_callback
         self.c_callback = ggml_backend_sched_eval_callback(self._callback)  # keep a reference
 
-    def want(self, reducers: dict[str, Reducer]) -> None:
+    def want(self, reducers: dict[str, Reducer], last: set[str] | frozenset[str] = frozenset()) -> None:
+        """``last``: names whose reducer sees only their last occurrence in the graph (see step 3)."""
         self.wanted = {k.encode(): f for k, f in reducers.items()}
+        self.last = {k.encode() for k in last}
         self.got = {k: [] for k in reducers}
         self.error = None
 
+    def finish(self) -> None:
+        """Apply the reducers of the ``last`` names to their last occurrence (call after ``llama_decode``)."""
+        for name in self.last:
+            parts = self.got.get(name.decode())
+            if parts and self.error is None:
+                try:
+                    parts[:] = [self.wanted[name](parts[-1])]
+                except Exception as e:  # noqa: BLE001
+                    self.error = f"{type(e).__name__}: {e}"
+
     def clear(self) -> None:
         self.wanted = {}
+        self.last = set()
 
     def _callback(self, t: int, ask: bool, _ud: int) -> bool:
         try:
@@ -98,7 +116,10 @@ class Capture:
             if nbytes != arr.nbytes:
                 raise ValueError(f"{name.decode()}: {nbytes} bytes for shape {ne}")
             self.lib.ggml_backend_tensor_get(t, arr.ctypes.data, 0, nbytes)
-            self.got[name.decode()].append(fn(arr))
+            if name in self.last:
+                self.got[name.decode()][:] = [arr]
+            else:
+                self.got[name.decode()].append(fn(arr))
             return True
         except Exception as e:  # noqa: BLE001 -- never raise through C
             self.error = f"{type(e).__name__}: {e}"

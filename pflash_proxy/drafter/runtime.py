@@ -22,7 +22,13 @@
    following the same window schedule, so it gives the same taps as a cold pass over the whole stream.
 5. Attention (flash attention off, so ``kq_soft_max-L`` exists): tokens from ``attend_from`` on are decoded with
    a reducer that keeps, per wanted layer, the attention those tokens pay to each earlier token, summed over
-   heads and query tokens (``attention.py`` normalises and aggregates).
+   heads and query tokens. This costs a quadratic flash-off pass: the scorer no longer uses it; it stays as the
+   reference that the tests check the query/key taps against.
+   Query/key taps (``qk_layers``, flash attention ON): per wanted layer the post-norm, post-RoPE ``Kcur-L``
+   rows of every kept token (float16, ``(tokens, kv_heads, head_dim)``) and the ``Qcur-L`` rows of the tokens
+   from ``attend_from`` on (float32, ``(tokens, heads, head_dim)``); each name occurs three times per layer in
+   the graph (projection, reshape, after norm + RoPE) and the last is kept (``Capture`` ``last``). The caller
+   computes the attention it needs in numpy, so the pass costs one ordinary flash forward.
 6. Failures (llama error, abort, timeout via ``timeout`` seconds from submission) raise ``DrafterError``;
    the context is cleared so the next call starts clean.
 """
@@ -54,6 +60,8 @@ class DraftPass:
     start: int  # first token decoded by this call (earlier ones came from the session cache)
     taps: dict[int, np.ndarray]  # block -> (len(tokens) - start, d) float32
     attention: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (attend_from,) float32
+    keys: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (len(tokens) - start, kv_heads, dim) f16
+    queries: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (len(tokens) - attend_from, heads, dim)
     seconds: float = 0.0
 
 
@@ -68,6 +76,11 @@ class _Session:
     @property
     def nbytes(self) -> int:
         return len(self.state) + self.tokens.nbytes
+
+
+def _rows(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """Per-ubatch ``(tokens, heads, dim)`` pieces joined; empty when no token of the call was kept."""
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, 0, 0), dtype)
 
 
 class Drafter:
@@ -216,17 +229,20 @@ class Drafter:
     # ------------------------------------------------------------------ passes (public)
     def trace(self, tokens: Sequence[int] | np.ndarray, *, session: str | None = None, taps: Sequence[int] = (),
               attend_from: int | None = None, attn_layers: Sequence[int] = (), flash: bool | None = None,
-              save: bool = True) -> DraftPass:
-        """One pass over ``tokens`` (steps 2-5); blocks the caller until the worker thread is done."""
+              save: bool = True, qk_layers: Sequence[int] = (), save_prefix: int | None = None) -> DraftPass:
+        """One pass over ``tokens`` (steps 2-5); blocks the caller until the worker thread is done.
+        ``save_prefix``: keep the session state of ``tokens[:save_prefix]`` only (a document read together with
+        a question keeps the document), and only when the call did not start from that very state."""
         return self.call(self._trace, np.asarray(tokens, np.int32), session, tuple(taps), attend_from,
-                         tuple(attn_layers), flash, save)
+                         tuple(attn_layers), flash, save, tuple(qk_layers), save_prefix)
 
     async def run_trace(self, tokens: Sequence[int] | np.ndarray, **kw: Any) -> DraftPass:
         """``trace`` awaited from the event loop (the work runs on the drafter thread)."""
         return await self.run_call(lambda: self._trace(np.asarray(tokens, np.int32), kw.get("session"),
                                                        tuple(kw.get("taps", ())), kw.get("attend_from"),
                                                        tuple(kw.get("attn_layers", ())), kw.get("flash"),
-                                                       kw.get("save", True)))
+                                                       kw.get("save", True), tuple(kw.get("qk_layers", ())),
+                                                       kw.get("save_prefix")))
 
     def session_bytes(self, session: str) -> int:
         s = self._sessions.get(session)
@@ -238,18 +254,28 @@ class Drafter:
 
     # ------------------------------------------------------------------ passes (worker thread)
     def _trace(self, tokens: np.ndarray, session: str | None, taps: tuple[int, ...], attend_from: int | None,
-               attn_layers: tuple[int, ...], flash: bool | None, save: bool) -> DraftPass:
+               attn_layers: tuple[int, ...], flash: bool | None, save: bool,
+               qk_layers: tuple[int, ...] = (), save_prefix: int | None = None) -> DraftPass:
         t0 = time.perf_counter()
         for k in taps:
             if not 0 <= k < self.n_layer - 1:
                 raise DrafterError(f"tap block {k} outside [0, {self.n_layer - 1}) for a {self.n_layer}-block drafter")
+        for k in qk_layers:
+            if not 0 <= k < self.n_layer:
+                raise DrafterError(f"attention layer {k} outside [0, {self.n_layer}) for a "
+                                   f"{self.n_layer}-block drafter")
         flash = (not attn_layers) if flash is None else flash
         if attn_layers and (flash or attend_from is None or len(tokens) > self.window):
             raise DrafterError("attention needs flash=False, attend_from, and a stream within one context")
+        if qk_layers and len(tokens) > self.window:
+            raise DrafterError("query/key taps need a stream within one context")
         ctx = self._context(flash)
         prior, kv_end, ws = self._restore(ctx, session, tokens, flash, attend_from)
         got: dict[str, list[Any]] = {f"l_out-{k}": [] for k in taps}
         got.update({f"kq_soft_max-{L}": [] for L in attn_layers})
+        got.update({f"Kcur-{L}": [] for L in qk_layers})
+        if attend_from is not None:
+            got.update({f"Qcur-{L}": [] for L in qk_layers})
         try:
             n, W, S, p = len(tokens), self.window, self.window - self.overlap, kv_end
             while p < n:
@@ -266,18 +292,21 @@ class Drafter:
                 p = end
             att = {L: self._merge_attention(got[f"kq_soft_max-{L}"], attend_from)  # type: ignore[arg-type]
                    for L in attn_layers}
-            if session is not None and save and ws is not None and len(tokens) > prior:
-                self._save(ctx, session, tokens, ws, flash)
+            keep = len(tokens) if save_prefix is None else min(save_prefix, len(tokens))
+            if session is not None and save and ws is not None and keep > prior and keep > ws:
+                self._save(ctx, session, tokens[:keep], ws, flash, len(tokens))
         except BaseException:
             self._reset(ctx, session)
             raise
         tap_arrays = {k: (np.concatenate(got[f"l_out-{k}"]) if got[f"l_out-{k}"]
                           else np.zeros((0, self.n_embd), np.float32)) for k in taps}
+        keys = {L: _rows(got[f"Kcur-{L}"], np.float16) for L in qk_layers}
+        queries = {L: _rows(got[f"Qcur-{L}"], np.float32) for L in qk_layers if f"Qcur-{L}" in got}
         dt = time.perf_counter() - t0
         self.stats["passes"] += 1
         self.stats["tokens"] += len(tokens) - kv_end
         self.stats["seconds"] += dt
-        return DraftPass(tokens, prior, tap_arrays, att, dt)
+        return DraftPass(tokens, prior, tap_arrays, att, keys=keys, queries=queries, seconds=dt)
 
     def _fresh(self, ctx: Any) -> None:
         import llama_cpp as L
@@ -309,8 +338,17 @@ class Drafter:
             if attn_layers and attend_from is not None and attend_from - start < m:
                 for Lr in attn_layers:
                     red[f"kq_soft_max-{Lr}"] = lambda x, q0=max(attend_from - start, 0): x[0, :, q0:, :].sum(axis=(0, 1))
-            self.capture.want(red)
+            last: set[str] = set()
+            for name in got:  # post-RoPE rows (tokens, heads, dim): keys of kept tokens, queries from attend_from
+                if name.startswith("Kcur-") and lo < m:
+                    red[name] = lambda x, lo=max(lo, 0): x[0, lo:].astype(np.float16)
+                    last.add(name)
+                elif name.startswith("Qcur-") and attend_from is not None and attend_from - start < m:
+                    red[name] = lambda x, q0=max(attend_from - start, 0): x[0, q0:].copy()
+                    last.add(name)
+            self.capture.want(red, last)
             rc = L.llama_decode(ctx, bt)
+            self.capture.finish()
             self.capture.clear()
             if rc != 0:
                 if rc == 2:
@@ -357,13 +395,14 @@ class Drafter:
         self.stats["cache_hits"] += 1
         return m, s.kv_end, s.win_start
 
-    def _save(self, ctx: Any, session: str, tokens: np.ndarray, ws: int, flash: bool) -> None:
-        """Keep the KV of ``[ws, kv_end)``, ``kv_end`` the last ubatch boundary: a follow-up re-reads the
-        partial last ubatch with the same alignment a cold pass would use."""
+    def _save(self, ctx: Any, session: str, tokens: np.ndarray, ws: int, flash: bool, decoded: int) -> None:
+        """Keep the KV of ``[ws, kv_end)``, ``kv_end`` the last ubatch boundary of ``tokens``: a follow-up
+        re-reads the partial last ubatch with the same alignment a cold pass would use. ``decoded``: where the
+        context's KV ends (past ``tokens`` when a question was read after the kept prefix)."""
         import llama_cpp as L
         n, off = len(tokens), int(self.add_bos)
         kv_end = ws + (n - ws) // self.n_batch * self.n_batch
-        if kv_end < n and not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, kv_end - ws + off, -1):
+        if kv_end < decoded and not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, kv_end - ws + off, -1):
             return
         size = int(L.llama_state_seq_get_size(ctx, 0))
         buf = (ctypes.c_uint8 * size)()

@@ -165,31 +165,81 @@ def test_head_scorer_followup_equals_cold(drafter, gemma, tmp: Path) -> None:
     np.testing.assert_allclose(warm, cold, rtol=1e-6, atol=1e-7)
 
 
-def test_attention_needle_ranks_above_median(drafter) -> None:
+ASYNCIO_NEEDLE = "    # The launch code for the orbital relay is 7C-ALPHA-93.\n"
+
+
+def asyncio_with_needle(n_lines: int = 160, at: int = 90) -> tuple[str, int]:
+    """The issue's case, shortened: asyncio source with one planted comment line (line ``at``)."""
+    import os
+    import sysconfig
+    with open(os.path.join(sysconfig.get_paths()["stdlib"], "asyncio", "base_events.py"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines(keepends=True)[:n_lines]
+    lines.insert(at, ASYNCIO_NEEDLE)
+    return "".join(lines), at
+
+
+def test_attention_finds_a_planted_needle_and_does_not_call_it_flat(drafter) -> None:
+    """Issue #11's case: the old flash-off scorer judged this flat (N_eff 12.3 of 25 units) and served it whole."""
+    from pflash_proxy.compress.spread import relevance_spread
     from pflash_proxy.drafter.attention import AttentionScorer
-    rng = np.random.default_rng(7)
-    topics = ["orchard", "harbor", "library", "bakery", "railway", "museum", "glacier", "market", "quarry",
-              "theater", "vineyard", "airport", "lighthouse", "monastery", "brewery", "stadium"]
-    paras = []
-    for i in range(40):
-        t = topics[i % len(topics)]
-        paras.append(f"The {t} district report {i}: visitors counted {rng.integers(100, 999)} people, the "
-                     f"weather was mild, and the committee approved routine maintenance of the {t} paths.\n")
-    needle = 23
-    paras[needle] = ("The vault in Lisbon opens only with the secret code 7421, which the night guard "
-                     "Tomas keeps written inside his boot.\n")
-    text = "".join(paras)
-    units = _units(text, 1)
+    text, at = asyncio_with_needle()
+    lines = text.splitlines(keepends=True)
+    units = _units(text, 8)
     sc = AttentionScorer(drafter)
-    assert sc.layers == (5, 11, 17)
-    toks = drafter.tokenize(text)
-    assert 1000 < len(toks) < 2100
+    assert sc.layers == (5, 11, 17) and sc.capture == (5, 11, 17)
     reps = sc.represent(tt_of(text), units)
-    scores = sc.score(reps, "What is the secret code that opens the vault in Lisbon?")
-    dens = scores / np.maximum(reps.unit_tokens, 1)
-    assert scores.shape == (40,) and (scores >= 0).all()
-    assert dens[needle] > np.median(dens)
-    assert (dens > dens[needle]).sum() <= 3  # in practice the needle is at or near the top
+    passes = drafter.stats["passes"]
+    scores = sc.score(reps, "What is the launch code for the orbital relay?")
+    assert drafter.stats["passes"] == passes + 1  # one pass reads content and question
+    toks = np.array([len(drafter.tokenize("".join(lines[u.start_line:u.end_line]))) for u in units])
+    dens = scores / toks
+    assert scores.shape == (len(units),) and (scores >= 0).all()
+    assert (dens > dens[at // 8]).sum() == 0  # the needle's unit ranks first
+    assert not relevance_spread(scores, kept_units=len(units) * 3 // 10).flat
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_attention_serves_the_benchs_aggregation_case_whole(drafter, seed) -> None:
+    """The bench's negative control (count/list every record naming a product, ~3K tokens) through the real
+    compression pipeline: the attention scorer must judge it flat, so it is served whole."""
+    from pflash_proxy.bench.generator import generate_case, messages_text
+    from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
+    from pflash_proxy.compress.request import RequestFinder
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.drafter.attention import AttentionScorer
+    case = generate_case("aggregation", 2800, 0, seed=seed)
+    tt = TokenizedText.from_text(messages_text(case.messages))
+    spec = RequestFinder(query_pin=512).find(case.messages, 0, tt)
+    out = Compressor(CompressionSettings(threshold=1000), scorer=AttentionScorer(drafter)).compress(
+        tt, spec, tt.total_tokens, False, "paste")
+    assert out.mode == "full-flat", (out.mode, out.reason)
+    assert out.spread is not None and out.spread > 0.11
+
+
+def test_query_key_taps_reproduce_the_flash_off_attention(drafter) -> None:
+    """The numpy attention from the post-RoPE ``Qcur``/``Kcur`` taps of a flash-on pass is the attention
+    llama.cpp computes itself (``kq_soft_max`` of a flash-off pass): same content columns, up to the share the
+    BOS token takes (its key is not tapped), so the two agree after normalising each row to the content."""
+    from pflash_proxy.drafter.attention import QUERY_SEP
+    text, _ = asyncio_with_needle(40, 20)
+    content = drafter.tokenize(text)
+    q = drafter.tokenize(QUERY_SEP + "What is the launch code for the orbital relay?")
+    stream, n = np.concatenate([content, q]), len(content)
+    ref = drafter.trace(stream, attend_from=n, attn_layers=(5,), flash=False).attention[5]  # summed rows
+    r = drafter.trace(stream, attend_from=n, qk_layers=(5,), flash=True)
+    Q, K = r.queries[5], r.keys[5].astype(np.float32)
+    assert Q.shape == (len(q), 4, 256) and K.shape == (len(stream), 1, 256)
+    mine = np.zeros(n)
+    for h in range(4):
+        for t in range(len(q)):
+            z = K[:n + t + 1, 0] @ Q[t, h] / 16.0  # causal: content and the question up to itself
+            p = np.exp(z - z.max())
+            mine += p[:n] / p[:n].sum()
+    refn = ref / ref.sum()
+    mine /= mine.sum()
+    top_ref, top_mine = set(np.argsort(-refn)[:10]), set(np.argsort(-mine)[:10])
+    assert np.corrcoef(refn, mine)[0, 1] > 0.97 and len(top_ref & top_mine) >= 7, (np.corrcoef(refn, mine),
+                                                                                  top_ref & top_mine)
 
 
 def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
@@ -229,35 +279,58 @@ def test_attention_windows_cover_long_content(gemma) -> None:
         content = d.tokenize(doc(14, seed=8))[:520]
         a = sc.token_attention(content, "Which warehouse holds the most crates?")
         assert a.shape == (520,) and np.isfinite(a).all() and (a >= 0).all()
-        assert (a > 0).all()  # every content token got a value from the window that owns it
         q = d.tokenize("\n\nWhich warehouse holds the most crates?")
-        first = d.trace(np.concatenate([content[:255 - len(q)], q]), attend_from=255 - len(q),
-                        attn_layers=sc.layers, flash=False).attention
-        own = np.mean(np.stack(list(first.values())), axis=0) / (d.n_head * len(q))
-        np.testing.assert_allclose(a[:255 - len(q)], own, rtol=1e-6)
+        w = 255 - len(q)
+        assert (a[4:w - 8] > 0).all() and (a[w:] > 0).sum() > 0.9 * (520 - w)  # later windows own their tokens
+        r = d.trace(np.concatenate([content[:w], q]), attend_from=w, qk_layers=sc.layers, flash=True)
+        first = sc.per_layer({L: r.keys[L][:w] for L in sc.layers}, r.queries)
+        np.testing.assert_allclose(a[:w], np.max(np.concatenate(list(first.values())), axis=0), rtol=1e-6)
     finally:
         d.close()
 
 
-def test_attention_followup_from_session_matches_cold(gemma) -> None:
-    """The attention scorer's path: the content is read once with flash attention off and kept as a session
-    (its partial last ubatch dropped); a question read on top of it pays the same attention to every content
-    token as a cold pass over content + question."""
+def test_attention_followup_reads_only_the_question(gemma) -> None:
+    """Recall asks a second question of the same message: the content's keys and KV state were kept by the
+    first score (its partial last ubatch dropped), so only the question is decoded, and the attention equals
+    a cold scorer's."""
+    from pflash_proxy.drafter.attention import AttentionScorer
     from pflash_proxy.drafter.runtime import Drafter
     d = Drafter(gemma, n_ctx=2048, n_batch=64)
     try:
-        content = d.tokenize(doc(45, seed=3))[:1500]  # 23 full ubatches of 64 and a partial one of 28
-        assert len(content) == 1500
-        q = d.tokenize("\n\nWhich clerk audited warehouse 3?")
-        layers = (5, 11, 17)
-        d.trace(content, session="attn", flash=False)
-        assert d.session_bytes("attn") > 0
-        stream = np.concatenate([content, q])
-        warm = d.trace(stream, session="attn", attend_from=1500, attn_layers=layers, flash=False, save=False)
-        assert warm.start == 1500 and d.stats["cache_hits"] == 1
-        cold = d.trace(stream, attend_from=1500, attn_layers=layers, flash=False)
-        for L in layers:
-            assert warm.attention[L].shape == (1500,) and warm.attention[L].sum() > 0
-            np.testing.assert_allclose(warm.attention[L], cold.attention[L], rtol=1e-3, atol=1e-6)
+        text = doc(45, seed=3)
+        units = _units(text, 3)
+        sc = AttentionScorer(d)
+        reps = sc.represent(tt_of(text), units)
+        sc.score(reps, "Which clerk audited warehouse 3?")
+        n = len(reps.payload["tokens"])
+        assert n % 64 and d.session_bytes(reps.payload["session"]) > 0
+        tokens = d.stats["tokens"]
+        warm = sc.score(reps, "How many crates does warehouse 40 hold?")
+        assert d.stats["cache_hits"] == 1 and d.stats["tokens"] - tokens < 64 + 20
+        d.forget(reps.payload["session"])
+        cold = AttentionScorer(d).score(reps, "How many crates does warehouse 40 hold?")
+        np.testing.assert_allclose(warm, cold, rtol=2e-3, atol=1e-6)
+    finally:
+        d.close()
+
+
+def test_calibration_picks_heads_once_and_caches_them(gemma, tmp: Path) -> None:
+    from pflash_proxy.drafter import calibrate
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=2048)
+    try:
+        sc = AttentionScorer(d)
+        tasks = calibrate.calibration_tasks(4, chars=1500, seed=3)
+        assert [t.kind for t in tasks] == ["literal", "latent", "literal", "latent"]
+        assert all(t.content.split("\n")[t.needle_line].lstrip().startswith("# ") for t in tasks)
+        got = calibrate.load_or_calibrate(sc, tmp, "ab" * 32, n_tasks=4, chars=1500)
+        assert set(got["mrr"]) == {f"{L}.{h}" for L in (5, 11, 17) for h in range(4)}
+        assert got["chosen"] and (got["heads"] is None or got["heads"] == got["chosen"])
+        assert calibrate.cache_path(tmp, "ab" * 32).is_file()
+        passes = d.stats["passes"]
+        assert calibrate.load_or_calibrate(sc, tmp, "ab" * 32) == got and d.stats["passes"] == passes
+        restricted = calibrate.apply(sc, {"heads": [[11, 2], [5, 0]]})
+        assert restricted.layers == (5, 11) and restricted.keys is sc.keys and restricted.capture == (5, 11, 17)
     finally:
         d.close()

@@ -1,0 +1,55 @@
+"""``--scorer hybrid``: lexical (BM25) and a drafter scorer fused into one relevance.
+
+BM25 finds the units that share the question's words; the drafter's attention also finds evidence that shares
+none (a latent association, a paraphrased task) but is noisier on literal matches. Fusion keeps both signals:
+
+1. ``represent``: each scorer reads the message once; the reps hold both (picklable when both are).
+2. ``score``: each scorer's unit scores become *shares* (``s / sum(s)``; all zeros stay zeros, e.g. BM25 for a
+   question that shares no word with the message), and the fused score is ``w * share_a + (1 - w) * share_b``.
+   Shares keep what the flat-relevance test needs: when both scorers concentrate on a few units the fused
+   scores do too, and when both spread (an "every record" request) the fused scores stay spread; a scorer that
+   sees nothing (all zeros) leaves the other's shares scaled by its weight, so its ranking decides.
+Rank fusion (RRF) was not used: it turns any ranking into the same smooth curve, so every request would look
+equally concentrated and the spread test would lose its meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .scores import Scorer, UnitReps, validate_scores
+from .text import TokenizedText
+from .units import Unit
+
+__all__ = ["FusedScorer"]
+
+
+def _shares(s: np.ndarray) -> np.ndarray:
+    total = float(s.sum())
+    return s / total if total > 0 else np.zeros_like(s)
+
+
+class FusedScorer:
+    """``Scorer`` protocol: the weighted sum of two scorers' relevance shares."""
+
+    name = "hybrid"
+
+    def __init__(self, first: Scorer, second: Scorer, weight: float = 0.5) -> None:
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError("weight must be in [0, 1]")
+        self.first, self.second, self.weight = first, second, weight
+
+    def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
+        a, b = self.first.represent(tt, units), self.second.represent(tt, units)
+        return UnitReps(self.name, a.n_units, a.unit_tokens, (a, b))
+
+    def score(self, reps: UnitReps, query: str) -> np.ndarray:
+        a, b = reps.payload
+        sa = validate_scores(self.first.score(a, query), reps.n_units).astype(np.float64)
+        sb = validate_scores(self.second.score(b, query), reps.n_units).astype(np.float64)
+        return self.weight * _shares(sa) + (1.0 - self.weight) * _shares(sb)
+
+    def describe(self) -> dict[str, Any]:
+        return {"first": self.first.name, "second": self.second.name, "weight": self.weight}
