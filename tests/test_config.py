@@ -37,6 +37,8 @@ def test_seed_variable_names_are_accepted(tmp_path):
     ({"prefill_curve": "16384:0.3 1000:0.2"}, {}, "prefill_curve"),
     ({"upstream": "localhost:8080"}, {}, "upstream (from --upstream): must be an http"),
     ({"upstream": None}, {}, "upstream: give --upstream URL or --spawn"),
+    ({"attention_heads": "5,11"}, {}, "attention_heads (from --attention-heads): expected 'auto', 'all' or LAYER"),
+    ({}, {"PFLASH_ATTENTION_HEADS": "5.-1"}, "attention_heads (from PFLASH_ATTENTION_HEADS)"),
 ])
 def test_invalid_values_name_the_option(cli, env, needle):
     cli = {"upstream": "http://x:1", **cli}
@@ -64,3 +66,12 @@ def test_example_config_file_is_valid():
 
     s = load_settings({}, environ={}, config_file=Path(__file__).parent.parent / "configs" / "pflash-proxy.toml")
     assert s.threshold == 16384 and s.prefill_curve.startswith("16384:0.315")
+
+
+def test_attention_heads_accept_auto_all_and_layer_head_pairs():
+    from pflash_proxy.config import parse_heads
+    base = {"upstream": "http://x:1"}
+    assert load_settings(base, environ={}).attention_heads == "auto"
+    assert load_settings({**base, "attention_heads": "ALL"}, environ={}).attention_heads == "all"
+    assert parse_heads(load_settings({**base, "attention_heads": "5.0, 11.2"}, environ={}).attention_heads) \
+        == [(5, 0), (11, 2)]

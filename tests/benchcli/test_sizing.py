@@ -58,3 +58,21 @@ def test_sized_cases_keep_generate_order_and_an_exact_estimator_changes_nothing(
     assert all(within) and first_try
     for s, p in zip(first_try, [p for p in plain if p.case_id in {c.case_id for c in first_try}]):
         assert s.messages == p.messages
+
+
+def test_per_family_counts_one_number_or_per_family_overrides():
+    import argparse
+
+    from pflash_proxy.benchcli import _per_family
+
+    async def estimate(text: str) -> int:
+        return default_count_tokens(text)
+
+    assert _per_family("3") == 3
+    counts = _per_family("1,nolima=3")
+    assert counts == {"*": 1, "nolima": 3}
+    cases = asyncio.run(sized_cases(estimate, ["ruler_single", "nolima"], [2048], per_family=counts))
+    assert [c.case_id for c in cases] == ["ruler_single-2k-0-s0"] + [f"nolima-2k-{i}-s0" for i in range(3)]
+    for bad in ("x", "1,nolima=-2", "nolima=two"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _per_family(bad)
