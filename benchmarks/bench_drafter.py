@@ -78,6 +78,7 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
     from pflash_proxy.compress.units import UnitSegmenter
     from pflash_proxy.drafter.attention import QUERY_SEP, AttentionScorer
     from pflash_proxy.drafter.runtime import Drafter
+    from pflash_proxy.drafter.stages import text_key
     rows = []
     question = "Which ledger entry names the copper vault and the harbor clerk?"
     for n in lengths:
@@ -98,7 +99,8 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
             t0 = time.perf_counter()
             raw.eval(ids)
             fwd.append(time.perf_counter() - t0)
-            sc._keys.clear()
+            sc.keys.clear()  # every run is cold: no kept keys, no kept drafter state
+            d.forget("attn:" + text_key(text))
             passes = d.stats["seconds"]
             t0 = time.perf_counter()
             sc.score(sc.represent(tt, units), question)

@@ -42,7 +42,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical and
     calibrated attention fused (``compress/fusion.py``)."""
     out: dict[str, Any] = {}
-    drafter = calibrated = None
+    drafter = base = calibrated = None
     for name in names:
         if name == "lexical":
             out[name] = None
@@ -66,15 +66,15 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             if name in ("attention", "attention-all", "hybrid"):
                 from pflash_proxy.drafter.attention import AttentionScorer
 
+                base = base or AttentionScorer(drafter)  # every attention row shares its content keys
                 if name == "attention-all":
-                    out[name] = AttentionScorer(drafter)
+                    out[name] = base
                     continue
                 if calibrated is None:
                     from pflash_proxy.config import state_home
                     from pflash_proxy.drafter import calibrate
                     from pflash_proxy.drafter.hashing import file_sha256
 
-                    base = AttentionScorer(drafter)
                     calibrated = calibrate.apply(base, calibrate.load_or_calibrate(
                         base, state_home(), file_sha256(drafter.path, state_home() / "drafter-hashes.json")))
                 if name == "attention":
