@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
+DRAFTER_DEFAULT_SCORER = "hybrid"  # --scorer when --drafter is given without one: the bench's winner
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.
 SEED_ENV_ALIASES: dict[str, str] = {
@@ -165,6 +166,10 @@ class Settings(BaseModel):
             raise ValueError("upstream: --upstream and --spawn are exclusive")
         if self.min_segment >= self.max_segment:
             raise ValueError("min_segment: must be smaller than max_segment")
+        if self.drafter is not None and "scorer" not in self.model_fields_set:
+            # a drafter without an explicit --scorer gets the scorer that won the bench (README, Benchmarks);
+            # object.__setattr__: assignment validation would run this validator again
+            object.__setattr__(self, "scorer", DRAFTER_DEFAULT_SCORER)
         return self
 
     # Derived paths -----------------------------------------------------------------------------------------

@@ -75,3 +75,12 @@ def test_attention_heads_accept_auto_all_and_layer_head_pairs():
     assert load_settings({**base, "attention_heads": "ALL"}, environ={}).attention_heads == "all"
     assert parse_heads(load_settings({**base, "attention_heads": "5.0, 11.2"}, environ={}).attention_heads) \
         == [(5, 0), (11, 2)]
+
+
+def test_a_drafter_without_a_scorer_gets_the_benchs_winner(tmp_path):
+    from pflash_proxy.config import DRAFTER_DEFAULT_SCORER
+    base = {"upstream": "http://x:1"}
+    assert load_settings(base, environ={}).scorer == "lexical"
+    assert load_settings({**base, "drafter": "/d.gguf"}, environ={}).scorer == DRAFTER_DEFAULT_SCORER
+    assert load_settings({**base, "drafter": "/d.gguf"}, environ={"PFLASH_SCORER": "lexical"}).scorer == "lexical"
+    assert load_settings({**base, "drafter": "/d.gguf", "scorer": "attention"}, environ={}).scorer == "attention"
