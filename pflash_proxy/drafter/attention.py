@@ -131,7 +131,7 @@ def token_relevance(per_layer: dict[int, np.ndarray], heads: Sequence[Head] | No
     return out
 
 
-def excess_mass(token_scores: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def peak_mass(token_scores: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Step 4: per unit, the relevance of its tokens above the message's top-1 % level (the peaks), plus
     ``BACKGROUND`` times their relevance above the median (orders the units without a peak), float64."""
     s = np.asarray(token_scores, np.float64)
@@ -273,7 +273,7 @@ class AttentionScorer:
         if tail:  # the pinned tail of a paste is mostly the paste's own last lines: ask with its last paragraph
             query = last_paragraph(query)
         a = self.token_attention(p["tokens"], query, p["session"], tail)
-        return excess_mass(a, p["starts"], p["ends"])
+        return peak_mass(a, p["starts"], p["ends"])
 
 
 def last_paragraph(text: str) -> str:

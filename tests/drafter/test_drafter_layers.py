@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash_proxy.drafter.attention import KeyCache, excess_mass, global_layers, head_attention, token_relevance
+from pflash_proxy.drafter.attention import KeyCache, peak_mass, global_layers, head_attention, token_relevance
 from pflash_proxy.drafter.runtime import DrafterError
 
 
@@ -71,12 +71,12 @@ def test_unit_scores_are_the_peaks_plus_a_trace_of_the_background() -> None:
     rel = np.full(200, 0.1)
     rel[50] = 0.9  # one peak token; the 99th percentile sits just below it
     rel[120:124] = 0.2  # above the median only
-    got = excess_mass(rel, np.array([0, 100, 150]), np.array([100, 150, 200]))
+    got = peak_mass(rel, np.array([0, 100, 150]), np.array([100, 150, 200]))
     q99 = np.quantile(rel, 0.99)
     np.testing.assert_allclose(got, [(0.9 - q99) + 1e-3 * 0.8, 1e-3 * 0.4, 0.0])
     assert got[0] > 100 * got[1] > 0  # a peak outranks any background; the background still orders the rest
     # spread background alone (an "every record" request) leaves no unit ahead of another
-    assert excess_mass(np.full(8, 0.2), np.array([0, 4]), np.array([4, 8])).sum() == 0
+    assert peak_mass(np.full(8, 0.2), np.array([0, 4]), np.array([4, 8])).sum() == 0
 
 
 def test_key_cache_is_bounded_in_bytes() -> None:
