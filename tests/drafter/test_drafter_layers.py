@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash_proxy.drafter.attention import KeyCache, peak_mass, global_layers, head_attention, token_relevance
+from pflash_proxy.drafter.attention import KeyCache, global_layers, head_attention, peak_mass, token_relevance
 from pflash_proxy.drafter.runtime import DrafterError
 
 
