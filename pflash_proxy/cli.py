@@ -30,7 +30,9 @@ _HELP = {
     "threshold": "act only on a new message of at least this many tokens",
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
     "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
-    "attention_heads": "--scorer attention: 'auto' (calibrate the drafter's retrieval heads once, cached in the "
+    "scorer": "unit relevance: lexical (BM25, model-free), attention or hybrid (need --drafter), head (needs the "
+              "trained probe files); default lexical, or with --drafter and no --scorer the bench's winner",
+    "attention_heads": "--scorer attention/hybrid: 'auto' (calibrate the drafter's retrieval heads once, cached in the "
                        "state directory), 'all' (every head of the global layers) or LAYER.HEAD,... (default auto)",
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
 }
