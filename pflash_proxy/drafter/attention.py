@@ -24,6 +24,12 @@ The Speculative Prefill idea (arXiv 2502.02789), computed from query/key taps so
    relevance is the **max** over heads and question tokens: one head of one question token that looks hard at
    a line is evidence; a mean drowns it in the heads that look nowhere.
    Cost: one forward plus O(question x message x head_dim) per head, milliseconds beside the forward.
+   The tensors, as read in llama.cpp b11434's graphs: gemma3 names ``Qcur-L``/``Kcur-L`` three times (the
+   projection, its 3-D reshape, then after the Q/K norm and RoPE) and scales Q by 1/sqrt(head_dim) only after
+   the last name (27B: 1/sqrt(n_embd/n_head), not a drafter size); qwen35's full-attention layers name
+   ``Kcur-L`` first as the 2-D projection and give both names last to the ``rope_multi`` output (partial RoPE,
+   the query's gate applied after attention, kq_scale 1/sqrt(head_dim)). So the last occurrence is the one
+   attention uses, and the scale is 1/sqrt(head_dim) for both.
 4. A unit's score is the sum over its tokens of the relevance above the message's 99th percentile (its
    *peaks*), plus a thousandth of the relevance above the median (so units without a peak are still ordered);
    units are ranked by density (the pipeline divides by tokens). The max over many rows gives every token some
