@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 __all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "ValidationError", "message_text"]
 
@@ -25,6 +25,24 @@ class ChatMessage(_Open):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_hold_text(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                if isinstance(part, dict) and part.get("type", "text") == "text" and not isinstance(
+                        part.get("text"), str):
+                    raise ValueError(f"part {i}: a text part's 'text' must be a string")
+        return v
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _functions_are_objects(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, call in enumerate(v or ()):
+            if "function" in call and not isinstance(call["function"], dict):
+                raise ValueError(f"call {i}: 'function' must be an object with 'name' and 'arguments'")
+        return v
 
 
 class ChatCompletionRequest(_Open):

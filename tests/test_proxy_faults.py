@@ -96,6 +96,34 @@ async def test_malformed_json_gets_400(aiohttp_server, aiohttp_client, tmp_path)
     assert client_requests(seen) == []  # nothing the client sent reached the upstream
 
 
+BAD_BODIES = [
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "surrogate"),
+    ("text part is a number", json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+                                          ).encode(), "messages.0.content"),
+    ("text part is null", json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}
+                                      ).encode(), "messages.0.content"),
+    ("function is a string", json.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": "get_weather"}]}]}).encode(), "messages.0.tool_calls"),
+    ("nested 100,000 deep", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+]
+
+
+async def test_bad_input_gets_400_not_500(aiohttp_server, aiohttp_client, tmp_path):
+    """Issue #13 item 7: each of these answered 500 (an exception past the parser) before."""
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    for what, body, needle in BAD_BODIES:
+        resp = await client.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        assert resp.status == 400, what
+        err = (await resp.json())["error"]
+        assert err["type"] == "invalid_request_error" and needle in err["message"], (what, err)
+    # a properly paired surrogate escape (an emoji) is valid JSON and passes
+    resp = await client.post("/v1/chat/completions", data=b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    assert resp.status == 200
+    assert len(client_requests(seen)) == 1
+
+
 async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path):
     seen: list = []
     up = await aiohttp_server(echo_app(seen))

@@ -71,6 +71,25 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         _access_log(request, status, started, result, {})
 
 
+def check_strings(body: Any) -> None:
+    """JSON may escape a lone surrogate (``"\\ud800"``); no UTF-8 text can hold one, so the request is refused
+    here rather than failing later in hashing, tokenizing or forwarding. Iterative: depth is not a risk."""
+    stack = [body]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("invalid request: a string holds a lone UTF-16 surrogate escape (e.g. \\ud800)",
+                                 code="invalid_request") from None
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
 async def parsed(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     app = request.app
@@ -85,8 +104,11 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        except RecursionError:
+            raise BadRequest("request body is nested too deeply", code="invalid_json") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object", code="invalid_json")
+        check_strings(body)
         try:
             model: Any = (ChatCompletionRequest if kind == "chat" else CompletionRequest).model_validate(body)
         except ValidationError as exc:
