@@ -171,6 +171,9 @@ def sse_app(state: dict) -> web.Application:
         try:
             for i in range(state.get("events", 5)):
                 if state.get("die_after") == i:
+                    if state.get("half_event"):  # part of the next event, then the connection dies
+                        await resp.write(b'data: {"i": ' + str(i).encode() + b', "choi')
+                        await asyncio.sleep(0.1)
                     request.transport.abort()
                     return resp
                 await resp.write(f'data: {{"i": {i}}}\n\n'.encode())
@@ -225,6 +228,19 @@ async def test_upstream_dying_mid_stream_ends_cleanly(aiohttp_server, aiohttp_cl
     state.pop("die_after")
     resp = await client.post("/v1/chat/completions", json=BODY)
     assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_half_event_is_dropped_before_the_error_event(aiohttp_server, aiohttp_client, tmp_path):
+    """Issue #13 item 8: the client got 'data: {"i": 2, "choi' glued to the error event and could parse neither."""
+    state: dict = {"die_after": 2, "half_event": True}
+    up = await aiohttp_server(sse_app(state))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
+    resp = await client.post("/v1/chat/completions", json=BODY)
+    body = await resp.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[:2] == [b'data: {"i": 0}', b'data: {"i": 1}'] and events[-1] == b"data: [DONE]"
+    assert [json.loads(e[len(b"data: "):]) for e in events[:-1]][-1]["error"]["code"] == "upstream_stream_lost"
+    assert b"choi" not in body
 
 
 async def test_client_disconnect_closes_upstream_within_a_second(aiohttp_server, aiohttp_client, tmp_path):

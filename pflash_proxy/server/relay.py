@@ -6,8 +6,10 @@
 3. While relaying, a watcher polls the client's transport every 100 ms: when the client has gone, the upstream
    response is *closed* (not released to the pool), so llama-server sees the disconnect within its 1 s poll
    and stops generating.  A pooled keep-alive connection would never signal it.
-4. If upstream dies mid-stream, an SSE client gets a final ``data: {"error": ...}`` event (and ``[DONE]`` on
-   OpenAI routes) and a clean end of stream; other clients get the stream cut, as a direct client would.
+4. SSE is relayed event by event as it arrives (bytes after the last blank line wait for the rest of their
+   event). If upstream dies mid-stream, the unfinished event is dropped and an SSE client gets a final
+   ``data: {"error": ...}`` event (and ``[DONE]`` on OpenAI routes) and a clean end of stream; other clients
+   get the stream cut, as a direct client would.
 5. The last JSON event (or the whole body, when it is small JSON) is kept so later stages can read
    ``timings.cache_n`` / ``usage`` without buffering the stream.
 """
@@ -96,6 +98,7 @@ async def relay(
     sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
     tail = _SSETail() if is_sse else None
     body_parts: list[bytes] = []
+    held = b""  # SSE: bytes after the last complete event, written once the event is complete
 
     loop = asyncio.get_running_loop()
     watcher = asyncio.create_task(_watch_client(request, upstream))
@@ -105,13 +108,21 @@ async def relay(
             async for chunk in upstream.content.iter_any():
                 if result.first_chunk_at is None:
                     result.first_chunk_at = loop.time()
-                await resp.write(chunk)
-                result.bytes_out += len(chunk)
-                result.chunks += 1
+                if is_sse:  # only whole events reach the client, so an error event never follows half of one
+                    chunk, held = _complete_events(held + chunk)
+                if chunk:
+                    await resp.write(chunk)
+                    result.bytes_out += len(chunk)
+                    result.chunks += 1
                 if tail is not None:
                     tail.feed(chunk)
                 elif sniff_json:
                     body_parts.append(chunk)
+            if held:  # a stream that ended without a blank line after its last event: pass it on as it is
+                await resp.write(held)
+                result.bytes_out += len(held)
+                tail.feed(held)  # type: ignore[union-attr]
+                held = b""
             result.completed = True
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
             if _client_gone(request):
@@ -124,7 +135,8 @@ async def relay(
             else:
                 result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
         if result.upstream_failed:
-            log.warning("upstream failed mid-response on %s: %s", request.path, result.upstream_failed)
+            log.warning("upstream failed mid-response on %s: %s%s", request.path, result.upstream_failed,
+                        f" (dropped {len(held)} bytes of an unfinished event)" if held else "")
             upstream.close()
             if is_sse:
                 await _write_sse_error(resp, result, openai_stream)
@@ -183,6 +195,13 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
         except ValueError:
             pass
     return resp, result
+
+
+def _complete_events(buf: bytes) -> tuple[bytes, bytes]:
+    """``buf`` split after its last event terminator (a blank line, ``\n\n`` or ``\r\n\r\n``)."""
+    lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+    cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    return buf[:cut], buf[cut:]
 
 
 def _client_gone(request: web.Request) -> bool:
