@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pflash_proxy import __version__
-from pflash_proxy.config import ConfigError, Settings, load_settings
+from pflash_proxy.config import ConfigError, Settings, load_settings, private_dir
 
 _HELP = {
     "upstream": "URL of the llama-server to front (e.g. http://127.0.0.1:8080)",
@@ -132,7 +132,7 @@ def serve(settings: Settings) -> int:
     from pflash_proxy.spawn import SpawnError
 
     setup_logging(settings.log_level, settings.log_json)
-    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(settings.home)
     app = create_app(settings)
 
     def announce(_: str) -> None:

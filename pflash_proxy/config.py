@@ -46,6 +46,20 @@ def state_home() -> Path:
     return Path.home() / ".local" / "state" / "pflash-proxy"
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` as 0700; an existing directory of ours that others can read is tightened to 0700 (it
+    holds session histories and KV snapshots). One owned by another user (llama-server's, under systemd) is left
+    as it is."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        import logging
+
+        os.chmod(path, 0o700)
+        logging.getLogger("pflash_proxy").info("tightened %s to 0700 (it was %o)", path, st.st_mode & 0o777)
+    return path
+
+
 def parse_heads(v: str) -> list[tuple[int, int]]:
     """``--attention-heads 5.0,11.2`` → [(5, 0), (11, 2)]; ValueError on anything else."""
     out = []

@@ -24,7 +24,7 @@ import signal
 import socket
 from pathlib import Path
 
-from pflash_proxy.config import Settings
+from pflash_proxy.config import Settings, private_dir
 from pflash_proxy.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.spawn")
@@ -122,7 +122,7 @@ class LlamaServerSupervisor:
             raise SpawnError(f"model: {model} does not exist")
         self.model = Path(model)
         swa = await loop.run_in_executor(None, gguf_sliding_window, self.model)
-        self.settings.effective_slot_save_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.settings.effective_slot_save_path)
         port = free_port()
         self.upstream.base_url = f"http://127.0.0.1:{port}"
         self.args = server_args(self.settings, binary, self.model, port, bool(swa))

@@ -84,3 +84,18 @@ def test_a_drafter_without_a_scorer_gets_the_benchs_winner(tmp_path):
     assert load_settings({**base, "drafter": "/d.gguf"}, environ={}).scorer == DRAFTER_DEFAULT_SCORER
     assert load_settings({**base, "drafter": "/d.gguf"}, environ={"PFLASH_SCORER": "lexical"}).scorer == "lexical"
     assert load_settings({**base, "drafter": "/d.gguf", "scorer": "attention"}, environ={}).scorer == "attention"
+
+
+def test_state_directories_are_created_or_tightened_to_0700(tmp_path):
+    """Issue #13 item 10: mkdir(mode=0o700) left an existing 0755 state directory readable by everyone."""
+    import os
+
+    from pflash_proxy.config import private_dir
+    from pflash_proxy.sessions.store import SessionStore
+    fresh = private_dir(tmp_path / "a" / "b")
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    os.chmod(old, 0o755)
+    SessionStore(old).close()  # the index directory, as a user's existing state directory
+    assert old.stat().st_mode & 0o777 == 0o700

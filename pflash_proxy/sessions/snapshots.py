@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.store import SessionStore, SnapshotRecord
 from pflash_proxy.upstream import SlotActionFailed, Upstream
 
@@ -118,7 +119,7 @@ class SnapshotManager:
                      victim.size / 1e6)
 
     def reconcile(self) -> dict[str, int]:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.dir)
         indexed = {r.file: r for r in self.store.snapshots()}
         removed_files = dropped = 0
         for path in self.dir.glob(f"{PREFIX}*{SUFFIX}"):

@@ -24,6 +24,7 @@ from typing import Any
 
 import diskcache
 
+from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 
 
@@ -55,7 +56,7 @@ class SnapshotRecord:
 
 class SessionStore:
     def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(directory)
         self.cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
 
     def close(self) -> None:
