@@ -110,49 +110,50 @@ def calibration_tasks(n: int = 8, chars: int = 6000, seed: int = 0) -> list[Task
     return tasks
 
 
-def needle_ranks(scorer: AttentionScorer, task: Task) -> tuple[dict[Head, int], dict[int, np.ndarray]]:
-    """Step 2: per head, how many lines outscore the needle's line (0 = first); and the per-layer attention."""
-    d = scorer.drafter
-    toks = d.tokenize(task.content)
-    tl = token_lines(d.token_starts(task.content, toks), task.content)
-    att = scorer.layer_attention(toks, task.question)
-    n_lines = int(tl.max()) + 1 if len(tl) else 1
-    counts = np.maximum(np.bincount(tl, minlength=n_lines), 1)
-    ranks = {}
-    for L, a in att.items():
-        for h in range(a.shape[0]):
-            dens = np.bincount(tl, weights=a[h], minlength=n_lines) / counts
-            ranks[(L, h)] = int((dens > dens[task.needle_line]).sum())
-    return ranks, att
+@dataclass(frozen=True)
+class Read:
+    """One task read by the drafter: each token's line and the per-layer attention of the question."""
+    task: Task
+    token_line: np.ndarray
+    attention: dict[int, np.ndarray]
+
+    def needle_rank(self, relevance: np.ndarray) -> int:
+        """How many lines outscore the needle's line by mean relevance per token (0 = first)."""
+        n = int(self.token_line.max()) + 1 if len(self.token_line) else 1
+        dens = np.bincount(self.token_line, weights=relevance, minlength=n) / np.maximum(
+            np.bincount(self.token_line, minlength=n), 1)
+        return int((dens > dens[self.task.needle_line]).sum())
 
 
-def _aggregate_rank(task: Task, scorer: AttentionScorer, att: dict[int, np.ndarray], heads: Any) -> int:
+def read_task(scorer: AttentionScorer, task: Task) -> Read:
+    """Step 2's pass: one flash-on forward of the task's content and question."""
     d = scorer.drafter
     toks = d.tokenize(task.content)
-    tl = token_lines(d.token_starts(task.content, toks), task.content)
-    rel = token_relevance(att, heads)
-    n_lines = int(tl.max()) + 1
-    dens = np.bincount(tl, weights=rel, minlength=n_lines) / np.maximum(np.bincount(tl, minlength=n_lines), 1)
-    return int((dens > dens[task.needle_line]).sum())
+    return Read(task, token_lines(d.token_starts(task.content, toks), task.content),
+                scorer.layer_attention(toks, task.question))
+
+
+def needle_ranks(read: Read) -> dict[Head, int]:
+    """Step 2: the needle line's rank under each head on its own."""
+    return {(L, h): read.needle_rank(a[h]) for L, a in read.attention.items() for h in range(a.shape[0])}
 
 
 def calibrate(scorer: AttentionScorer, tasks: Sequence[Task]) -> dict[str, Any]:
     """Steps 2-3 over ``tasks``; returns the JSON-able result (``heads`` is None when all heads won)."""
     t0 = time.perf_counter()
-    ranks, atts = [], []
+    reads, ranks = [], []
     for i, task in enumerate(tasks):
-        r, a = needle_ranks(scorer, task)
-        ranks.append(r)
-        atts.append(a)
+        reads.append(read_task(scorer, task))
+        ranks.append(needle_ranks(reads[-1]))
         log.info("attention calibration: task %d/%d (%s) needle line rank, best head %d", i + 1, len(tasks),
-                 task.kind, min(r.values()))
+                 task.kind, min(ranks[-1].values()))
     heads = sorted(ranks[0])
     fit, held = list(range(0, len(tasks), 2)), list(range(1, len(tasks), 2)) or [0]
     mrr = {h: float(np.mean([1.0 / (1 + ranks[i][h]) for i in fit])) for h in heads}
     best = max(mrr.values())
     chosen = [h for h in heads if mrr[h] >= RATIO * best]
-    sel = [_aggregate_rank(tasks[i], scorer, atts[i], frozenset(chosen)) for i in held]
-    every = [_aggregate_rank(tasks[i], scorer, atts[i], None) for i in held]
+    sel = [reads[i].needle_rank(token_relevance(reads[i].attention, frozenset(chosen))) for i in held]
+    every = [reads[i].needle_rank(token_relevance(reads[i].attention, None)) for i in held]
     keep = float(np.mean(sel)) <= float(np.mean(every))
     return {"version": VERSION, "heads": [list(h) for h in chosen] if keep else None,
             "chosen": [list(h) for h in chosen], "mrr": {f"{L}.{h}": v for (L, h), v in mrr.items()},

@@ -100,3 +100,12 @@ def test_request_tail_finds_a_question_the_message_ends_with() -> None:
     assert request_tail(short, "Question: who?") == 7 - 4
     assert request_tail(payload, "something else") == 0 and request_tail(payload, "  ") == 0
     assert last_paragraph("gamma delta\n\n  \nQuestion: who?\n") == "Question: who?"
+
+
+def test_calibration_ranks_the_needle_line_by_mean_relevance_per_token() -> None:
+    from pflash_proxy.drafter.calibrate import Read, Task, needle_ranks
+    read = Read(Task("", "", 1, "literal"), np.array([0, 0, 1, 2, 2, 2]),
+                {5: np.array([[0.9, 0.9, 0.5, 0.1, 0.1, 0.1],    # line 0 (mean 0.9) beats the needle (0.5)
+                              [0.1, 0.1, 0.8, 0.2, 0.2, 0.2]])})  # the needle's line first
+    assert needle_ranks(read) == {(5, 0): 1, (5, 1): 0}
+    assert read.needle_rank(np.array([0.0, 0.0, 0.3, 0.6, 0.0, 0.0])) == 0  # line 2's mean 0.2 < 0.3
