@@ -90,16 +90,15 @@ class SessionManager:
     async def _snapshot_now(self, sid: str) -> bool:
         """Save ``sid``'s slot now (waiting for its running request, if any); True when a snapshot was written.
 
-        Only a resident session is leased: leasing any other would hand it a slot.  If it lost its slot while
-        waiting, the lease displaced someone, who is saved the way a request would save them.
+        Only a resident session is leased, and only while it stays resident: a session that lost its slot while
+        waiting has nothing to save, and a save never displaces another session (``resident_only``).
         """
         if self.table.resident(sid) is None:
             return False
-        lease = await self.table.acquire(sid)
+        lease = await self.table.acquire(sid, resident_only=True)
+        if lease is None:
+            return False
         try:
-            if not lease.resident:
-                await self.prepare_slot(lease, None)
-                return False
             slot = lease.slot
             if not slot.tokens or slot.snapshot_current:
                 return False

@@ -55,7 +55,7 @@ class SlotTable:
             raise ValueError("n_slots must be >= 1")
         self.slots = [Slot(i) for i in range(n_slots)]
         self._busy_sessions: set[str] = set()
-        self._queue: deque[tuple[str, asyncio.Future]] = deque()
+        self._queue: deque[tuple[str, asyncio.Future, bool]] = deque()  # (session, future, resident_only)
         self.waits = 0
 
     def resident(self, session: str) -> Slot | None:
@@ -67,13 +67,14 @@ class SlotTable:
     def in_use(self) -> set[str]:
         """Sessions that hold a slot, run a request or wait for one: never pruned."""
         return ({s.session for s in self.slots if s.session} | self._busy_sessions
-                | {sid for sid, _ in self._queue})
+                | {sid for sid, _, _ in self._queue})
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
-    def _try_lease(self, session: str) -> Lease | None:
+    def _try_lease(self, session: str, resident_only: bool = False) -> Lease | None | bool:
+        """A lease, None (wait), or False: ``resident_only`` and the session holds no slot any more."""
         if session in self._busy_sessions:
             return None
         slot = self.resident(session)
@@ -81,6 +82,8 @@ class SlotTable:
             slot.busy = True
             self._busy_sessions.add(session)
             return Lease(slot, session, resident=True)
+        if resident_only:
+            return None if slot is not None else False
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
@@ -93,9 +96,11 @@ class SlotTable:
         self._busy_sessions.add(session)
         return Lease(pick, session, resident=False, evicted=evicted)
 
-    async def acquire(self, session: str) -> Lease:
+    async def acquire(self, session: str, resident_only: bool = False) -> Lease | None:
+        """A lease on the session's slot, or on another one (displacing its holder, ``Lease.evicted``).
+        ``resident_only``: only the slot the session holds now; None once it holds none (never displaces)."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._queue.append((session, fut))
+        self._queue.append((session, fut, resident_only))
         self._drain()
         if not fut.done():
             self.waits += 1
@@ -106,7 +111,7 @@ class SlotTable:
                 self.release(fut.result())
             else:
                 try:
-                    self._queue.remove((session, fut))
+                    self._queue.remove((session, fut, resident_only))
                 except ValueError:
                     pass
             raise
@@ -122,14 +127,14 @@ class SlotTable:
 
     def _drain(self) -> None:
         for item in list(self._queue):
-            session, fut = item
+            session, fut, resident_only = item
             if fut.done():
                 self._queue.remove(item)
                 continue
-            lease = self._try_lease(session)
+            lease = self._try_lease(session, resident_only)
             if lease is not None:
                 self._queue.remove(item)
-                fut.set_result(lease)
+                fut.set_result(lease or None)
 
     def forget(self, session: str) -> None:
         """The session's prefix is no longer in its slot (e.g. a failed restore wiped it)."""

@@ -140,3 +140,21 @@ def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_p
     assert store.cache.get(("used", fork.id)) is None and store.cache.get(("used", recent.id)) is not None
     assert {r.id for r in store.sessions()} == {busy.id, recent.id}
     store.close()
+
+
+async def test_a_resident_only_lease_never_displaces_another_session():
+    """Issue #13 item 9: a background save of A waited for A's slot; when A lost it meanwhile, the save's lease
+    evicted whoever held the slot next, only to save nothing."""
+    t = SlotTable(1)
+    a = await t.acquire("A")
+    c_wait = asyncio.ensure_future(t.acquire("C"))  # queued first: takes the slot when A's request ends
+    save_wait = asyncio.ensure_future(t.acquire("A", resident_only=True))
+    await asyncio.sleep(0)
+    t.release(a)
+    c = await c_wait
+    assert not c.resident and c.evicted.session == "A"
+    assert await asyncio.wait_for(save_wait, 1) is None  # A is gone: nothing to save, nobody displaced
+    t.release(c)
+    assert t.resident("C") is t.slots[0] and t.queued == 0
+    again = await t.acquire("C", resident_only=True)  # a resident session is leased as usual
+    assert again is not None and again.resident
