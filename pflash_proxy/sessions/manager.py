@@ -100,7 +100,7 @@ class SessionManager:
             return False
         try:
             slot = lease.slot
-            if not slot.tokens or slot.snapshot_current:
+            if not slot.tokens or (slot.snapshot_current and self.snapshots.on_disk(sid)):
                 return False
             slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
             return slot.snapshot_current
@@ -208,8 +208,8 @@ class SessionManager:
     # Per request -------------------------------------------------------------------------------------------
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         ev = lease.evicted
-        if ev is not None and not ev.session.startswith("anon-") and not ev.snapshot_current and ev.known \
-                and ev.tokens:
+        if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
+                and not (ev.snapshot_current and self.snapshots.on_disk(ev.session)):
             self.counters["evicted_saves"] += 1
             await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes)
         if served_hashes is None:

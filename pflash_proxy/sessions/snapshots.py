@@ -68,6 +68,11 @@ class SnapshotManager:
         self.evict()
         return rec
 
+    def on_disk(self, sid: str) -> bool:
+        """The session's snapshot file exists (a slot's ``snapshot_current`` is only true while it does: LRU
+        eviction, pruning, a failed restore or ``pflash-proxy rm`` from another process delete it)."""
+        return (self.dir / self.filename(sid)).is_file()
+
     def restorable(self, sid: str, model_identity: str) -> SnapshotRecord | None:
         rec = self.store.snapshot(sid)
         if rec is None:

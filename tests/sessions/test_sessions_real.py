@@ -155,3 +155,18 @@ async def test_pruned_session_loses_its_snapshot_and_starts_over(aiohttp_client,
     assert h["X-PFlash-Cache"] == "miss" and h["X-PFlash-Session"] != h_a["X-PFlash-Session"]
     stats = await (await proxy.get("/pflash/stats")).json()
     assert stats["sessions"]["sessions_pruned"] == 1
+
+
+async def test_a_deleted_snapshot_is_saved_again_when_its_session_is_evicted(aiohttp_client, one_slot_server,
+                                                                              tmp_path):
+    """Issue #13 item 10: the slot still claimed a current snapshot after the file was deleted (``rm``, LRU,
+    pruning), so the eviction skipped the save and the session's next turn was prefilled from scratch."""
+    proxy = await make_proxy(aiohttp_client, one_slot_server, tmp_path)
+    h, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?"))
+    assert (await (await proxy.post("/pflash/save")).json())["saved"] == 1
+    path = one_slot_server.slot_dir / f"pf-{h['X-PFlash-Session']}.bin"
+    path.unlink()  # what `pflash-proxy rm` does from another process
+    await ask(proxy, chat(DOC_B, "What did pier 4 read?"))  # evicts A
+    assert path.is_file()
+    h2, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 5?"))
+    assert h2["X-PFlash-Session"] == h["X-PFlash-Session"] and h2["X-PFlash-Cache"] == "restored"
