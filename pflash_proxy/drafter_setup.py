@@ -116,9 +116,6 @@ def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:
         return AttentionScorer(drafter)
     if settings.attention_heads != "auto":
         return AttentionScorer(drafter, heads=parse_heads(settings.attention_heads))
-    from pflash_proxy.drafter import calibrate
-    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.calibrate import calibrated
 
-    scorer = AttentionScorer(drafter)
-    result = calibrate.load_or_calibrate(scorer, settings.home, file_sha256(drafter.path, hash_cache))
-    return calibrate.apply(scorer, result)
+    return calibrated(AttentionScorer(drafter), settings.home, hash_cache)

@@ -70,13 +70,11 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
                 if name == "attention-all":
                     out[name] = base
                     continue
-                if calibrated is None:
+                if calibrated is None:  # as the proxy's --attention-heads auto, cached in $PFLASH_HOME
                     from pflash_proxy.config import state_home
-                    from pflash_proxy.drafter import calibrate
-                    from pflash_proxy.drafter.hashing import file_sha256
+                    from pflash_proxy.drafter.calibrate import calibrated as calibrate
 
-                    calibrated = calibrate.apply(base, calibrate.load_or_calibrate(
-                        base, state_home(), file_sha256(drafter.path, state_home() / "drafter-hashes.json")))
+                    calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
                 if name == "attention":
                     out[name] = calibrated
                 else:

@@ -195,3 +195,10 @@ def apply(scorer: AttentionScorer, result: dict[str, Any]) -> AttentionScorer:
     if not result.get("heads"):
         return scorer
     return AttentionScorer(scorer.drafter, heads=[tuple(h) for h in result["heads"]], keys=scorer.keys)
+
+
+def calibrated(scorer: AttentionScorer, home: Path, hash_cache: Path | None = None) -> AttentionScorer:
+    """Steps 1-4 for ``scorer``'s drafter file (``--attention-heads auto``): the scorer on its retrieval heads."""
+    from .hashing import file_sha256
+
+    return apply(scorer, load_or_calibrate(scorer, home, file_sha256(scorer.drafter.path, hash_cache)))
