@@ -220,13 +220,12 @@ class AttentionScorer:
         cached = self.keys.get(session)
         if cached is not None and any(len(cached.get(L, ())) != n for L in self.capture):
             cached = None
+        if cached is None and session is not None:  # a kept state is no use without the content's keys:
+            self.drafter.forget(session)  # read everything in this one pass, not the question first
         r = self.drafter.trace(np.concatenate([content, qt]), session=session, attend_from=n,
                                qk_layers=self.capture, flash=True, save_prefix=n)
         if r.start == n and cached is not None:  # the question was read on top of the kept content state
             return self.per_layer(cached, r.queries, tail)
-        if r.start != 0:  # a kept state without its keys (evicted from the cache): read everything again
-            self.drafter.forget(session)  # type: ignore[arg-type]
-            return self.layer_attention(content, question, session, tail)
         keys = {L: r.keys[L][:n] for L in self.capture}
         if session is not None:
             self.keys.put(session, keys)
