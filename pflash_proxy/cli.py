@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pflash_proxy.benchcli import add_parser as add_bench_parser
 
     add_bench_parser(sub)
+    from pflash_proxy.train import add_parser as add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
@@ -97,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pflash_proxy.benchcli import main as bench_main
 
         return bench_main(args)
+    if args.command == "train":
+        from pflash_proxy.train import main as train_main
+
+        return train_main(args)
     cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if extra:
         cli["llama_server_args"] = extra

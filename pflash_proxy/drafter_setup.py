@@ -3,7 +3,8 @@
 1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
 3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
-   ``--request-probe`` when given); both are checked against the drafter's sha256 and read the tap block their
+   ``--request-probe`` when given); an unset one is taken from the set the package ships for this very drafter
+   (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no download; both are checked against the drafter's sha256 and read the tap block their
    file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
    (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
@@ -62,6 +63,7 @@ def build_stages(settings: Settings) -> BuiltStages:
     from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
 
     hash_cache = settings.home / "drafter-hashes.json"
+    settings = _with_packaged_probes(settings, hash_cache)
     try:
         drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
                           n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
@@ -106,6 +108,23 @@ def build_stages(settings: Settings) -> BuiltStages:
         raise DrafterSetupError(str(exc)) from exc
     log.info("compression stages: %s", built.describe())
     return built
+
+
+def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
+    """Fill unset probe paths from the set shipped for this very drafter (``drafter/trained``), if any."""
+    wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": settings.scorer == "head",
+              "request_probe": settings.scorer == "head"}
+    missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
+    if not missing or settings.drafter is None or not settings.drafter.is_file():
+        return settings
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.trained import for_drafter
+
+    found = for_drafter(file_sha256(settings.drafter, hash_cache))
+    if found is None:
+        return settings
+    log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})
+    return settings.model_copy(update={k: found[k] for k in missing})
 
 
 def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:

@@ -54,8 +54,13 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             out[name] = "unavailable: no drafter configured (--drafter GGUF)"
             continue
         if name == "head" and not getattr(opts, "scoring_head", None):
-            out[name] = "unavailable: no scoring head configured (--scoring-head GGUF)"
-            continue
+            packaged = _packaged_probes(opts.drafter)
+            if packaged is None:
+                out[name] = "unavailable: no scoring head configured (--scoring-head GGUF) and none shipped " \
+                            "for this drafter"
+                continue
+            opts.scoring_head = packaged["scoring_head"]
+            opts.request_probe = getattr(opts, "request_probe", None) or packaged["request_probe"]
         try:
             from pflash_proxy.drafter.runtime import Drafter
 
@@ -93,6 +98,15 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
             out[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return out
+
+
+def _packaged_probes(drafter: Any) -> dict[str, Any] | None:
+    """The probe set shipped for this drafter file (``drafter/trained``), as the proxy would use it."""
+    from pflash_proxy.config import state_home
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.trained import for_drafter
+
+    return for_drafter(file_sha256(drafter, state_home() / "drafter-hashes.json"))
 
 
 def _longest_index(messages: list[dict]) -> int:

@@ -1,0 +1,44 @@
+"""A one-line progress bar on stderr for long CLI work (``train``, ``bench``), no dependency.
+
+``Progress(total, label)`` is called with the number of items done; it redraws at most every 0.5 s with the
+rate and the time left (from the mean time per item so far). On a non-terminal stderr (a log file, CI) it
+prints a plain line every 10 % instead of redrawing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 28) -> None:
+        self.total, self.label, self.width = max(total, 1), label, width
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._decile = -1
+
+    def line(self, done: int, note: str = "") -> str:
+        frac = min(done / self.total, 1.0)
+        el = time.monotonic() - self.t0
+        left = el / done * (self.total - done) if done else 0.0
+        bar = "#" * int(frac * self.width)
+        return (f"{self.label} [{bar:<{self.width}}] {done}/{self.total} {frac:4.0%} "
+                f"{el:5.0f}s elapsed, {left:5.0f}s left{'  ' + note if note else ''}")
+
+    def __call__(self, done: int, note: str = "") -> None:
+        now = time.monotonic()
+        if self.tty:
+            if now - self._last >= 0.5 or done >= self.total:
+                self.stream.write("\r" + self.line(done, note))
+                if done >= self.total:
+                    self.stream.write("\n")
+                self.stream.flush()
+                self._last = now
+        elif int(10 * done / self.total) != self._decile:
+            self._decile = int(10 * done / self.total)
+            self.stream.write(self.line(done, note) + "\n")
+            self.stream.flush()
