@@ -106,6 +106,8 @@ class Settings(BaseModel):
     session_ttl_days: float = Field(30, ge=0)
     max_sessions: int = Field(10000, ge=1)
     sessions: bool = True
+    max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
+    queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
 
     # --- compression (seed defaults) ---
     pflash: bool = True

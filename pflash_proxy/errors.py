@@ -47,8 +47,10 @@ class ProxyError(Exception):
         if code is not None:
             self.code = code
 
+    headers: dict[str, str] = {}
+
     def response(self) -> web.Response:
-        return error_response(self.status, self.message, self.code)
+        return error_response(self.status, self.message, self.code, headers=self.headers or None)
 
 
 class BadRequest(ProxyError):
@@ -78,3 +80,25 @@ class UpstreamNotReady(ProxyError):
 class UpstreamTimeout(ProxyError):
     status = 504
     code = "upstream_timeout"
+
+
+class QueueFull(ProxyError):
+    """More requests wait for a slot than ``--max-queue`` allows: the client should come back later."""
+
+    status = 429
+    code = "queue_full"
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+class QueueTimeout(ProxyError):
+    """A request waited ``--queue-timeout-s`` for a slot without getting one."""
+
+    status = 503
+    code = "queue_timeout"
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}

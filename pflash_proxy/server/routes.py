@@ -131,8 +131,8 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         return resp
     except ProxyError as exc:
         status = exc.status
-        headers = req.response_headers if req is not None else None
-        return error_response(exc.status, exc.message, exc.code, headers=headers)
+        headers = {**(req.response_headers if req is not None else {}), **exc.headers}
+        return error_response(exc.status, exc.message, exc.code, headers=headers or None)
     finally:
         if req is not None:
             await pipeline.finish(req)

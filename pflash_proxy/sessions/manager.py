@@ -44,7 +44,7 @@ class SessionManager:
         self.store = SessionStore(settings.home / "sessions")
         self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
                                          int(settings.max_cache_gb * 1024**3))
-        self.table = SlotTable(1)
+        self.table = self._new_table(1)
         self.model_identity = ""
         self.identity_info: dict[str, Any] = {}
         self._ready = False
@@ -56,6 +56,9 @@ class SessionManager:
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0}
         upstream.add_restart_listener(self._on_restart)
+
+    def _new_table(self, n_slots: int) -> SlotTable:
+        return SlotTable(n_slots, self.settings.max_queue, self.settings.queue_timeout_s)
 
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -153,7 +156,7 @@ class SessionManager:
             if self.model_identity and identity != self.model_identity:
                 log.warning("upstream identity changed (%s → %s): all slots considered empty", self.identity_info, info)
             if len(self.table.slots) != n_slots:
-                self.table = SlotTable(n_slots)
+                self.table = self._new_table(n_slots)
             else:
                 self.table.mark_all_empty()
             self.model_identity, self.identity_info = identity, info

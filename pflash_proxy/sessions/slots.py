@@ -6,7 +6,10 @@
 2. One request per session at a time, and never two requests on one slot: a lease marks both busy.  Nothing
    is ever sent to a busy slot; requests that cannot be placed wait in the proxy, in arrival order (a waiter
    that is blocked only by its own session's running request does not hold up the others).
-3. Leasing is synchronous bookkeeping (no awaits inside a decision), so no lock exists to be held while a
+3. The wait is bounded: beyond ``max_queue`` waiting requests a new one is refused at once (``QueueFull``,
+   429), and one that waited ``queue_timeout`` seconds gives up (``QueueTimeout``, 503); both say when to
+   retry. The proxy's own background saves (``resident_only``) are never refused.
+4. Leasing is synchronous bookkeeping (no awaits inside a decision), so no lock exists to be held while a
    response streams; waiting is one future per queued request.
 """
 
@@ -16,6 +19,8 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from pflash_proxy.errors import QueueFull, QueueTimeout
 
 
 @dataclass
@@ -50,9 +55,11 @@ class Lease:
 
 
 class SlotTable:
-    def __init__(self, n_slots: int):
+    def __init__(self, n_slots: int, max_queue: int = 0, queue_timeout: float = 0.0):
         if n_slots < 1:
             raise ValueError("n_slots must be >= 1")
+        self.max_queue, self.queue_timeout = max_queue, queue_timeout  # 0 = unbounded
+        self.refused = {"queue_full": 0, "queue_timeout": 0}
         self.slots = [Slot(i) for i in range(n_slots)]
         self._busy_sessions: set[str] = set()
         self._queue: deque[tuple[str, asyncio.Future, bool]] = deque()  # (session, future, resident_only)
@@ -103,9 +110,29 @@ class SlotTable:
         self._queue.append((session, fut, resident_only))
         self._drain()
         if not fut.done():
+            if not resident_only and self.max_queue and \
+                    sum(1 for _, f, r in self._queue if not r and not f.done()) > self.max_queue:
+                self._queue.remove((session, fut, resident_only))
+                self.refused["queue_full"] += 1
+                raise QueueFull(f"{self.max_queue} requests already wait for a llama-server slot; retry later",
+                                self._retry_after())
             self.waits += 1
         try:
-            return await fut
+            if resident_only or not self.queue_timeout or fut.done():
+                return await fut
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout)
+            except asyncio.TimeoutError:
+                if fut.done() and not fut.cancelled():  # granted in the same instant: keep it
+                    return fut.result()
+                fut.cancel()
+                try:
+                    self._queue.remove((session, fut, resident_only))
+                except ValueError:
+                    pass
+                self.refused["queue_timeout"] += 1
+                raise QueueTimeout(f"no llama-server slot became free within {self.queue_timeout:g} s; retry later",
+                                   self._retry_after()) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result())
@@ -115,6 +142,10 @@ class SlotTable:
                 except ValueError:
                     pass
             raise
+
+    def _retry_after(self) -> int:
+        """Seconds a refused client should wait: a rough share of the queue per slot, 1 to 60."""
+        return max(1, min(60, 2 * (1 + self.queued // max(len(self.slots), 1))))
 
     def release(self, lease: Lease) -> None:
         if lease.released:

@@ -4,7 +4,8 @@
 1. Seed = upstream model identity (+ the ``X-PFlash-Session`` name, if given); find the session whose served
    history is the longest prefix of the request, or start one (a request that diverges inside a session's
    history forks a new session: a session's history is linear).
-2. Replace the already-served messages by their served versions (byte-identical prefix turn after turn).
+2. Replace the content of already-served messages by their served versions (byte-identical prefix turn after
+   turn); every other field stays the client's own (``served_version``).
 3. Lease a slot (queueing in the proxy, never at a busy slot).  If the lease displaced another session whose
    slot content has no current snapshot, save it first.  If this session is not resident but has a snapshot
    for this model identity, restore it; a failed restore deletes the snapshot and falls back to full prefill.
@@ -72,14 +73,8 @@ class SessionStage(Stage):
         explicit = req.headers.get(SESSION_HEADER)
         seed = namespace_seed(mgr.model_identity, explicit)
         messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
-        record, matched, hashes = mgr.store.lookup(seed, messages)
-        if record is None:
-            record = mgr.store.new_session(seed, explicit is not None)
-        elif matched < len(record.served):
-            log.info("request diverges from session %s at message %d; forking", record.id[:8], matched)
-            record = mgr.store.new_session(seed, explicit is not None, parent=record, upto=matched)
-        served = record.served[:matched] + messages[matched:]
-        lease = await mgr.table.acquire(record.id)
+        record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
+        served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
         served_hashes = [message_hash(m) for m in served]
@@ -96,6 +91,34 @@ class SessionStage(Stage):
             "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
         })
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
+
+    async def _lease_session(self, seed: str, explicit: str | None, messages: list[dict]
+                             ) -> tuple[SessionRecord, int, list[str], Lease]:
+        """Find (or start, or fork) the session and lease its slot, reading its record again under the lease.
+
+        The lease serialises a session's requests, but the first read happens before the wait: a request that
+        waited behind another one of the same session would otherwise decide (and later save) on a stale
+        record, overwriting the other request's served history and recall sources. So the lookup is repeated
+        once the lease is held; when the answer changed (the other request served more), the lease is returned
+        and the decision taken again on the fresh record.
+        """
+        mgr = self.manager
+        for _ in range(8):
+            found, matched, hashes = mgr.store.lookup(seed, messages)
+            key = _lookup_key(found, matched)
+            if found is None:
+                record = mgr.store.new_session(seed, explicit is not None)
+            elif matched < len(found.served):
+                log.info("request diverges from session %s at message %d; forking", found.id[:8], matched)
+                record = mgr.store.new_session(seed, explicit is not None, parent=found, upto=matched)
+            else:
+                record = found
+            lease = await mgr.table.acquire(record.id)
+            again, matched2, _ = mgr.store.lookup(seed, messages)
+            if _lookup_key(again, matched2) == key:
+                return record, matched, hashes, lease
+            mgr.table.release(lease)  # another request of this session saved meanwhile: decide again
+        return record, matched, hashes, await mgr.table.acquire(record.id)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         ctx: SessionContext | None = req.state.get(self.name)
@@ -117,6 +140,22 @@ class SessionStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return self.manager.stats()
+
+
+def served_version(client: dict, stored: dict) -> dict:
+    """The client's message with only what the proxy rewrote (its content) taken from the served history.
+
+    Identity hashes role, content, tool calls, tool id and name; any other field (``reasoning_content``,
+    provider extras) comes from this client, never from whichever client first served the same visible history.
+    """
+    if client == stored or stored.get("content") == client.get("content"):
+        return client
+    return {**client, "content": stored.get("content")}
+
+
+def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int, int]:
+    """What a lookup decided on: the session, how much of the request it covers, its length and turn count."""
+    return ("", 0, 0, 0) if rec is None else (rec.id, matched, len(rec.served), rec.turns)
 
 
 class SessionCommitStage(Stage):

@@ -1,0 +1,114 @@
+"""Reliability on a real llama-server (gemma-3-270m): nothing lost or crossed between requests and sessions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import PIPELINE
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.llama
+
+GEN = {"temperature": 0, "seed": 1, "top_k": 1}
+
+
+@pytest.fixture
+async def make_proxy(aiohttp_client, llama_server, tmp_path):
+    async def make(**kw):
+        settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, **kw)
+        return await aiohttp_client(create_app(settings))
+    return make
+
+
+def _manager(client):
+    pipe = client.server.app[PIPELINE]
+    return next(s for s in pipe.stages if s.name == "sessions").manager
+
+
+def _store(client):
+    return _manager(client).store
+
+
+async def _chat(client, messages, max_tokens=4, **extra):
+    r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, **GEN,
+                                                         **extra})
+    return r.status, r.headers, await r.json()
+
+
+async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_history(make_proxy):
+    """Issue 13 item 2: B waited behind A on the session's slot and then saved a stale record over A's."""
+    proxy = await make_proxy()
+    turn1 = [{"role": "user", "content": "Say hello."}]
+    _, h, body = await _chat(proxy, turn1)
+    sid = h["X-PFlash-Session"]
+    history = turn1 + [{"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
+    a_msgs = history + [{"role": "user", "content": "Count from one to forty in words, slowly."}]
+    b_msgs = history + [{"role": "user", "content": "Name a colour."}]
+    manager = _manager(proxy)
+    prepare = manager.prepare_slot
+
+    async def slow_prepare(lease, served_hashes):  # fault injection: A's slot restore (or compression) is slow
+        if served_hashes and len(served_hashes) == 3 and not slow_prepare.done:
+            slow_prepare.done = True
+            await asyncio.sleep(1.0)
+        return await prepare(lease, served_hashes)
+    slow_prepare.done = False
+    manager.prepare_slot = slow_prepare
+    a = asyncio.create_task(_chat(proxy, a_msgs, max_tokens=8))
+    await asyncio.sleep(0.3)  # A holds the lease but has not saved yet; B reads the record, then waits behind A
+    b = asyncio.create_task(_chat(proxy, b_msgs))
+    (sa, ha, ba), (sb, hb, _) = await a, await b
+    assert sa == sb == 200
+    assert ha["X-PFlash-Session"] == sid
+    assert hb["X-PFlash-Session"] != sid, "B diverges from what A served: it must fork, not overwrite"
+    rec = _store(proxy).get(sid)
+    assert [m["content"] for m in rec.served] == [m["content"] for m in a_msgs]
+    nxt = a_msgs + [{"role": "assistant", "content": ba["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "Thanks."}]
+    _, h3, _ = await _chat(proxy, nxt)
+    assert h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "hit"
+
+
+async def test_a_clients_hidden_fields_never_reach_another_clients_prompt(make_proxy):
+    """Issue 13 item 3: identity ignores fields like reasoning_content; the served copy must not carry them over."""
+    proxy = await make_proxy()
+    secret = "SECRET-OF-CLIENT-A"
+    a_msgs = [{"role": "user", "content": "Hi."},
+              {"role": "assistant", "content": "Hello!", "reasoning_content": secret},
+              {"role": "user", "content": "Name a fruit."}]
+    _, ha, _ = await _chat(proxy, a_msgs)
+    b_msgs = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
+              {"role": "user", "content": "Name a tree."}]
+    status, hb, _ = await _chat(proxy, b_msgs)
+    assert status == 200
+    served_b = _store(proxy).get(hb["X-PFlash-Session"]).served
+    assert secret not in repr(served_b)
+    assert served_b[1] == b_msgs[1]
+
+
+async def test_a_full_queue_answers_429_with_retry_after_and_a_long_wait_503(make_proxy, llama_server):
+    proxy = await make_proxy(max_queue=1, queue_timeout_s=0)
+    long = [{"role": "user", "content": "Count from one to one hundred in words."}]
+    busy = [asyncio.create_task(_chat(proxy, long + [{"role": "user", "content": f"Go {i}."}], max_tokens=96))
+            for i in range(2)]  # both slots of the test server
+    await asyncio.sleep(0.3)
+    waiting = asyncio.create_task(_chat(proxy, [{"role": "user", "content": "Queued."}]))
+    await asyncio.sleep(0.1)
+    r = await proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Refused."}],
+                                                        "max_tokens": 2})
+    assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+    assert (await r.json())["error"]["code"] == "queue_full"
+    assert [(await t)[0] for t in busy] == [200, 200] and (await waiting)[0] == 200  # nothing else was lost
+
+    proxy2 = await make_proxy(queue_timeout_s=0.2)
+    busy = [asyncio.create_task(_chat(proxy2, long + [{"role": "user", "content": f"Again {i}."}], max_tokens=96))
+            for i in range(2)]
+    await asyncio.sleep(0.3)
+    r = await proxy2.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Late."}],
+                                                         "max_tokens": 2})
+    assert r.status == 503 and "Retry-After" in r.headers
+    assert (await r.json())["error"]["code"] == "queue_timeout"
+    assert [(await t)[0] for t in busy] == [200, 200]
