@@ -112,3 +112,43 @@ async def test_a_full_queue_answers_429_with_retry_after_and_a_long_wait_503(mak
     assert r.status == 503 and "Retry-After" in r.headers
     assert (await r.json())["error"]["code"] == "queue_timeout"
     assert [(await t)[0] for t in busy] == [200, 200]
+
+
+async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recovers(make_proxy, monkeypatch):
+    """Issue 13 item 6: sqlite's 'database or disk is full' on the history write is served, flagged, counted."""
+    import sqlite3
+
+    proxy = await make_proxy()
+    store = _store(proxy)
+    real_set = store.cache.set
+    full = {"on": True}
+
+    def set_or_full(*a, **kw):  # fault injection: what SQLite raises when the disk is full
+        if full["on"]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_set(*a, **kw)
+    monkeypatch.setattr(store.cache, "set", set_or_full)
+    msgs = [{"role": "user", "content": "Name a river."}]
+    status, h, body = await _chat(proxy, msgs)
+    assert status == 200 and body["choices"][0]["message"]["content"] is not None
+    assert "not saved" in h["X-PFlash-Degraded"]
+    stats = await (await proxy.get("/pflash/stats")).json()
+    text = repr(stats)
+    assert "'store_failures': 1" in text and "'store_available': False" in text
+    full["on"] = False  # space came back
+    status, h2, _ = await _chat(proxy, msgs + [{"role": "assistant", "content": "Nile."},
+                                               {"role": "user", "content": "Another?"}])
+    assert status == 200 and "X-PFlash-Degraded" not in h2
+    assert _store(proxy).get(h2["X-PFlash-Session"]) is not None  # saved again
+    assert "'store_available': True" in repr(await (await proxy.get("/pflash/stats")).json())
+
+
+async def test_a_damaged_index_at_start_up_is_moved_aside_and_chats_work(make_proxy, tmp_path):
+    index = tmp_path / "home" / "sessions"
+    index.mkdir(parents=True)
+    (index / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
+    proxy = await make_proxy()
+    status, h, _ = await _chat(proxy, [{"role": "user", "content": "Hello?"}])
+    assert status == 200 and "X-PFlash-Degraded" not in h
+    assert list(index.glob("cache.db.corrupt-*"))
+    assert _store(proxy).get(h["X-PFlash-Session"]) is not None

@@ -28,7 +28,7 @@ from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnava
 from pflash_proxy.server.relay import RelayResult
 from pflash_proxy.sessions.slots import Lease, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.store import SessionStore, StoreError
 from pflash_proxy.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -54,8 +54,22 @@ class SessionManager:
         self._background: set[asyncio.Task] = set()
         self._warned = False
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
-                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0}
+                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0}
+        self._store_down = False
         upstream.add_restart_listener(self._on_restart)
+
+    def store_failed(self, what: str, exc: Exception) -> None:
+        """Count an index failure; log it once until the index works again (``store_ok``)."""
+        self.counters["store_failures"] += 1
+        if not self._store_down:
+            self._store_down = True
+            log.error("session index unavailable while %s (%s); requests are served without saving until it "
+                      "recovers", what, exc)
+
+    def store_ok(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            log.warning("session index writable again; sessions are saved as before")
 
     def _new_table(self, n_slots: int) -> SlotTable:
         return SlotTable(n_slots, self.settings.max_queue, self.settings.queue_timeout_s)
@@ -223,7 +237,11 @@ class SessionManager:
             return "hit", slot.prompt_tokens
         if lease.resident:
             self.table.forget(lease.session)
-        snap = self.snapshots.restorable(lease.session, self.model_identity)
+        try:
+            snap = self.snapshots.restorable(lease.session, self.model_identity)
+        except StoreError as exc:
+            self.store_failed("reading the snapshot index", exc)
+            snap = None
         if snap is not None and _is_prefix(snap.served_hashes, served_hashes):
             try:
                 ok = await self.snapshots.restore(slot.id, snap)
@@ -242,7 +260,7 @@ class SessionManager:
         try:
             await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
             return True
-        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout, OSError) as exc:
+        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout, OSError, StoreError) as exc:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
             return False
@@ -273,8 +291,13 @@ class SessionManager:
         task.add_done_callback(self._background.discard)
 
     def stats(self) -> dict[str, Any]:
-        snaps = self.store.snapshots()
-        return {**self.counters, "slots": len(self.table.slots), "queued": self.table.queued,
+        try:
+            snaps = self.store.snapshots()
+        except StoreError as exc:
+            self.store_failed("listing snapshots", exc)
+            snaps = []
+        return {**self.counters, "store_available": not self._store_down, "slots": len(self.table.slots),
+                "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe()}

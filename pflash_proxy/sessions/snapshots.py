@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from pflash_proxy.config import private_dir
-from pflash_proxy.sessions.store import SessionStore, SnapshotRecord
+from pflash_proxy.sessions.store import SessionStore, SnapshotRecord, StoreError
 from pflash_proxy.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.snapshots")
@@ -57,10 +57,14 @@ class SnapshotManager:
             log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
         size = (self.dir / final).stat().st_size
         tokens = int(data.get("n_saved", tokens) or tokens)
-        prev = self.store.snapshot(sid)
-        rec = SnapshotRecord(session=sid, file=final, tokens=tokens, served_hashes=list(served_hashes),
-                             model_identity=model_identity, size=size, hits=prev.hits if prev else 0)
-        self.store.put_snapshot(rec)
+        try:
+            prev = self.store.snapshot(sid)
+            rec = SnapshotRecord(session=sid, file=final, tokens=tokens, served_hashes=list(served_hashes),
+                                 model_identity=model_identity, size=size, hits=prev.hits if prev else 0)
+            self.store.put_snapshot(rec)
+        except StoreError:  # an unindexed file would never be restored nor counted: do not keep it
+            (self.dir / final).unlink(missing_ok=True)
+            raise
         self.stats["saves"] += 1
         self.stats["save_ms_total"] += (time.monotonic() - t0) * 1000
         log.info("saved slot %d (session %s, %d tokens, %.1f MB) in %.0f ms", slot, sid[:8], tokens,
@@ -98,7 +102,10 @@ class SnapshotManager:
             return False
         rec.hits += 1
         rec.last_use = time.time()
-        self.store.put_snapshot(rec)
+        try:
+            self.store.put_snapshot(rec)
+        except StoreError as exc:  # only the use statistics are lost; the slot was restored
+            log.warning("could not record the use of session %s's snapshot: %s", rec.session[:8], exc)
         self.stats["restores"] += 1
         self.stats["restore_ms_total"] += (time.monotonic() - t0) * 1000
         log.info("restored session %s into slot %d (%s tokens) in %.0f ms", rec.session[:8], slot,

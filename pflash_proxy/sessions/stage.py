@@ -29,11 +29,12 @@ from pflash_proxy.server.relay import RelayResult
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.slots import Lease
-from pflash_proxy.sessions.store import SessionRecord
+from pflash_proxy.sessions.store import SessionRecord, StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
 
 SESSION_HEADER = "X-PFlash-Session"
+DEGRADED_HEADER = "X-PFlash-Degraded"
 
 
 @dataclass
@@ -64,16 +65,18 @@ class SessionStage(Stage):
         mgr = self.manager
         await mgr.ensure_ready()
         if req.kind != "chat":
-            lease = await mgr.table.acquire("anon-" + uuid.uuid4().hex)
-            req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
-            await mgr.prepare_slot(lease, None)
-            req.set_field("id_slot", lease.slot.id)
-            req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
+            await self._anonymous(req)
             return
         explicit = req.headers.get(SESSION_HEADER)
         seed = namespace_seed(mgr.model_identity, explicit)
         messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
-        record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
+        try:
+            record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
+        except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
+            mgr.store_failed("looking up the session", exc)
+            req.response_headers[DEGRADED_HEADER] = "session index unavailable; served without a session"
+            await self._anonymous(req)
+            return
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
@@ -91,6 +94,14 @@ class SessionStage(Stage):
             "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
         })
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
+
+    async def _anonymous(self, req: ProxyRequest) -> None:
+        """A lease of its own for a request without a session (completion routes, an unusable index)."""
+        lease = await self.manager.table.acquire("anon-" + uuid.uuid4().hex)
+        req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
+        await self.manager.prepare_slot(lease, None)
+        req.set_field("id_slot", lease.slot.id)
+        req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
     async def _lease_session(self, seed: str, explicit: str | None, messages: list[dict]
                              ) -> tuple[SessionRecord, int, list[str], Lease]:
@@ -114,7 +125,11 @@ class SessionStage(Stage):
             else:
                 record = found
             lease = await mgr.table.acquire(record.id)
-            again, matched2, _ = mgr.store.lookup(seed, messages)
+            try:
+                again, matched2, _ = mgr.store.lookup(seed, messages)
+            except StoreError:
+                mgr.table.release(lease)
+                raise
             if _lookup_key(again, matched2) == key:
                 return record, matched, hashes, lease
             mgr.table.release(lease)  # another request of this session saved meanwhile: decide again
@@ -171,6 +186,12 @@ class SessionCommitStage(Stage):
         if ctx is None or ctx.record is None:
             return
         ctx.served = list(req.body["messages"])
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served
-        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served
+            )
+        except StoreError as exc:  # disk full, damaged index: the request is served, the history not kept
+            self.manager.store_failed("saving the served history", exc)
+            req.response_headers[DEGRADED_HEADER] = "session index unavailable; this turn was not saved"
+        else:
+            self.manager.store_ok()

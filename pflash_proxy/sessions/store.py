@@ -12,20 +12,62 @@ Keys:
 
 ``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
 upstream holding a prefix the proxy does not know how to replay.
+
+Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
+this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
+An index that cannot even be opened at start-up is moved aside (``cache.db.corrupt-<time>``) and a fresh one is
+started, so a damaged file costs the cached sessions, not the service.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import sqlite3
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
+
+
+log = logging.getLogger("pflash_proxy.sessions")
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The session index could not be read or written (disk full, damaged file, lock timeout)."""
+
+
+def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> T:
+        try:
+            return fn(*args, **kw)
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            raise StoreError(f"session index: {type(exc).__name__}: {exc}") from exc
+    return wrapper
+
+
+def _open(directory: Path) -> diskcache.Cache:
+    try:
+        cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
+        cache.get(("probe",))  # a damaged file can open and fail only at the first read
+        return cache
+    except sqlite3.DatabaseError as exc:
+        db = directory / "cache.db"
+        aside = db.with_name(f"cache.db.corrupt-{int(time.time())}")
+        log.error("session index %s is damaged (%s); moved aside to %s, starting a fresh index", db, exc, aside.name)
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(db) + suffix)
+            if p.exists():
+                p.replace(Path(str(aside) + suffix))
+        return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
 
 
 @dataclass
@@ -57,12 +99,13 @@ class SnapshotRecord:
 class SessionStore:
     def __init__(self, directory: Path):
         private_dir(directory)
-        self.cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
+        self.cache = _open(directory)
 
     def close(self) -> None:
         self.cache.close()
 
     # Sessions -----------------------------------------------------------------------------------------------
+    @_guarded
     def lookup(self, seed: str, messages: list[dict]) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
         hashes = [message_hash(m) for m in messages]
@@ -76,6 +119,7 @@ class SessionStore:
                 return rec, i + 1, hashes
         return None, 0, hashes
 
+    @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         data = self.cache.get(("session", sid))
         return SessionRecord(**data) if data else None
@@ -87,6 +131,7 @@ class SessionStore:
             rec.served = parent.served[:upto]
         return rec
 
+    @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
@@ -97,6 +142,7 @@ class SessionStore:
             for h in chain(rec.seed, client_hashes):
                 self.cache.set(("chain", h), rec.id)
 
+    @_guarded
     def update_extra(self, rec: SessionRecord) -> None:
         with self.cache.transact():
             self._put(rec)
@@ -114,6 +160,7 @@ class SessionStore:
                 used[k[1]] = rec.last_use
         return used
 
+    @_guarded
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """Forget sessions last used before ``older_than`` (epoch s; None = no age limit), then the least
@@ -138,23 +185,28 @@ class SessionStore:
                         self.cache.delete(("chain", h))
         return victims
 
+    @_guarded
     def sessions(self) -> list[SessionRecord]:
         return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
                 and k in self.cache]
 
     # Snapshots ----------------------------------------------------------------------------------------------
+    @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         data = self.cache.get(("snapshot", sid))
         return SnapshotRecord(**data) if data else None
 
+    @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
         self.cache.set(("snapshot", rec.session), asdict(rec))
 
+    @_guarded
     def drop_snapshot(self, sid: str) -> SnapshotRecord | None:
         rec = self.snapshot(sid)
         self.cache.delete(("snapshot", sid))
         return rec
 
+    @_guarded
     def snapshots(self) -> list[SnapshotRecord]:
         out = []
         for key in list(self.cache.iterkeys()):
