@@ -9,6 +9,9 @@
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
 4. Restart detection: the spawn supervisor notifies directly; for an attached server a monitor polls
    ``/health`` every second, and a failure followed by recovery (or a changed identity) empties the table.
+   A restart quicker than the poll cannot be missed either: before a ``hit`` is announced, llama-server's own
+   ``/slots`` record of that slot must agree with the table (``_slot_lost``), else the table is emptied and the
+   session's snapshot restored.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
 6. ``prune`` at start-up and every hour: sessions unused for ``--session-ttl-days`` or beyond
    ``--max-sessions`` are forgotten with their snapshots (never one that holds a slot or is in flight).
@@ -54,7 +57,8 @@ class SessionManager:
         self._background: set[asyncio.Task] = set()
         self._warned = False
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
-                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0}
+                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0, "slots_lost": 0}
+        self._slots_route: bool | None = None  # GET /slots answers (None: not asked yet)
         self._store_down = False
         upstream.add_restart_listener(self._on_restart)
 
@@ -233,8 +237,12 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            self.counters["hits"] += 1
-            return "hit", slot.prompt_tokens
+            lost = await self._slot_lost(slot)
+            if lost is None:
+                self.counters["hits"] += 1
+                return "hit", slot.prompt_tokens
+            self.counters["slots_lost"] += 1
+            self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
         try:
@@ -255,6 +263,39 @@ class SessionManager:
                 return "restored", snap.tokens
         self.counters["misses"] += 1
         return "miss", 0
+
+    async def _slot_lost(self, slot: Any) -> str | None:
+        """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
+
+        A hit is announced only after this check (one ``GET /slots``, about a millisecond): a llama-server that
+        restarted between two polls of the health monitor (systemd restarts it in well under a second) has no
+        task on the slot, or its last task there had another prompt length than the proxy's last request. Then
+        the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
+        """
+        if self._slots_route is False:
+            return None
+        try:
+            data = await self.upstream.slots()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+            return None  # the request itself will fail or wait; nothing to conclude here
+        if data is None:
+            self._slots_route = False  # --no-slots: rely on cache_n checks after the response
+            log.info("llama-server does not serve /slots; restarts are detected by the health monitor only")
+            return None
+        self._slots_route = True
+        info = next((s for s in data if isinstance(s, dict) and s.get("id") == slot.id), None)
+        if info is None:
+            return f"slot {slot.id} is gone"
+        if not isinstance(info.get("id_task"), int) or info["id_task"] < 0:
+            return "no task has run on it since llama-server started"
+        if info["id_task"] < slot.task_seen:
+            return f"its task ids went back from {slot.task_seen} to {info['id_task']}"
+        n = info.get("n_prompt_tokens")
+        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt differs more
+        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > max(16, slot.prompt_tokens // 10):
+            return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
+        slot.task_seen = info["id_task"]
+        return None
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> bool:
         try:

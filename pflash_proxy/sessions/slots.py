@@ -34,6 +34,7 @@ class Slot:
     known: bool = True  # False once the server's numbers disagreed with the table
     snapshot_current: bool = False
     last_used: float = 0.0
+    task_seen: int = -1  # the highest llama-server task id seen on this slot (/slots): it only grows per process
 
 
 @dataclass
@@ -177,6 +178,7 @@ class SlotTable:
     def mark_all_empty(self) -> None:
         """The upstream lost its state (restart): nothing is resident any more."""
         for slot in self.slots:
+            slot.task_seen = -1
             slot.tokens = slot.prompt_tokens = 0
             slot.served_hashes = []
             slot.snapshot_current = False
