@@ -35,6 +35,8 @@ _HELP = {
     "attention_heads": "--scorer attention/hybrid: 'auto' (calibrate the drafter's retrieval heads once, cached in the "
                        "state directory), 'all' (every head of the global layers) or LAYER.HEAD,... (default auto)",
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
+    "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
+                    "sessions are forgotten beyond it (default 1024)",
     "max_queue": "requests that may wait for a llama-server slot; more get 429 with Retry-After (0 = no bound, "
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "

@@ -13,8 +13,9 @@
    ``/slots`` record of that slot must agree with the table (``_slot_lost``), else the table is emptied and the
    session's snapshot restored.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
-6. ``prune`` at start-up and every hour: sessions unused for ``--session-ttl-days`` or beyond
-   ``--max-sessions`` are forgotten with their snapshots (never one that holds a slot or is in flight).
+6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
+   beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
+   their snapshots (never one that holds a slot or is in flight).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class SessionManager:
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0, "slots_lost": 0}
         self._slots_route: bool | None = None  # GET /slots answers (None: not asked yet)
         self._store_down = False
+        self._writes = 0
+        self._bound: asyncio.Task | None = None
         upstream.add_restart_listener(self._on_restart)
 
     def store_failed(self, what: str, exc: Exception) -> None:
@@ -69,6 +72,14 @@ class SessionManager:
             self._store_down = True
             log.error("session index unavailable while %s (%s); requests are served without saving until it "
                       "recovers", what, exc)
+
+    def note_write(self) -> None:
+        """Every 64 history writes, check the index's byte bound in the background (``prune``)."""
+        self._writes += 1
+        if self._writes % 64 == 0 and (self._bound is None or self._bound.done()):
+            self._bound = asyncio.create_task(self.prune())
+            self._background.add(self._bound)
+            self._bound.add_done_callback(self._background.discard)
 
     def store_ok(self) -> None:
         if self._store_down:
@@ -135,8 +146,16 @@ class SessionManager:
         older_than = time.time() - ttl * 86400 if ttl > 0 else None
         keep = self.table.in_use()
 
+        limit = int(self.settings.max_index_mb * 2**20)
+
         def work() -> list[str]:
             gone = self.store.prune(older_than=older_than, max_sessions=self.settings.max_sessions, keep=keep)
+            while self.store.volume() > limit:  # the byte bound: drop a tenth of the sessions, oldest first
+                n = self.store.count_sessions()
+                more = self.store.prune(older_than=None, max_sessions=max(0, n - max(1, n // 10)), keep=keep)
+                if not more:
+                    break
+                gone += more
             for sid in gone:
                 self.snapshots.delete(sid)
             return gone
@@ -144,8 +163,8 @@ class SessionManager:
         gone = await asyncio.get_running_loop().run_in_executor(None, work)
         if gone:
             self.counters["sessions_pruned"] += len(gone)
-            log.info("pruned %d sessions (unused for %s days or beyond %d sessions)", len(gone), ttl or "∞",
-                     self.settings.max_sessions)
+            log.info("pruned %d sessions (unused for %s days, beyond %d sessions or %g MB of index)", len(gone),
+                     ttl or "∞", self.settings.max_sessions, self.settings.max_index_mb)
         return gone
 
     async def _prune_loop(self) -> None:

@@ -114,8 +114,12 @@ class SessionStage(Stage):
         and the decision taken again on the fresh record.
         """
         mgr = self.manager
+        loop = asyncio.get_running_loop()
+
+        def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
+            return loop.run_in_executor(None, mgr.store.lookup, seed, messages)
         for _ in range(8):
-            found, matched, hashes = mgr.store.lookup(seed, messages)
+            found, matched, hashes = await lookup()
             key = _lookup_key(found, matched)
             if found is None:
                 record = mgr.store.new_session(seed, explicit is not None)
@@ -126,8 +130,8 @@ class SessionStage(Stage):
                 record = found
             lease = await mgr.table.acquire(record.id)
             try:
-                again, matched2, _ = mgr.store.lookup(seed, messages)
-            except StoreError:
+                again, matched2, _ = await lookup()
+            except (StoreError, asyncio.CancelledError):
                 mgr.table.release(lease)
                 raise
             if _lookup_key(again, matched2) == key:
@@ -195,3 +199,4 @@ class SessionCommitStage(Stage):
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; this turn was not saved"
         else:
             self.manager.store_ok()
+            self.manager.note_write()

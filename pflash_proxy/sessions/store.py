@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
@@ -100,6 +101,10 @@ class SessionStore:
     def __init__(self, directory: Path):
         private_dir(directory)
         self.cache = _open(directory)
+        # the snapshot index in memory: stats, eviction and restores read it without touching SQLite, and
+        # without listing every key of the index (one scan at start-up, in the executor: ``snapshots()``)
+        self._snaps: dict[str, SnapshotRecord] | None = None
+        self._snaps_lock = threading.RLock()  # pruning runs in the executor, requests on the loop
 
     def close(self) -> None:
         self.cache.close()
@@ -186,35 +191,51 @@ class SessionStore:
         return victims
 
     @_guarded
+    def count_sessions(self) -> int:
+        return len(self._last_uses())
+
+    @_guarded
     def sessions(self) -> list[SessionRecord]:
         return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
                 and k in self.cache]
 
     # Snapshots ----------------------------------------------------------------------------------------------
+    def _snapshot_index(self) -> dict[str, SnapshotRecord]:
+        with self._snaps_lock:
+            if self._snaps is None:
+                snaps = {}
+                for key in list(self.cache.iterkeys()):
+                    if key[0] == "snapshot" and (data := self.cache.get(key)):
+                        snaps[key[1]] = SnapshotRecord(**data)
+                self._snaps = snaps
+            return self._snaps
+
     @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
-        data = self.cache.get(("snapshot", sid))
-        return SnapshotRecord(**data) if data else None
+        return self._snapshot_index().get(sid)
 
     @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
-        self.cache.set(("snapshot", rec.session), asdict(rec))
+        with self._snaps_lock:
+            self.cache.set(("snapshot", rec.session), asdict(rec))
+            self._snapshot_index()[rec.session] = rec
 
     @_guarded
     def drop_snapshot(self, sid: str) -> SnapshotRecord | None:
-        rec = self.snapshot(sid)
-        self.cache.delete(("snapshot", sid))
-        return rec
+        with self._snaps_lock:
+            rec = self._snapshot_index().pop(sid, None)
+            self.cache.delete(("snapshot", sid))
+            return rec
 
     @_guarded
     def snapshots(self) -> list[SnapshotRecord]:
-        out = []
-        for key in list(self.cache.iterkeys()):
-            if key[0] == "snapshot":
-                data = self.cache.get(key)
-                if data:
-                    out.append(SnapshotRecord(**data))
-        return out
+        with self._snaps_lock:
+            return list(self._snapshot_index().values())
+
+    @_guarded
+    def volume(self) -> int:
+        """Bytes the index takes on disk (SQLite pages plus value files), from diskcache's own count."""
+        return int(self.cache.volume())
 
 
 def _shallow(rec: SessionRecord) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""--max-index-mb bounds the session index on disk; the snapshot index is served from memory."""
+
+from __future__ import annotations
+
+from pflash_proxy.config import Settings
+from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.store import SnapshotRecord
+from pflash_proxy.upstream import Upstream
+
+
+async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
+    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, max_index_mb=0.5)
+    mgr = SessionManager(settings, Upstream("http://127.0.0.1:9"))
+    try:
+        ids = []
+        for i in range(40):
+            rec = mgr.store.new_session("seed", False)
+            msgs = [{"role": "user", "content": f"{i} " + "lorem ipsum dolor sit amet " * 1000}]
+            mgr.store.save_session(rec, [f"h{i}"], msgs)
+            ids.append(rec.id)
+        assert mgr.store.volume() > 0.5 * 2**20
+        gone = await mgr.prune()
+        assert gone and mgr.store.volume() <= 0.5 * 2**20
+        assert set(gone) == set(ids[:len(gone)])  # least recently used first
+        assert mgr.store.get(ids[-1]) is not None
+    finally:
+        mgr.store.close()
+
+
+def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch):
+    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path)
+    mgr = SessionManager(settings, Upstream("http://127.0.0.1:9"))
+    try:
+        store = mgr.store
+        store.put_snapshot(SnapshotRecord("s1", "f1", 10, [], "m", 100))
+        store.snapshots()
+        calls = []
+        real = store.cache.iterkeys
+        monkeypatch.setattr(store.cache, "iterkeys", lambda *a, **k: calls.append(1) or real(*a, **k))
+        for _ in range(10):
+            assert [r.session for r in store.snapshots()] == ["s1"]
+            assert store.snapshot("s1").size == 100
+        store.drop_snapshot("s1")
+        assert store.snapshots() == [] and calls == []
+    finally:
+        mgr.store.close()
