@@ -6,7 +6,9 @@
 2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
    llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
    snapshot; the caller serves the request by full prefill.
-3. LRU eviction keeps the total under ``--max-cache-gb``.
+3. LRU eviction keeps the total under ``--max-cache-gb``. Temporary files that no save is writing any more (a
+   save cancelled while llama-server still wrote the file leaves one behind, after the cleanup ran) count
+   against the limit and are removed first.
 4. ``reconcile()`` at start-up: temp files and files without an index entry are removed, entries without a
    file are dropped.
 """
@@ -35,7 +37,8 @@ class SnapshotManager:
         self.upstream = upstream
         self.dir = directory
         self.max_bytes = max_bytes
-        self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "evictions": 0,
+        self._writing: set[str] = set()  # temporary names of saves in flight
+        self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "evictions": 0, "stray_temp_removed": 0,
                       "save_ms_total": 0.0, "restore_ms_total": 0.0}
 
     def filename(self, sid: str) -> str:
@@ -45,12 +48,15 @@ class SnapshotManager:
         tmp = f"{PREFIX}tmp-{uuid.uuid4().hex}{SUFFIX}"
         final = self.filename(sid)
         t0 = time.monotonic()
+        self._writing.add(tmp)
         try:
             data = await self.upstream.slot_action(slot, "save", tmp)
             os.replace(self.dir / tmp, self.dir / final)
         except BaseException:
             (self.dir / tmp).unlink(missing_ok=True)
             raise
+        finally:
+            self._writing.discard(tmp)
         try:
             os.chmod(self.dir / final, 0o600)
         except PermissionError:  # written by a llama-server running as another user
@@ -119,9 +125,27 @@ class SnapshotManager:
         (self.dir / rec.file).unlink(missing_ok=True)
         return True
 
+    def _stray_temp_bytes(self) -> int:
+        """Remove temporary files no save is writing; returns the bytes of those that could not be removed."""
+        left = 0
+        for path in self.dir.glob(f"{PREFIX}tmp-*{SUFFIX}"):
+            if path.name in self._writing:
+                continue
+            try:
+                size = path.stat().st_size
+                path.unlink()
+                self.stats["stray_temp_removed"] += 1
+                log.info("removed a stray temporary snapshot %s (%.1f MB) of a cancelled save", path.name, size / 1e6)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                left += size
+        return left
+
     def evict(self) -> None:
+        stray = self._stray_temp_bytes()
         snaps = sorted(self.store.snapshots(), key=lambda r: r.last_use)
-        total = sum(r.size for r in snaps)
+        total = sum(r.size for r in snaps) + stray
         while snaps and total > self.max_bytes:
             victim = snaps.pop(0)
             total -= victim.size

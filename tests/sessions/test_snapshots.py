@@ -76,3 +76,12 @@ async def test_reconcile_removes_orphans_and_drops_missing(mgr):
     result = mgr.reconcile()
     assert result == {"orphans_removed": 2, "entries_dropped": 1}
     assert sorted(p.name for p in mgr.dir.iterdir()) == sorted([keep.file, "user-file.bin"])
+
+
+async def test_a_temp_file_left_by_a_cancelled_save_is_removed_and_counted(mgr):
+    """Issue 13 item 10: llama-server may finish writing after the cancelled save cleaned up."""
+    stray = mgr.dir / "pf-tmp-0123456789abcdef.bin"
+    stray.write_bytes(b"k" * 2000)  # counted, it and 'a' (1000 bytes) would exceed the 2500-byte limit
+    await mgr.save(0, "a" * 32, 10, [], "m")
+    assert not stray.exists() and mgr.stats["stray_temp_removed"] == 1
+    assert (mgr.dir / f"pf-{'a' * 32}.bin").exists()
