@@ -96,7 +96,11 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
     question restores or reuses the document instead of prefilling it.
     """
     base = _proxy_url(args, settings)
-    text = Path(args.file).read_text(errors="replace")
+    try:
+        text = Path(args.file).read_text(errors="replace")
+    except OSError as exc:
+        print(f"pflash-proxy warm: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     messages = [{"role": "system", "content": text}]
     if args.question:
         messages.append({"role": "user", "content": args.question})

@@ -170,6 +170,10 @@ def serve(settings: Settings) -> int:
     except DrafterSetupError as exc:
         print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the listening socket: address in use, permission denied, no such address
+        print(f"pflash-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

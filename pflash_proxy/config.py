@@ -202,14 +202,34 @@ class Settings(BaseModel):
 FIELDS = set(Settings.model_fields)
 
 
+# PFLASH_* variables that are not settings: set-up, tests and benches read them
+NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE"}
+_WARNED: set[str] = set()
+
+
+def _warn_unknown(key: str) -> None:
+    """One line on stderr, once per variable and process: a typo must not be silently ignored."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    import difflib
+    import sys
+
+    names = [f"PFLASH_{f.upper()}" for f in FIELDS] + list(SEED_ENV_ALIASES)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    print(f"pflash-proxy: ignoring unknown environment variable {key}{hint}", file=sys.stderr)
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
-    """``PFLASH_*`` variables → {field: (raw value, source label)}."""
+    """``PFLASH_*`` variables → {field: (raw value, source label)}; unknown ones are warned about once."""
     out: dict[str, tuple[Any, str]] = {}
     for key, value in environ.items():
-        if not key.startswith("PFLASH_") or key in ("PFLASH_CONFIG",):
+        if not key.startswith("PFLASH_") or key in NON_SETTING_ENV:
             continue
         field = SEED_ENV_ALIASES.get(key) or key[len("PFLASH_"):].lower()
         if field not in FIELDS:
+            _warn_unknown(key)
             continue
         if field == "llama_server_args":
             value = value.split()

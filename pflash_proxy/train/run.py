@@ -100,8 +100,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from pflash_proxy.drafter.hashing import file_sha256
     from pflash_proxy.drafter.runtime import Drafter
 
+    from .tasks import WORDNET, wordnet_pairs
+
     t0 = time.monotonic()
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if not wordnet_pairs():
+        log(f"train: WordNet not found at {WORDNET} (Debian wordnet-base): latent-association examples are "
+            f"replaced by planted needles")
     sha = file_sha256(cfg.drafter, cfg.out / "cache" / "drafter-hashes.json")
     drafter = Drafter(cfg.drafter, n_ctx=cfg.n_ctx, n_threads=cfg.threads, cache_mb=0, timeout=3600)
     try:
