@@ -1,7 +1,9 @@
 """Held-out metrics of the trained files, read back through the proxy's own loaders and stages.
 
 1. Boundaries: the real ``ProbeSegmenter`` on the segment probe's logits gives unit start lines; so does the
-   model-free ``UnitSegmenter`` on the same text. Precision, recall and F1 against the structural starts.
+   model-free ``UnitSegmenter`` on the same text. Precision, recall and F1 against the structural starts, every
+   start (gold and predicted) moved to the first non-blank line at or after it, so that where a stage puts the
+   blank lines between two units does not count.
 2. Request span: token-level F1 of ``sigmoid(request) >= threshold`` against the planted question's tokens.
 3. Relevance: the scorer head's ``p`` (``head.unit_reps`` / ``query_rep`` / ``relevance``, request tokens picked
    by the trained request probe) and BM25 (``LexicalScorer``) each rank the units by density; units are kept in
@@ -70,6 +72,15 @@ def heuristic_starts(f: Features, tt: TokenizedText) -> set[int]:
         return {0}
 
 
+def _content_starts(starts: set[int], lines: list[str]) -> set[int]:
+    out = set()
+    for s in starts:
+        while s + 1 < len(lines) and not lines[s].strip():
+            s += 1
+        out.add(s)
+    return out
+
+
 def keep_at_budget(density: np.ndarray, tokens: np.ndarray, budget: float) -> set[int]:
     limit, kept, used = budget * float(tokens.sum()), set(), 0.0
     for j in np.argsort(-density, kind="stable"):
@@ -96,9 +107,10 @@ def report(files: dict[str, Path], va: list[Features], budget: float, seed: int,
         n_lines = len(split_lines(text))
         counts = np.bincount(f.token_line, minlength=n_lines)[:n_lines]
         tt = TokenizedText.from_text(text, [int(c) for c in counts])
-        gold_starts = set(f.meta["units"])
-        a = np.array(_prf(probe_starts(probe, seg, f), gold_starts))
-        b = np.array(_prf(heuristic_starts(f, tt), gold_starts))
+        lines = ex.doc.lines
+        gold_starts = _content_starts(set(f.meta["units"]), lines)
+        a = np.array(_prf(_content_starts(probe_starts(probe, seg, f), lines), gold_starts))
+        b = np.array(_prf(_content_starts(heuristic_starts(f, tt), lines), gold_starts))
         pb += a
         hb += b
         by_kind[f.meta["kind"]] += np.concatenate([a, b])
