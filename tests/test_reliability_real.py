@@ -179,3 +179,38 @@ async def test_a_quick_restart_of_an_attached_server_is_noticed_before_announcin
     assert h3["X-PFlash-Cache"] == "restored", "the server lost the slot: the snapshot must be restored"
     assert b3["timings"]["cache_n"] > 400  # llama-server itself reports the restored prefix as cached
     assert (await (await proxy.get("/pflash/stats")).json())["sessions"]["slots_lost"] == 1
+
+
+@pytest.mark.parametrize("path, body, status", [
+    # gemma has no fill-in-the-middle tokens: llama-server answers 501, still under a lease
+    ("/infill", {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 4}, 501),
+    ("/v1/messages", {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}, 200),
+    ("/v1/responses", {"model": "x", "max_output_tokens": 4, "input": "Hi"}, 200),
+])
+async def test_every_generating_route_gets_a_slot_lease(make_proxy, path, body, status):
+    """Issue 12: a route that decodes must never land on a slot the table believes holds a session."""
+    proxy = await make_proxy()
+    _, h, _ = await _chat(proxy, [{"role": "user", "content": "Hold this slot."}])
+    held = int(h["X-PFlash-Slot"])
+    r = await proxy.post(path, json=body)
+    await r.read()
+    assert r.status == status and "X-PFlash-Slot" in r.headers
+    assert int(r.headers["X-PFlash-Slot"]) != held  # the free slot, not the session's
+    _, h2, b2 = await _chat(proxy, [{"role": "user", "content": "Hold this slot."},
+                                    {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Again."}])
+    assert h2["X-PFlash-Cache"] == "hit" and int(h2["X-PFlash-Slot"]) == held
+
+
+async def test_client_slot_actions_are_refused_by_default_and_leased_when_allowed(make_proxy, llama_server):
+    proxy = await make_proxy()
+    r = await proxy.post("/slots/0?action=erase", json={})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "slot_actions_refused"
+    assert (await proxy.get("/slots")).status == 200  # reading the slots still passes
+    proxy2 = await make_proxy(allow_slot_actions=True)
+    _, h, _ = await _chat(proxy2, [{"role": "user", "content": "Fill a slot."}])
+    slot = int(h["X-PFlash-Slot"])
+    r = await proxy2.post(f"/slots/{slot}?action=erase", json={})
+    assert r.status == 200
+    _, h2, _ = await _chat(proxy2, [{"role": "user", "content": "Fill a slot."}, {"role": "assistant", "content": "ok"},
+                                    {"role": "user", "content": "More."}])
+    assert h2["X-PFlash-Cache"] != "hit"  # the proxy knows the client erased it

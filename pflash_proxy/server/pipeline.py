@@ -22,7 +22,7 @@ from pflash_proxy.server.relay import RelayResult
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
-RouteKind = Literal["chat", "completion"]
+RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
 
 
 @dataclass

@@ -27,6 +27,10 @@ log = logging.getLogger("pflash_proxy.access")
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
+# Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
+# lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session (issue 12).
+GENERATING_PATHS = ("/v1/messages", "/v1/responses", "/responses", "/infill", "/embedding", "/embeddings",
+                    "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 OPENAI_STREAM_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
 
 
@@ -99,7 +103,8 @@ async def parsed(request: web.Request) -> web.StreamResponse:
     req: ProxyRequest | None = None
     try:
         raw = await read_body(request)
-        kind = "chat" if request.path in CHAT_PATHS else "completion"
+        kind = "chat" if request.path in CHAT_PATHS else "completion" if request.path in COMPLETION_PATHS \
+            else "generating"
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -110,7 +115,8 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             raise BadRequest("request body must be a JSON object", code="invalid_json")
         check_strings(body)
         try:
-            model: Any = (ChatCompletionRequest if kind == "chat" else CompletionRequest).model_validate(body)
+            model: Any = None if kind == "generating" else \
+                (ChatCompletionRequest if kind == "chat" else CompletionRequest).model_validate(body)
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
@@ -188,12 +194,34 @@ def collect_stats(app: web.Application) -> dict[str, Any]:
 
 
 def add_routes(app: web.Application) -> None:
-    for path in CHAT_PATHS + COMPLETION_PATHS:
+    for path in CHAT_PATHS + COMPLETION_PATHS + GENERATING_PATHS:
         app.router.add_post(path, parsed)
+    app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/pflash/stats", pflash_stats)
     app.router.add_get("/pflash/metrics", pflash_metrics)
     app.router.add_post("/pflash/save", pflash_save)
     app.router.add_route("*", "/{tail:.*}", passthrough)
+
+
+async def slot_action(request: web.Request) -> web.StreamResponse:
+    """Clients' slot actions overwrite what the proxy keeps in a slot: refused (403) unless allowed, and then
+    run under a lease of that very slot, after which the table no longer claims to know its content."""
+    if not request.app[SETTINGS].allow_slot_actions:
+        return error_response(403, "slot actions are reserved to the proxy, which manages the slots' contents "
+                                   "(start it with --allow-slot-actions to pass them through)", "slot_actions_refused",
+                              "permission_error")
+    try:
+        slot_id = int(request.match_info["slot"])
+    except ValueError:
+        return await passthrough(request)
+    sessions = next((s for s in request.app[PIPELINE].stages if s.name == "sessions"), None)
+    if sessions is None:
+        return await passthrough(request)
+    lease = await sessions.manager.lease_slot(slot_id)
+    try:
+        return await passthrough(request)
+    finally:
+        sessions.manager.release_unknown(lease)
 
 
 def error_middleware_factory():

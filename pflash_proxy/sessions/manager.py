@@ -283,6 +283,22 @@ class SessionManager:
         self.counters["misses"] += 1
         return "miss", 0
 
+    async def lease_slot(self, slot_id: int) -> Lease:
+        """Lease slot ``slot_id`` itself (a client's slot action); its session is saved first if it must be."""
+        from pflash_proxy.sessions.slots import SLOT_KEY
+
+        await self.ensure_ready()
+        lease = await self.table.acquire(f"{SLOT_KEY}{slot_id}")
+        await self.prepare_slot(lease, None)
+        return lease
+
+    def release_unknown(self, lease: Lease) -> None:
+        """Release a lease after which the slot's content is not known to the proxy (a client's slot action)."""
+        lease.slot.known = False
+        lease.slot.tokens = lease.slot.prompt_tokens = 0
+        lease.slot.served_hashes = []
+        self.table.release(lease)
+
     async def _slot_lost(self, slot: Any) -> str | None:
         """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
 

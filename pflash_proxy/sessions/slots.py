@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pflash_proxy.errors import QueueFull, QueueTimeout
 
 
+SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
+
+
 @dataclass
 class Slot:
     id: int
@@ -85,6 +88,16 @@ class SlotTable:
         """A lease, None (wait), or False: ``resident_only`` and the session holds no slot any more."""
         if session in self._busy_sessions:
             return None
+        if session.startswith(SLOT_KEY):  # a lease of one given slot (a client's slot action)
+            slot = self.slots[int(session[len(SLOT_KEY):]) % len(self.slots)]
+            if slot.busy:
+                return None
+            evicted = Evicted(slot.session, slot.tokens, slot.served_hashes, slot.snapshot_current, slot.known) \
+                if slot.session is not None else None
+            slot.session, slot.tokens, slot.prompt_tokens, slot.served_hashes = session, 0, 0, []
+            slot.known, slot.snapshot_current, slot.busy = False, False, True
+            self._busy_sessions.add(session)
+            return Lease(slot, session, resident=False, evicted=evicted)
         slot = self.resident(session)
         if slot is not None and not slot.busy:
             slot.busy = True
