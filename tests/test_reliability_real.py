@@ -214,3 +214,21 @@ async def test_client_slot_actions_are_refused_by_default_and_leased_when_allowe
     _, h2, _ = await _chat(proxy2, [{"role": "user", "content": "Fill a slot."}, {"role": "assistant", "content": "ok"},
                                     {"role": "user", "content": "More."}])
     assert h2["X-PFlash-Cache"] != "hit"  # the proxy knows the client erased it
+
+
+async def test_a_batch_of_prompts_stays_a_batch(make_proxy, http, llama_server):
+    """Issue 12: pinned to one slot, the two completions of [tokens, tokens] differed (llama.cpp's own
+    test_completion_with_tokens_input); a batch now runs unpinned, with every slot leased."""
+    proxy = await make_proxy()
+    async with http.post(llama_server.url + "/tokenize", json={"content": "The capital of France is"}) as r:
+        toks = (await r.json())["tokens"]
+    body = {"prompt": [toks, toks], "n_predict": 8, "temperature": 0, "seed": 1}
+    async with http.post(llama_server.url + "/completion", json=body) as r:
+        direct = await r.json()
+    r = await proxy.post("/completion", json=body)
+    via = await r.json()
+    assert r.status == 200 and r.headers["X-PFlash-Slot"] == "all"
+    assert [c["content"] for c in via] == [c["content"] for c in direct]
+    assert via[0]["content"] == via[1]["content"]
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert not any(s["busy"] for s in stats["sessions"]["table"])  # every lease was given back

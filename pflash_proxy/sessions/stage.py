@@ -64,6 +64,9 @@ class SessionStage(Stage):
     async def on_request(self, req: ProxyRequest) -> None:
         mgr = self.manager
         await mgr.ensure_ready()
+        if req.kind == "completion" and is_batch(req.body.get("prompt")):
+            await self._whole_server(req)
+            return
         if req.kind != "chat":
             await self._anonymous(req)
             return
@@ -94,6 +97,22 @@ class SessionStage(Stage):
             "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
         })
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
+
+    async def _whole_server(self, req: ProxyRequest) -> None:
+        """A batch (``prompt`` holds several prompts) runs one task per prompt on slots llama-server picks, so it
+        is not pinned: it leases every slot (in slot order, so two batches never deadlock; sessions displaced
+        are saved first) and leaves every slot unknown to the table afterwards."""
+        mgr = self.manager
+        leases: list[Lease] = []
+        try:
+            for slot in range(len(mgr.table.slots)):
+                leases.append(await mgr.lease_slot(slot))
+        except BaseException:
+            for lease in leases:
+                mgr.release_unknown(lease)
+            raise
+        req.state[self.name] = SessionContext(None, leases[0], 0, [], [], "miss", 0, {"batch": leases})
+        req.response_headers["X-PFlash-Slot"] = "all"
 
     async def _anonymous(self, req: ProxyRequest) -> None:
         """A lease of its own for a request without a session (completion routes, an unusable index)."""
@@ -141,7 +160,7 @@ class SessionStage(Stage):
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         ctx: SessionContext | None = req.state.get(self.name)
-        if ctx is None:
+        if ctx is None or "batch" in ctx.extra:
             return
         served_hashes = [message_hash(m) for m in ctx.served]
         self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
@@ -149,6 +168,10 @@ class SessionStage(Stage):
     async def on_finish(self, req: ProxyRequest) -> None:
         ctx: SessionContext | None = req.state.get(self.name)
         if ctx is None:
+            return
+        if "batch" in ctx.extra:
+            for lease in ctx.extra["batch"]:
+                self.manager.release_unknown(lease)
             return
         self.manager.table.release(ctx.lease)
         if ctx.record is not None and self.manager.settings.save_every_turn:
@@ -159,6 +182,11 @@ class SessionStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         return self.manager.stats()
+
+
+def is_batch(prompt: Any) -> bool:
+    """llama-server's rule: a list holding strings or token lists is several prompts (a flat token list is one)."""
+    return isinstance(prompt, list) and len(prompt) > 1 and any(isinstance(p, (str, list, dict)) for p in prompt)
 
 
 def served_version(client: dict, stored: dict) -> dict:
