@@ -232,3 +232,27 @@ async def test_a_batch_of_prompts_stays_a_batch(make_proxy, http, llama_server):
     assert via[0]["content"] == via[1]["content"]
     stats = await (await proxy.get("/pflash/stats")).json()
     assert not any(s["busy"] for s in stats["sessions"]["table"])  # every lease was given back
+
+
+async def test_echoing_the_session_header_continues_the_session(make_proxy):
+    """Issue 12: a client that sends back the X-PFlash-Session value it received continued nothing."""
+    proxy = await make_proxy()
+    msgs = [{"role": "user", "content": "Remember the number 7."}]
+    _, h, body = await _chat(proxy, msgs)
+    nxt = msgs + [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
+                  {"role": "user", "content": "Which number?"}]
+    r = await proxy.post("/v1/chat/completions", json={"messages": nxt, "max_tokens": 4, **GEN},
+                         headers={"X-PFlash-Session": h["X-PFlash-Session"]})
+    assert r.status == 200
+    assert r.headers["X-PFlash-Session"] == h["X-PFlash-Session"] and r.headers["X-PFlash-Cache"] == "hit"
+
+
+async def test_an_agents_own_session_header_names_the_conversation(make_proxy):
+    proxy = await make_proxy()
+    msgs = [{"role": "user", "content": "Same words, two agents."}]
+    r1 = await proxy.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **GEN},
+                          headers={"x-session-affinity": "agent-one"})
+    r2 = await proxy.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **GEN},
+                          headers={"x-session-affinity": "agent-two"})
+    assert r1.status == r2.status == 200
+    assert r1.headers["X-PFlash-Session"] != r2.headers["X-PFlash-Session"]  # two names, two sessions

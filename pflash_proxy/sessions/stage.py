@@ -35,6 +35,8 @@ log = logging.getLogger("pflash_proxy.sessions")
 
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
+# the conversation's name, when the client gives one: ours first, then what agents send on their own
+SESSION_HEADERS = (SESSION_HEADER, "x-session-affinity", "session_id", "session-id")
 
 
 @dataclass
@@ -70,10 +72,10 @@ class SessionStage(Stage):
         if req.kind != "chat":
             await self._anonymous(req)
             return
-        explicit = req.headers.get(SESSION_HEADER)
-        seed = namespace_seed(mgr.model_identity, explicit)
+        explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None)
         messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
         try:
+            seed = await self._seed(explicit)
             record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
         except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
             mgr.store_failed("looking up the session", exc)
@@ -97,6 +99,16 @@ class SessionStage(Stage):
             "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
         })
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
+
+    async def _seed(self, explicit: str | None) -> str:
+        """The namespace of the lookup: the model identity, plus the client's session name. A client that echoes
+        the proxy's own ``X-PFlash-Session`` value (a session id) continues that session's namespace."""
+        mgr = self.manager
+        if explicit and len(explicit) == 32 and all(c in "0123456789abcdef" for c in explicit):
+            rec = await asyncio.get_running_loop().run_in_executor(None, mgr.store.get, explicit)
+            if rec is not None:
+                return rec.seed
+        return namespace_seed(mgr.model_identity, explicit)
 
     async def _whole_server(self, req: ProxyRequest) -> None:
         """A batch (``prompt`` holds several prompts) runs one task per prompt on slots llama-server picks, so it
