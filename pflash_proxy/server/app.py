@@ -18,7 +18,7 @@ from pflash_proxy.config import Settings
 from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.pipeline import Pipeline, Stage
-from pflash_proxy.server.routes import add_routes, error_middleware_factory
+from pflash_proxy.server.routes import add_routes, collect_stats, error_middleware_factory
 from pflash_proxy.spawn import LlamaServerSupervisor
 from pflash_proxy.upstream import Upstream
 
@@ -50,6 +50,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware_factory()])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[METRICS].bind(lambda: collect_stats(app))
     app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s)
     app[SUPERVISOR] = None
     app[PIPELINE] = Pipeline()
@@ -83,6 +84,10 @@ def _stages_ctx(stages: list[Stage] | None):
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
             app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(None, build_stages, app)
+        for stage in app[PIPELINE].stages:  # snapshot timings feed the metrics' histograms
+            manager = getattr(stage, "manager", None)
+            if manager is not None:
+                manager.snapshots.on_timing = app[METRICS].observe_snapshot
         started: list[Stage] = []
         try:
             for stage in app[PIPELINE].stages:

@@ -1,18 +1,146 @@
-"""Counters for ``/pflash/stats`` (JSON) and ``/pflash/metrics`` (Prometheus text format)."""
+"""Metrics: ``/pflash/stats`` (JSON) and ``/pflash/metrics`` (Prometheus, via ``prometheus_client``).
+
+1. One ``CollectorRegistry`` per app (tests run several apps in one process), every name prefixed ``pflash_``.
+2. Latency histograms observed as requests end (``observe_request``): the whole request, the upstream's first
+   byte, the wait for a slot lease, compression (by mode) and the drafter's share of it; snapshot save and
+   restore durations are observed by the snapshot manager through ``observe_snapshot``.
+3. Counters and gauges that the stages already keep (session cache results, restarts, failures, compression
+   modes, bytes on disk, queue length) are read at scrape time by ``StatsCollector`` from the same numbers
+   ``/pflash/stats`` shows, so the two views never disagree. Counters end in ``_total``; every metric has HELP.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+KNOWN_ROUTES = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
+                "/v1/messages", "/v1/responses", "/responses", "/infill", "/embedding", "/embeddings",
+                "/v1/embeddings", "/rerank", "/v1/rerank", "/v1/models", "/health", "/tokenize", "/slots"}
+
+# (stats section, key) -> (metric name without pflash_, help); counters get _total from the exposition
+SESSION_COUNTERS = {
+    "cache_mismatches": "Responses whose cache_n fell short of what the slot table expected",
+    "upstream_restarts": "Times the proxy found llama-server restarted (state lost)",
+    "slots_lost": "Hits refused because llama-server's /slots no longer showed the session's prompt",
+    "evicted_saves": "Snapshots written because a session lost its slot to another",
+    "save_failures": "Snapshot saves that failed (the session is re-prefilled later)",
+    "sessions_pruned": "Sessions forgotten by age, count or the index byte bound",
+    "store_failures": "Session index reads or writes that failed (requests were served without saving)",
+    "refused_queue_full": "Requests refused with 429 because --max-queue requests were already waiting",
+    "refused_queue_timeout": "Requests that gave up with 503 after --queue-timeout-s without a slot",
+}
+SNAPSHOT_COUNTERS = {"snap_saves": "Snapshots saved", "snap_restores": "Snapshots restored",
+                     "snap_restore_failures": "Snapshot restores that failed (served by full prefill)",
+                     "snap_evictions": "Snapshots evicted to stay under --max-cache-gb",
+                     "snap_stray_temp_removed": "Temporary snapshot files of cancelled saves removed"}
+
+
+def route_label(path: str) -> str:
+    return path if path in KNOWN_ROUTES else "other"  # bounded label values
+
+
+class StatsCollector:
+    """Exposes the stages' own counters and gauges at scrape time (module docstring, step 3)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed set: metrics appear with the stages that keep them
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        up = s.get("upstream", {})
+        g = GaugeMetricFamily("pflash_upstream_ready", "1 when llama-server is reachable and ready")
+        g.add_metric([], 1.0 if up.get("ready") else 0.0)
+        yield g
+        sess = s.get("sessions")
+        if sess:
+            c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held", labels=["cache"])
+            for key, label in (("hits", "hit"), ("restored", "restored"), ("misses", "miss")):
+                c.add_metric([label], float(sess.get(key, 0)))
+            yield c
+            for key, help_ in {**SESSION_COUNTERS, **SNAPSHOT_COUNTERS}.items():
+                if key in sess:
+                    yield _counter(key.replace("snap_", "snapshot_"), help_, sess[key])
+            for key, help_ in (("slots", "llama-server slots"), ("queued", "Requests waiting for a slot lease"),
+                               ("snapshots", "Snapshots on disk"), ("snapshot_bytes", "Bytes of snapshots on disk"),
+                               ("store_available", "1 while the session index can be written")):
+                if key in sess:
+                    gm = GaugeMetricFamily(f"pflash_{key}", help_)
+                    gm.add_metric([], float(sess[key]))
+                    yield gm
+            busy = GaugeMetricFamily("pflash_slots_busy", "Slots leased to a running request")
+            busy.add_metric([], float(sum(1 for t in sess.get("table", []) if t.get("busy"))))
+            yield busy
+        comp = s.get("pflash")
+        if comp:
+            c = CounterMetricFamily("pflash_messages", "New messages by what compression did", labels=["mode"])
+            for mode, n in sorted(comp.get("modes", {}).items()):
+                c.add_metric([mode], float(n))
+            yield c
+            yield _counter("compressed_tokens_in", "Tokens of the messages that were compressed",
+                           comp.get("tokens_in", 0))
+            yield _counter("compressed_tokens_kept", "Tokens kept of those messages", comp.get("tokens_kept", 0))
+
+
+def _counter(name: str, help_: str, value: Any) -> CounterMetricFamily:
+    c = CounterMetricFamily(f"pflash_{name}", help_)
+    c.add_metric([], float(value or 0))
+    return c
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.by_status: Counter[int] = Counter()
+        self.by_status: Counter[int] = Counter()  # for the JSON view
         self.counters: Counter[str] = Counter()
+        r = self.registry = CollectorRegistry()
+        self.requests = PromCounter("pflash_requests", "Requests answered by the proxy", ["route", "status"],
+                                    registry=r)
+        self.request_seconds = Histogram("pflash_request_seconds", "Whole request: arrival to last byte",
+                                         ["route"], buckets=LATENCY, registry=r)
+        self.first_byte_seconds = Histogram("pflash_upstream_first_byte_seconds",
+                                            "Arrival to the upstream's first response byte", ["route"],
+                                            buckets=LATENCY, registry=r)
+        self.queue_wait_seconds = Histogram("pflash_queue_wait_seconds", "Wait for a llama-server slot lease",
+                                            buckets=LATENCY, registry=r)
+        self.compression_seconds = Histogram("pflash_compression_seconds", "Compression of one new long message",
+                                             ["mode"], buckets=LATENCY, registry=r)
+        self.drafter_seconds = Histogram("pflash_drafter_seconds", "Drafter time (segment, represent, score) "
+                                         "of one compressed message", buckets=LATENCY, registry=r)
+        self.snapshot_seconds = Histogram("pflash_snapshot_seconds", "Slot snapshot save or restore", ["action"],
+                                          buckets=LATENCY, registry=r)
+
+    def bind(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(StatsCollector(stats))
 
     def count_request(self, status: int) -> None:
         self.by_status[status] += 1
+
+    def observe_request(self, path: str, status: int, seconds: float, first_byte_s: float | None,
+                        fields: dict[str, Any]) -> None:
+        route = route_label(path)
+        self.count_request(status)
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+        if first_byte_s is not None:
+            self.first_byte_seconds.labels(route).observe(first_byte_s)
+        if "queue_ms" in fields:
+            self.queue_wait_seconds.observe(fields["queue_ms"] / 1000)
+        if "pflash_ms" in fields:
+            self.compression_seconds.labels(str(fields.get("pflash", "unknown"))).observe(fields["pflash_ms"] / 1000)
+            if fields.get("scorer") not in (None, "lexical") or fields.get("segmenter") == "probe":
+                ms = sum(fields.get(f"ms_{k}", 0.0) for k in ("segment", "represent", "score"))
+                self.drafter_seconds.observe(ms / 1000)
+
+    def observe_snapshot(self, action: str, seconds: float) -> None:
+        self.snapshot_seconds.labels(action).observe(seconds)
 
     def inc(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
@@ -21,27 +149,5 @@ class Metrics:
         return {"total": sum(self.by_status.values()), "by_status": {str(k): v for k, v in self.by_status.items()},
                 **dict(self.counters)}
 
-    def prometheus(self, stats: dict[str, Any]) -> str:
-        lines = ["# TYPE pflash_requests_total counter"]
-        for status, n in sorted(self.by_status.items()):
-            lines.append(f'pflash_requests_total{{status="{status}"}} {n}')
-        for name, value in sorted(_flatten(stats).items()):
-            if name.startswith("requests_by_status") or name == "requests_total":
-                continue
-            metric = "pflash_" + name
-            lines.append(f"# TYPE {metric} gauge")
-            lines.append(f"{metric} {value}")
-        return "\n".join(lines) + "\n"
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}".replace("-", "_").replace(".", "_")
-        if isinstance(v, bool):
-            out[key] = float(v)
-        elif isinstance(v, (int, float)):
-            out[key] = v
-        elif isinstance(v, dict):
-            out.update(_flatten(v, key + "_"))
-    return out
+    def prometheus(self) -> bytes:
+        return generate_latest(self.registry)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 import logging
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ async def relay(
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
     if not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
+        result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
         return await _relay_small(upstream, extra_headers, result, "json" in ctype)
     resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     for k, v in response_headers(upstream):
@@ -107,7 +109,7 @@ async def relay(
         try:
             async for chunk in upstream.content.iter_any():
                 if result.first_chunk_at is None:
-                    result.first_chunk_at = loop.time()
+                    result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
                 if is_sse:  # only whole events reach the client, so an error event never follows half of one
                     chunk, held = _complete_events(held + chunk)
                 if chunk:

@@ -72,6 +72,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         status = exc.status
         return exc.response()
     finally:
+        _observe(request, status, started, result, {})
         _access_log(request, status, started, result, {})
 
 
@@ -142,8 +143,14 @@ async def parsed(request: web.Request) -> web.StreamResponse:
     finally:
         if req is not None:
             await pipeline.finish(req)
-        app[METRICS].count_request(status)
+        _observe(request, status, started, result, req.log_fields if req is not None else {})
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
+
+
+def _observe(request: web.Request, status: int, started: float, result: RelayResult | None, fields: dict) -> None:
+    first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
+    request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
+                                         first if first is not None and first >= 0 else None, fields)
 
 
 def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:
@@ -168,7 +175,9 @@ async def pflash_stats(request: web.Request) -> web.Response:
 
 
 async def pflash_metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[METRICS].prometheus(collect_stats(request.app)), content_type="text/plain")
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return web.Response(body=request.app[METRICS].prometheus(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def pflash_save(request: web.Request) -> web.Response:

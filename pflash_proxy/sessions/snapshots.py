@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.store import SessionStore, SnapshotRecord, StoreError
@@ -38,6 +39,7 @@ class SnapshotManager:
         self.dir = directory
         self.max_bytes = max_bytes
         self._writing: set[str] = set()  # temporary names of saves in flight
+        self.on_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
         self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "evictions": 0, "stray_temp_removed": 0,
                       "save_ms_total": 0.0, "restore_ms_total": 0.0}
 
@@ -73,6 +75,8 @@ class SnapshotManager:
             raise
         self.stats["saves"] += 1
         self.stats["save_ms_total"] += (time.monotonic() - t0) * 1000
+        if self.on_timing is not None:
+            self.on_timing("save", time.monotonic() - t0)
         log.info("saved slot %d (session %s, %d tokens, %.1f MB) in %.0f ms", slot, sid[:8], tokens,
                  size / 1e6, (time.monotonic() - t0) * 1000)
         self.evict()
@@ -114,6 +118,8 @@ class SnapshotManager:
             log.warning("could not record the use of session %s's snapshot: %s", rec.session[:8], exc)
         self.stats["restores"] += 1
         self.stats["restore_ms_total"] += (time.monotonic() - t0) * 1000
+        if self.on_timing is not None:
+            self.on_timing("restore", time.monotonic() - t0)
         log.info("restored session %s into slot %d (%s tokens) in %.0f ms", rec.session[:8], slot,
                  data.get("n_restored"), (time.monotonic() - t0) * 1000)
         return True

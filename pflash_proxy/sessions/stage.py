@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,7 @@ class SessionStage(Stage):
             return
         explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None)
         messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
+        t_wait = time.monotonic()
         try:
             seed = await self._seed(explicit)
             record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
@@ -82,6 +84,7 @@ class SessionStage(Stage):
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; served without a session"
             await self._anonymous(req)
             return
+        req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
@@ -128,7 +131,9 @@ class SessionStage(Stage):
 
     async def _anonymous(self, req: ProxyRequest) -> None:
         """A lease of its own for a request without a session (completion routes, an unusable index)."""
+        t_wait = time.monotonic()
         lease = await self.manager.table.acquire("anon-" + uuid.uuid4().hex)
+        req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
         await self.manager.prepare_slot(lease, None)
         req.set_field("id_slot", lease.slot.id)
