@@ -37,6 +37,9 @@ _HELP = {
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
     "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
                     "sessions are forgotten beyond it (default 1024)",
+    "progress_interval_s": "a streaming request that waits for a slot or for compression gets an SSE comment "
+                           "(': pflash compressing 12,345 tokens') this often, so clients do not time out (0 = "
+                           "never; default 5)",
     "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
                           "(default: refused with 403, since they overwrite what the proxy keeps in the slots)",
     "max_queue": "requests that may wait for a llama-server slot; more get 429 with Retry-After (0 = no bound, "

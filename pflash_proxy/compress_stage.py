@@ -127,6 +127,7 @@ class CompressStage(Stage):
         request = self.finder.find(messages, idx, tt)
         uncached = max(prompt_tokens - ctx.expected_cached, tt.total_tokens)
         in_conversation = ctx.matched > 0
+        req.progress = f"compressing {tt.total_tokens:,} tokens ({getattr(self.scorer, 'name', 'lexical')})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
                                              in_conversation, source, label)

@@ -107,6 +107,7 @@ class Settings(BaseModel):
     max_sessions: int = Field(10000, ge=1)
     max_index_mb: float = Field(1024, gt=0)  # the session index's bytes on disk; least recently used go beyond
     sessions: bool = True
+    progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
     allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
     queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)

@@ -39,6 +39,7 @@ class ProxyRequest:
     response_headers: dict[str, str] = field(default_factory=dict)
     log_fields: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
+    progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
     # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
     added_fields: dict[str, Any] = field(default_factory=dict)
 

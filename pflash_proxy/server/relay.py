@@ -83,10 +83,13 @@ async def relay(
     upstream: aiohttp.ClientResponse,
     extra_headers: dict[str, str] | None = None,
     openai_stream: bool = False,
+    prepared: web.StreamResponse | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
+    if prepared is not None:
+        return await _relay_into_started(request, upstream, prepared, result, is_sse, openai_stream)
     if not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
         result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
         return await _relay_small(upstream, extra_headers, result, "json" in ctype)
@@ -197,6 +200,67 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
         except ValueError:
             pass
     return resp, result
+
+
+async def _relay_into_started(request: web.Request, upstream: aiohttp.ClientResponse, resp: web.StreamResponse,
+                              result: RelayResult, is_sse: bool, openai_stream: bool
+                              ) -> tuple[web.StreamResponse, RelayResult]:
+    """The client's stream already started (progress comments): relay the upstream's events into it, or turn a
+    non-stream answer (an error from llama-server) into an error event of that stream."""
+    if is_sse:
+        result.first_chunk_at = None
+        tail = _SSETail()
+        held = b""
+        try:
+            async for chunk in upstream.content.iter_any():
+                if result.first_chunk_at is None:
+                    result.first_chunk_at = time.monotonic()
+                chunk, held = _complete_events(held + chunk)
+                if chunk:
+                    await resp.write(chunk)
+                    result.bytes_out += len(chunk)
+                    tail.feed(chunk)
+            result.completed = True
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            result.client_gone = True
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+            await _write_sse_error(resp, result, openai_stream)
+        finally:
+            if result.client_gone or result.upstream_failed:
+                upstream.close()
+            else:
+                upstream.release()
+        result.final_json = tail.last
+    else:
+        body = await upstream.read()
+        upstream.release()
+        try:
+            err = json.loads(body)
+        except ValueError:
+            err = None
+        if not (isinstance(err, dict) and "error" in err):
+            err = error_body(upstream.status if upstream.status >= 400 else 502,
+                             body.decode("utf-8", "replace")[:500] or "upstream answered without a stream",
+                             "upstream_not_a_stream")
+        await write_stream_error(resp, err, openai_stream)
+        result.completed = True
+    if not result.client_gone:
+        try:
+            await resp.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            result.client_gone = True
+    return resp, result
+
+
+async def write_stream_error(resp: web.StreamResponse, body: dict, openai_stream: bool) -> None:
+    """An error as the last event of a stream that already started (then the stream ends)."""
+    payload = b"data: " + json.dumps(body).encode() + b"\n\n" + (b"data: [DONE]\n\n" if openai_stream else b"")
+    try:
+        await resp.write(payload)
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
 
 
 def _complete_events(buf: bytes) -> tuple[bytes, bytes]:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -16,11 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_response
+from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.pipeline import ProxyRequest
-from pflash_proxy.server.relay import RelayResult, relay
+from pflash_proxy.server.relay import RelayResult, relay, write_stream_error
 from pflash_proxy.upstream import forwardable_headers
 
 log = logging.getLogger("pflash_proxy.access")
@@ -95,6 +96,41 @@ def check_strings(body: Any) -> None:
             stack.extend(x)
 
 
+PROGRESS_STARTED = "_progress_response"
+
+
+async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: Any, interval: float
+                            ) -> web.StreamResponse | None:
+    """Run the stages; while they take long (a slot wait, a compression, a drafter pass), a streaming client gets
+    SSE comment lines (``: pflash compressing 12,345 tokens``) every ``interval`` seconds, so agents with read
+    timeouts keep waiting. Returns the already started stream (status 200, the headers known so far), or None
+    when the stages finished before the first comment was due (the usual case: nothing changes)."""
+    task = asyncio.ensure_future(pipeline.run_request(req))
+    if not req.stream or interval <= 0:
+        await task
+        return None
+    resp: web.StreamResponse | None = None
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=min(2.0, interval) if resp is None else interval)
+            if done:
+                break
+            if resp is None:
+                resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                               "Cache-Control": "no-cache", **req.response_headers})
+                await resp.prepare(request)
+                req.state[PROGRESS_STARTED] = resp
+            await resp.write(f": pflash {req.progress}\n\n".encode())
+    except BaseException:
+        task.cancel()  # the client left while waiting: stop the stages too (finish() releases the lease)
+        raise
+    task.result()  # a stage's ProxyError surfaces here
+    if resp is not None:  # headers decided after the stream started travel as one last comment
+        late = {k: v for k, v in req.response_headers.items() if k.startswith("X-PFlash")}
+        await resp.write((": pflash " + " ".join(f"{k}={v}" for k, v in late.items()) + "\n\n").encode())
+    return resp
+
+
 async def parsed(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     app = request.app
@@ -123,14 +159,23 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             where = ".".join(str(p) for p in err["loc"])
             raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
         req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, body, model)
-        await pipeline.run_request(req)
+        openai_stream = request.path in OPENAI_STREAM_PATHS
+        try:
+            prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
+        except ProxyError as exc:
+            if req.state.get(PROGRESS_STARTED) is None:
+                raise
+            status = exc.status  # the stream already started: the error travels as an event of it
+            await write_stream_error(req.state[PROGRESS_STARTED], error_body(exc.status, exc.message, exc.code),
+                                     openai_stream)
+            return req.state[PROGRESS_STARTED]
         upstream = app[UPSTREAM]
         t0 = time.monotonic()
         up = await upstream.open(
             request.method, req.path_qs, forwardable_headers(request.headers), req.forward_bytes()
         )
         resp, result = await relay(
-            request, up, extra_headers=req.response_headers, openai_stream=request.path in OPENAI_STREAM_PATHS
+            request, up, extra_headers=req.response_headers, openai_stream=openai_stream, prepared=prepared
         )
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
@@ -138,6 +183,11 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         return resp
     except ProxyError as exc:
         status = exc.status
+        started_stream = req.state.get(PROGRESS_STARTED) if req is not None else None
+        if started_stream is not None:  # e.g. the upstream went away after progress comments were sent
+            await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code),
+                                     request.path in OPENAI_STREAM_PATHS)
+            return started_stream
         headers = {**(req.response_headers if req is not None else {}), **exc.headers}
         return error_response(exc.status, exc.message, exc.code, headers=headers or None)
     finally:

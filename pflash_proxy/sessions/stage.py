@@ -76,6 +76,7 @@ class SessionStage(Stage):
         explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None)
         messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
         t_wait = time.monotonic()
+        req.progress = "waiting for a llama-server slot"
         try:
             seed = await self._seed(explicit)
             record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
@@ -89,6 +90,7 @@ class SessionStage(Stage):
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
         served_hashes = [message_hash(m) for m in served]
+        req.progress = "restoring the session" if not lease.resident else "checking the slot"
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
         if served[:matched] != messages[:matched]:
             body = dict(req.body)
@@ -132,6 +134,7 @@ class SessionStage(Stage):
     async def _anonymous(self, req: ProxyRequest) -> None:
         """A lease of its own for a request without a session (completion routes, an unusable index)."""
         t_wait = time.monotonic()
+        req.progress = "waiting for a llama-server slot"
         lease = await self.manager.table.acquire("anon-" + uuid.uuid4().hex)
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
