@@ -6,7 +6,7 @@ Loopback only, bounded in time (``--minutes``) and count (``--max-requests``); s
    so its resident memory (``VmRSS``) is measured at start and end.
 2. Run ``--sessions`` chat sessions of 3-6 turns (a refused or failed turn is counted by kind and the client,
    like an agent, waits ``Retry-After`` (or 1 s) and goes on), ``--concurrency`` at a time. Session ``k``'s first message is a
-   short document that carries its own token ``SOAK-<round>-<k>``; every later turn asks about it. About one
+   short document that carries its own random token ``SOAK-<10 hex digits>``; every later turn asks about it. About one
    request in ten is a streaming one whose client disconnects after the first bytes (the turn is dropped from
    that session's history, as a real client would). Rounds of new sessions follow until the time is up.
 3. Half-way, llama-server is killed and started again with the same flags (the proxy is not told).
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.spawn import free_port  # noqa: E402
 from tests.conftest import start_llama_server  # noqa: E402
 
-TOKEN_RX = re.compile(r"SOAK-\d+-\d+")
+TOKEN_RX = re.compile(r"SOAK-[0-9a-f]{10}")
 QUESTIONS = ["What is the code word in the note?", "Repeat the code word.", "Which shelf is mentioned?",
              "Summarise the note in five words.", "Is the code word long?", "Say it once more."]
 
@@ -142,16 +142,17 @@ class Soak:
             while not self.done():
                 sem = asyncio.Semaphore(self.args.concurrency)
 
-                async def one(k: int, rnd: int = rounds) -> None:
-                    async with sem:
-                        await self.session(http, f"SOAK-{rnd}-{k}")
+                async def one(k: int) -> None:
+                    async with sem:  # unguessable: a small model inventing "SOAK-0-11" after "SOAK-0-10" is no leak
+                        await self.session(http, f"SOAK-{self.rng.getrandbits(40):010x}")
                 await asyncio.gather(*(one(k) for k in range(self.args.sessions)))
                 rounds += 1
         return rounds
 
 
 def check_index(home: Path) -> tuple[int, list[str]]:
-    """Every served history in the proxy's index holds one soak token only."""
+    """Every served history's client-written messages (system, user, tool) hold one soak token only; assistant
+    messages are the model's words, checked by the caller against the answers."""
     from pflash_proxy.sessions.store import SessionStore
 
     store = SessionStore(home / "sessions")
@@ -159,7 +160,7 @@ def check_index(home: Path) -> tuple[int, list[str]]:
         bad = []
         recs = store.sessions()
         for rec in recs:
-            tokens = set(TOKEN_RX.findall(json.dumps(rec.served)))
+            tokens = set(TOKEN_RX.findall(json.dumps([m for m in rec.served if m.get("role") != "assistant"])))
             if len(tokens) > 1:
                 bad.append(f"session {rec.id[:8]} served {sorted(tokens)}")
         return len(recs), bad
