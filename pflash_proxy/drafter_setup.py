@@ -3,7 +3,7 @@
 1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
 3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
-   ``--request-probe`` when given); an unset one is taken from the set the package ships for this very drafter
+   ``--request-probe`` when given); when none of the three is given, they come from the set the package ships for this very drafter
    (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no download; both are checked against the drafter's sha256 and read the tap block their
    file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
@@ -115,6 +115,8 @@ def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
     wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": settings.scorer == "head",
               "request_probe": settings.scorer == "head"}
     missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
+    if any(getattr(settings, k) is not None for k in wanted):
+        return settings  # files given by the user are one set: never mix a shipped file into it
     if not missing or settings.drafter is None or not settings.drafter.is_file():
         return settings
     from pflash_proxy.drafter.hashing import file_sha256
