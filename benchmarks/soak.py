@@ -5,7 +5,8 @@ Loopback only, bounded in time (``--minutes``) and count (``--max-requests``); s
 1. Start llama-server (gemma-3-270m, ``-np 2``) and the proxy as a separate process (``pflash-proxy serve``),
    so its resident memory (``VmRSS``) is measured at start and end.
 2. Run ``--sessions`` chat sessions of 3-6 turns (a refused or failed turn is counted by kind and the client,
-   like an agent, waits ``Retry-After`` (or 1 s) and goes on), ``--concurrency`` at a time. Session ``k``'s first message is a
+   like an agent, waits ``Retry-After`` (or 1 s) and goes on), ``--concurrency`` at a time. Session ``k``'s
+   first message is a
    short document that carries its own random token ``SOAK-<10 hex digits>``; every later turn asks about it. About one
    request in ten is a streaming one whose client disconnects after the first bytes (the turn is dropped from
    that session's history, as a real client would). Rounds of new sessions follow until the time is up.

@@ -31,7 +31,8 @@ _HELP = {
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
     "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
     "scorer": "unit relevance: lexical (BM25, model-free), attention or hybrid (need --drafter), head (trained "
-              "probe files: shipped for gemma-3-270m, or from `pflash-proxy train`); default lexical, or with --drafter and no --scorer the bench's winner",
+              "probe files: shipped for gemma-3-270m, or from `pflash-proxy train`); default lexical, or with "
+              "--drafter and no --scorer the bench's winner",
     "attention_heads": "--scorer attention/hybrid: 'auto' (calibrate the drafter's retrieval heads once, cached in the "
                        "state directory), 'all' (every head of the global layers) or LAYER.HEAD,... (default auto)",
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",

@@ -3,9 +3,10 @@
 1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
 3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
-   ``--request-probe`` when given); when none of the three is given, they come from the set the package ships for this very drafter
-   (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no download; both are checked against the drafter's sha256 and read the tap block their
-   file names.  ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
+   ``--request-probe`` when given). When none of the three is given, they come from the set the package ships
+   for this very drafter (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no
+   download. All are checked against the drafter's sha256 and read the tap block their file names.
+   ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
    (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
    ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``).

@@ -58,7 +58,8 @@ class SessionManager:
         self._background: set[asyncio.Task] = set()
         self._warned = False
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
-                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0, "slots_lost": 0}
+                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
+                         "slots_lost": 0}
         self._slots_route: bool | None = None  # GET /slots answers (None: not asked yet)
         self._store_down = False
         self._writes = 0
@@ -326,8 +327,9 @@ class SessionManager:
         if info["id_task"] < slot.task_seen:
             return f"its task ids went back from {slot.task_seen} to {info['id_task']}"
         n = info.get("n_prompt_tokens")
-        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt differs more
-        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > max(16, slot.prompt_tokens // 10):
+        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt, by more
+        slack = max(16, slot.prompt_tokens // 10)
+        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > slack:
             return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
         slot.task_seen = info["id_task"]
         return None

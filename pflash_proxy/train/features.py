@@ -7,12 +7,12 @@ For example ``i`` (``tasks.build``):
    for every token.
 2. Map document tokens to lines (``segment.token_lines``) and query tokens to characters
    (``Drafter.token_starts``); a query token is a request token when it starts inside the question's span.
-3. Save ``<cache>/<i>.npz`` (taps layer-normalised, as float16, the token lines, request labels) plus the example's JSON labels
-   through a temporary file and ``os.replace``, so an interrupted run leaves only whole files and the next run
-   resumes at the first missing index.
+3. Save ``<cache>/<i>.npz`` (taps layer-normalised, as float16, the token lines, request labels) plus the
+   example's JSON labels through a temporary file and ``os.replace``, so an interrupted run leaves only whole
+   files and the next run resumes at the first missing index.
 
-The cache directory is named after the drafter's sha256, the tap block, the seed and the document sizes, so a changed setting
-never mixes features.
+The cache directory is named after the drafter's sha256, the tap block, the seed and the document sizes, so a
+changed setting never mixes features.
 """
 
 from __future__ import annotations
