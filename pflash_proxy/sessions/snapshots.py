@@ -137,6 +137,7 @@ class SnapshotManager:
         for path in self.dir.glob(f"{PREFIX}tmp-*{SUFFIX}"):
             if path.name in self._writing:
                 continue
+            size = 0
             try:
                 size = path.stat().st_size
                 path.unlink()
