@@ -39,15 +39,15 @@ class ProxyError(Exception):
     status = 500
     code = "internal_error"
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
+                 retry_after: int | None = None):
         super().__init__(message)
         self.message = message
+        self.headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
         if status is not None:
             self.status = status
         if code is not None:
             self.code = code
-
-    headers: dict[str, str] = {}
 
     def response(self) -> web.Response:
         return error_response(self.status, self.message, self.code, headers=self.headers or None)
@@ -82,15 +82,12 @@ class UpstreamTimeout(ProxyError):
     code = "upstream_timeout"
 
 
+
 class QueueFull(ProxyError):
     """More requests wait for a slot than ``--max-queue`` allows: the client should come back later."""
 
     status = 429
     code = "queue_full"
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(message)
-        self.headers = {"Retry-After": str(retry_after)}
 
 
 class QueueTimeout(ProxyError):
@@ -98,7 +95,3 @@ class QueueTimeout(ProxyError):
 
     status = 503
     code = "queue_timeout"
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(message)
-        self.headers = {"Retry-After": str(retry_after)}

@@ -88,18 +88,21 @@ async def relay(
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
-    if prepared is not None:
-        return await _relay_into_started(request, upstream, prepared, result, is_sse, openai_stream)
-    if not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
+    if prepared is not None and not is_sse:
+        return await _error_into_started(upstream, prepared, result, openai_stream)
+    if prepared is not None:  # the client's stream already started (progress comments): relay the events into it
+        resp = prepared
+    elif not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
         result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
         return await _relay_small(upstream, extra_headers, result, "json" in ctype)
-    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    for k, v in response_headers(upstream):
-        resp.headers.add(k, v)
-    for k, v in (extra_headers or {}).items():
-        resp.headers[k] = v
-    if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
-        resp.content_length = upstream.content_length
+    else:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for k, v in response_headers(upstream):
+            resp.headers.add(k, v)
+        for k, v in (extra_headers or {}).items():
+            resp.headers[k] = v
+        if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
+            resp.content_length = upstream.content_length
     sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
     tail = _SSETail() if is_sse else None
     body_parts: list[bytes] = []
@@ -202,54 +205,24 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
     return resp, result
 
 
-async def _relay_into_started(request: web.Request, upstream: aiohttp.ClientResponse, resp: web.StreamResponse,
-                              result: RelayResult, is_sse: bool, openai_stream: bool
-                              ) -> tuple[web.StreamResponse, RelayResult]:
-    """The client's stream already started (progress comments): relay the upstream's events into it, or turn a
-    non-stream answer (an error from llama-server) into an error event of that stream."""
-    if is_sse:
-        result.first_chunk_at = None
-        tail = _SSETail()
-        held = b""
-        try:
-            async for chunk in upstream.content.iter_any():
-                if result.first_chunk_at is None:
-                    result.first_chunk_at = time.monotonic()
-                chunk, held = _complete_events(held + chunk)
-                if chunk:
-                    await resp.write(chunk)
-                    result.bytes_out += len(chunk)
-                    tail.feed(chunk)
-            result.completed = True
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            result.client_gone = True
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-            await _write_sse_error(resp, result, openai_stream)
-        finally:
-            if result.client_gone or result.upstream_failed:
-                upstream.close()
-            else:
-                upstream.release()
-        result.final_json = tail.last
-    else:
+async def _error_into_started(upstream: aiohttp.ClientResponse, resp: web.StreamResponse, result: RelayResult,
+                              openai_stream: bool) -> tuple[web.StreamResponse, RelayResult]:
+    """The client's stream already started but llama-server answered without a stream (an error): that answer
+    becomes the stream's error event."""
+    try:
         body = await upstream.read()
+    finally:
         upstream.release()
-        try:
-            err = json.loads(body)
-        except ValueError:
-            err = None
-        if not (isinstance(err, dict) and "error" in err):
-            err = error_body(upstream.status if upstream.status >= 400 else 502,
-                             body.decode("utf-8", "replace")[:500] or "upstream answered without a stream",
-                             "upstream_not_a_stream")
-        await write_stream_error(resp, err, openai_stream)
-        result.completed = True
-    if not result.client_gone:
-        try:
-            await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            result.client_gone = True
+    try:
+        err = json.loads(body)
+    except ValueError:
+        err = None
+    if not (isinstance(err, dict) and "error" in err):
+        err = error_body(upstream.status if upstream.status >= 400 else 502,
+                         body.decode("utf-8", "replace")[:500] or "upstream answered without a stream",
+                         "upstream_not_a_stream")
+    await write_stream_error(resp, err, openai_stream)
+    result.completed = True
     return resp, result
 
 

@@ -129,7 +129,7 @@ class SlotTable:
                 self._queue.remove((session, fut, resident_only))
                 self.refused["queue_full"] += 1
                 raise QueueFull(f"{self.max_queue} requests already wait for a llama-server slot; retry later",
-                                self._retry_after())
+                                retry_after=self._retry_after())
             self.waits += 1
         try:
             if resident_only or not self.queue_timeout or fut.done():
@@ -146,7 +146,7 @@ class SlotTable:
                     pass
                 self.refused["queue_timeout"] += 1
                 raise QueueTimeout(f"no llama-server slot became free within {self.queue_timeout:g} s; retry later",
-                                   self._retry_after()) from None
+                                   retry_after=self._retry_after()) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result())

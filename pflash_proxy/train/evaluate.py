@@ -65,7 +65,7 @@ def choose_threshold(path: Path, va: list[Features]) -> float:
     return best[1]
 
 
-def heuristic_starts(f: Features, tt: TokenizedText) -> set[int]:
+def heuristic_starts(tt: TokenizedText) -> set[int]:
     try:
         return {u.start_line for u in UnitSegmenter().segment(tt, None)}
     except CannotSegment:
@@ -110,7 +110,7 @@ def report(files: dict[str, Path], va: list[Features], budget: float, seed: int,
         lines = ex.doc.lines
         gold_starts = _content_starts(set(f.meta["units"]), lines)
         a = np.array(_prf(_content_starts(probe_starts(probe, seg, f), lines), gold_starts))
-        b = np.array(_prf(_content_starts(heuristic_starts(f, tt), lines), gold_starts))
+        b = np.array(_prf(_content_starts(heuristic_starts(tt), lines), gold_starts))
         pb += a
         hb += b
         by_kind[f.meta["kind"]] += np.concatenate([a, b])

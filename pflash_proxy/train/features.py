@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pflash_proxy.drafter import nn
 from pflash_proxy.drafter.head import QUERY_SEP
 from pflash_proxy.drafter.segment import token_lines
 
@@ -61,9 +62,7 @@ def extract(drafter: Any, ex: Example, tap_block: int) -> Features:
 def normalised(tap: np.ndarray, eps: float = 1e-5) -> np.ndarray:
     """LayerNorm without affine, as float16: the raw residual stream of some drafters (gemma) exceeds float16's
     range, the normalised one does not (|x| <= sqrt(d)); the probes' own LayerNorm of it is the identity."""
-    x = np.asarray(tap, np.float32)
-    mu = x.mean(-1, keepdims=True)
-    return ((x - mu) / np.sqrt(x.var(-1, keepdims=True) + np.float32(eps))).astype(np.float16)
+    return nn.layer_norm(tap, np.float32(1.0), np.float32(0.0), eps).astype(np.float16)
 
 
 def _save(path: Path, f: Features) -> None:

@@ -3,7 +3,7 @@
 Probes (segment: rows unit/container/subunit; request: one row), per ``docs/probes.md``:
 
 1. ``x = LayerNorm(tap)``; the affine of that LayerNorm is kept at identity (weight 1, bias 0), so the
-   normalised taps are computed once and stored as float16.
+   normalised taps are computed once, when they are read (``features.normalised``), and stored as float16.
 2. ``a = x W^T + b``, ``h = GELU(a)``, ``z_o = h w_o + b_o``, ``out_o = conv5(z_o) + z_o``. Documents are
    concatenated; the convolution never reads across a document boundary (a mask per shift).
 3. Loss: binary cross-entropy with the positives weighted (``pos_weight``: boundaries are rare), per row.
@@ -31,11 +31,6 @@ import numpy as np
 from pflash_proxy.drafter import nn
 
 F32 = np.float32
-
-
-def normalise(tap: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """The cached taps are already layer-normalised (``features.normalised``); this only fixes the dtype."""
-    return np.asarray(tap, np.float16)
 
 
 class Adam:

@@ -81,11 +81,11 @@ def unit_spans(f: features.Features) -> tuple[np.ndarray, np.ndarray]:
 
 
 def head_example(f: features.Features, query_tokens: int = 128) -> fit.HeadExample:
-    x = fit.normalise(f.tap).astype(np.float32)
+    x = np.asarray(f.tap, np.float32)  # layer-normalised when it was read (features.normalised)
     s, e = unit_spans(f)
     cs = np.concatenate([np.zeros((1, x.shape[1]), np.float64), np.cumsum(x, 0, dtype=np.float64)])
     m = ((cs[e] - cs[s]) / np.maximum(e - s, 1)[:, None]).astype(np.float32)
-    q = fit.normalise(f.qtap).astype(np.float32)
+    q = np.asarray(f.qtap, np.float32)
     req = np.flatnonzero(f.qlabel) if f.qlabel.any() else np.arange(len(q))
     gold = np.zeros(len(s), bool)
     gold[[g for g in f.meta["gold"] if g < len(s)]] = True
@@ -131,8 +131,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         f"({sum(len(f.tap) for f in feats):,} document tokens)")
 
     def data(fs: list[features.Features], query: bool) -> fit.ProbeData:
-        return fit.probe_data([(fit.normalise(f.qtap), f.qlabel[:, None]) if query else
-                               (fit.normalise(f.tap), segment_labels(f)) for f in fs])
+        return fit.probe_data([(f.qtap, f.qlabel[:, None]) if query else (f.tap, segment_labels(f)) for f in fs])
 
     seg_tr, seg_va = data(tr, False), data(va, False)
     pos = seg_tr.y.mean(0)

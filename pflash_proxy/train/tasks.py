@@ -163,15 +163,11 @@ def article(w: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ examples
-def _max_chars(rng: random.Random, lo: int, hi: int) -> int:
-    return rng.randint(lo, hi)
-
-
 def _code(rng: random.Random, lo: int, hi: int) -> Doc:
     files = corpus.package_files()
     for _ in range(50):
         path, src = files[rng.randrange(len(files))]
-        d = corpus.code_doc(path, src, rng, _max_chars(rng, lo, hi))
+        d = corpus.code_doc(path, src, rng, rng.randint(lo, hi))
         if d is not None and d.functions:
             return d
     raise RuntimeError("no package module yields a documented code window")
@@ -179,7 +175,7 @@ def _code(rng: random.Random, lo: int, hi: int) -> Doc:
 
 def _any_doc(rng: random.Random, lo: int, hi: int) -> Doc:
     kind = rng.choice(["code", "prose", "prose", "log", "jsonl", "diff"])
-    n = _max_chars(rng, lo, hi)
+    n = rng.randint(lo, hi)
     if kind == "code":
         return _code(rng, lo, hi)
     return {"prose": corpus.prose_doc, "log": corpus.log_doc, "jsonl": corpus.jsonl_doc,
@@ -208,7 +204,7 @@ def build(index: int, seed: int, lo: int = 3000, hi: int = 9000) -> Example:
             query, span = wrap_query(rng, q, call)
         return Example(index, family, doc, query, span, [doc.unit_of(line)])
     if family == "heading":
-        doc = corpus.prose_doc(rng, _max_chars(rng, lo, hi))
+        doc = corpus.prose_doc(rng, rng.randint(lo, hi))
         k = rng.randrange(len(doc.sections))
         title, start = doc.sections[k]
         end = doc.sections[k + 1][1] if k + 1 < len(doc.sections) else len(doc.lines)
@@ -218,7 +214,7 @@ def build(index: int, seed: int, lo: int = 3000, hi: int = 9000) -> Example:
         query, span = wrap_query(rng, q)
         return Example(index, family, doc, query, span, gold)
     if family == "latent":
-        doc = corpus.prose_doc(rng, _max_chars(rng, lo, hi))
+        doc = corpus.prose_doc(rng, rng.randint(lo, hi))
         word, hyper, gloss = rng.choice(wordnet_pairs())
         name = rng.choice(NAMES)
         needle = rng.choice(NEEDLES).format(name=name, word=word)
