@@ -99,3 +99,14 @@ def test_state_directories_are_created_or_tightened_to_0700(tmp_path):
     os.chmod(old, 0o755)
     SessionStore(old).close()  # the index directory, as a user's existing state directory
     assert old.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_documented_toml_names_every_setting():
+    import re
+    from pathlib import Path
+
+    from pflash_proxy.config import Settings
+
+    text = (Path(__file__).parent.parent / "configs" / "pflash-proxy.toml").read_text()
+    named = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.M)) | set(re.findall(r"([a-z_]+)(?= /| ?:)", text))
+    assert set(Settings.model_fields) <= named, sorted(set(Settings.model_fields) - named)
