@@ -43,6 +43,12 @@ _HELP = {
                            "never; default 5)",
     "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
                           "(default: refused with 403, since they overwrite what the proxy keeps in the slots)",
+    "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (/props, "
+                        "/tokenize, /slots, token counts, snapshots) send it; client requests keep their own "
+                        "Authorization (better given as PFLASH_UPSTREAM_API_KEY than on the command line)",
+    "drop_volatile_lines": "Anthropic Messages: drop per-request volatile lines (Claude Code's "
+                           "'x-anthropic-billing-header: ...cch=...') from the system prompt before session identity "
+                           "and forwarding, so the prefix cache survives from turn to turn (default on)",
     "max_queue": "requests that may wait for a llama-server slot; more get 429 with Retry-After (0 = no bound, "
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "

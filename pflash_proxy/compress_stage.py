@@ -2,7 +2,9 @@
 
 Runs after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage`` (which
 persists what was served):
-1. Admission.  Only messages the session has not been served are candidates, and only the newest of them.
+1. Admission.  Only messages of this turn (after the last assistant message) that the session has not been
+   served are candidates, and only the newest of them that is long (an agent's tool output may be followed by a
+   short message in the same request).
    Its UTF-8 byte length bounds its token count from above (no token is shorter than a byte), so short
    messages cost nothing; otherwise the upstream tokenizes it exactly (``/tokenize`` with pieces → exact
    per-line counts).  Below ``--threshold`` the request passes through.  The whole prompt is counted exactly
@@ -99,19 +101,24 @@ class CompressStage(Stage):
     async def _process(self, req: ProxyRequest, ctx: SessionContext) -> tuple[str, int, int] | None:
         if not self.settings.pflash:
             return None
-        messages: list[dict] = list(req.body["messages"])
+        messages: list[dict] = list(req.messages)
         new_from = ctx.matched
         if new_from >= len(messages):
             return None
-        idx = len(messages) - 1
-        msg = messages[idx]
-        text = message_text(msg.get("content"))
-        if len(text.encode("utf-8")) < self.settings.threshold:
-            return await self._recall(req, ctx, messages, idx, text) or await self._cold(ctx, messages, idx)
-        tt = await self._tokenized(text)
-        if tt.total_tokens < self.settings.threshold:
-            return await self._recall(req, ctx, messages, idx, text) or await self._cold(ctx, messages, idx)
-        prompt_tokens = await self.upstream.input_tokens(req.body)
+        newest = len(messages) - 1
+        newest_text = message_text(messages[newest].get("content"))
+        # The newest LONG new message of this turn (after the last assistant message): usually the last one, but
+        # an agent's tool output may be followed by a short message (Claude Code puts reminders after its
+        # tool_result blocks). Earlier turns of a cold history are never candidates (see 4.).
+        turn = next((i + 1 for i in range(newest, -1, -1) if messages[i].get("role") == "assistant"), 0)
+        idx = next((i for i in range(newest, max(new_from, turn) - 1, -1)
+                    if len(message_text(messages[i].get("content")).encode("utf-8")) >= self.settings.threshold), None)
+        if idx is not None:  # (bytes bound tokens from above: without one, nothing new reaches the threshold)
+            tt = await self._tokenized(message_text(messages[idx].get("content")))
+        if idx is None or tt.total_tokens < self.settings.threshold:
+            return await self._recall(req, ctx, messages, newest, newest_text) or await self._cold(ctx, messages,
+                                                                                                    newest)
+        prompt_tokens = await self.upstream.input_tokens(req.chat_body())
         if prompt_tokens > self.settings.max_prompt_tokens:
             raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
                                  f"{self.settings.max_prompt_tokens} allowed with PFlash on (--max-prompt-tokens)")
@@ -258,9 +265,7 @@ class CompressStage(Stage):
 def _serve_text(req: ProxyRequest, messages: list[dict], idx: int, text: str) -> None:
     """Forward ``messages`` with message ``idx`` carrying ``text`` instead of what the client sent."""
     messages[idx] = _with_text(messages[idx], text)
-    body = dict(req.body)
-    body["messages"] = messages
-    req.set_body(body)
+    req.set_messages(messages)
 
 
 def _with_text(msg: dict, text: str) -> dict:

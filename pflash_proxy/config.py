@@ -87,6 +87,8 @@ class Settings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     home: Path = Field(default_factory=state_home)
     upstream_timeout_s: float = Field(600, gt=0)
+    upstream_api_key: str | None = None  # llama-server's --api-key, for the proxy's own calls
+    drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
 
     # --- spawned llama-server ---
     spawn: bool = False

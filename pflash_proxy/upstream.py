@@ -7,7 +7,8 @@
 3. A readiness gate (set by the spawn supervisor, or by restart detection) answers 503 before any I/O while the
    server is starting or restarting.
 4. Typed helpers for the server's own API (``/props``, ``/slots``, ``/tokenize``, slot save/restore, exact
-   input-token counts) used by the session and compression layers.
+   input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
+   authenticate (a client's own ``Authorization`` travels only with its own requests).
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str] | list[tup
 class Upstream:
     """Owns the HTTP client to llama-server and every call made to it."""
 
-    def __init__(self, base_url: str | None, *, read_timeout_s: float = 600, connect_timeout_s: float = 10):
+    def __init__(self, base_url: str | None, *, read_timeout_s: float = 600, connect_timeout_s: float = 10,
+                 api_key: str | None = None):
         self.base_url = (base_url or "").rstrip("/")
+        # llama-server's --api-key: sent on the proxy's OWN calls only; forwarded client requests carry theirs.
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         # None when ready; otherwise the reason the upstream cannot take traffic now.
@@ -122,7 +126,7 @@ class Upstream:
         if check_ready:
             self.check_ready()
         url = self.base_url + path
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"headers": self._auth} if self._auth else {}
         if payload is not None:
             kwargs["json"] = payload
         if timeout_s is not None:

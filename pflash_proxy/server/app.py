@@ -51,7 +51,8 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[METRICS].bind(lambda: collect_stats(app))
-    app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s)
+    app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s,
+                             api_key=settings.upstream_api_key)
     app[SUPERVISOR] = None
     app[PIPELINE] = Pipeline()
     app.cleanup_ctx.append(_upstream_ctx)

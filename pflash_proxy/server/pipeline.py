@@ -42,6 +42,34 @@ class ProxyRequest:
     progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
     # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
     added_fields: dict[str, Any] = field(default_factory=dict)
+    # The conversation routes (chat, Anthropic Messages, Responses): the dialect that translates the body, and
+    # the internal conversation the stages work on (see ``pflash_proxy.dialects``).
+    dialect: Any = None
+    conversation: Any = None
+    conversation_base: dict[str, Any] = field(default_factory=dict)  # the body the conversation was parsed from
+    served_messages: list[dict] | None = None  # what set_messages last served (None: the client's own)
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.conversation.messages if self.served_messages is None else self.served_messages
+
+    def set_messages(self, messages: list[dict]) -> None:
+        """Serve ``messages`` (only their content may differ), written back into the client's own dialect.
+
+        Always from the body as parsed, with the whole list: a write-back that merges text blocks shifts the
+        positions later messages were parsed at, so changes are never stacked on an already rewritten body.
+        Keys other stages set meanwhile (``id_slot``) are kept."""
+        if messages == self.messages:
+            return
+        rewritten = self.dialect.write_back(self.conversation_base, self.conversation, messages)
+        body = dict(self.body)
+        body.update({k: v for k, v in rewritten.items() if self.conversation_base.get(k) is not v})
+        self.set_body(body)
+        self.served_messages = list(messages)
+
+    def chat_body(self) -> dict:
+        """The conversation as a chat-completions body (exact token counts for any dialect)."""
+        return self.dialect.chat_body(self.body, self.messages)
 
     @property
     def stream(self) -> bool:

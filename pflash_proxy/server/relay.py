@@ -28,6 +28,7 @@ from aiohttp import web
 
 from multidict import CIMultiDict
 
+from pflash_proxy.dialects import StreamStyle
 from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.upstream import HOP_BY_HOP
 
@@ -49,12 +50,26 @@ class RelayResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+PLAIN_STREAM = StreamStyle()
+
+
 class _SSETail:
-    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``."""
+    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``.
+
+    Anthropic streams split their usage: ``message_start`` carries the prompt's counts (cached and not),
+    ``message_delta`` the output's; the start's counts are merged under the last event's ``usage``."""
 
     def __init__(self) -> None:
         self._buf = b""
-        self.last: dict | None = None
+        self._last: dict | None = None
+        self._start_usage: dict | None = None
+
+    @property
+    def last(self) -> dict | None:
+        last = self._last
+        if self._start_usage and isinstance(last, dict) and isinstance(last.get("usage"), dict):
+            return {**last, "usage": {**self._start_usage, **last["usage"]}}
+        return last
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -69,9 +84,13 @@ class _SSETail:
                     payload = line[5:].strip()
                     if payload.startswith(b"{") and (b'"timings"' in payload or b'"usage"' in payload):
                         try:
-                            self.last = json.loads(payload)
+                            data = json.loads(payload)
                         except ValueError:
-                            pass
+                            continue
+                        self._last = data
+                        if isinstance(data, dict) and data.get("type") == "message_start":
+                            usage = (data.get("message") or {}).get("usage")
+                            self._start_usage = usage if isinstance(usage, dict) else None
 
 
 def response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
@@ -82,14 +101,14 @@ async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     extra_headers: dict[str, str] | None = None,
-    openai_stream: bool = False,
+    style: StreamStyle = PLAIN_STREAM,
     prepared: web.StreamResponse | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
     if prepared is not None and not is_sse:
-        return await _error_into_started(upstream, prepared, result, openai_stream)
+        return await _error_into_started(upstream, prepared, result, style)
     if prepared is not None:  # the client's stream already started (progress comments): relay the events into it
         resp = prepared
     elif not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
@@ -147,7 +166,7 @@ async def relay(
                         f" (dropped {len(held)} bytes of an unfinished event)" if held else "")
             upstream.close()
             if is_sse:
-                await _write_sse_error(resp, result, openai_stream)
+                await _write_sse_error(resp, result, style)
             else:
                 # Without a body framing to signal errors, cut the connection as the upstream did.
                 if request.transport is not None:
@@ -206,7 +225,7 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
 
 
 async def _error_into_started(upstream: aiohttp.ClientResponse, resp: web.StreamResponse, result: RelayResult,
-                              openai_stream: bool) -> tuple[web.StreamResponse, RelayResult]:
+                              style: StreamStyle) -> tuple[web.StreamResponse, RelayResult]:
     """The client's stream already started but llama-server answered without a stream (an error): that answer
     becomes the stream's error event."""
     try:
@@ -221,14 +240,14 @@ async def _error_into_started(upstream: aiohttp.ClientResponse, resp: web.Stream
         err = error_body(upstream.status if upstream.status >= 400 else 502,
                          body.decode("utf-8", "replace")[:500] or "upstream answered without a stream",
                          "upstream_not_a_stream")
-    await write_stream_error(resp, err, openai_stream)
+    await write_stream_error(resp, err, style)
     result.completed = True
     return resp, result
 
 
-async def write_stream_error(resp: web.StreamResponse, body: dict, openai_stream: bool) -> None:
-    """An error as the last event of a stream that already started (then the stream ends)."""
-    payload = b"data: " + json.dumps(body).encode() + b"\n\n" + (b"data: [DONE]\n\n" if openai_stream else b"")
+async def write_stream_error(resp: web.StreamResponse, body: dict, style: StreamStyle) -> None:
+    """An error as the last event of a stream that already started, in its dialect (then the stream ends)."""
+    payload = style.error_event(body)
     try:
         await resp.write(payload)
         await resp.write_eof()
@@ -258,11 +277,9 @@ async def _watch_client(request: web.Request, upstream: aiohttp.ClientResponse) 
             return
 
 
-async def _write_sse_error(resp: web.StreamResponse, result: RelayResult, openai_stream: bool) -> None:
+async def _write_sse_error(resp: web.StreamResponse, result: RelayResult, style: StreamStyle) -> None:
     body = error_body(502, f"upstream connection lost mid-stream ({result.upstream_failed})", "upstream_stream_lost")
-    payload = b"data: " + json.dumps(body).encode() + b"\n\n"
-    if openai_stream:
-        payload += b"data: [DONE]\n\n"
+    payload = style.error_event(body)
     try:
         await resp.write(payload)
         result.bytes_out += len(payload)

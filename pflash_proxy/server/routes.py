@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, UPSTREAM
@@ -30,9 +31,9 @@ CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
 # lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session (issue 12).
-GENERATING_PATHS = ("/v1/messages", "/v1/responses", "/responses", "/infill", "/embedding", "/embeddings",
+DIALECT_PATHS = ("/v1/messages", "/v1/responses", "/responses")  # parsed into the conversation (dialects/)
+GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
-OPENAI_STREAM_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions")
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -65,7 +66,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         upstream = request.app[UPSTREAM]
         t0 = time.monotonic()
         up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None)
-        resp, result = await relay(request, up, openai_stream=request.path in OPENAI_STREAM_PATHS)
+        resp, result = await relay(request, up, style=stream_style_for(request.path))
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         return resp
@@ -138,28 +139,10 @@ async def parsed(request: web.Request) -> web.StreamResponse:
     result: RelayResult | None = None
     status = 500
     req: ProxyRequest | None = None
+    dialect = dialect_for(request.path)
+    style = stream_style_for(request.path)
     try:
-        raw = await read_body(request)
-        kind = "chat" if request.path in CHAT_PATHS else "completion" if request.path in COMPLETION_PATHS \
-            else "generating"
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-        except RecursionError:
-            raise BadRequest("request body is nested too deeply", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object", code="invalid_json")
-        check_strings(body)
-        try:
-            model: Any = None if kind == "generating" else \
-                (ChatCompletionRequest if kind == "chat" else CompletionRequest).model_validate(body)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
-        req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, body, model)
-        openai_stream = request.path in OPENAI_STREAM_PATHS
+        req = parse_request(request, await read_body(request), dialect, app[SETTINGS])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
         except ProxyError as exc:
@@ -167,16 +150,14 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                 raise
             status = exc.status  # the stream already started: the error travels as an event of it
             await write_stream_error(req.state[PROGRESS_STARTED], error_body(exc.status, exc.message, exc.code),
-                                     openai_stream)
+                                     style)
             return req.state[PROGRESS_STARTED]
         upstream = app[UPSTREAM]
         t0 = time.monotonic()
         up = await upstream.open(
             request.method, req.path_qs, forwardable_headers(request.headers), req.forward_bytes()
         )
-        resp, result = await relay(
-            request, up, extra_headers=req.response_headers, openai_stream=openai_stream, prepared=prepared
-        )
+        resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
@@ -185,16 +166,52 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         status = exc.status
         started_stream = req.state.get(PROGRESS_STARTED) if req is not None else None
         if started_stream is not None:  # e.g. the upstream went away after progress comments were sent
-            await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code),
-                                     request.path in OPENAI_STREAM_PATHS)
+            await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code), style)
             return started_stream
         headers = {**(req.response_headers if req is not None else {}), **exc.headers}
+        if dialect is not None:  # the client's own error dialect (Anthropic clients parse only theirs)
+            return dialect.error_response(exc.status, exc.message, exc.code, headers=headers or None)
         return error_response(exc.status, exc.message, exc.code, headers=headers or None)
     finally:
         if req is not None:
             await pipeline.finish(req)
         _observe(request, status, started, result, req.log_fields if req is not None else {})
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
+
+
+def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Any) -> ProxyRequest:
+    """The body as JSON (400 otherwise), checked, typed and, on the conversation routes, translated into the
+    internal conversation by the route's dialect."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    check_strings(body)
+    kind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
+    model: Any = None
+    try:
+        if dialect is not None and dialect.name == "chat":
+            model = ChatCompletionRequest.model_validate(body)
+        elif kind == "completion":
+            model = CompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
+    cleaned = dialect.prepare(body, settings.drop_volatile_lines) if dialect is not None else None
+    req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, cleaned or body, model)
+    if cleaned is not None:
+        req.changed = True  # forwarded without the volatile lines
+        req.log_fields["volatile_dropped"] = True
+    if dialect is not None:
+        req.dialect = dialect
+        req.conversation = dialect.parse(req.body)
+        req.conversation_base = req.body
+    return req
 
 
 def _observe(request: web.Request, status: int, started: float, result: RelayResult | None, fields: dict) -> None:
@@ -253,7 +270,7 @@ def collect_stats(app: web.Application) -> dict[str, Any]:
 
 
 def add_routes(app: web.Application) -> None:
-    for path in CHAT_PATHS + COMPLETION_PATHS + GENERATING_PATHS:
+    for path in CHAT_PATHS + DIALECT_PATHS + COMPLETION_PATHS + GENERATING_PATHS:
         app.router.add_post(path, parsed)
     app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/pflash/stats", pflash_stats)

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from pflash_proxy.config import Settings
+from pflash_proxy.dialects import cache_counts
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.server.relay import RelayResult
 from pflash_proxy.sessions.slots import Lease, SlotTable
@@ -344,15 +345,14 @@ class SessionManager:
             return False
 
     def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult) -> None:
-        timings = (result.final_json or {}).get("timings") or {}
+        counts = cache_counts(result.final_json)  # timings, or the dialect's usage (Anthropic, Responses)
         slot = lease.slot
-        if "cache_n" not in timings:
+        if counts is None:
             if result.status != 200:
                 return  # the server rejected the request; the slot keeps what it had
             slot.known = False  # cannot verify (client gone, stream cut): treat content as unknown
             return
-        cache_n, prompt_n = int(timings.get("cache_n", 0)), int(timings.get("prompt_n", 0))
-        predicted_n = int(timings.get("predicted_n", 0))
+        cache_n, prompt_n, predicted_n = counts["cache_n"], counts["prompt_n"], counts["predicted_n"]
         if expected and cache_n < expected * CACHE_SLACK - 8:
             self.counters["cache_mismatches"] += 1
             log.warning("slot %d: server reused %d cached tokens, the table expected ~%d (%s); slot content unknown",

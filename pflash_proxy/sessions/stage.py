@@ -13,7 +13,10 @@
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) writes
 the served history to disk before the request is forwarded.
 ``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
-the lease.  Completion routes (no messages) get an anonymous lease so they never land on a busy slot.
+the lease.  Completion routes (no messages) get an anonymous lease so they never land on a busy slot.  The conversation
+routes (chat, Anthropic Messages, Responses) all work on the internal conversation of ``pflash_proxy.dialects``;
+a name the client's dialect carries in the body (``metadata.user_id``, ``prompt_cache_key``) names the session
+when no header does.
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ class SessionStage(Stage):
         if req.kind != "chat":
             await self._anonymous(req)
             return
-        explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None)
-        messages = [m if isinstance(m, dict) else dict(m) for m in req.body["messages"]]
+        explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None) \
+            or req.dialect.session_name(req.body)  # Anthropic metadata.user_id, Responses prompt_cache_key
+        messages = list(req.messages)
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"
         try:
@@ -93,9 +97,7 @@ class SessionStage(Stage):
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
         if served[:matched] != messages[:matched]:
-            body = dict(req.body)
-            body["messages"] = served
-            req.set_body(body)
+            req.set_messages(served)
         req.set_field("id_slot", lease.slot.id)
         req.response_headers.update({
             "X-PFlash-Session": record.id,
@@ -237,7 +239,7 @@ class SessionCommitStage(Stage):
         ctx: SessionContext | None = req.state.get(SessionStage.name)
         if ctx is None or ctx.record is None:
             return
-        ctx.served = list(req.body["messages"])
+        ctx.served = list(req.messages)
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served

@@ -1,0 +1,174 @@
+"""API dialects at the edge: OpenAI chat completions, Anthropic Messages, OpenAI Responses.
+
+Every stage (identity, served history, slot pinning, snapshots, compression, recall) works on ONE internal
+conversation: a list of OpenAI-chat-shaped messages (``role``, ``content`` as a string or parts,
+``tool_calls``, ``tool_call_id``, ``name``). A dialect translates at the edge, both ways:
+
+1. ``parse(body)`` → ``Conversation``: the internal messages, and for each the place in the client's body it
+   came from (an Anthropic ``tool_result`` block is a ``tool`` message; a Responses ``function_call_output``
+   item is one too; ``system``/``instructions`` are a system message).
+2. The stages replace message *content* only (served versions, a compressed tool output, a recall block).
+3. ``write_back(body, conversation, messages)`` puts the changed texts back into the client's own structure;
+   everything the proxy did not change stays as the client sent it, so the upstream sees the same tokens
+   turn after turn.
+4. ``chat_body`` is the conversation as a chat body: llama-server converts every dialect to chat internally,
+   so ``/v1/chat/completions/input_tokens`` counts it exactly.
+5. Errors: a non-streamed error in the dialect's own shape; ``error_event`` ends a stream that already started.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from pflash_proxy.errors import error_body
+
+__all__ = ["Conversation", "Dialect", "StreamStyle", "cache_counts", "dialect_for", "stream_style_for"]
+
+
+@dataclass
+class Conversation:
+    messages: list[dict]  # internal, OpenAI-chat-shaped
+    origins: list[Any] = field(default_factory=list)  # per message: where it lives in the client's body
+
+
+class StreamStyle:
+    """How a stream that already started ends with an error (OpenAI routes end every stream with [DONE])."""
+
+    done = False
+
+    def error_event(self, err: dict) -> bytes:
+        return b"data: " + json.dumps(err).encode() + b"\n\n" + (b"data: [DONE]\n\n" if self.done else b"")
+
+
+class OpenAIStream(StreamStyle):
+    done = True
+
+
+_ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
+                    "permission_error": "permission_error", "not_found_error": "not_found_error",
+                    "rate_limit_error": "rate_limit_error", "unavailable_error": "overloaded_error"}
+
+
+def anthropic_error(err: dict) -> dict:
+    """An OpenAI-shaped error body in Anthropic's shape."""
+    inner = err.get("error") if isinstance(err.get("error"), dict) else {}
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(str(inner.get("type")), "api_error"),
+                                       "message": str(inner.get("message", "error"))}}
+
+
+class AnthropicStream(StreamStyle):
+    def error_event(self, err: dict) -> bytes:
+        return b"event: error\ndata: " + json.dumps(anthropic_error(err)).encode() + b"\n\n"
+
+
+class ResponsesStream(StreamStyle):
+    def error_event(self, err: dict) -> bytes:
+        inner = err.get("error") if isinstance(err.get("error"), dict) else {}
+        event = {"type": "error", "code": str(inner.get("code", "error")), "message": str(inner.get("message", "")),
+                 "param": None}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+
+
+class Dialect:
+    """Base: the OpenAI chat-completions dialect is the identity translation (see ``chat.ChatDialect``)."""
+
+    name = "chat"
+    stream_style: StreamStyle = OpenAIStream()
+
+    def parse(self, body: dict) -> Conversation:
+        raise NotImplementedError
+
+    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def chat_body(self, body: dict, messages: list[dict]) -> dict:
+        return {**body, "messages": messages}
+
+    def session_name(self, body: dict) -> str | None:
+        """A conversation name the client sends on its own in the body (none for chat)."""
+        return None
+
+    def prepare(self, body: dict, drop_volatile: bool) -> dict | None:
+        """A body with volatile parts removed before identity and forwarding, or None when nothing changes."""
+        return None
+
+    def error_response(self, status: int, message: str, code: str | None = None,
+                       headers: dict | None = None, type_: str | None = None) -> web.Response:
+        return web.json_response(error_body(status, message, code, type_), status=status, headers=headers)
+
+
+def changed_indices(old: list[dict], new: list[dict]) -> list[int]:
+    if len(old) != len(new):
+        raise ValueError(f"a stage changed the number of messages ({len(old)} → {len(new)}); only content may change")
+    return [i for i, (a, b) in enumerate(zip(old, new)) if a.get("content") != b.get("content")]
+
+
+def text_of(content: Any) -> str:
+    """The text of internal content (a string, or parts whose text parts are concatenated)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def cache_counts(final: dict | None) -> dict | None:
+    """``{"cache_n", "prompt_n", "predicted_n"}`` from a final answer in any dialect, or None.
+
+    llama-server puts ``timings`` on chat, completion and streamed Responses answers; Anthropic answers carry
+    ``usage.cache_read_input_tokens`` (``input_tokens`` then excludes the cached part); Responses answers carry
+    ``usage.input_tokens_details.cached_tokens`` (``input_tokens`` includes it)."""
+    if not isinstance(final, dict):
+        return None
+    timings = final.get("timings")
+    if isinstance(timings, dict) and "cache_n" in timings:
+        return {k: int(timings.get(k, 0) or 0) for k in ("cache_n", "prompt_n", "predicted_n")}
+    usage = final.get("usage")
+    if not isinstance(usage, dict):
+        inner = final.get("response") or final.get("message")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    try:
+        if "cache_read_input_tokens" in usage:
+            return {"cache_n": int(usage["cache_read_input_tokens"] or 0),
+                    "prompt_n": int(usage.get("input_tokens") or 0), "predicted_n": int(usage.get("output_tokens") or 0)}
+        details = usage.get("input_tokens_details")
+        if isinstance(details, dict) and "cached_tokens" in details:
+            cached = int(details["cached_tokens"] or 0)
+            return {"cache_n": cached, "prompt_n": max(0, int(usage.get("input_tokens") or 0) - cached),
+                    "predicted_n": int(usage.get("output_tokens") or 0)}
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+_PLAIN = StreamStyle()
+
+
+def dialect_for(path: str) -> Dialect | None:
+    """The dialect whose conversation a route carries (None: no conversation, e.g. ``/completion``)."""
+    from pflash_proxy.dialects.anthropic import AnthropicDialect
+    from pflash_proxy.dialects.chat import ChatDialect
+    from pflash_proxy.dialects.responses import ResponsesDialect
+
+    if path in ("/v1/chat/completions", "/chat/completions"):
+        return ChatDialect()
+    if path == "/v1/messages":
+        return AnthropicDialect()
+    if path in ("/v1/responses", "/responses"):
+        return ResponsesDialect()
+    return None
+
+
+def stream_style_for(path: str) -> StreamStyle:
+    dialect = dialect_for(path)
+    if dialect is not None:
+        return dialect.stream_style
+    return OpenAIStream() if path in ("/v1/completions", "/completions") else _PLAIN

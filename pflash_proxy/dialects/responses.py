@@ -1,0 +1,141 @@
+"""OpenAI Responses (``POST /v1/responses``, Codex) ⇄ the internal conversation.
+
+1. ``instructions`` is a system message; ``input`` as a string is one user message.
+2. ``input`` items: a message item (``role`` + ``content``, ``input_text``/``output_text`` parts as text parts)
+   is a message of that role; a ``function_call`` is an assistant message with one tool call (``call_id``);
+   a ``function_call_output`` is a ``tool`` message; any other item (``reasoning``…) is kept whole, under
+   role ``item``, for identity only.
+3. ``write_back`` replaces only the text of what changed (the item's first text part, or its ``output``).
+4. ``prompt_cache_key`` names the conversation (Codex sends one per session). ``previous_response_id`` is not
+   served by llama-server (400) and is forwarded unchanged, so the client sees that answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pflash_proxy.dialects import Conversation, Dialect, ResponsesStream, changed_indices, text_of
+from pflash_proxy.errors import BadRequest
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _part(p: Any) -> dict:
+    if isinstance(p, str):
+        return {"type": "text", "text": p}
+    if isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS:
+        return {"type": "text", "text": p.get("text", "")}
+    return p if isinstance(p, dict) else {"type": "other", "value": p}
+
+
+def _content(c: Any) -> Any:
+    return [_part(p) for p in c] if isinstance(c, list) else c
+
+
+def _text_idx(c: Any) -> list[int] | None:
+    if not isinstance(c, list):
+        return None
+    return [j for j, p in enumerate(c) if isinstance(p, str) or
+            (isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS)]
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    stream_style = ResponsesStream()
+
+    def parse(self, body: dict) -> Conversation:
+        out: list[dict] = []
+        origins: list[Any] = []
+        if isinstance(body.get("instructions"), str):
+            out.append({"role": "system", "content": body["instructions"]})
+            origins.append(("instructions",))
+        items = body.get("input")
+        if isinstance(items, str):
+            out.append({"role": "user", "content": items})
+            origins.append(("input",))
+            return Conversation(out, origins)
+        if not isinstance(items, list) or not all(isinstance(it, dict) for it in items):
+            raise BadRequest("invalid request: 'input' must be a string or a list of items", code="invalid_request")
+        for k, item in enumerate(items):
+            kind = item.get("type", "message")
+            if kind == "message" and isinstance(item.get("role"), str):
+                out.append({"role": item["role"], "content": _content(item.get("content"))})
+                origins.append(("item", k, "content", _text_idx(item.get("content"))))
+            elif kind == "function_call":
+                args = item.get("arguments")
+                out.append({"role": "assistant", "content": None, "tool_calls": [{
+                    "id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"),
+                                 "arguments": args if isinstance(args, str) else json.dumps(args)}}]})
+                origins.append(("item", k, None, None))
+            elif kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                            "content": _content(item.get("output"))})
+                origins.append(("item", k, "output", _text_idx(item.get("output"))))
+            else:
+                out.append({"role": "item", "content": [{k2: v for k2, v in item.items()}]})
+                origins.append(("item", k, None, None))
+        return Conversation(out, origins)
+
+    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+        changed = changed_indices(conv.messages, messages)
+        if not changed:
+            return body
+        new = dict(body)
+        if isinstance(body.get("input"), list):
+            new["input"] = list(body["input"])
+        for k in changed:
+            text = text_of(messages[k].get("content"))
+            origin = conv.origins[k]
+            if origin[0] == "instructions":
+                new["instructions"] = text
+            elif origin[0] == "input":
+                new["input"] = text
+            elif origin[2] is None:
+                raise ValueError(f"message {k} ({messages[k].get('role')}) has no text to replace")
+            else:
+                _, i, fld, idx = origin
+                item = new["input"][i] = dict(new["input"][i])
+                item[fld] = _replace_text(item.get(fld), idx, text)
+        return new
+
+    def chat_body(self, body: dict, messages: list[dict]) -> dict:
+        chat: list[dict] = []
+        for m in messages:
+            role = m["role"]
+            if role == "item":
+                continue
+            out: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                   "content": text_of(m.get("content")) if m.get("content") is not None else None}
+            if m.get("tool_calls"):
+                out["tool_calls"] = m["tool_calls"]
+            if role == "tool":
+                out["tool_call_id"] = m.get("tool_call_id")
+            chat.append(out)
+        tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                                   "parameters": t.get("parameters", {})}}
+                 for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+        out_body: dict[str, Any] = {"messages": chat}
+        if tools:
+            out_body["tools"] = tools
+        return out_body
+
+    def session_name(self, body: dict) -> str | None:
+        key = body.get("prompt_cache_key")
+        return key if isinstance(key, str) and key else None
+
+
+def _replace_text(content: Any, idx: list[int] | None, text: str) -> Any:
+    if not isinstance(content, list) or idx is None:
+        return text
+    if not idx:
+        return [{"type": "input_text", "text": text}, *content]
+    first, drop = idx[0], set(idx[1:])
+    out = []
+    for j, part in enumerate(content):
+        if j == first:
+            out.append({**part, "text": text} if isinstance(part, dict) else {"type": "input_text", "text": text})
+        elif j not in drop:
+            out.append(part)
+    return out
