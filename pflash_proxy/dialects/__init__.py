@@ -78,6 +78,7 @@ class Dialect:
 
     name = "chat"
     stream_style: StreamStyle = OpenAIStream()
+    upstream_path: str | None = None  # set when the body travels to another llama-server route (translated)
 
     def parse(self, body: dict) -> Conversation:
         raise NotImplementedError
@@ -87,6 +88,14 @@ class Dialect:
 
     def chat_body(self, body: dict, messages: list[dict]) -> dict:
         return {**body, "messages": messages}
+
+    def to_upstream(self, body: dict, messages: list[dict]) -> dict:
+        """The body for ``upstream_path`` (only dialects that set it)."""
+        raise NotImplementedError
+
+    def translator(self) -> Any:
+        """Translates the answer of ``upstream_path`` back into this dialect (``body``, ``stream``, ``end``)."""
+        return None
 
     def session_name(self, body: dict) -> str | None:
         """A conversation name the client sends on its own in the body (none for chat)."""
@@ -138,7 +147,8 @@ def cache_counts(final: dict | None) -> dict | None:
     try:
         if "cache_read_input_tokens" in usage:
             return {"cache_n": int(usage["cache_read_input_tokens"] or 0),
-                    "prompt_n": int(usage.get("input_tokens") or 0), "predicted_n": int(usage.get("output_tokens") or 0)}
+                    "prompt_n": int(usage.get("input_tokens") or 0),
+                    "predicted_n": int(usage.get("output_tokens") or 0)}
         details = usage.get("input_tokens_details")
         if isinstance(details, dict) and "cached_tokens" in details:
             cached = int(details["cached_tokens"] or 0)

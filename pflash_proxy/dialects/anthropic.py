@@ -10,7 +10,9 @@
 5. ``write_back`` replaces only the text of what changed: the first text block of the group (or the
    ``tool_result``'s content) gets the new text, the group's other text blocks go; every other block, key and
    marker stays the client's.
-6. Volatile lines: Claude Code starts its system prompt with a per-request billing line
+6. On the wire it travels as a chat completion (``anthropic_wire``): llama-server's own /v1/messages cannot be
+   pinned to a slot.
+7. Volatile lines: Claude Code starts its system prompt with a per-request billing line
    (``x-anthropic-billing-header: …; cch=…;``) that defeats every prefix cache (llama.cpp #19494). With
    ``drop_volatile`` (the default) such lines are removed before identity and forwarding; nothing else of the
    system prompt is touched.
@@ -26,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from pflash_proxy.dialects import AnthropicStream, Conversation, Dialect, anthropic_error, changed_indices, text_of
+from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.errors import BadRequest, error_body
 
 VOLATILE_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*\n?", re.IGNORECASE | re.MULTILINE)
@@ -50,12 +53,14 @@ def _text_indices(blocks: list, idx: list[int]) -> list[int]:
 class AnthropicDialect(Dialect):
     name = "anthropic"
     stream_style = AnthropicStream()
+    upstream_path = "/v1/chat/completions"  # llama-server's /v1/messages drops id_slot: see anthropic_wire
 
     # Parsing ---------------------------------------------------------------------------------------------
     def parse(self, body: dict) -> Conversation:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
-            raise BadRequest("invalid request: 'messages' must be a list of objects with a 'role'", code="invalid_request")
+            raise BadRequest("invalid request: 'messages' must be a list of objects with a 'role'",
+                             code="invalid_request")
         out: list[dict] = []
         origins: list[Any] = []
         system = body.get("system")
@@ -141,21 +146,16 @@ class AnthropicDialect(Dialect):
 
     # Counting, names, volatile lines, errors ------------------------------------------------------------
     def chat_body(self, body: dict, messages: list[dict]) -> dict:
-        chat: list[dict] = []
-        for m in messages:
-            out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
-            if m.get("tool_calls"):
-                out["tool_calls"] = m["tool_calls"]
-            if m["role"] == "tool":
-                out["tool_call_id"] = m.get("tool_call_id")
-            chat.append(out)
-        tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
-                                                   "parameters": t.get("input_schema", {})}}
-                 for t in body.get("tools") or [] if isinstance(t, dict) and t.get("name")]
-        out_body: dict[str, Any] = {"messages": chat}
-        if tools:
-            out_body["tools"] = tools
-        return out_body
+        chat = to_chat(body, messages)
+        chat.pop("stream", None)
+        chat.pop("id_slot", None)
+        return chat
+
+    def to_upstream(self, body: dict, messages: list[dict]) -> dict:
+        return to_chat(body, messages)
+
+    def translator(self) -> AnthropicTranslator:
+        return AnthropicTranslator()
 
     def session_name(self, body: dict) -> str | None:
         meta = body.get("metadata")
@@ -171,7 +171,8 @@ class AnthropicDialect(Dialect):
         elif isinstance(system, list):
             cleaned = []
             for block in system:
-                if isinstance(block, dict) and block.get("type", "text") == "text" and isinstance(block.get("text"), str):
+                if isinstance(block, dict) and block.get("type", "text") == "text" \
+                        and isinstance(block.get("text"), str):
                     text = VOLATILE_LINE.sub("", block["text"])
                     if text != block["text"]:
                         if not text.strip():

@@ -54,22 +54,11 @@ PLAIN_STREAM = StreamStyle()
 
 
 class _SSETail:
-    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``.
-
-    Anthropic streams split their usage: ``message_start`` carries the prompt's counts (cached and not),
-    ``message_delta`` the output's; the start's counts are merged under the last event's ``usage``."""
+    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``."""
 
     def __init__(self) -> None:
         self._buf = b""
-        self._last: dict | None = None
-        self._start_usage: dict | None = None
-
-    @property
-    def last(self) -> dict | None:
-        last = self._last
-        if self._start_usage and isinstance(last, dict) and isinstance(last.get("usage"), dict):
-            return {**last, "usage": {**self._start_usage, **last["usage"]}}
-        return last
+        self.last: dict | None = None
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -84,13 +73,9 @@ class _SSETail:
                     payload = line[5:].strip()
                     if payload.startswith(b"{") and (b'"timings"' in payload or b'"usage"' in payload):
                         try:
-                            data = json.loads(payload)
+                            self.last = json.loads(payload)
                         except ValueError:
-                            continue
-                        self._last = data
-                        if isinstance(data, dict) and data.get("type") == "message_start":
-                            usage = (data.get("message") or {}).get("usage")
-                            self._start_usage = usage if isinstance(usage, dict) else None
+                            pass
 
 
 def response_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
@@ -103,7 +88,11 @@ async def relay(
     extra_headers: dict[str, str] | None = None,
     style: StreamStyle = PLAIN_STREAM,
     prepared: web.StreamResponse | None = None,
+    translate: Any = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
+    """Relay ``upstream`` to the client as it arrives. ``translate`` (a dialect's translator) rewrites a whole
+    answer (``body``) or each run of complete SSE events (``stream``, then ``end``) into the client's dialect;
+    ``final_json`` is always the upstream's own (its ``timings``)."""
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
@@ -111,16 +100,17 @@ async def relay(
         return await _error_into_started(upstream, prepared, result, style)
     if prepared is not None:  # the client's stream already started (progress comments): relay the events into it
         resp = prepared
-    elif not is_sse and upstream.content_length is not None and upstream.content_length <= _MAX_SNIFF_BYTES:
+    elif not is_sse and (translate is not None or (upstream.content_length is not None
+                                                   and upstream.content_length <= _MAX_SNIFF_BYTES)):
         result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
-        return await _relay_small(upstream, extra_headers, result, "json" in ctype)
+        return await _relay_small(upstream, extra_headers, result, "json" in ctype, translate)
     else:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in response_headers(upstream):
             resp.headers.add(k, v)
         for k, v in (extra_headers or {}).items():
             resp.headers[k] = v
-        if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
+        if upstream.content_length is not None and "Content-Encoding" not in upstream.headers and translate is None:
             resp.content_length = upstream.content_length
     sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
     tail = _SSETail() if is_sse else None
@@ -137,19 +127,26 @@ async def relay(
                     result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
                 if is_sse:  # only whole events reach the client, so an error event never follows half of one
                     chunk, held = _complete_events(held + chunk)
-                if chunk:
-                    await resp.write(chunk)
-                    result.bytes_out += len(chunk)
-                    result.chunks += 1
                 if tail is not None:
                     tail.feed(chunk)
+                out = translate.stream(chunk) if translate is not None and chunk else chunk
+                if out:
+                    await resp.write(out)
+                    result.bytes_out += len(out)
+                    result.chunks += 1
                 elif sniff_json:
                     body_parts.append(chunk)
             if held:  # a stream that ended without a blank line after its last event: pass it on as it is
-                await resp.write(held)
-                result.bytes_out += len(held)
                 tail.feed(held)  # type: ignore[union-attr]
+                out = translate.stream(held + b"\n\n") if translate is not None else held
+                await resp.write(out)
+                result.bytes_out += len(out)
                 held = b""
+            if translate is not None and is_sse:  # a translated stream is closed in its own dialect
+                out = translate.end()
+                if out:
+                    await resp.write(out)
+                    result.bytes_out += len(out)
             result.completed = True
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
             if _client_gone(request):
@@ -199,7 +196,7 @@ async def relay(
 
 
 async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,
-                       is_json: bool) -> tuple[web.StreamResponse, RelayResult]:
+                       is_json: bool, translate: Any = None) -> tuple[web.StreamResponse, RelayResult]:
     """A complete, bounded body (every non-streamed llama-server answer): read it, answer in one write.
 
     The upstream has already finished generating when its headers arrive, so there is nothing to cancel.
@@ -214,13 +211,15 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
         upstream.release()
     headers = CIMultiDict(response_headers(upstream))
     headers.update(extra_headers or {})
-    resp = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
-    result.bytes_out, result.chunks, result.completed = len(body), 1, True
     if is_json and body[:1] == b"{":
         try:
             result.final_json = json.loads(body)
         except ValueError:
             pass
+    if translate is not None:
+        body = translate.body(upstream.status, body)
+    resp = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
+    result.bytes_out, result.chunks, result.completed = len(body), 1, True
     return resp, result
 
 

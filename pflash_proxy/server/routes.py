@@ -153,11 +153,14 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                                      style)
             return req.state[PROGRESS_STARTED]
         upstream = app[UPSTREAM]
+        path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
+        if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
+            path_qs, translate = dialect.upstream_path, dialect.translator()
+            payload = json.dumps(dialect.to_upstream(req.body, req.messages), ensure_ascii=False).encode()
         t0 = time.monotonic()
-        up = await upstream.open(
-            request.method, req.path_qs, forwardable_headers(request.headers), req.forward_bytes()
-        )
-        resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared)
+        up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
+        resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
+                                   translate=translate)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)

@@ -1,0 +1,237 @@
+"""Anthropic Messages on the wire to llama-server: sent as chat completions, answered as Anthropic messages.
+
+Why: llama-server's ``/v1/messages`` converts the body to a chat request keeping only a few sampling fields, so
+``id_slot`` is dropped and the request lands on whatever slot the server picks (measured on b11434: every
+request alternated between the two slots whatever ``id_slot`` said). A session could then never be pinned. So
+the proxy does the same conversion itself and sends ``/v1/chat/completions`` with ``id_slot``:
+
+1. ``to_chat(body)``: the (possibly rewritten) Anthropic body as a chat body, the way llama-server converts it
+   (system text blocks joined; images as ``image_url``; ``tool_use`` → ``tool_calls``; each ``tool_result`` a
+   ``tool`` message, in block order; ``thinking`` blocks → ``reasoning_content``; tools, ``tool_choice``,
+   ``stop_sequences``, ``max_tokens`` (4096 when absent), ``temperature``/``top_p``/``top_k``, ``thinking``).
+2. ``AnthropicTranslator.body``: a chat completion (or a chat error) as an Anthropic ``message`` (or error), with
+   ``usage`` = ``cache_read_input_tokens`` / ``input_tokens`` (uncached) / ``output_tokens`` from ``timings``.
+3. ``AnthropicTranslator.stream``: chat chunks as Anthropic events — ``message_start``, one content block per
+   kind as it appears (``thinking``, ``text``, each ``tool_use`` with ``input_json_delta``), ``message_delta``
+   with the stop reason and usage, ``message_stop``. A mid-stream ``{"error": …}`` becomes an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pflash_proxy.dialects import anthropic_error, text_of
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_SAMPLING = ("temperature", "top_p", "top_k", "stream")
+
+
+def to_chat(body: dict, messages: list[dict]) -> dict:
+    """The chat-completions body llama-server would build from this Anthropic body (``messages``: the internal
+    conversation, already holding the proxy's rewrites)."""
+    chat: list[dict] = []
+    for m in messages:
+        role = m["role"]
+        if role == "system":
+            chat.append({"role": "system", "content": text_of(m.get("content"))})
+            continue
+        content = m.get("content")
+        out: dict[str, Any] = {"role": role}
+        if isinstance(content, list):
+            parts: list[dict] = []
+            thinking = ""
+            for p in content:
+                kind = p.get("type") if isinstance(p, dict) else None
+                if kind == "text":
+                    parts.append({"type": "text", "text": p.get("text", "")})
+                elif kind == "image" and isinstance(p.get("source"), dict):
+                    src = p["source"]
+                    url = src.get("url") if src.get("type") == "url" else \
+                        f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
+                    parts.append({"type": "image_url", "image_url": {"url": url}})
+                elif kind == "thinking":
+                    thinking += str(p.get("thinking", ""))
+            if all(p["type"] == "text" for p in parts):
+                out["content"] = "".join(p["text"] for p in parts)
+            else:
+                out["content"] = parts
+            if thinking and role == "assistant":
+                out["reasoning_content"] = thinking
+        else:
+            out["content"] = content if content is not None else ""
+        if m.get("tool_calls"):
+            out["tool_calls"] = m["tool_calls"]
+        if role == "tool":
+            out["tool_call_id"] = m.get("tool_call_id")
+        chat.append(out)
+    result: dict[str, Any] = {"messages": chat}
+    tools = [{"type": "function", "function": {"name": t.get("name", ""), "description": t.get("description", ""),
+                                               "parameters": t.get("input_schema", {})}}
+             for t in body.get("tools") or [] if isinstance(t, dict)]
+    if tools:
+        result["tools"] = tools
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "auto":
+            result["tool_choice"] = "auto"
+        elif kind in ("any", "tool"):
+            result["tool_choice"] = "required"
+        elif kind == "none":
+            result["tool_choice"] = "none"
+    if "stop_sequences" in body:
+        result["stop"] = body["stop_sequences"]
+    result["max_tokens"] = body.get("max_tokens", 4096)
+    for key in _SAMPLING:
+        if key in body:
+            result[key] = body[key]
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        result["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
+    if "id_slot" in body:
+        result["id_slot"] = body["id_slot"]
+    return result
+
+
+def _usage(final: dict) -> dict:
+    timings = final.get("timings") if isinstance(final.get("timings"), dict) else {}
+    usage = final.get("usage") if isinstance(final.get("usage"), dict) else {}
+    cached = int(timings.get("cache_n", 0) or (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0)
+    prompt = int(timings["prompt_n"]) if "prompt_n" in timings else max(0, int(usage.get("prompt_tokens", 0)) - cached)
+    output = int(usage.get("completion_tokens", timings.get("predicted_n", 0)) or 0)
+    return {"cache_read_input_tokens": cached, "input_tokens": prompt, "output_tokens": output}
+
+
+def _tool_input(arguments: Any) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def _event(name: str, data: dict) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+class AnthropicTranslator:
+    """Translates one chat-completions answer (whole or streamed) into the Anthropic Messages dialect."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._started = False
+        self._stopped = False
+        self._block: tuple[str, Any] | None = None  # the open content block: (kind, tool-call index)
+        self._index = -1
+        self._stop_reason: str | None = None
+        self._usage: dict = {}
+
+    # Whole answers ----------------------------------------------------------------------------------------
+    def body(self, status: int, raw: bytes) -> bytes:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return raw
+        if not isinstance(data, dict):
+            return raw
+        if status >= 400 or "error" in data:
+            return json.dumps(anthropic_error(data)).encode()
+        choice = (data.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        content: list[dict] = []
+        if msg.get("reasoning_content"):
+            content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
+        if msg.get("content"):
+            content.append({"type": "text", "text": msg["content"]})
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            content.append({"type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""),
+                            "input": _tool_input(fn.get("arguments"))})
+        out = {"id": data.get("id", ""), "type": "message", "role": "assistant", "content": content,
+               "model": data.get("model", ""), "stop_reason": _STOP.get(choice.get("finish_reason"), "end_turn"),
+               "stop_sequence": None, "usage": _usage(data)}
+        return json.dumps(out, ensure_ascii=False).encode()
+
+    # Streams ----------------------------------------------------------------------------------------------
+    def stream(self, chunk: bytes) -> bytes:
+        """Complete SSE events of the chat stream in, Anthropic events out."""
+        out = []
+        for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    out.append(self.end())
+                    continue
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(data, dict):
+                    out.append(self._chunk(data))
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        """Close the message (at ``[DONE]``, or when the upstream stream ended without one)."""
+        if self._stopped or not self._started:
+            return b""
+        self._stopped = True
+        usage = {"output_tokens": self._usage.get("output_tokens", 0),
+                 "input_tokens": self._usage.get("input_tokens", 0),
+                 "cache_read_input_tokens": self._usage.get("cache_read_input_tokens", 0)}
+        return (self._close_block() + _event("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": None},
+            "usage": usage}) + _event("message_stop", {"type": "message_stop"}))
+
+    def _chunk(self, data: dict) -> bytes:
+        if "error" in data:
+            self._stopped = True
+            return _event("error", anthropic_error(data))
+        out = b""
+        if not self._started:
+            self._started = True
+            out += _event("message_start", {"type": "message_start", "message": {
+                "id": data.get("id", ""), "type": "message", "role": "assistant", "content": [],
+                "model": data.get("model", ""), "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0}}})
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out += self._open("thinking", None, {"type": "thinking", "thinking": ""})
+                out += self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+            if delta.get("content"):
+                out += self._open("text", None, {"type": "text", "text": ""})
+                out += self._delta({"type": "text_delta", "text": delta["content"]})
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                out += self._open("tool_use", call.get("index", 0), {
+                    "type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""), "input": {}})
+                if fn.get("arguments"):
+                    out += self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
+            if choice.get("finish_reason"):
+                self._stop_reason = _STOP.get(choice["finish_reason"], "end_turn")
+        if "timings" in data or "usage" in data:
+            self._usage = _usage(data)
+        return out
+
+    def _open(self, kind: str, key: Any, block: dict) -> bytes:
+        if self._block == (kind, key):
+            return b""
+        out = self._close_block()
+        self._index += 1
+        self._block = (kind, key)
+        return out + _event("content_block_start", {"type": "content_block_start", "index": self._index,
+                                                    "content_block": block})
+
+    def _delta(self, delta: dict) -> bytes:
+        return _event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
+
+    def _close_block(self) -> bytes:
+        if self._block is None:
+            return b""
+        self._block = None
+        return _event("content_block_stop", {"type": "content_block_stop", "index": self._index})

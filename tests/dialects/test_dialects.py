@@ -1,0 +1,182 @@
+"""The dialect translations without sockets: parse → write back, volatile lines, the Anthropic wire."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pflash_proxy.dialects import cache_counts
+from pflash_proxy.dialects.anthropic import AnthropicDialect
+from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
+from pflash_proxy.dialects.responses import ResponsesDialect
+from pflash_proxy.errors import BadRequest
+from pflash_proxy.sessions.identity import message_hash
+
+CLAUDE = {
+    "model": "claude", "max_tokens": 64,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0.1; cc_entrypoint=cli; cch=a1b2c;"},
+               {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": "Read a.py"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"},
+                                          {"type": "text", "text": "Reading."},
+                                          {"type": "tool_use", "id": "t1", "name": "Read", "input": {"p": "a.py"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "LONG FILE"},
+                                     {"type": "text", "text": "<reminder>", "cache_control": {"type": "ephemeral"}},
+                                     {"type": "text", "text": "more"}]}]}
+
+
+def test_anthropic_blocks_become_the_internal_conversation():
+    d = AnthropicDialect()
+    conv = d.parse(d.prepare(CLAUDE, True))
+    roles = [m["role"] for m in conv.messages]
+    assert roles == ["system", "user", "assistant", "tool", "user"]
+    assert conv.messages[3] == {"role": "tool", "tool_call_id": "t1", "content": "LONG FILE"}
+    assert conv.messages[2]["tool_calls"][0]["function"] == {"name": "Read", "arguments": '{"p": "a.py"}'}
+
+
+def test_cache_control_markers_do_not_change_identity():
+    d = AnthropicDialect()
+    moved = json.loads(json.dumps(CLAUDE))
+    del moved["messages"][2]["content"][1]["cache_control"]
+    moved["messages"][0]["content"] = [{"type": "text", "text": "Read a.py", "cache_control": {"type": "ephemeral"}}]
+    a = [message_hash(m) for m in d.parse(CLAUDE).messages]
+    b = [message_hash(m) for m in d.parse(moved).messages]
+    assert a == b
+
+
+def test_write_back_changes_only_the_rewritten_text():
+    d = AnthropicDialect()
+    body = d.prepare(CLAUDE, True)
+    conv = d.parse(body)
+    new = [dict(m) for m in conv.messages]
+    new[3]["content"] = "SHORT"
+    new[4]["content"] = [{"type": "text", "text": "RECALL\n\n<reminder>more"}]
+    out = d.write_back(body, conv, new)
+    blocks = out["messages"][2]["content"]
+    assert blocks[0] == {"type": "tool_result", "tool_use_id": "t1", "content": "SHORT"}
+    # the group's first text block gets the text (its marker stays), the group's other text block goes
+    assert blocks[1:] == [{"type": "text", "text": "RECALL\n\n<reminder>more", "cache_control": {"type": "ephemeral"}}]
+    assert out["messages"][:2] == body["messages"][:2] and out["system"] == body["system"]
+    assert body["messages"][2]["content"][0]["content"] == "LONG FILE"  # the client's body is not mutated
+    with pytest.raises(ValueError):
+        d.write_back(body, conv, new[:-1])
+
+
+def test_only_the_billing_line_is_dropped():
+    d = AnthropicDialect()
+    out = d.prepare(CLAUDE, True)
+    assert out["system"] == [CLAUDE["system"][1]]
+    assert d.prepare(CLAUDE, False) is None
+    text = {**CLAUDE, "system": "x-anthropic-billing-header: cch=00000;\nYou are Claude Code.\nx-other: kept"}
+    assert d.prepare(text, True)["system"] == "You are Claude Code.\nx-other: kept"
+    assert d.prepare({**CLAUDE, "system": "plain"}, True) is None
+
+
+def test_bad_anthropic_bodies_are_400():
+    with pytest.raises(BadRequest):
+        AnthropicDialect().parse({"messages": "nope"})
+    with pytest.raises(BadRequest):
+        ResponsesDialect().parse({"input": 3})
+
+
+def test_to_chat_is_what_llama_server_would_build():
+    d = AnthropicDialect()
+    body = {**d.prepare(CLAUDE, True), "stop_sequences": ["END"], "temperature": 0, "id_slot": 1,
+            "tools": [{"name": "Read", "description": "r", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"}}
+    chat = to_chat(body, d.parse(body).messages)
+    assert chat["messages"][0] == {"role": "system", "content": "You are Claude Code."}
+    assert chat["messages"][2]["reasoning_content"] == "hmm" and chat["messages"][2]["content"] == "Reading."
+    assert chat["messages"][3] == {"role": "tool", "content": "LONG FILE", "tool_call_id": "t1"}
+    assert chat["stop"] == ["END"] and chat["id_slot"] == 1 and chat["tool_choice"] == "required"
+    assert chat["tools"][0]["function"]["parameters"] == {"type": "object"}
+    assert "metadata" not in chat and "system" not in chat
+
+
+def _sse(*events: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _events(raw: bytes) -> list[tuple[str, dict]]:
+    out = []
+    for block in raw.decode().strip().split("\n\n"):
+        name, data = block.split("\n", 1)
+        out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return out
+
+
+def test_a_chat_stream_becomes_anthropic_events_with_tool_use():
+    t = AnthropicTranslator()
+    chunks = _sse(
+        {"id": "c1", "model": "m", "choices": [{"delta": {"role": "assistant", "content": None}}]},
+        {"choices": [{"delta": {"content": "Let me "}}]}, {"choices": [{"delta": {"content": "look."}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_9", "type": "function",
+                                                "function": {"name": "Read", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"p\":"}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"a\"}"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "usage": {"completion_tokens": 7},
+         "timings": {"cache_n": 90, "prompt_n": 10, "predicted_n": 7}})
+    out = t.stream(chunks)
+    ev = _events(out + t.end())
+    names = [n for n, _ in ev]
+    assert names == ["message_start", "content_block_start", "content_block_delta", "content_block_delta",
+                     "content_block_stop", "content_block_start", "content_block_delta", "content_block_delta",
+                     "content_block_stop", "message_delta", "message_stop"]
+    assert ev[5][1]["content_block"] == {"type": "tool_use", "id": "call_9", "name": "Read", "input": {}}
+    assert "".join(d["delta"]["partial_json"] for n, d in ev if d.get("delta", {}).get("type") == "input_json_delta") \
+        == '{"p":"a"}'
+    assert ev[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert ev[-2][1]["usage"] == {"output_tokens": 7, "input_tokens": 10, "cache_read_input_tokens": 90}
+
+
+def test_a_mid_stream_error_becomes_an_anthropic_error_event():
+    t = AnthropicTranslator()
+    out = t.stream(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+                   b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}\n\n')
+    ev = _events(out + t.end())
+    assert ev[-1] == ("error", {"type": "error", "error": {"type": "api_error", "message": "boom"}})
+
+
+def test_a_whole_chat_answer_becomes_an_anthropic_message():
+    t = AnthropicTranslator()
+    chat = {"id": "c", "model": "m", "choices": [{"finish_reason": "length", "message": {
+        "role": "assistant", "content": "Hi",
+        "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 2}, "timings": {"cache_n": 80, "prompt_n": 20}}
+    msg = json.loads(t.body(200, json.dumps(chat).encode()))
+    assert msg["content"] == [{"type": "text", "text": "Hi"}, {"type": "tool_use", "id": "x", "name": "f", "input": {}}]
+    assert msg["stop_reason"] == "max_tokens"
+    assert msg["usage"] == {"cache_read_input_tokens": 80, "input_tokens": 20, "output_tokens": 2}
+    err = json.loads(t.body(400, b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'))
+    assert err == {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+
+
+def test_responses_items_and_write_back():
+    d = ResponsesDialect()
+    body = {"instructions": "be brief", "prompt_cache_key": "k", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "LONG"},
+        {"type": "reasoning", "id": "r1", "summary": []}]}
+    conv = d.parse(body)
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "item"]
+    assert d.session_name(body) == "k"
+    new = list(conv.messages)
+    new[3] = {**new[3], "content": "SHORT"}
+    out = d.write_back(body, conv, new)
+    assert out["input"][2] == {"type": "function_call_output", "call_id": "c1", "output": "SHORT"}
+    assert out["input"][:2] == body["input"][:2] and body["input"][2]["output"] == "LONG"
+    chat = d.chat_body(body, conv.messages)
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
+
+
+def test_cache_counts_read_every_dialect():
+    assert cache_counts({"timings": {"cache_n": 5, "prompt_n": 2, "predicted_n": 1}}) == \
+        {"cache_n": 5, "prompt_n": 2, "predicted_n": 1}
+    assert cache_counts({"usage": {"cache_read_input_tokens": 7, "input_tokens": 1, "output_tokens": 3}}) == \
+        {"cache_n": 7, "prompt_n": 1, "predicted_n": 3}
+    responses = {"usage": {"input_tokens": 10, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 9}}}
+    assert cache_counts(responses) == {"cache_n": 9, "prompt_n": 1, "predicted_n": 2}
+    assert cache_counts({"usage": {"prompt_tokens": 3}}) is None and cache_counts(None) is None
