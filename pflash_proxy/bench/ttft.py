@@ -30,10 +30,10 @@ from typing import Any
 
 import aiohttp
 
-from pflash_proxy.benchcli.arms import Arms, two_arms
-from pflash_proxy.benchcli.report import Chart, Table, mean, median, write_report
-from pflash_proxy.benchcli.runner import ChatResult, Proxy, chat, new_id, salted
-from pflash_proxy.benchcli.sizing import sized_case
+from pflash_proxy.bench.arms import Arms, two_arms
+from pflash_proxy.bench.report import Chart, Table, mean, median, write_report
+from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
+from pflash_proxy.bench.sizing import sized_case
 
 # A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
 PROMPT_FAMILIES = ("multiturn", "ruler_single", "code")

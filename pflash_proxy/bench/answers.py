@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pflash_proxy.bench import Case
-from pflash_proxy.benchcli.arms import two_arms
-from pflash_proxy.benchcli.report import Table, pct, write_report
-from pflash_proxy.benchcli.runner import chat, new_id, salted
-from pflash_proxy.benchcli.sizing import sized_cases
+from pflash_proxy.bench.cases import Case
+from pflash_proxy.bench.arms import two_arms
+from pflash_proxy.bench.report import Table, pct, write_report
+from pflash_proxy.bench.runner import chat, new_id, salted
+from pflash_proxy.bench.sizing import sized_cases
 
 QUICK_FAMILIES = ("ruler_single", "multiturn")
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import aiohttp
 
-from pflash_proxy.bench import (Case, check_retention, default_count_tokens, head_tail_truncate, messages_text,
-                                random_units, shorten_longest)
-from pflash_proxy.benchcli import DRAFTER_TIMEOUT_S
-from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
-from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
-from pflash_proxy.benchcli.sizing import sized_cases, tokenize_counter
+from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
+                                      messages_text, random_units, shorten_longest)
+from pflash_proxy.bench import DRAFTER_TIMEOUT_S
+from pflash_proxy.bench.report import Chart, Table, mean, pct, write_report
+from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
+from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
@@ -244,7 +244,8 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
         line += [_gold(get("head+tail")), _gold(get("random units"))]
         per_case.append(line)
     ph = [h for row in pflash_rows for h in (f"{row} mode", "prompt tok", "kept tok", f"{row} gold")]
-    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer; on recall turns: recalled tokens)",
+    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer; on recall turns: recalled "
+                     "tokens)",
                      ["case", "turn", *ph, "head+tail gold", "random gold"], per_case))
     chart = Chart("Gold evidence kept whole (main families)", "% of cases",
                   [f"{n // 1024}K" for n in lengths], chart_series)
