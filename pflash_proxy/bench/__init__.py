@@ -105,8 +105,14 @@ def main(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
     args.workdir = workdir
+    from pflash_proxy.bench.runner import BenchError
+    from pflash_proxy.spawn import SpawnError
+
     try:
         written = asyncio.run(run(args))
+    except (BenchError, SpawnError) as exc:  # no llama-server (extra missing), or it would not start
+        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        return 1
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
