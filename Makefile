@@ -3,7 +3,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean install-systemd
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,10 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_proxy.py
+
+# As root: a venv in /opt/pflash-proxy (PREFIX=...), the systemd units, /etc/pflash-proxy/env. Not part of `test`.
+install-systemd:
+	@bash scripts/install-systemd.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info

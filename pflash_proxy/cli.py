@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
     warm.add_argument("--config")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
-    from pflash_proxy.benchcli import add_parser as add_bench_parser
+    from pflash_proxy.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
     from pflash_proxy.train import add_parser as add_train_parser
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
     if args.command == "bench":
-        from pflash_proxy.benchcli import main as bench_main
+        from pflash_proxy.bench import main as bench_main
 
         return bench_main(args)
     if args.command == "train":

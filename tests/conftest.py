@@ -105,3 +105,23 @@ def llama_server(gemma_model, tmp_path_factory):
 async def http():
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel pip builds from a clean copy of the project (no stale build/ of a checkout leaks into it):
+    what `pipx install` and scripts/install-systemd.sh install (tests/test_install.py, tests/test_systemd.py)."""
+    import shutil
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(root / name, src / name)
+    shutil.copytree(root / "pflash_proxy", src / "pflash_proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = out.glob("pflash_proxy-*.whl")
+    return whl

@@ -1,18 +1,133 @@
-"""Benchmark support: a seeded offline case generator and a retention checker with baselines.
+"""``pflash-proxy bench quality|ttft|answers``: benchmarks of the product as users meet it.
 
-`generate(...)` builds long-prompt cases whose gold evidence is known; `check_retention(case, received)` says
-whether that evidence reached the upstream whole; `head_tail_truncate` and `random_units` are the baselines
-compared with PFlash at the same budget.
+The whole feature lives here: ``cases/`` generates the long-prompt cases and checks what reached the upstream;
+``quality``, ``ttft`` and ``answers`` are the three benches; ``runner`` (llama-server, in-process proxies, a
+streaming client), ``arms`` (PFlash on/off side by side), ``sizing`` (cases sized in the upstream's tokens) and
+``report`` (JSON, markdown, PNG) are what they share.  ``benchmarks/`` beside the package holds the scripts that
+measure the proxy itself and the reports kept in the repository.
+
+1. ``add_parser(sub)`` adds the ``bench`` subcommand and its options to the CLI's subparsers.
+2. ``main(args)`` fills in the defaults that depend on ``--quick`` (lengths, threshold, prompts), makes a work
+   directory (snapshots, session stores, llama-server log; removed afterwards unless ``--keep``), runs the
+   bench (``quality``/``ttft``/``answers`` modules), writes JSON + markdown (+ PNG) under ``--out`` and prints
+   the markdown.
 """
 
-from pflash_proxy.bench.generator import (DEFAULT_LENGTHS, FAMILIES, RULER_FAMILIES, Case, FollowUp, case_tokens,
-                                          default_count_tokens, family_names, generate, generate_case,
-                                          messages_text)
-from pflash_proxy.bench.retention import (Retention, check_retention, gold_whole, head_tail_truncate, marker_line,
-                                          random_units, shorten_longest)
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_LENGTHS", "FAMILIES", "RULER_FAMILIES", "Case", "FollowUp", "case_tokens", "default_count_tokens",
-    "family_names", "generate", "generate_case", "messages_text", "Retention", "check_retention", "gold_whole",
-    "head_tail_truncate", "marker_line", "random_units", "shorten_longest",
-]
+import argparse
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+QUICK_THRESHOLD = 1024
+DRAFTER_TIMEOUT_S = 1800.0  # `--drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
+# --quick finishes in under 2 minutes on 2 CPU cores (measured: quality ~21 s, ttft ~100 s, answers ~90 s).
+# Retention needs no forward, so quality covers 2K and 4K; ttft and answers pay for every full prefill
+# (gemma-3-270m: ~200 tokens/s at 4K here), so they run at 4K only (below ~4K the lexical scores of these cases
+# are flat and PFlash serves them whole, which shows nothing).
+QUICK_LENGTHS = {"quality": (2048, 4096), "ttft": (4096,), "answers": (4096,)}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.strip().lower().replace("k", "")) * (1024 if x.strip().lower().endswith("k") else 1)
+            for x in text.split(",") if x.strip()]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers)",
+                       description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
+    p.add_argument("kind", choices=("quality", "ttft", "answers"))
+    p.add_argument("--quick", action="store_true",
+                   help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K "
+                        "(each under 2 minutes here)")
+    p.add_argument("--out", default="benchmarks/results", help="directory for KIND.json / KIND.md / KIND.png")
+    p.add_argument("--upstream", help="use this llama-server instead of spawning one")
+    p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
+    p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
+    p.add_argument("--scorers", default="lexical,attention,head", help="PFlash scorers to compare")
+    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
+    p.add_argument("--per-family", type=_per_family, default=1,
+                   help="cases per family and length (quality, answers): N, or N,FAMILY=M,... "
+                        "(e.g. 1,nolima=10,agent=10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
+                                                  "--quick 1024)")
+    p.add_argument("--prompts", type=int, help="prompts per length for ttft (default 3, --quick 1)")
+    p.add_argument("--drafter", type=Path, help="drafter GGUF (enables the attention scorer)")
+    p.add_argument("--drafter-timeout", type=float, default=DRAFTER_TIMEOUT_S,
+                   help="seconds one drafter pass may take (the proxy's default is 300; a CPU attention pass over "
+                        "16K tokens takes about that long, and a bench wants the score, not the fallback)")
+    p.add_argument("--scoring-head", type=Path, help="scorer head GGUF (with --drafter: the head scorer)")
+    p.add_argument("--request-probe", type=Path, help="request probe GGUF (optional, head scorer)")
+    p.add_argument("--gpu-prefill-tps", type=float, default=8000.0,
+                   help="projection: target prefill tokens/s on the GPU at short lengths (ttft)")
+    p.add_argument("--gpu-quadratic-at", type=float, default=65536.0,
+                   help="projection: tokens at which attention doubles the per-token prefill cost (ttft)")
+    p.add_argument("--max-tokens", type=int, default=48, help="answer length for `answers`")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
+    p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
+    return p
+
+
+def _per_family(v: str) -> int | dict[str, int]:
+    """``3`` → 3; ``1,nolima=10,agent=10`` → {"*": 1, "nolima": 10, "agent": 10}."""
+    out: dict[str, int] = {}
+    try:
+        for item in v.split(","):
+            name, _, n = item.rpartition("=")
+            out[name.strip() or "*"] = int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,FAMILY=M,... (got {v!r})") from None
+    if any(n < 0 for n in out.values()):
+        raise argparse.ArgumentTypeError("counts must be >= 0")
+    return out["*"] if list(out) == ["*"] else out
+
+
+def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in what depends on the bench and ``--quick``: lengths, threshold, prompts, the scorer list."""
+    args.lengths = list(args.lengths or (QUICK_LENGTHS[args.kind] if args.quick else (16_384, 32_768)))
+    if args.threshold is None:
+        args.threshold = QUICK_THRESHOLD if args.quick else min(16_384, min(args.lengths) // 2)
+    if args.prompts is None:
+        args.prompts = 1 if args.quick else 3
+    args.scorers = [s for s in args.scorers.split(",") if s] if isinstance(args.scorers, str) else args.scorers
+    return args
+
+
+def main(args: argparse.Namespace) -> int:
+    apply_defaults(args)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
+    args.workdir = workdir
+    from pflash_proxy.bench.runner import BenchError
+    from pflash_proxy.spawn import SpawnError
+
+    try:
+        written = asyncio.run(run(args))
+    except (BenchError, SpawnError) as exc:  # no llama-server (extra missing), or it would not start
+        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(written.markdown)
+    for path in written.paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+async def run(args: argparse.Namespace) -> Any:
+    if args.kind == "quality":
+        from pflash_proxy.bench import quality as mod
+    elif args.kind == "ttft":
+        from pflash_proxy.bench import ttft as mod  # type: ignore[no-redef]
+    else:
+        from pflash_proxy.bench import answers as mod  # type: ignore[no-redef]
+    data = await mod.run(args)
+    return mod.report(data, Path(args.out), args)

@@ -90,7 +90,10 @@ class Drafter:
         try:
             import llama_cpp  # noqa: F401
         except ImportError as e:
-            raise DrafterError(f"llama-cpp-python is not installed ({e})") from None
+            from pflash_proxy.extras import install_hint
+
+            raise DrafterError(f"the drafter needs llama-cpp-python, and the `drafter` extra is not installed "
+                               f"({e}): {install_hint('drafter')}") from None
         if not os.path.isfile(path):
             raise DrafterError(f"drafter file {path} does not exist")
         self.path, self.n_ctx, self.n_threads, self.n_batch = str(path), n_ctx, n_threads, min(n_batch, n_ctx)

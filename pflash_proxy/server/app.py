@@ -1,6 +1,6 @@
 """``create_app(settings) -> web.Application``: wiring only.
 
-Start-up (``cleanup_ctx``, in order; torn down in reverse):
+Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
 1. the ``Upstream`` client session;
 2. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
 3. the pipeline stages that own resources (session store, drafter), via their ``start``/``stop`` hooks.
@@ -9,8 +9,9 @@ Start-up (``cleanup_ctx``, in order; torn down in reverse):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -55,18 +56,31 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
                              api_key=settings.upstream_api_key)
     app[SUPERVISOR] = None
     app[PIPELINE] = Pipeline()
-    app.cleanup_ctx.append(_upstream_ctx)
-    if settings.spawn:
-        app.cleanup_ctx.append(_spawn_ctx)
-    app.cleanup_ctx.append(_stages_ctx(stages))
+    steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]
+    app.cleanup_ctx.append(_in_order(steps))
     add_routes(app)
     return app
 
 
+def _in_order(steps: list[Callable[[web.Application], AsyncIterator[None]]]):
+    """The steps as one context: aiohttp runs no clean-up when start-up fails (``run_app`` calls ``setup``
+    outside its ``try``), so a step that cannot start (no llama-server, a bad drafter file) would leave the
+    earlier ones open (an "Unclosed client session" after the one-line error); the exit stack closes them."""
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            for step in steps:
+                await stack.enter_async_context(contextlib.asynccontextmanager(step)(app))
+            yield
+
+    return ctx
+
+
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     await app[UPSTREAM].start()
-    yield
-    await app[UPSTREAM].close()
+    try:
+        yield
+    finally:
+        await app[UPSTREAM].close()
 
 
 async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -48,9 +48,11 @@ def main(args: argparse.Namespace) -> int:
     cfg = TrainConfig(drafter, Path(args.out), args.examples, args.seed, args.tap_block, args.epochs,
                       args.head_epochs, args.rank, args.ctx, args.threads, args.min_chars, args.max_chars,
                       args.budget)
+    from pflash_proxy.drafter.runtime import DrafterError
+
     try:
         metrics = train(cfg)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, DrafterError) as exc:  # DrafterError: e.g. the `drafter` extra is missing
         print(f"pflash-proxy train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 import pytest
 
-from pflash_proxy.bench import generate
+from pflash_proxy.bench.cases import generate
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ from dataclasses import asdict
 
 import pytest
 
-from pflash_proxy.bench import FAMILIES, case_tokens, generate, messages_text
-from pflash_proxy.bench._families import (CHARACTER_NAMES, NOLIMA_NEEDLES, NOLIMA_QUESTION, NOLIMA_TABLE,
-                                          content_words)
-from pflash_proxy.bench.generator import gold_in_messages, prose_paragraphs
+from pflash_proxy.bench.cases import FAMILIES, case_tokens, generate, messages_text
+from pflash_proxy.bench.cases._families import (CHARACTER_NAMES, NOLIMA_NEEDLES, NOLIMA_QUESTION, NOLIMA_TABLE,
+                                                content_words)
+from pflash_proxy.bench.cases.generator import gold_in_messages, prose_paragraphs
 
 
 def longest(case) -> str:
@@ -202,7 +202,7 @@ def test_same_seed_same_cases_other_seed_other_cases(bench_cases):
 
 
 def _digest_in_subprocess(hash_seed: str) -> str:
-    code = ("import hashlib, json; from dataclasses import asdict; from pflash_proxy.bench import generate; "
+    code = ("import hashlib, json; from dataclasses import asdict; from pflash_proxy.bench.cases import generate; "
             "print(hashlib.sha256(json.dumps([asdict(c) for c in generate(lengths=[4096], seed=5)]).encode())"
             ".hexdigest())")
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)

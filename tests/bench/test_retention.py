@@ -2,9 +2,9 @@ import re
 
 import pytest
 
-from pflash_proxy.bench import (check_retention, default_count_tokens, gold_whole, head_tail_truncate, marker_line,
-                                random_units, shorten_longest)
-from pflash_proxy.bench.retention import split_units
+from pflash_proxy.bench.cases import (check_retention, default_count_tokens, gold_whole, head_tail_truncate,
+                                      marker_line, random_units, shorten_longest)
+from pflash_proxy.bench.cases.retention import split_units
 
 MARKER_RX = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+) …\]$")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pflash_proxy.bench import generate
-from pflash_proxy.benchcli.answers import correct, expected
+from pflash_proxy.bench.cases import generate
+from pflash_proxy.bench.answers import correct, expected
 
 
 def test_exact_match_needs_every_answer_as_a_whole_word():

@@ -16,9 +16,9 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from pflash_proxy.benchcli.quality import build_scorers
-from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings
-from pflash_proxy.benchcli.sizing import ROOM, CountAsync, tokenize_counter
+from pflash_proxy.bench.quality import build_scorers
+from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings
+from pflash_proxy.bench.sizing import ROOM, CountAsync, tokenize_counter
 
 
 @dataclass

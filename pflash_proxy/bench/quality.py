@@ -23,12 +23,13 @@ from typing import Any
 
 import aiohttp
 
-from pflash_proxy.bench import (Case, check_retention, default_count_tokens, head_tail_truncate, messages_text,
-                                random_units, shorten_longest)
-from pflash_proxy.benchcli import DRAFTER_TIMEOUT_S
-from pflash_proxy.benchcli.report import Chart, Table, mean, pct, write_report
-from pflash_proxy.benchcli.runner import LlamaProc, Proxy, bench_settings, chat, new_id
-from pflash_proxy.benchcli.sizing import sized_cases, tokenize_counter
+from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
+                                      messages_text, random_units, shorten_longest)
+from pflash_proxy.bench import DRAFTER_TIMEOUT_S
+from pflash_proxy.bench.report import Chart, Table, mean, pct, write_report
+from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
+from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
+from pflash_proxy.progress import Progress
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
@@ -182,6 +183,8 @@ async def run(opts: Any) -> dict[str, Any]:
                 settings = bench_settings(llama.url, work / f"proxy-{name}", llama.slot_dir,
                                           threshold=opts.threshold)
                 proxies[name] = await Proxy(settings, scorer=scorer, dry_run=True).__aenter__()
+            bar = Progress(len(cases) * max(len(proxies), 1), "quality")  # one step per case and scorer
+            bar(0)
             try:
                 for case in cases:
                     primary = None
@@ -189,10 +192,14 @@ async def run(opts: Any) -> dict[str, Any]:
                         recs = await _through_proxy(http, proxy, f"pflash-{name}", case)
                         primary = primary or recs[0]["served"]
                         records += recs
+                        bar.advance(f"{case.case_id} {name}")
                     records += _baselines(case, primary or case.messages, opts.seed)
+                    if not proxies:
+                        bar.advance(case.case_id)
                     if opts.verbose:
-                        print(f"  {case.case_id}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
+                        bar.write(f"  {case.case_id}: done ({time.perf_counter() - t0:.0f}s)")
             finally:
+                bar.close()
                 for proxy in proxies.values():
                     await proxy.__aexit__(None, None, None)
     finally:
@@ -244,7 +251,8 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
         line += [_gold(get("head+tail")), _gold(get("random units"))]
         per_case.append(line)
     ph = [h for row in pflash_rows for h in (f"{row} mode", "prompt tok", "kept tok", f"{row} gold")]
-    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer; on recall turns: recalled tokens)",
+    out.append(Table("Per case (gold = whole/total; tokens from the upstream's tokenizer; on recall turns: recalled "
+                     "tokens)",
                      ["case", "turn", *ph, "head+tail gold", "random gold"], per_case))
     chart = Chart("Gold evidence kept whole (main families)", "% of cases",
                   [f"{n // 1024}K" for n in lengths], chart_series)

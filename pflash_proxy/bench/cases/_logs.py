@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-from pflash_proxy.bench.generator import _Ctx, messages_text, place
+from pflash_proxy.bench.cases.generator import _Ctx, messages_text, place
 
 EXCEPTIONS = [
     ("KeyError", "'billing_address'"),
@@ -76,7 +76,8 @@ def _routine(ctx: _Ctx, tenants: list[str]) -> str:
     if kind == 2:
         return f"{TS} INFO  [worker.sync] tenant={t} synced {r.randint(10, 90000)} rows in {r.uniform(0.1, 40):.2f}s"
     if kind == 3:
-        return f"{TS} WARN  [cache] eviction pressure: {r.randint(100, 20000)} keys dropped from shard {r.randrange(16)}"
+        return (f"{TS} WARN  [cache] eviction pressure: {r.randint(100, 20000)} keys dropped from shard "
+                f"{r.randrange(16)}")
     if kind == 4:
         return (f"{TS} INFO  [scheduler] queued job=exp-{r.randint(10000, 99999)} kind="
                 f"{r.choice(['export', 'sync', 'reindex'])} tenant={t}")

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pflash_proxy.bench import Case
-from pflash_proxy.benchcli.arms import two_arms
-from pflash_proxy.benchcli.report import Table, pct, write_report
-from pflash_proxy.benchcli.runner import chat, new_id, salted
-from pflash_proxy.benchcli.sizing import sized_cases
+from pflash_proxy.bench.cases import Case
+from pflash_proxy.bench.arms import two_arms
+from pflash_proxy.bench.report import Table, pct, write_report
+from pflash_proxy.bench.runner import chat, new_id, salted
+from pflash_proxy.bench.sizing import sized_cases
+from pflash_proxy.progress import Progress
 
 QUICK_FAMILIES = ("ruler_single", "multiturn")
 
@@ -44,6 +45,8 @@ async def run(opts: Any) -> dict[str, Any]:
     async with two_arms(opts, ctx_factor=1.0) as a:
         scorer_name = a.scorer_name
         cases = await sized_cases(a.count, families, opts.lengths, opts.per_family, opts.seed, a.cap)
+        bar = Progress(2 * len(cases), "answers")  # one step per case and arm
+        bar(0)
         for case in cases:
             row: dict[str, Any] = {"case_id": case.case_id, "family": case.family, "length": case.target_tokens,
                                    "case_tokens": case.meta["real_tokens"],
@@ -54,9 +57,11 @@ async def run(opts: Any) -> dict[str, Any]:
                 row[arm] = {"reply": res.text, "right": correct(res.text, row["expected"]),
                             "mode": res.headers.get("X-PFlash-Mode", "off"), "status": res.status,
                             "prompt_tokens": res.prompt_n}
+                bar.advance(f"{case.case_id} {arm}")
             results.append(row)
             if opts.verbose:
-                print(f"  {case.case_id}: full {row['full']['right']} pflash {row['pflash']['right']}", flush=True)
+                bar.write(f"  {case.case_id}: full {row['full']['right']} pflash {row['pflash']['right']}")
+        bar.close()
     return {"bench": "answers", "quick": opts.quick, "lengths": list(opts.lengths), "threshold": opts.threshold,
             "scorer": scorer_name, "upstream": opts.upstream or "spawned gemma-3-270m (CPU)",
             "max_tokens": opts.max_tokens, "seconds": round(time.perf_counter() - t0, 1), "results": results}

@@ -1,4 +1,4 @@
-"""Case builders, one per family, for `pflash_proxy.bench.generator.generate`.
+"""Case builders, one per family, for `pflash_proxy.bench.cases.generator.generate`.
 
 Every builder follows the same steps:
 1. Draw the evidence from the case's seeded rng (keys, values, names, facts, a function, a log block, records).
@@ -8,7 +8,7 @@ Every builder follows the same steps:
 4. Return the `Case` with gold = the planted text exactly as rendered (id, family and target are set by
    `generate`).
 The code family and the agent "source" variant share `_code_evidence` (pick a documented function, drop its
-docstring, question from the docstring's first sentence) in `pflash_proxy.bench._code`.
+docstring, question from the docstring's first sentence) in `pflash_proxy.bench.cases._code`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import math
 import re
 from typing import Any, Callable
 
-from pflash_proxy.bench import _code
-from pflash_proxy.bench._logs import agent_log
-from pflash_proxy.bench.generator import Case, FollowUp, _Ctx, messages_text, place, prose_sentences
+from pflash_proxy.bench.cases import _code
+from pflash_proxy.bench.cases._logs import agent_log
+from pflash_proxy.bench.cases.generator import Case, FollowUp, _Ctx, messages_text, place, prose_sentences
 
 ADJECTIVES = ["amber", "silent", "crimson", "hollow", "brisk", "velvet", "gilded", "frosty", "lucid", "rustic",
               "somber", "tawny", "vivid", "wistful", "zesty", "mellow", "dusky", "nimble", "placid", "russet"]

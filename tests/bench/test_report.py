@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 
-from pflash_proxy.benchcli.report import Chart, Table, fmt, markdown_table, pct, write_report
+from pflash_proxy.bench.report import Chart, Table, fmt, markdown_table, pct, write_report
 
 
 def _no_matplotlib(monkeypatch):

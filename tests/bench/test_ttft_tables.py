@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.benchcli.ttft import project, report
+from pflash_proxy.bench.ttft import project, report
 
 
 def _run(arm, n, ttft, tokens, mode, pflash_ms=None, case_id="c"):
@@ -39,7 +39,7 @@ def test_report_tables(tmp_path):
 
 
 def test_chart_has_median_per_length_and_whole_chat_sum():
-    from pflash_proxy.benchcli.ttft import chart
+    from pflash_proxy.bench.ttft import chart
 
     runs = [_run("full", 4096, 30.0, 4000, "off"), _run("full", 4096, 40.0, 4000, "off"),
             _run("full", 4096, 90.0, 4000, "off"), _run("pflash", 4096, 10.0, 1300, "compressed", 30.0)]
@@ -51,7 +51,7 @@ def test_chart_has_median_per_length_and_whole_chat_sum():
 
 
 def test_quick_presets_per_bench():
-    from pflash_proxy.benchcli import apply_defaults
+    from pflash_proxy.bench import apply_defaults
     from pflash_proxy.cli import build_parser
 
     def parsed(*argv):
@@ -71,8 +71,8 @@ async def test_replay_first_turn_stands_in_for_the_same_prompt():
     sending that case again, and sends every other prompt (no server: a send would fail on `http=None`)."""
     from types import SimpleNamespace
 
-    from pflash_proxy.benchcli.sizing import sized_case
-    from pflash_proxy.benchcli.ttft import _lengths
+    from pflash_proxy.bench.sizing import sized_case
+    from pflash_proxy.bench.ttft import _lengths
 
     async def count(text: str) -> int:
         return len(text.encode()) // 4

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
-from pflash_proxy.bench import Case, family_names, generate_case, messages_text
+from pflash_proxy.bench.cases import Case, family_names, generate_case, messages_text
 
 TOLERANCE = 0.03
 TRIES = 4

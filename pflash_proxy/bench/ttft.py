@@ -24,20 +24,23 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from pflash_proxy.benchcli.arms import Arms, two_arms
-from pflash_proxy.benchcli.report import Chart, Table, mean, median, write_report
-from pflash_proxy.benchcli.runner import ChatResult, Proxy, chat, new_id, salted
-from pflash_proxy.benchcli.sizing import sized_case
+from pflash_proxy.bench.arms import Arms, two_arms
+from pflash_proxy.bench.report import Chart, Table, mean, median, write_report
+from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
+from pflash_proxy.bench.sizing import sized_case
+from pflash_proxy.progress import Progress
 
 # A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
 PROMPT_FAMILIES = ("multiturn", "ruler_single", "code")
 REPLY_TOKENS = 4  # chat replay: short replies, the waiting measured is mostly prefill
+REPLAY_TURNS = 4  # chat replay: document, follow-up, paste, follow-up (``_replay_turns``)
 
 
 def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Any) -> dict[str, Any]:
@@ -64,7 +67,12 @@ async def _one(http, arm: str, proxy: Proxy, messages: list[dict], **extra: Any)
     return _row(arm, res, proxy, key, **extra)
 
 
-async def _lengths(a: Arms, opts, replay: list[dict]) -> list[dict]:
+def _step(bar: Progress | None, note: str, n: int = 1) -> None:
+    if bar is not None:
+        bar.advance(note, n)
+
+
+async def _lengths(a: Arms, opts, replay: list[dict], bar: Progress | None = None) -> list[dict]:
     out, http, arms = [], a.http, {"full": a.full, "pflash": a.pflash}
     for n in opts.lengths:
         for i in range(opts.prompts):
@@ -73,14 +81,20 @@ async def _lengths(a: Arms, opts, replay: list[dict]) -> list[dict]:
             turn1 = [r for r in replay if r["turn"] == 1 and r.get("case_id") == case.case_id]
             if len(turn1) == 2:  # the replay's first turn was this very prompt, salted, in both arms
                 out.extend({**r, "length": n, "from_replay": True} for r in turn1)
+                _step(bar, f"{case.case_id} (from the replay)", 2)
                 continue
             order = ["full", "pflash"] if i % 2 == 0 else ["pflash", "full"]
             for arm in order:
                 row = await _one(http, arm, arms[arm], salted(case.messages, new_id()), length=n,
                                  case_id=case.case_id, case_tokens=case.meta["real_tokens"])
                 out.append(row)
+                _step(bar, f"{case.case_id} {arm}")
                 if opts.verbose:
-                    print(f"  ttft {case.case_id} {arm}: {row['ttft_s']} s, {row['prefill_tokens']} tok", flush=True)
+                    line = f"  ttft {case.case_id} {arm}: {row['ttft_s']} s, {row['prefill_tokens']} tok"
+                    if bar is not None:
+                        bar.write(line)
+                    else:
+                        print(line, file=sys.stderr, flush=True)
     return out
 
 
@@ -102,7 +116,7 @@ async def _replay_turns(a: Arms, opts) -> tuple[Any, list[str | tuple[str, str]]
     return doc, [doc.followups[0].question, ("paste", paste.messages[0]["content"]), doc.followups[1].question]
 
 
-async def _replay(a: Arms, opts) -> list[dict]:
+async def _replay(a: Arms, opts, bar: Progress | None = None) -> list[dict]:
     doc, later = await _replay_turns(a, opts)
     out, arms = [], {"full": a.full, "pflash": a.pflash}
     case = {"case_id": doc.case_id, "case_tokens": doc.meta["real_tokens"]}
@@ -116,6 +130,7 @@ async def _replay(a: Arms, opts) -> list[dict]:
             key = new_id()
             res = await chat(a.http, arms[arm].url, msgs, bench_id=key, max_tokens=REPLY_TOKENS)
             out.append(_row(arm, res, arms[arm], key, turn=turn + 1, kind=kind, **(case if turn == 0 else {})))
+            _step(bar, f"chat replay {arm} turn {turn + 1}")
             msgs = msgs + [{"role": "assistant", "content": res.text}]
     return out
 
@@ -161,14 +176,21 @@ async def run(opts: Any) -> dict[str, Any]:
     async with two_arms(opts, ctx_factor=1.6) as a:
         data["scorer"] = a.scorer_name
         data["slot_cap_tokens"] = a.cap
-        data["replay"] = await _replay(a, opts)
-        data["runs"] = await _lengths(a, opts, data["replay"])
-        data["resume"] = []
-        if not a.llama.external:
-            try:
-                data["resume"] = await _resume(a, opts)
-            except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
-                data["resume_error"] = f"{type(exc).__name__}: {exc}"
+        # one step per request of the replay and of the lengths (both arms), and the resume step as one
+        bar = Progress(2 * REPLAY_TURNS + 2 * len(opts.lengths) * opts.prompts + (not a.llama.external), "ttft")
+        bar(0)
+        try:
+            data["replay"] = await _replay(a, opts, bar)
+            data["runs"] = await _lengths(a, opts, data["replay"], bar)
+            data["resume"] = []
+            if not a.llama.external:
+                try:
+                    data["resume"] = await _resume(a, opts)
+                except Exception as exc:  # noqa: BLE001 - keep the measurements already taken
+                    data["resume_error"] = f"{type(exc).__name__}: {exc}"
+                bar.advance("resume")
+        finally:
+            bar.close()
     data["seconds"] = round(time.perf_counter() - t0, 1)
     return data
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.bench import default_count_tokens, generate, head_tail_truncate, messages_text
-from pflash_proxy.benchcli.quality import _baselines, _longest_index, tables
+from pflash_proxy.bench.cases import default_count_tokens, generate, head_tail_truncate, messages_text
+from pflash_proxy.bench.quality import _baselines, _longest_index, tables
 
 
 @pytest.fixture(scope="module")

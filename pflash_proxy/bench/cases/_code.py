@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pflash_proxy.bench.generator import _Ctx, _stdlib_modules
+from pflash_proxy.bench.cases.generator import _Ctx, _stdlib_modules
 
 VERBS = frozenset("""return compute convert create build parse read write check find get set remove add format split
 join make generate encode decode open close send load dump copy update search match replace translate calculate

