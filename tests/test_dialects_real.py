@@ -336,3 +336,35 @@ async def test_messages_land_on_the_pinned_slot(proxy, llama_server):
         history = history + [{"role": "assistant", "content": body["content"][0]["text"] if body["content"] else "ok"},
                              {"role": "user", "content": f"{n}."}]
     assert len(slots) == 1
+
+
+async def test_previous_response_id_chains_continue_the_session(proxy):
+    """llama-server refuses previous_response_id; through the proxy a chained request is expanded into the items
+    the id stands for and continues that session from the slot's cache."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="unused", max_retries=0)
+    raw = await client.responses.with_raw_response.create(
+        model="gemma", max_output_tokens=4, temperature=0, instructions="Be brief.",
+        input=[{"role": "user", "content": "Remember the word lighthouse. " * 20}])
+    first = await _parsed(raw)
+    raw2 = await client.responses.with_raw_response.create(
+        model="gemma", max_output_tokens=4, temperature=0, instructions="Be brief.", previous_response_id=first.id,
+        input=[{"role": "user", "content": "Which word?"}])
+    second = await _parsed(raw2)
+    assert raw2.headers["X-PFlash-Session"] == raw.headers["X-PFlash-Session"]
+    assert raw2.headers["X-PFlash-Cache"] == "hit"
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    served = sessions_of(proxy).get(raw2.headers["X-PFlash-Session"]).served
+    assert [m["role"] for m in served] == ["system", "user", "assistant", "user"]
+    # a chain of chains
+    raw3 = await client.responses.with_raw_response.create(
+        model="gemma", max_output_tokens=4, temperature=0, instructions="Be brief.", previous_response_id=second.id,
+        input="And again?")
+    await _parsed(raw3)
+    assert raw3.headers["X-PFlash-Session"] == raw.headers["X-PFlash-Session"]
+    assert raw3.headers["X-PFlash-Cache"] == "hit"
+    # an id the proxy never saw is llama-server's to answer (it does not support the field)
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(model="gemma", max_output_tokens=2, previous_response_id="resp_unknown",
+                                      input="hi")

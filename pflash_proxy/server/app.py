@@ -27,7 +27,8 @@ log = logging.getLogger("pflash_proxy.app")
 
 
 def build_stages(app: web.Application) -> list[Stage]:
-    """The ordered stage list: sessions (identity, slot, restore) → compression → commit served history."""
+    """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
+    history."""
     settings = app[SETTINGS]
     if not settings.sessions:
         return []
@@ -35,7 +36,10 @@ def build_stages(app: web.Application) -> list[Stage]:
     from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
 
     manager = SessionManager(settings, app[UPSTREAM])
-    stages: list[Stage] = [SessionStage(manager)]
+    from pflash_proxy.sessions.chains import ResponseChainStage
+
+    # previous_response_id is expanded into the items it stands for before the session is looked up
+    stages: list[Stage] = [ResponseChainStage(manager), SessionStage(manager)]
     if settings.pflash:
         from pflash_proxy.compress_stage import CompressStage
         from pflash_proxy.drafter_setup import build_stages as build_compression
