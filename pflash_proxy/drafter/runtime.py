@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -47,6 +48,8 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 T = TypeVar("T")
+log = logging.getLogger("pflash_proxy.drafter")
+PROGRESS_EVERY_S = 5.0  # a pass longer than this logs how far it got, this often
 
 
 class DrafterError(RuntimeError):
@@ -104,6 +107,7 @@ class Drafter:
         self._ctx: dict[bool, Any] = {}
         self._deadline = float("inf")
         self.stats = {"passes": 0, "tokens": 0, "seconds": 0.0, "cache_hits": 0, "aborts": 0}
+        self._progress = (0.0, 0, 0.0)  # (pass start, tokens in the pass, last progress line)
         self._submit(self._load, None).result()
         self.window = self.n_ctx - int(self.add_bos)
         self.overlap = self.window // 4 if overlap is None else overlap
@@ -260,6 +264,7 @@ class Drafter:
                attn_layers: tuple[int, ...], flash: bool | None, save: bool,
                qk_layers: tuple[int, ...] = (), save_prefix: int | None = None) -> DraftPass:
         t0 = time.perf_counter()
+        self._progress = (t0, len(tokens), t0)
         for k in taps:
             if not 0 <= k < self.n_layer - 1:
                 raise DrafterError(f"tap block {k} outside [0, {self.n_layer - 1}) for a {self.n_layer}-block drafter")
@@ -365,6 +370,16 @@ class Drafter:
                     raise DrafterError(f"{name} captured {len(parts)} times in one ubatch (is it in the graph?)")
                 got[name].extend(parts)
             start = end
+            self._log_progress(end)
+
+    def _log_progress(self, position: int) -> None:
+        """A long pass says how far it got every ``PROGRESS_EVERY_S`` seconds (one log line, not per ubatch)."""
+        t0, total, last = self._progress
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S and total:
+            self._progress = (t0, total, now)
+            log.info("drafter pass: %s of %s tokens (%.0f %%), %.0f s", f"{position:,}", f"{total:,}",
+                     100 * position / total, now - t0)
 
     def _merge_attention(self, parts: list[np.ndarray], attend_from: int) -> np.ndarray:
         """Sum the per-ubatch attention rows; keep the columns of the content tokens (cell = position)."""

@@ -334,3 +334,17 @@ def test_calibration_picks_heads_once_and_caches_them(gemma, tmp: Path) -> None:
         assert restricted.layers == (5, 11) and restricted.keys is sc.keys and restricted.capture == (5, 11, 17)
     finally:
         d.close()
+
+
+def test_a_long_pass_logs_its_progress(drafter, monkeypatch, caplog) -> None:
+    """Issue 14: the log gets a progress line per drafter pass while it runs (every 5 s; here every ubatch)."""
+    import logging
+
+    from pflash_proxy.drafter import runtime
+
+    monkeypatch.setattr(runtime, "PROGRESS_EVERY_S", 0.0)
+    tokens = drafter.tokenize(doc(120, seed=7))
+    with caplog.at_level(logging.INFO, logger="pflash_proxy.drafter"):
+        drafter.trace(tokens, taps=(3,))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drafter pass:")]
+    assert len(lines) >= 2 and lines[-1].startswith(f"drafter pass: {len(tokens):,} of {len(tokens):,} tokens (100 %)")
