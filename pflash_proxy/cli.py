@@ -27,6 +27,8 @@ _HELP = {
     "home": "state directory (default $PFLASH_HOME or ~/.local/state/pflash-proxy)",
     "max_body_mb": "largest request body accepted (413 beyond)",
     "log_json": "log JSON lines",
+    "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
+               "clients need none); the completion routes are not gated by it (also PFLASH_API_KEY)",
     "threshold": "act only on a new message of at least this many tokens",
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
     "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
