@@ -1,4 +1,4 @@
-"""Command line: ``pflash-proxy serve|ls|rm|stats|warm|bench``.
+"""Command line: ``pflash-proxy serve|ls|rm|stats|warm|show|bench|train``.
 
 ``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
 ``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML.  Flags default to
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
     warm.add_argument("--config")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
+    from pflash_proxy.inspector.show import add_parser as add_show_parser
+
+    add_show_parser(sub)
     from pflash_proxy.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
@@ -135,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = load_settings(cli, config_file=args.config)
             return serve(settings)
         settings = _loose_settings(args)
+        if args.command == "show":
+            from pflash_proxy.inspector.show import main as show_main
+
+            return show_main(args, settings)
         from pflash_proxy import admin
 
         return admin.run(args, settings)
