@@ -139,12 +139,13 @@ class CompressStage(Stage):
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
                                              in_conversation, source, label)
+        budget = outcome.budget_tokens  # the message's budget; a corrected re-run selects against budget - error
         if outcome.mode == "compressed":
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
         record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
-                           served_tokens if outcome.mode == "compressed" else tt.total_tokens)
+                           served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
                   "scorer": getattr(self.scorer, "name", type(self.scorer).__name__), "pflash_ms": round(total_ms, 1),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}

@@ -62,6 +62,7 @@ async def test_session_api_shows_omitted_units_scores_and_the_original(aiohttp_c
     comp = next(t for t in data["traces"] if t["kind"] == "compression")
     assert comp["message"] == 0 and comp["turn"] == 1 and comp["mode"] == "compressed"
     assert comp["scorer"] == "lexical" and comp["budget"] > 0 and comp["served_tokens"] < comp["message_tokens"]
+    assert abs(comp["served_tokens"] - comp["budget"]) <= 0.02 * comp["budget"]  # the message's budget, landed on
     assert "\n".join(comp["lines"]) == original  # the original, line for line
     units = comp["units"]
     assert [u["index"] for u in units] == list(range(len(units)))

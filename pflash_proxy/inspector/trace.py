@@ -5,7 +5,7 @@ excerpts prepended to a short turn) append one plain-data trace (dicts, lists, n
 pickles a class of ours) to ``SessionRecord.extra[TRACES_KEY]``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
-2. the budget, the prompt tokens (all / the uncached part the budget is taken on), the message tokens before and
+2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part the budget is taken on), the message tokens before and
    after, the scorer and segmenter, the relevance spread, the stage timings;
 3. the request (where it came from, its text cut to ``REQUEST_CHARS``, the pinned tail tokens, and the lines of
    the message it occupies when it is the message's own tail);
@@ -39,11 +39,14 @@ VERSION = 1
 
 
 def record_compression(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
-                       uncached: int, stage: Any, served_tokens: int) -> None:
-    """Append the trace of one compression outcome (compressed or served whole) to ``record.extra``."""
+                       uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> None:
+    """Append the trace of one compression outcome (compressed or served whole) to ``record.extra``.
+
+    ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
+    selected against a lowered budget, which the trace keeps as ``selection_budget``."""
     try:
         _append(record, compression_trace(record, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
-                                          served_tokens))
+                                          served_tokens, budget))
     except Exception:  # noqa: BLE001 - the inspector must never cost a request
         log.exception("inspector: could not record the compression trace of message %d", idx + 1)
 
@@ -60,7 +63,7 @@ def record_recall(record: Any, idx: int, decision: Any) -> None:
 
 
 def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
-                      uncached: int, stage: Any, served_tokens: int) -> dict[str, Any]:
+                      uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> dict[str, Any]:
     analysis = outcome.analysis
     trace: dict[str, Any] = {
         "v": VERSION, "kind": "compression", "turn": record.turns + 1, "message": idx,
@@ -68,7 +71,8 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
         "scorer": getattr(stage.scorer, "name", type(stage.scorer).__name__),
         "segmenter": getattr(stage.compressor.segmenter, "name", "heuristic"),
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
-        "budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens), "uncached_tokens": int(uncached),
+        "budget": int(outcome.budget_tokens if budget is None else budget),
+        "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens), "uncached_tokens": int(uncached),
         "spread": None if outcome.spread is None else round(float(outcome.spread), 5),
         "stage_ms": {k: round(float(v), 2) for k, v in outcome.stage_ms.items()},
         "n_lines": len(tt.lines), "text": tt.text,
