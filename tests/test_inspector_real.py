@@ -180,3 +180,16 @@ async def test_a_non_loopback_peer_gets_403_json_on_every_inspector_route(aiohtt
         r = await client.get(path)
         assert r.status == 403, path
         assert (await r.json())["error"]["code"] == "inspector_forbidden"
+
+
+def test_every_page_file_is_package_data():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "pflash_proxy.inspector"]
+    files = [p.relative_to(root / "pflash_proxy" / "inspector").as_posix()
+             for p in (root / "pflash_proxy" / "inspector" / "static").iterdir()]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), files

@@ -1,13 +1,14 @@
 """The JSON behind the inspector's views, built from the running app (slot table, session index, stage stats).
 
-1. ``overview``: the upstream, every slot (who holds it, tokens, busy), the most recently used sessions (last use,
-   turns, tokens in / served / saved by compression, snapshot), totals and the live counters of ``/pflash/stats``.
+1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
+   sessions (last use, turns, tokens in / served / saved by compression, snapshot), totals and the live counters
+   of ``/pflash/stats``.
    The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
    kept until its last use changes, so the page can refresh every few seconds.
 2. ``session``: one session by its full id — every served message, and for each trace (``inspector.trace``) the
    units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
    the original lines; recall excerpts with the message and lines they came from.
-Store reads are blocking (SQLite): callers run these in an executor.
+Store reads are blocking (SQLite): callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ class InspectorData:
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # Overview -------------------------------------------------------------------------------------------------
-    def overview(self) -> dict[str, Any]:
-        from pflash_proxy.server.routes import collect_stats  # routes registers the inspector: no import cycle
-
+    def overview(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop.
+        ``stats``: what ``/pflash/stats`` shows (``collect_stats``)."""
         app = self.app
         upstream = app[UPSTREAM]
         sessions = stage(app, "sessions")
@@ -64,8 +65,6 @@ class InspectorData:
                              else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
                              "snapshot_current": s.snapshot_current} for s in mgr.table.slots]
-            out["sessions"], out["sessions_total"] = self.sessions()
-        stats = collect_stats(app)
         pflash = stats.get("pflash") or {}
         out["totals"] = {
             "requests": stats["requests"].get("total", 0),

@@ -128,7 +128,12 @@ async def asset(request: web.Request) -> web.Response:
 
 
 async def api_overview(request: web.Request) -> web.Response:
-    return web.json_response(await _run(request.app[DATA].overview))
+    from pflash_proxy.server.routes import collect_stats  # it registers the inspector: imported when used
+
+    data = request.app[DATA]
+    out = data.overview(collect_stats(request.app))  # in-memory state: on the loop, like /pflash/stats
+    out["sessions"], out["sessions_total"] = await _run(data.sessions)
+    return web.json_response(out)
 
 
 async def api_sessions(request: web.Request) -> web.Response:

@@ -5,8 +5,9 @@ excerpts prepended to a short turn) append one plain-data trace (dicts, lists, n
 pickles a class of ours) to ``SessionRecord.extra[TRACES_KEY]``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
-2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part the budget is taken on), the message tokens before and
-   after, the scorer and segmenter, the relevance spread, the stage timings;
+2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part
+   the budget is taken on), the message tokens before and after, the scorer and segmenter, the relevance
+   spread, the stage timings;
 3. the request (where it came from, its text cut to ``REQUEST_CHARS``, the pinned tail tokens, and the lines of
    the message it occupies when it is the message's own tail);
 4. the units as columns (line ranges, tokens, score), the kept and pinned unit indices;
@@ -72,7 +73,8 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
         "segmenter": getattr(stage.compressor.segmenter, "name", "heuristic"),
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
         "budget": int(outcome.budget_tokens if budget is None else budget),
-        "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens), "uncached_tokens": int(uncached),
+        "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens),
+        "uncached_tokens": int(uncached),
         "spread": None if outcome.spread is None else round(float(outcome.spread), 5),
         "stage_ms": {k: round(float(v), 2) for k, v in outcome.stage_ms.items()},
         "n_lines": len(tt.lines), "text": tt.text,
