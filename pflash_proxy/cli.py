@@ -1,4 +1,4 @@
-"""Command line: ``pflash-proxy serve|ls|rm|stats|warm|bench``.
+"""Command line: ``pflash-proxy serve|ls|rm|stats|warm|show|bench|train``.
 
 ``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
 ``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML.  Flags default to
@@ -27,6 +27,8 @@ _HELP = {
     "home": "state directory (default $PFLASH_HOME or ~/.local/state/pflash-proxy)",
     "max_body_mb": "largest request body accepted (413 beyond)",
     "log_json": "log JSON lines",
+    "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
+               "clients need none); the completion routes are not gated by it (also PFLASH_API_KEY)",
     "threshold": "act only on a new message of at least this many tokens",
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
     "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
@@ -101,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
     warm.add_argument("--config")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
+    from pflash_proxy.inspector.show import add_parser as add_show_parser
+
+    add_show_parser(sub)
     from pflash_proxy.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
@@ -133,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = load_settings(cli, config_file=args.config)
             return serve(settings)
         settings = _loose_settings(args)
+        if args.command == "show":
+            from pflash_proxy.inspector.show import main as show_main
+
+            return show_main(args, settings)
         from pflash_proxy import admin
 
         return admin.run(args, settings)

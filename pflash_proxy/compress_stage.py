@@ -34,6 +34,7 @@ from pflash_proxy.compress import (
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.inspector.trace import record_compression, record_recall
 from pflash_proxy.models import message_text
 from pflash_proxy.server.pipeline import ProxyRequest, Stage
 from pflash_proxy.sessions.stage import SessionContext, SessionStage
@@ -138,10 +139,13 @@ class CompressStage(Stage):
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
                                              in_conversation, source, label)
+        budget = outcome.budget_tokens  # the message's budget; a corrected re-run selects against budget - error
         if outcome.mode == "compressed":
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
+        record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
+                           served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
                   "scorer": getattr(self.scorer, "name", type(self.scorer).__name__), "pflash_ms": round(total_ms, 1),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
@@ -217,6 +221,7 @@ class CompressStage(Stage):
         if not decision.recall:
             return None
         block = format_recall_block(decision.recalled)
+        record_recall(ctx.record, idx, decision)
         _serve_text(req, messages, idx, block + ("\n" if block.endswith("\n") else "\n\n") + text)
         recalled = sum(e.tokens for e in decision.recalled)
         log.info("pflash recall: %d excerpt(s), %d tokens, share %.3f", len(decision.recalled), recalled,

@@ -89,6 +89,7 @@ class Settings(BaseModel):
     upstream_timeout_s: float = Field(600, gt=0)
     upstream_api_key: str | None = None  # llama-server's --api-key, for the proxy's own calls
     drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
+    api_key: str | None = None  # lets non-loopback clients read the inspector (Authorization: Bearer)
 
     # --- spawned llama-server ---
     spawn: bool = False

@@ -12,6 +12,8 @@
 #    when apt-get can install it (root); training works without it (that family is then replaced) and says so.
 #    Likewise Debian's systemd for `systemd-analyze verify` of the shipped units (tests/test_systemd.py skips
 #    without it).
+# 5. Debian's chromium for the inspector's browser test (Playwright drives the system browser; it never downloads
+#    one), when apt-get can install it (root); without it that one test is skipped and says why.
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,14 @@ if ! command -v systemd-analyze >/dev/null && command -v apt-get >/dev/null && [
   (apt-get install -y -qq --no-install-recommends systemd >/dev/null 2>&1 || \
     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends systemd >/dev/null 2>&1)) || \
     echo "setup: systemd not installed; the systemd unit test will be skipped"
+fi
+
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing Debian chromium (the inspector's browser test drives it headless)..."
+  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+    (apt-get update -qq >/dev/null 2>&1 && \
+     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1)) || \
+    echo "setup: chromium not installed; the inspector's browser test will be skipped"
 fi
 
 STAMP="$VENV/.pflash-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)-$KEY"

@@ -19,7 +19,8 @@ Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
 returns ``full-error`` with the original text and the reason; ``compress`` never
 raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
 re-runs the budget (``budget_adjust``) passes it back, so a drafter scorer does not
-read the message again.
+read the message again.  A ``full-flat`` outcome carries it too (the flat scores, for
+the inspector).
 """
 
 from __future__ import annotations
@@ -135,10 +136,11 @@ class Compressor:
         m_tok = tt.total_tokens
 
         def full(mode: Mode, reason: str, **kw) -> CompressionOutcome:
-            base = dict(budget_tokens=0, units_in=0, units_kept=0, spread=None)
+            base = dict(budget_tokens=0, units_in=0, units_kept=0, spread=None, analysis=None)
             base.update(kw)
             return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, base["budget_tokens"], m_tok, 0,
-                                      base["units_in"], base["units_in"], None, ms, reason, base["spread"])
+                                      base["units_in"], base["units_in"], None, ms, reason, base["spread"],
+                                      base["analysis"])
 
         try:
             t = time.perf_counter()
@@ -171,7 +173,8 @@ class Compressor:
             if sp.flat and not in_conversation:
                 return full("full-flat", f"relevance too flat: spread {sp.spread:.3f} > "
                             f"{self.settings.fallback_spread} (N_eff {sp.effective_units:.1f}, keeps {len(kept)} "
-                            f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread)
+                            f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread,
+                            analysis=analysis)  # the scores that were too flat: the inspector shows them
             out = self.rewriter.rewrite(tt, units, kept, source, label)
             overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
             kept_tokens = int(toks[kept].sum())

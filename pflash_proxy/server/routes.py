@@ -19,6 +19,7 @@ from aiohttp import web
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
+from pflash_proxy.inspector.routes import add_inspector_routes
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.pipeline import ProxyRequest
@@ -279,6 +280,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/pflash/stats", pflash_stats)
     app.router.add_get("/pflash/metrics", pflash_metrics)
     app.router.add_post("/pflash/save", pflash_save)
+    add_inspector_routes(app)  # /pflash/ui and /pflash/api (loopback or --api-key)
     app.router.add_route("*", "/{tail:.*}", passthrough)
 
 

@@ -191,6 +191,11 @@ class SessionStore:
         return victims
 
     @_guarded
+    def last_uses(self) -> dict[str, float]:
+        """Every session's last use (epoch s), without unpickling the records (the inspector's list)."""
+        return self._last_uses()
+
+    @_guarded
     def count_sessions(self) -> int:
         return len(self._last_uses())
 

@@ -1,0 +1,169 @@
+"""The JSON behind the inspector's views, built from the running app (slot table, session index, stage stats).
+
+1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
+   sessions (last use, turns, tokens in / served / saved by compression, snapshot), totals and the live counters
+   of ``/pflash/stats``.
+   The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
+   kept until its last use changes, so the page can refresh every few seconds.
+2. ``session``: one session by its full id — every served message, and for each trace (``inspector.trace``) the
+   units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
+   the original lines; recall excerpts with the message and lines they came from.
+Store reads are blocking (SQLite): callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+from pflash_proxy.compress.text import split_lines
+from pflash_proxy.inspector.trace import TOTALS_KEY, TRACES_KEY
+from pflash_proxy.models import message_text
+from pflash_proxy.server.keys import PIPELINE, UPSTREAM
+
+SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
+LIST_LIMIT = 100
+LIST_TTL_S = 5.0
+
+
+def stage(app: web.Application, name: str) -> Any:
+    return next((s for s in app[PIPELINE].stages if s.name == name), None)
+
+
+class InspectorData:
+    """Builds the views; keeps the session list (``LIST_TTL_S``) and per-session summaries between calls."""
+
+    def __init__(self, app: web.Application):
+        self.app = app
+        self._lock = threading.Lock()
+        self._listed: tuple[float, list[tuple[str, float]], int] | None = None
+        self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    # Overview -------------------------------------------------------------------------------------------------
+    def overview(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop.
+        ``stats``: what ``/pflash/stats`` shows (``collect_stats``)."""
+        app = self.app
+        upstream = app[UPSTREAM]
+        sessions = stage(app, "sessions")
+        out: dict[str, Any] = {
+            "at": time.time(),
+            "upstream": {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
+                         "not_ready_reason": upstream.not_ready_reason},
+            "slots": [], "queued": 0, "sessions": [], "sessions_total": 0,
+        }
+        if sessions is not None:
+            mgr = sessions.manager
+            out["upstream"]["model"] = mgr.identity_info
+            out["upstream"]["model_identity"] = mgr.model_identity
+            out["queued"] = mgr.table.queued
+            out["slots"] = [{"id": s.id, "session": s.session if s.session and not s.session.startswith("anon-")
+                             else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
+                             "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
+                             "snapshot_current": s.snapshot_current} for s in mgr.table.slots]
+        pflash = stats.get("pflash") or {}
+        out["totals"] = {
+            "requests": stats["requests"].get("total", 0),
+            "compressed": (pflash.get("modes") or {}).get("compressed", 0),
+            "tokens_in": pflash.get("tokens_in", 0), "tokens_served": pflash.get("tokens_kept", 0),
+            "tokens_saved": pflash.get("tokens_in", 0) - pflash.get("tokens_kept", 0),
+            "snapshots": (stats.get("sessions") or {}).get("snapshots", 0),
+            "snapshot_bytes": (stats.get("sessions") or {}).get("snapshot_bytes", 0),
+        }
+        out["counters"] = stats
+        return out
+
+    def sessions(self, limit: int = LIST_LIMIT) -> tuple[list[dict[str, Any]], int]:
+        """The ``limit`` most recently used sessions (summaries, newest first) and how many there are."""
+        sessions = stage(self.app, "sessions")
+        if sessions is None:
+            return [], 0
+        store = sessions.manager.store
+        with self._lock:  # two refreshing pages share one listing
+            now = time.monotonic()
+            if self._listed is None or now - self._listed[0] > LIST_TTL_S:
+                used = store.last_uses()
+                ranked = sorted(used.items(), key=lambda kv: -kv[1])[:limit]
+                self._listed = (now, ranked, len(used))
+            _, ranked, total = self._listed
+            out = []
+            for sid, last_use in ranked:
+                cached = self._summaries.get(sid)
+                if cached is None or cached[0] != last_use:
+                    rec = store.get(sid)
+                    if rec is None:
+                        continue
+                    cached = (last_use, self.summary(rec))
+                    self._summaries[sid] = cached
+                out.append({**cached[1], **self._live(sid)})
+            keep = {sid for sid, _ in ranked}
+            for sid in [s for s in self._summaries if s not in keep]:
+                del self._summaries[sid]
+        return out, total
+
+    def _live(self, sid: str) -> dict[str, Any]:
+        """What changes without a new turn: the slot holding the session, its snapshot."""
+        sessions = stage(self.app, "sessions")
+        if sessions is None:
+            return {"slot": None, "snapshot": None}
+        snap = sessions.manager.store.snapshot(sid)
+        slot = sessions.manager.table.resident(sid)
+        return {"slot": slot.id if slot is not None else None,
+                "snapshot": None if snap is None else {"tokens": snap.tokens, "bytes": snap.size,
+                                                        "last_use": snap.last_use, "hits": snap.hits}}
+
+    def summary(self, rec: Any) -> dict[str, Any]:
+        totals = dict(rec.extra.get(TOTALS_KEY) or {})
+        tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
+        return {"id": rec.id, "created": rec.created, "last_use": rec.last_use, "turns": rec.turns,
+                "messages": len(rec.served), "named": rec.explicit,
+                "compressed": totals.get("compressed", 0), "served_whole": totals.get("served_whole", 0),
+                "recalls": totals.get("recalls", 0),
+                "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served}
+
+    # One session ----------------------------------------------------------------------------------------------
+    def session_exists(self, sid: str) -> bool:
+        sessions = stage(self.app, "sessions")
+        return sessions is not None and bool(SESSION_ID.match(sid)) and sessions.manager.store.get(sid) is not None
+
+    def session(self, sid: str) -> dict[str, Any] | None:
+        sessions = stage(self.app, "sessions")
+        if sessions is None or not SESSION_ID.match(sid):
+            return None
+        rec = sessions.manager.store.get(sid)
+        if rec is None:
+            return None
+        traces = [t for t in rec.extra.get(TRACES_KEY, []) if isinstance(t, dict)]
+        messages = []
+        for i, m in enumerate(rec.served):
+            entry: dict[str, Any] = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),
+                                     "traces": [k for k, t in enumerate(traces) if t.get("message") == i]}
+            calls = [c.get("function", {}).get("name") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            if calls:
+                entry["tool_calls"] = calls
+            messages.append(entry)
+        return {"session": {**self.summary(rec), **self._live(sid)}, "messages": messages,
+                "traces": [view(t) for t in traces]}
+
+
+def view(trace: dict[str, Any]) -> dict[str, Any]:
+    """A stored trace as the API shows it: units as objects, the original as lines."""
+    if trace.get("kind") == "recall":
+        return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "share", "excerpts")}
+    out = {k: v for k, v in trace.items() if k not in ("units", "kept", "pinned", "text", "v")}
+    cols = trace.get("units")
+    units = []
+    if cols:
+        kept, pinned = set(trace.get("kept") or ()), set(trace.get("pinned") or ())
+        for i, (a, b, tok, score) in enumerate(zip(cols["start"], cols["end"], cols["tokens"], cols["score"])):
+            units.append({"index": i, "lines": [a, b], "tokens": tok, "score": score, "kept": i in kept,
+                          "pinned": i in pinned})
+    out["units"] = units
+    text = trace.get("text")
+    out["lines"] = None if text is None else [s[:-1] if s.endswith("\n") else s for s in split_lines(text)]
+    out["text_dropped"] = bool(trace.get("text_dropped"))
+    return out

@@ -1,0 +1,153 @@
+"""The inspector's routes: ``/pflash/ui`` (pages) and ``/pflash/api`` (their JSON), behind ``allowed``.
+
+1. Access (``allowed``): a loopback peer (``127.0.0.0/8``, ``::1``, IPv4-mapped loopback) always; any other peer
+   only with ``Authorization: Bearer <--api-key>`` when the proxy has a key; else 403 (JSON). The peer is the
+   socket's, never a forwarding header: behind a reverse proxy on the same host every client looks local, so
+   such a set-up must restrict ``/pflash/`` itself.
+2. Pages are static files of this package (``static/``: HTML, CSS, JS; no build step, nothing from a CDN), sent
+   with a Content-Security-Policy that allows only this origin's scripts and styles; the scripts render message
+   text as text, never as HTML.
+3. A session is reached only by its full id: ``/pflash/ui/session/{id}`` and ``/pflash/api/sessions/{id}``
+   answer 404 (JSON) for an unknown or malformed id, and no other URL shows a session's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import re
+from importlib import resources
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from pflash_proxy.errors import error_response
+from pflash_proxy.inspector.data import SESSION_ID, InspectorData
+from pflash_proxy.server.keys import SETTINGS
+from pflash_proxy.sessions.store import StoreError
+
+DATA: web.AppKey[InspectorData] = web.AppKey("inspector_data")
+ASSET = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(css|js|html)$")
+CONTENT_TYPES = {"css": "text/css", "js": "text/javascript", "html": "text/html"}
+CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_inspector_routes(app: web.Application) -> None:
+    """Register the inspector (before the proxy's catch-all route)."""
+    app[DATA] = InspectorData(app)
+    app.router.add_get("/pflash/ui", guarded(page_overview))
+    app.router.add_get("/pflash/ui/", guarded(page_overview))
+    app.router.add_get("/pflash/ui/session/{sid}", guarded(page_session))
+    app.router.add_get("/pflash/ui/static/{name}", guarded(asset))
+    app.router.add_get("/pflash/api/overview", guarded(api_overview))
+    app.router.add_get("/pflash/api/sessions", guarded(api_sessions))
+    app.router.add_get("/pflash/api/sessions/{sid}", guarded(api_session))
+
+
+def is_loopback(peer: str | None) -> bool:
+    if not peer:
+        return False
+    try:
+        ip = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def allowed(request: web.Request) -> web.Response | None:
+    """None when the client may see the inspector, else the 403 to answer."""
+    if is_loopback(request.remote):
+        return None
+    key = request.app[SETTINGS].api_key
+    if not key:
+        return error_response(403, "the inspector is served to loopback clients only (start the proxy with "
+                                   "--api-key to admit others with Authorization: Bearer)", "inspector_forbidden",
+                              "permission_error")
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+        return None
+    return error_response(403, "the inspector needs Authorization: Bearer <the proxy's --api-key> from a "
+                               "non-loopback client", "inspector_forbidden", "permission_error")
+
+
+def guarded(handler: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        refused = allowed(request)
+        if refused is not None:
+            return refused
+        try:
+            resp = await handler(request)
+        except StoreError as exc:  # an unreadable index: say so, no traceback
+            return error_response(503, f"session index unavailable: {exc}", "index_unavailable")
+        resp.headers["Cache-Control"] = "no-store"
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        return resp
+    wrapper.__name__ = handler.__name__
+    return wrapper
+
+
+def _static(name: str) -> bytes | None:
+    try:
+        return (resources.files("pflash_proxy.inspector") / "static" / name).read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def _file(name: str) -> web.Response:
+    body = _static(name) if ASSET.match(name) else None
+    if body is None:
+        return error_response(404, f"no inspector file {name!r}", "not_found")
+    headers = {"Content-Type": CONTENT_TYPES[name.rsplit(".", 1)[1]] + "; charset=utf-8"}
+    if name.endswith(".html"):
+        headers["Content-Security-Policy"] = CSP
+        headers["Referrer-Policy"] = "no-referrer"
+    return web.Response(body=body, headers=headers)
+
+
+async def _run(fn, *args):
+    """Store reads block (SQLite): in the executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def page_overview(request: web.Request) -> web.Response:
+    return _file("overview.html")
+
+
+async def page_session(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    if not SESSION_ID.match(sid) or not await _run(request.app[DATA].session_exists, sid):
+        return _unknown(sid)
+    return _file("session.html")
+
+
+async def asset(request: web.Request) -> web.Response:
+    return _file(request.match_info["name"])
+
+
+async def api_overview(request: web.Request) -> web.Response:
+    from pflash_proxy.server.routes import collect_stats  # it registers the inspector: imported when used
+
+    data = request.app[DATA]
+    out = data.overview(collect_stats(request.app))  # in-memory state: on the loop, like /pflash/stats
+    out["sessions"], out["sessions_total"] = await _run(data.sessions)
+    return web.json_response(out)
+
+
+async def api_sessions(request: web.Request) -> web.Response:
+    sessions, total = await _run(request.app[DATA].sessions)
+    return web.json_response({"sessions": sessions, "total": total})
+
+
+async def api_session(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    data = await _run(request.app[DATA].session, sid)
+    if data is None:
+        return _unknown(sid)
+    return web.json_response(data)
+
+
+def _unknown(sid: str) -> web.Response:
+    return error_response(404, f"no session {sid[:40]!r}", "session_not_found")

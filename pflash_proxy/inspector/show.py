@@ -1,0 +1,225 @@
+"""``pflash-proxy show [SESSION]``: the inspector in a terminal, read from the running proxy's ``/pflash/api``.
+
+Without SESSION: the most recently used sessions, one line each. With one (its full id or a unique prefix of a
+listed one): every served message; a compressed (or whole-served) message is printed from its original lines —
+kept lines plain with their line numbers (``>`` marks the request span), each run of omitted units as one line
+``… 37 lines omitted (unit 12, score 0.03)`` — under a header with the mode, tokens, budget and scorer; recall
+excerpts with the message and lines they came from. An unreachable proxy, a refusal or an unknown session is one
+line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, TextIO
+
+PLAIN_LINES = 12  # a message without a trace longer than this is shown by its first lines
+
+
+class ShowError(Exception):
+    """One line for stderr."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("show", help="show what the model read: a session's messages, kept and omitted lines",
+                       description="List sessions, or show one session as the inspector (/pflash/ui) does.")
+    p.add_argument("session", nargs="?", help="session id (or a unique prefix of a recent one); none: list sessions")
+    p.add_argument("--proxy", "--url", dest="url", metavar="URL",
+                   help="the running proxy (default http://HOST:PORT from the configuration)")
+    p.add_argument("--api-key", dest="key", metavar="KEY",
+                   help="bearer token for a proxy on another host (default $PFLASH_API_KEY)")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--config", help="TOML configuration file (for the default URL)")
+
+
+def main(args: argparse.Namespace, settings: Any) -> int:
+    base = (args.url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    key = args.key or settings.api_key  # settings.api_key: PFLASH_API_KEY or the configuration file
+    try:
+        if not args.session:
+            data = get(base, "/pflash/api/sessions", key)
+            if args.json:
+                _dump(data)
+            else:
+                print_sessions(data, sys.stdout)
+            return 0
+        sid = resolve(base, args.session, key)
+        data = get(base, f"/pflash/api/sessions/{sid}", key)
+        if args.json:
+            _dump(data)
+        else:
+            print_session(data, sys.stdout)
+        return 0
+    except ShowError as exc:
+        print(f"pflash-proxy show: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `| head`
+        return 0
+
+
+def get(base: str, path: str, key: str | None) -> dict[str, Any]:
+    headers = {"Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(base + path, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except Exception:  # noqa: BLE001 - not the proxy's JSON error
+            message = exc.reason
+        raise ShowError(f"{base}{path}: {exc.code} {message}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ShowError(f"cannot reach the proxy at {base}: {reason}") from None
+    except ValueError:
+        raise ShowError(f"{base}{path} did not answer JSON (is {base} a pflash-proxy?)") from None
+
+
+def resolve(base: str, given: str, key: str | None) -> str:
+    """A full id as it is; a prefix among the listed (recent) sessions."""
+    given = given.strip().lower()
+    if len(given) == 32:
+        return given
+    ids = [s["id"] for s in get(base, "/pflash/api/sessions", key)["sessions"] if s["id"].startswith(given)]
+    if len(ids) != 1:
+        raise ShowError(f"{given!r} matches {len(ids)} of the recent sessions; give the full id")
+    return ids[0]
+
+
+def _dump(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _n(x: Any) -> str:
+    return "–" if x is None else f"{x:,}"
+
+
+def _score(s: float) -> str:
+    return f"{s:.0f}" if s >= 10 else f"{s:.2g}"
+
+
+def _ago(epoch: float | None) -> str:
+    if not epoch:
+        return "–"
+    s = max(0.0, time.time() - epoch)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit} ago"
+    return f"{s:.0f}s ago"
+
+
+def _lines(a: int, b: int) -> str:
+    return f"line {a + 1}" if b - a == 1 else f"lines {a + 1}–{b}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def print_sessions(data: dict[str, Any], out: TextIO) -> None:
+    sessions = data.get("sessions") or []
+    out.write(f"{'SESSION':<34} {'LAST USE':>9} {'TURNS':>5} {'COMPR':>5} {'TOKENS IN':>10} {'SERVED':>9} "
+              f"{'SAVED':>9} {'SLOT':>4} {'SNAPSHOT':>9}\n")
+    for s in sessions:
+        snap = f"{s['snapshot']['bytes'] / 1e6:.1f}MB" if s.get("snapshot") else "–"
+        slot = "–" if s.get("slot") is None else str(s["slot"])
+        out.write(f"{s['id']:<34} {_ago(s['last_use']):>9} {s['turns']:>5} {s['compressed']:>5} "
+                  f"{_n(s['tokens_in']):>10} {_n(s['tokens_served']):>9} {_n(s['tokens_saved']):>9} {slot:>4} "
+                  f"{snap:>9}\n")
+    total = data.get("total", len(sessions))
+    more = f" (the {len(sessions)} most recent shown)" if total > len(sessions) else ""
+    out.write(f"{_plural(total, 'session')}{more}; `pflash-proxy show SESSION` for one\n")
+
+
+def print_session(data: dict[str, Any], out: TextIO) -> None:
+    s = data["session"]
+    snap = f", snapshot {_n(s['snapshot']['tokens'])} tokens ({s['snapshot']['bytes'] / 1e6:.1f} MB)" \
+        if s.get("snapshot") else ""
+    out.write(f"session {s['id']}: {_plural(s['turns'], 'turn')}, {_plural(s['messages'], 'message')}, last use "
+              f"{_ago(s['last_use'])}; {s['compressed']} compressed, tokens {_n(s['tokens_in'])} → "
+              f"{_n(s['tokens_served'])} ({_n(s['tokens_saved'])} saved), {s['recalls']} recall(s){snap}\n")
+    traces = data.get("traces") or []
+    for m in data["messages"]:
+        mine = [traces[i] for i in m.get("traces", [])]
+        turn = f", served in turn {mine[0]['turn']}" if mine else ""
+        out.write(f"\n── message {m['index'] + 1} ({m.get('role')}{turn}) " + "─" * 40 + "\n")
+        for t in mine:
+            if t["kind"] == "recall":
+                print_recall(t, out)
+        compressions = [t for t in mine if t["kind"] == "compression"]
+        for t in compressions:
+            print_trace(t, out)
+        if not compressions:
+            lines = (m.get("text") or "").split("\n")
+            for line in lines[:PLAIN_LINES]:
+                out.write(f"      │ {line}\n")
+            if len(lines) > PLAIN_LINES:
+                out.write(f"      … {len(lines) - PLAIN_LINES:,} more lines (as served)\n")
+
+
+def print_trace(t: dict[str, Any], out: TextIO) -> None:
+    units = t.get("units") or []
+    kept = sum(1 for u in units if u["kept"])
+    head = [t["mode"], f"{_n(t['message_tokens'])} → {_n(t['served_tokens'])} tokens", f"budget {_n(t['budget'])}",
+            f"prompt {_n(t['prompt_tokens'])}", f"scorer {t['scorer']}"]
+    if units:
+        head.append(f"{kept}/{len(units)} units kept")
+    if t.get("spread") is not None:
+        head.append(f"spread {t['spread']:.3f}")
+    out.write("[" + " · ".join(head) + "]\n")
+    if t.get("reason"):
+        out.write(f"served whole: {t['reason']}\n")
+    req = t.get("request") or {}
+    span = req.get("lines")
+    if req.get("source") and req["source"] != "none":
+        where = f", {_lines(*span)}, marked >" if span else ""
+        text = " ".join((req.get("text") or "").split())
+        out.write(f"request from {req['source']}{where}: {text[:200]}{'…' if len(text) > 200 else ''}\n")
+    lines = t.get("lines")
+    if lines is None:
+        if t.get("text_dropped"):
+            out.write("(the original text of this older trace is no longer kept; units below)\n")
+        for u in units:
+            a, b = u["lines"]
+            out.write(f"  unit {u['index']}: {_lines(a, b)}, {_n(u['tokens'])} tokens, score {_score(u['score'])}"
+                      f"{'' if u['kept'] else ' (omitted)'}\n")
+        return
+    if not units:  # served whole without units: the lines as they are
+        units = [{"index": 0, "lines": [0, len(lines)], "kept": True, "score": 0.0, "tokens": 0}]
+    width = len(str(len(lines)))
+    run: list[dict[str, Any]] = []
+    for u in units + [None]:
+        if u is not None and not u["kept"]:
+            run.append(u)
+            continue
+        if run:
+            n = run[-1]["lines"][1] - run[0]["lines"][0]
+            if len(run) == 1:
+                which = f"unit {run[0]['index']}, score {_score(run[0]['score'])}"
+            else:
+                lo, hi = _score(min(r["score"] for r in run)), _score(max(r["score"] for r in run))
+                which = f"units {run[0]['index']}–{run[-1]['index']}, scores {lo}" + (f"–{hi}" if hi != lo else "")
+            out.write(f"{'':>{width}}   … {_plural(n, 'line')} omitted ({which})\n")
+            run = []
+        if u is None:
+            break
+        a, b = u["lines"]
+        for i in range(a, b):
+            mark = ">" if span and span[0] <= i < span[1] else " "
+            out.write(f"{i + 1:>{width}} {mark}│ {lines[i]}\n")
+
+
+def print_recall(t: dict[str, Any], out: TextIO) -> None:
+    out.write(f"[recall · {_plural(len(t['excerpts']), 'excerpt')} prepended · omitted share {t['share']:.3f}]\n")
+    for e in t["excerpts"]:
+        a, b = e["lines"]
+        out.write(f"  from message {e['from_message']}, {_lines(a, b)} ({_n(e['tokens'])} tokens)\n")

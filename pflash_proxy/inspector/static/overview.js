@@ -1,0 +1,73 @@
+// Overview: upstream, totals, slots, sessions and the live counters, refreshed every REFRESH_MS.
+"use strict";
+
+const REFRESH_MS = 2000;
+
+function row(cells, head) {
+  return el("tr", {}, cells.map(c => el(head ? "th" : "td", {}, c)));
+}
+
+function sessionLink(id) {
+  return id ? el("a", {href: `/pflash/ui/session/${id}`, class: "sid", text: id.slice(0, 12) + "…"}) : "–";
+}
+
+function renderUpstream(u) {
+  const box = document.getElementById("upstream");
+  const model = u.model || {};
+  box.replaceChildren(el("div", {class: "kv"},
+    el("span", {class: "badge " + (u.ready ? "ok" : "bad"), text: u.ready ? "ready" : "not ready"}),
+    el("code", {text: u.url || "–"}),
+    model.model_path ? el("span", {class: "muted", text: `${model.model_path} · ${fmtInt(model.total_slots)} slots · `
+                                                         + `n_ctx ${fmtInt(model.n_ctx)}`}) : null,
+    u.not_ready_reason ? el("span", {class: "bad", text: u.not_ready_reason}) : null));
+}
+
+function renderTotals(t) {
+  document.getElementById("totals").replaceChildren(
+    card("requests", fmtInt(t.requests)),
+    card("messages compressed", fmtInt(t.compressed)),
+    card("tokens in", fmtInt(t.tokens_in), "of the compressed messages"),
+    card("tokens served", fmtInt(t.tokens_served)),
+    card("tokens saved", fmtInt(t.tokens_saved),
+         t.tokens_in ? `${(100 * t.tokens_saved / t.tokens_in).toFixed(0)} % of them` : null),
+    card("snapshots", fmtInt(t.snapshots), fmtBytes(t.snapshot_bytes)));
+}
+
+function renderSlots(slots, queued) {
+  document.getElementById("queued").textContent = queued ? `(${queued} waiting)` : "";
+  const table = document.getElementById("slots");
+  table.replaceChildren(row(["slot", "held by", "tokens", "prompt tokens", "state", "snapshot"], true),
+    ...slots.map(s => row([String(s.id), s.session ? sessionLink(s.session) : (s.anonymous ? "anonymous" : "empty"),
+                           fmtInt(s.tokens), fmtInt(s.prompt_tokens),
+                           el("span", {class: "badge " + (s.busy ? "busy" : "idle"), text: s.busy ? "busy" : "idle"}),
+                           s.snapshot_current ? "current" : (s.known ? "–" : "unknown content")])));
+}
+
+function renderSessions(list, total) {
+  document.getElementById("sessions-total").textContent =
+    total > list.length ? `(${list.length} most recent of ${fmtInt(total)})` : `(${fmtInt(total)})`;
+  const table = document.getElementById("sessions");
+  table.replaceChildren(row(["session", "last use", "turns", "messages", "compressed", "tokens in", "served",
+                             "saved", "recalls", "slot", "snapshot"], true),
+    ...list.map(s => row([sessionLink(s.id), ago(s.last_use), fmtInt(s.turns), fmtInt(s.messages),
+                          fmtInt(s.compressed), fmtInt(s.tokens_in), fmtInt(s.tokens_served), fmtInt(s.tokens_saved),
+                          fmtInt(s.recalls), s.slot === null ? "–" : String(s.slot),
+                          s.snapshot ? `${fmtInt(s.snapshot.tokens)} tok · ${fmtBytes(s.snapshot.bytes)}` : "–"])));
+}
+
+async function refresh() {
+  try {
+    const data = await fetchJSON("/pflash/api/overview");
+    renderUpstream(data.upstream);
+    renderTotals(data.totals);
+    renderSlots(data.slots, data.queued);
+    renderSessions(data.sessions, data.sessions_total);
+    document.getElementById("counters").textContent = JSON.stringify(data.counters, null, 2);
+    setStatus("updated " + new Date().toLocaleTimeString());
+  } catch (e) {
+    setStatus("cannot refresh: " + e.message, true);
+  }
+}
+
+refresh();
+setInterval(refresh, REFRESH_MS);

@@ -1,0 +1,132 @@
+"""Compression traces: what ``CompressStage`` decided for a message, kept with the session for the inspector.
+
+``record_compression`` (a compressed message, or one served whole with a reason) and ``record_recall`` (recall
+excerpts prepended to a short turn) append one plain-data trace (dicts, lists, numbers, strings: nothing that
+pickles a class of ours) to ``SessionRecord.extra[TRACES_KEY]``; ``SessionCommitStage`` saves it with the served
+history. What a trace holds:
+1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
+2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part
+   the budget is taken on), the message tokens before and after, the scorer and segmenter, the relevance
+   spread, the stage timings;
+3. the request (where it came from, its text cut to ``REQUEST_CHARS``, the pinned tail tokens, and the lines of
+   the message it occupies when it is the message's own tail);
+4. the units as columns (line ranges, tokens, score), the kept and pinned unit indices;
+5. the original text, once: the served message holds only the kept lines, and the omitted ones are what a reader
+   of the inspector wants to see.
+
+Bounds per session: the newest ``MAX_TRACES`` traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the
+oldest traces lose their text (their units, scores and line ranges stay). ``TOTALS_KEY`` keeps the session's
+running totals (messages compressed, tokens in, tokens served), which outlive dropped traces.
+
+Recording never fails a request: an error is logged and the trace skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pflash_proxy.compress.text import split_lines
+
+log = logging.getLogger("pflash_proxy.inspector")
+
+TRACES_KEY = "pflash_inspector"  # SessionRecord.extra: list[dict], oldest first
+TOTALS_KEY = "pflash_inspector_totals"  # SessionRecord.extra: dict of running totals
+MAX_TRACES = 16
+MAX_TEXT_CHARS = 4_000_000  # ~16 MB of UTF-8 at worst; ~1M tokens of original text
+REQUEST_CHARS = 4000
+VERSION = 1
+
+
+def record_compression(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
+                       uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> None:
+    """Append the trace of one compression outcome (compressed or served whole) to ``record.extra``.
+
+    ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
+    selected against a lowered budget, which the trace keeps as ``selection_budget``."""
+    try:
+        _append(record, compression_trace(record, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
+                                          served_tokens, budget))
+    except Exception:  # noqa: BLE001 - the inspector must never cost a request
+        log.exception("inspector: could not record the compression trace of message %d", idx + 1)
+
+
+def record_recall(record: Any, idx: int, decision: Any) -> None:
+    """Append the trace of recall excerpts prepended to message ``idx``."""
+    try:
+        excerpts = [{"from_message": e.label, "lines": [e.start_line, e.end_line], "tokens": int(e.tokens),
+                     "units": list(e.unit_indices), "text": e.text} for e in decision.recalled]
+        _append(record, {"v": VERSION, "kind": "recall", "turn": record.turns + 1, "message": idx,
+                         "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts})
+    except Exception:  # noqa: BLE001
+        log.exception("inspector: could not record the recall trace of message %d", idx + 1)
+
+
+def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
+                      uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> dict[str, Any]:
+    analysis = outcome.analysis
+    trace: dict[str, Any] = {
+        "v": VERSION, "kind": "compression", "turn": record.turns + 1, "message": idx,
+        "role": msg.get("role"), "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
+        "scorer": getattr(stage.scorer, "name", type(stage.scorer).__name__),
+        "segmenter": getattr(stage.compressor.segmenter, "name", "heuristic"),
+        "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
+        "budget": int(outcome.budget_tokens if budget is None else budget),
+        "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens),
+        "uncached_tokens": int(uncached),
+        "spread": None if outcome.spread is None else round(float(outcome.spread), 5),
+        "stage_ms": {k: round(float(v), 2) for k, v in outcome.stage_ms.items()},
+        "n_lines": len(tt.lines), "text": tt.text,
+        "request": _request(request, tt),
+        "units": None, "kept": [], "pinned": [],
+    }
+    if analysis is not None:
+        units = analysis.units
+        trace["units"] = {"start": [u.start_line for u in units], "end": [u.end_line for u in units],
+                          "tokens": [int(u.tokens) for u in units],
+                          "score": [float(f"{s:.4g}") for s in analysis.scores.tolist()]}
+        trace["pinned"] = sorted(int(i) for i in analysis.pinned)
+        omitted = set(outcome.recall.omitted) if outcome.mode == "compressed" and outcome.recall else set()
+        trace["kept"] = [i for i in range(len(units)) if outcome.mode != "compressed" or i not in omitted]
+    return trace
+
+
+def _request(request: Any, tt: Any) -> dict[str, Any]:
+    """The request and, when it is the message's own tail, the lines it occupies (0-based, end exclusive)."""
+    text = request.text or ""
+    out: dict[str, Any] = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
+                           "text": text[-REQUEST_CHARS:], "truncated": len(text) > REQUEST_CHARS, "lines": None}
+    if request.source == "message-tail" and text:  # the message's own tail: its last lines, byte for byte
+        start = len(tt.lines) - len(split_lines(text))
+        if start >= 0 and "".join(tt.lines[start:]) == text:
+            out["lines"] = [start, len(tt.lines)]
+    return out
+
+
+def _append(record: Any, trace: dict[str, Any]) -> None:
+    traces = [t for t in record.extra.get(TRACES_KEY, []) if isinstance(t, dict)]
+    traces.append(trace)
+    del traces[:-MAX_TRACES]
+    used = 0
+    for t in reversed(traces):  # the newest keep their text
+        n = len(t.get("text") or "")
+        if used + n > MAX_TEXT_CHARS:
+            t["text"] = None
+            t["text_dropped"] = True
+        else:
+            used += n
+    record.extra[TRACES_KEY] = traces
+    if trace["kind"] == "compression":
+        totals = dict(record.extra.get(TOTALS_KEY) or {})
+        compressed = trace["mode"] == "compressed"
+        totals["compressed"] = totals.get("compressed", 0) + compressed
+        totals["served_whole"] = totals.get("served_whole", 0) + (not compressed)
+        totals["tokens_in"] = totals.get("tokens_in", 0) + trace["message_tokens"]
+        totals["tokens_served"] = totals.get("tokens_served", 0) + trace["served_tokens"]
+        record.extra[TOTALS_KEY] = totals
+    else:
+        totals = dict(record.extra.get(TOTALS_KEY) or {})
+        totals["recalls"] = totals.get("recalls", 0) + 1
+        totals["recall_tokens"] = totals.get("recall_tokens", 0) + sum(e["tokens"] for e in trace["excerpts"])
+        record.extra[TOTALS_KEY] = totals
