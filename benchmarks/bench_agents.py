@@ -1,8 +1,9 @@
 """Agent sessions (Claude Code-shaped and Codex-shaped) straight to llama-server vs through the proxy.
 
 For each dialect (Anthropic Messages, OpenAI Responses) and each arm (``direct``: llama-server's own route;
-``proxy``: pflash-proxy in front of the same server), slots erased before each arm, one agent session of
-three streamed turns, the time to the first streamed token of each:
+``sessions``: pflash-proxy with PFlash off, i.e. slot pinning and snapshots only; ``proxy``: pflash-proxy as
+shipped, PFlash on), slots erased before each arm, one agent session of three streamed turns, the time to the
+first streamed token of each:
 1. the task (short);
 2. the agent's tool call and its result: a whole source file of ``--tokens`` tokens (the long new message);
 3. a follow-up question (the conversation so far should come from the slot's cache).
@@ -153,13 +154,14 @@ async def bench(tokens: int, threshold: int, work: Path) -> list[dict]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
                                          connector=aiohttp.TCPConnector(force_close=True)) as s:
             for dialect, session in (("anthropic", claude_code_session), ("responses", codex_session)):
-                for arm, url in (("direct", server.url), ("proxy", proxy)):
+                for arm, url in (("direct", server.url), ("sessions", proxy), ("proxy", proxy)):
                     for slot in (0, 1):
                         async with s.post(f"{server.url}/slots/{slot}?action=erase") as r:
                             await r.read()
-                    if arm == "proxy":  # the erase emptied the slots behind the proxy's back: start it afresh
+                    if arm != "direct":  # the erase emptied the slots behind the proxy's back: start it afresh
                         await runner.cleanup()
-                        fresh = settings.model_copy(update={"home": work / f"home-{dialect}"})
+                        fresh = settings.model_copy(update={"home": work / f"home-{dialect}-{arm}",
+                                                            "pflash": arm == "proxy"})
                         runner = web.AppRunner(create_app(fresh))
                         await runner.setup()
                         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -185,15 +187,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "agents.json").write_text(json.dumps({"tokens": args.tokens, "threshold": args.threshold, "rows": rows},
                                                 indent=2))
-    print("| dialect | turn | direct TTFT | proxy TTFT | ratio | direct prompt / cached | proxy prompt / cached | "
-          "proxy mode, cache |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dialect | turn | direct TTFT | sessions only TTFT | PFlash TTFT | direct / PFlash | "
+          "prompt / cached: direct | sessions only | PFlash | PFlash mode, cache |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for d in ("anthropic", "responses"):
         for turn in (1, 2, 3):
-            a = next(r for r in rows if r["dialect"] == d and r["arm"] == "direct" and r["turn"] == turn)
-            b = next(r for r in rows if r["dialect"] == d and r["arm"] == "proxy" and r["turn"] == turn)
-            print(f"| {d} | {turn} | {a['ttft_s']:.2f} s | {b['ttft_s']:.2f} s | {a['ttft_s'] / b['ttft_s']:.1f}× | "
-                  f"{a['prompt']:,} / {a['cached']:,} | {b['prompt']:,} / {b['cached']:,} | "
+            a, m, b = (next(r for r in rows if r["dialect"] == d and r["arm"] == arm and r["turn"] == turn)
+                       for arm in ("direct", "sessions", "proxy"))
+            print(f"| {d} | {turn} | {a['ttft_s']:.2f} s | {m['ttft_s']:.2f} s | {b['ttft_s']:.2f} s | "
+                  f"{a['ttft_s'] / b['ttft_s']:.1f}× | {a['prompt']:,} / {a['cached']:,} | "
+                  f"{m['prompt']:,} / {m['cached']:,} | {b['prompt']:,} / {b['cached']:,} | "
                   f"{b['mode']}, {b['cache']} |")
 
 
