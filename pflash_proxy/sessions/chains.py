@@ -8,7 +8,9 @@ prefix of them each response id ends:
    session stage then finds the session as for any client that sends its whole history (cache hit included).
    An id the proxy does not know is left for llama-server to answer.
 2. ``on_response``: a Responses answer's ``id`` and ``output`` items are recorded with the session.
-The items live in the session's record (``extra``), so they are pruned with it.
+The items live under their own key per session (``("response-items", sid)``: the items and the length each
+response id ends at), pruned with the session, and never rewrite the session's record: that write, after the
+answer went out, would race the session's next turn.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from pflash_proxy.sessions.store import StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
 
-ITEMS_KEY = "responses_items"  # SessionRecord.extra: the conversation as Responses items
-IDS_KEY = "responses_ids"  # SessionRecord.extra: {response id: number of items it ends}
 _MAX_IDS = 256
 
 
@@ -62,15 +62,13 @@ class ResponseChainStage(Stage):
         req.state[self.name] = items
 
     def _lookup(self, rid: str) -> list[dict] | None:
-        where = self.manager.store.cache.get(("response", rid))
-        if not where:
+        store = self.manager.store
+        where = store.read(("response", rid))
+        stored = store.read(("response-items", where[0])) if where else None
+        if not stored:
             return None
-        rec = self.manager.store.get(where[0])
-        if rec is None:
-            return None
-        items = rec.extra.get(ITEMS_KEY) or []
-        n = (rec.extra.get(IDS_KEY) or {}).get(rid)
-        return list(items[:n]) if n is not None and n <= len(items) else None
+        n = stored["ids"].get(rid)
+        return list(stored["items"][:n]) if n is not None and n <= len(stored["items"]) else None
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         items = req.state.get(self.name)
@@ -80,16 +78,15 @@ class ResponseChainStage(Stage):
         if items is None or ctx is None or ctx.record is None or result.status != 200 or \
                 not isinstance(response.get("id"), str) or not isinstance(response.get("output"), list):
             return
-        rec = ctx.record
+        sid, rid = ctx.record.id, response["id"]
         all_items = items + [o for o in response["output"] if isinstance(o, dict)]
-        ids = dict(rec.extra.get(IDS_KEY) or {})
-        ids[response["id"]] = len(all_items)
-        rec.extra[ITEMS_KEY] = all_items
-        rec.extra[IDS_KEY] = dict(list(ids.items())[-_MAX_IDS:])
+        store = self.manager.store
 
         def save() -> None:
-            self.manager.store.update_extra(rec)
-            self.manager.store.cache.set(("response", response["id"]), (rec.id,))
+            old = store.read(("response-items", sid)) or {"ids": {}}
+            ids = {**old["ids"], rid: len(all_items)}
+            store.write(("response-items", sid), {"items": all_items, "ids": dict(list(ids.items())[-_MAX_IDS:])})
+            store.write(("response", rid), (sid,))
         try:
             await asyncio.get_running_loop().run_in_executor(None, save)
         except StoreError as exc:

@@ -126,8 +126,23 @@ class SessionStore:
 
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
-        data = self.cache.get(("session", sid))
+        data = self.read(("session", sid))
         return SessionRecord(**data) if data else None
+
+    @_guarded
+    def read(self, key: tuple) -> Any:
+        """``cache.get`` that survives a concurrent rewrite: diskcache keeps large values in files, and a reader
+        whose row pointed at the file a writer just replaced gets the default (None) although the key exists;
+        read again then (the writer's new row is committed by the time its old file is gone)."""
+        for _ in range(3):
+            value = self.cache.get(key)
+            if value is not None or key not in self.cache:
+                return value
+        return self.cache.get(key)
+
+    @_guarded
+    def write(self, key: tuple, value: Any) -> None:
+        self.cache.set(key, value)
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0) -> SessionRecord:
         rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit)
@@ -185,6 +200,7 @@ class SessionStore:
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
+                self.cache.delete(("response-items", sid))  # sessions/chains.py
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
