@@ -1,0 +1,149 @@
+"""Issue 13's fault matrix, the cases ``test_reliability_real.py`` and ``test_proxy_faults.py`` leave out.
+
+Every case runs the proxy in front of one real llama-server (gemma-3-270m, 2 slots, started once for the
+module) and asserts that the client gets a clean answer or a clean OpenAI-style error, and that nothing is lost
+or crossed: the session's next turn works, its served history is intact, the slot table claims only what
+llama-server holds.
+
+1. A snapshot that is missing, truncated, overwritten with random bytes, or damaged inside its KV data when the
+   proxy restores it.  llama-server rejects the first three itself (400, and a failed restore wipes the slot),
+   but restores the last one "successfully" and answers from garbage: the proxy checks size and CRC-32 first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import PIPELINE
+from pflash_proxy.sessions.identity import message_hash
+from pflash_proxy.spawn import free_port
+from tests.conftest import make_settings, start_llama_server
+
+pytestmark = pytest.mark.llama
+
+GEN = {"temperature": 0, "seed": 1, "top_k": 1}
+DOC = "\n".join(f"Entry {i}: the {c} lantern hangs in hall {i} of the old museum." for i, c in
+                enumerate(["red", "blue", "green", "amber", "white", "black", "silver", "golden"] * 2))
+TMPFS_MB = 96
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> bool:
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)],
+                              capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def fault_server(gemma_model, tmp_path_factory):
+    """One llama-server for the module; its --slot-save-path is a small tmpfs when this user may mount one."""
+    work = tmp_path_factory.mktemp("faults")
+    slots = work / "slots"
+    slots.mkdir()
+    mounted = _mount_tmpfs(slots, TMPFS_MB)
+    server = start_llama_server(gemma_model, work, ctx_per_slot=2048)
+    server.tmpfs = mounted
+    yield server
+    server.stop()
+    if mounted:
+        subprocess.run(["umount", str(slots)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+async def make_proxy(aiohttp_client, fault_server, tmp_path):
+    async def make(**kw):
+        settings = make_settings(fault_server.url, tmp_path, slot_save_path=fault_server.slot_dir, **kw)
+        return await aiohttp_client(create_app(settings))  # the test server cancels handlers, as `serve` does
+    return make
+
+
+def _manager(client):
+    return next(s for s in client.server.app[PIPELINE].stages if s.name == "sessions").manager
+
+
+async def _chat(client, messages, max_tokens=4, **extra):
+    r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, **GEN,
+                                                         **extra})
+    return r.status, r.headers, await r.json()
+
+
+async def _stats(client) -> dict:
+    return (await (await client.get("/pflash/stats")).json())["sessions"]
+
+
+async def _upstream_slots(server) -> list[dict]:
+    async with aiohttp.ClientSession() as s, s.get(server.url + "/slots") as r:
+        return await r.json()
+
+
+def _reply(body: dict) -> dict:
+    return {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+
+
+async def _check_table_matches_server(client, server, sid: str, served: list[dict]) -> None:
+    """The table says the session's slot holds exactly ``served``; llama-server's own count agrees."""
+    slot = _manager(client).table.resident(sid)
+    assert slot is not None and slot.known and not slot.busy
+    assert slot.served_hashes == [message_hash(m) for m in served]
+    info = next(s for s in await _upstream_slots(server) if s["id"] == slot.id)
+    assert abs(info["n_prompt_tokens"] - slot.prompt_tokens) <= 16
+
+
+# 1. Damaged snapshots ----------------------------------------------------------------------------------------
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "random":
+        path.write_bytes(random.Random(1).randbytes(len(data)))
+    else:  # "kv-garbage": the header and layer records intact, 4 KB of one layer's K/V rows overwritten
+        at = int(len(data) * 0.6)
+        path.write_bytes(data[:at] + random.Random(2).randbytes(4096) + data[at + 4096:])
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "random", "kv-garbage"])
+async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill(make_proxy, fault_server, how):
+    proxy = await make_proxy()
+    mgr = _manager(proxy)
+    first = [{"role": "system", "content": DOC}, {"role": "user", "content": "Which hall has the amber lantern?"}]
+    status, h, b1 = await _chat(proxy, first)
+    assert status == 200
+    sid = h["X-PFlash-Session"]
+    for word in ("one", "two"):  # the first takes the free slot, the second displaces the session to disk
+        assert (await _chat(proxy, [{"role": "user", "content": f"Say {word}."}]))[0] == 200
+    path = fault_server.slot_dir / f"pf-{sid}.bin"
+    assert path.is_file() and mgr.table.resident(sid) is None
+    _damage(path, how)
+
+    second = first + [_reply(b1), {"role": "user", "content": "And the silver one?"}]
+    status, h2, b2 = await _chat(proxy, second)
+    assert status == 200 and h2["X-PFlash-Session"] == sid
+    assert h2["X-PFlash-Cache"] == "miss", "a damaged snapshot must never be announced (or used) as restored"
+    assert b2["timings"]["cache_n"] < 32  # llama-server prefilled the whole prompt
+    assert mgr.store.snapshot(sid) is None and not path.exists()  # dropped from the index and the disk
+    stats = await _stats(proxy)
+    assert stats["snap_damaged"] == 1 and stats["snap_restores"] == 0
+    assert "pflash_snapshot_damaged_total 1.0" in await (await proxy.get("/pflash/metrics")).text()
+    await _check_table_matches_server(proxy, fault_server, sid, second)
+    assert mgr.store.get(sid).served == second
+
+    third = second + [_reply(b2), {"role": "user", "content": "Thanks."}]
+    status, h3, b3 = await _chat(proxy, third)
+    assert status == 200 and h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "hit"
+    assert b3["timings"]["cache_n"] >= b2["usage"]["prompt_tokens"] - 1
