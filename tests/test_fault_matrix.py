@@ -8,6 +8,9 @@ llama-server holds.
 1. A snapshot that is missing, truncated, overwritten with random bytes, or damaged inside its KV data when the
    proxy restores it.  llama-server rejects the first three itself (400, and a failed restore wipes the slot),
    but restores the last one "successfully" and answers from garbage: the proxy checks size and CRC-32 first.
+2. Disk full on snapshot save: the slot files live on a small tmpfs that a filler file fills to the last byte
+   (real ENOSPC: llama-server answers 500 and leaves half a file). Mounting needs root or CAP_SYS_ADMIN; without
+   it the case is skipped, not faked. (Disk full under the session index is test_reliability_real's case.)
 """
 
 from __future__ import annotations
@@ -147,3 +150,61 @@ async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill
     status, h3, b3 = await _chat(proxy, third)
     assert status == 200 and h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "hit"
     assert b3["timings"]["cache_n"] >= b2["usage"]["prompt_tokens"] - 1
+
+
+# 2. Disk full on snapshot save -------------------------------------------------------------------------------
+def _fill(path: Path) -> None:
+    """Fill the file system that holds ``path`` to the last byte: ENOSPC for every writer after this."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while os.write(fd, b"\0" * size) == size:
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers(make_proxy, fault_server, caplog):
+    if not fault_server.tmpfs:
+        pytest.skip("needs a small tmpfs for the slot files (mounting needs root or CAP_SYS_ADMIN)")
+    caplog.set_level("WARNING", logger="pflash_proxy.sessions")
+    proxy = await make_proxy()
+    mgr = _manager(proxy)
+    first = [{"role": "user", "content": "Name three colours of lanterns."}]
+    filler = fault_server.slot_dir / "filler"
+    _fill(filler)
+    try:
+        status, h, b1 = await _chat(proxy, first)
+        assert status == 200
+        sid = h["X-PFlash-Session"]
+        for word in ("one", "two"):  # the second displaces the session: its snapshot save hits ENOSPC
+            status, hw, _ = await _chat(proxy, [{"role": "user", "content": f"Say {word}."}])
+            assert status == 200 and "X-PFlash-Degraded" not in hw
+        stats = await _stats(proxy)
+        assert stats["evicted_saves"] == 1 and stats["save_failures"] == 1 and stats["snap_saves"] == 0
+        assert "pflash_save_failures_total 1.0" in await (await proxy.get("/pflash/metrics")).text()
+        assert any("could not save session " + sid[:8] in r.getMessage() for r in caplog.records)
+        assert not list(fault_server.slot_dir.glob("pf-*")), "a failed save leaves no file behind"
+        assert mgr.store.snapshot(sid) is None
+
+        second = first + [_reply(b1), {"role": "user", "content": "And one more?"}]
+        status, h2, b2 = await _chat(proxy, second)  # displaces "one", whose save fails too: still served
+        assert status == 200 and h2["X-PFlash-Session"] == sid and h2["X-PFlash-Cache"] == "miss"
+        assert (await _stats(proxy))["save_failures"] == 2
+    finally:
+        filler.unlink()
+
+    # space came back: saving works again, and the session is restored from it after losing its slot
+    assert (await (await proxy.post("/pflash/save")).json())["saved"] == 2
+    assert mgr.store.snapshot(sid) is not None and (fault_server.slot_dir / f"pf-{sid}.bin").is_file()
+    for word in ("three", "four"):
+        assert (await _chat(proxy, [{"role": "user", "content": f"Say {word}."}]))[0] == 200
+    assert mgr.table.resident(sid) is None
+    third = second + [_reply(b2), {"role": "user", "content": "Thanks."}]
+    status, h3, b3 = await _chat(proxy, third)
+    assert status == 200 and h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "restored"
+    assert b3["timings"]["cache_n"] >= b2["usage"]["prompt_tokens"] - 1
+    assert mgr.store.get(sid).served == third
