@@ -11,6 +11,11 @@ llama-server holds.
 2. Disk full on snapshot save: the slot files live on a small tmpfs that a filler file fills to the last byte
    (real ENOSPC: llama-server answers 500 and leaves half a file). Mounting needs root or CAP_SYS_ADMIN; without
    it the case is skipped, not faked. (Disk full under the session index is test_reliability_real's case.)
+3. Drafter failure and drafter timeout during compression: the message is served whole (``full-error``), the
+   reason is in the access log, the next turn is a hit. The timeout is the real drafter (gemma as its own
+   drafter) with ``--drafter-timeout-s`` lowered to 0.1 s: llama.cpp's abort callback stops the pass. The
+   exception comes from a scorer that raises, since a real drafter fails only on broken llama.cpp state.
+   The bound covers the drafter's llama.cpp calls (queue wait and decoding), not the proxy's numpy work.
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ def fault_server(gemma_model, tmp_path_factory):
     server.tmpfs = mounted
     yield server
     server.stop()
-    if mounted:
-        subprocess.run(["umount", str(slots)], capture_output=True, timeout=30)
+    if mounted and subprocess.run(["umount", str(slots)], capture_output=True, timeout=30).returncode:
+        subprocess.run(["umount", "-l", str(slots)], capture_output=True, timeout=30)  # busy: detach it anyway
 
 
 @pytest.fixture
@@ -208,3 +213,53 @@ async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers
     assert status == 200 and h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "restored"
     assert b3["timings"]["cache_n"] >= b2["usage"]["prompt_tokens"] - 1
     assert mgr.store.get(sid).served == third
+
+
+# 3. Drafter failure and timeout during compression ------------------------------------------------------------
+RECORDS = "\n".join(f"Record {i}: the {c} lantern of hall {i} was lit at {i % 12 + 1} o'clock by keeper {i * 7 % 31}."
+                    for i, c in enumerate(["red", "blue", "green", "amber", "white", "black"] * 4))
+
+
+async def _served_whole(proxy, caplog, needle: str) -> None:
+    """A long message whose compression fails is served whole, the session goes on, the reason is logged."""
+    mgr = _manager(proxy)
+    msgs = [{"role": "user", "content": RECORDS + "\n\nWhich keeper lit the amber lantern of hall 3?"}]
+    status, h, body = await _chat(proxy, msgs)
+    assert status == 200 and h["X-PFlash-Mode"] == "full-error"
+    assert body["usage"]["prompt_tokens"] > 400  # the whole message reached llama-server
+    sid = h["X-PFlash-Session"]
+    assert mgr.store.get(sid).served == msgs  # and the history keeps it whole, for the next turn's prefix
+    access = [r for r in caplog.records if r.name == "pflash_proxy.access" and r.fields.get("pflash")]
+    assert access[-1].fields["pflash"] == "full-error" and needle in access[-1].fields["pflash_reason"]
+    nxt = msgs + [_reply(body), {"role": "user", "content": "Thanks."}]
+    status, h2, b2 = await _chat(proxy, nxt)
+    assert status == 200 and h2["X-PFlash-Session"] == sid and h2["X-PFlash-Cache"] == "hit"
+    assert h2["X-PFlash-Mode"] == "passthrough" and b2["timings"]["cache_n"] >= body["usage"]["prompt_tokens"] - 1
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["pflash"]["modes"] == {"full-error": 1, "passthrough": 1}
+
+
+async def test_a_drafter_exception_serves_the_message_whole(make_proxy, monkeypatch, caplog):
+    from pflash_proxy.compress.scores import LexicalScorer
+    from pflash_proxy.drafter.runtime import DrafterError
+
+    def broken(self, reps, query):  # what a drafter-backed scorer raises when llama.cpp fails mid-pass
+        raise DrafterError("drafter failed: RuntimeError: llama_decode returned -3")
+    monkeypatch.setattr(LexicalScorer, "score", broken)
+    caplog.set_level("INFO", logger="pflash_proxy.access")
+    proxy = await make_proxy(threshold=200)
+    await _served_whole(proxy, caplog, "llama_decode returned -3")
+
+
+async def test_a_drafter_timeout_aborts_the_pass_and_serves_the_message_whole(make_proxy, gemma_model, caplog):
+    pytest.importorskip("llama_cpp")
+    caplog.set_level("INFO", logger="pflash_proxy.access")
+    proxy = await make_proxy(threshold=200, scorer="attention", attention_heads="all", drafter=gemma_model,
+                             drafter_ctx=2048)
+    stage = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "pflash")
+    drafter = stage.resources.drafter
+    drafter.timeout = 0.1  # --drafter-timeout-s 0.1: llama.cpp's abort callback stops the pass
+    t0 = time.monotonic()
+    await _served_whole(proxy, caplog, "timed out")
+    assert drafter.stats["aborts"] == 1 and drafter.stats["passes"] == 0
+    assert time.monotonic() - t0 < 60
