@@ -16,6 +16,12 @@ llama-server holds.
    drafter) with ``--drafter-timeout-s`` lowered to 0.1 s: llama.cpp's abort callback stops the pass. The
    exception comes from a scorer that raises, since a real drafter fails only on broken llama.cpp state.
    The bound covers the drafter's llama.cpp calls (queue wait and decoding), not the proxy's numpy work.
+4. Client disconnect mid-prefill, streamed and not, on a session that holds a slot while another session holds
+   the other one. llama-server b11434 cancels the streamed task (after the batch in progress) but never the
+   non-streamed one (it generates to max_tokens for nobody; the proxy cannot stop it). The proxy keeps the
+   lease until llama-server's slot is idle, the table stops claiming the slot's content, the retry is served in
+   the same session, and the other session keeps its hit (before: the lease was released at once, and the next
+   turn's check took the longer prompt on the slot for a restarted server and emptied every slot).
 """
 
 from __future__ import annotations
@@ -263,3 +269,64 @@ async def test_a_drafter_timeout_aborts_the_pass_and_serves_the_message_whole(ma
     await _served_whole(proxy, caplog, "timed out")
     assert drafter.stats["aborts"] == 1 and drafter.stats["passes"] == 0
     assert time.monotonic() - t0 < 60
+
+
+# 4. Client disconnect mid-prefill ----------------------------------------------------------------------------
+LONG = "\n".join(f"Record {i}: the lantern of hall {i} was lit at {i % 12 + 1} o'clock by keeper {i * 7 % 31}."
+                 for i in range(24))  # ~650 tokens: seconds of prefill on these cores
+
+
+async def _wait_slots(server, pred, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = await _upstream_slots(server)
+        if pred(slots):
+            return slots
+        assert time.monotonic() < deadline, f"llama-server's slots never got there: {slots}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_session(make_proxy, fault_server, stream):
+    """llama-server (b11434) cancels a streamed task within a second of its client leaving (after the batch in
+    progress), but never a non-streamed one: that one runs to max_tokens for nobody. Either way the proxy keeps
+    the lease until llama-server's slot is idle (nothing is ever sent to a busy slot), and the table claims
+    nothing about the slot that no response confirmed, so no later check mistakes it for a restart."""
+    proxy = await make_proxy(queue_timeout_s=60)
+    mgr = _manager(proxy)
+    other = [{"role": "user", "content": "Name a colour."}]
+    status, ht, bt = await _chat(proxy, other)
+    first = [{"role": "user", "content": "Hello."}]
+    status, h, b1 = await _chat(proxy, first)
+    sid, slot_id = h["X-PFlash-Session"], int(h["X-PFlash-Slot"])
+    second = first + [_reply(b1), {"role": "user", "content": LONG + "\n\nWhich keeper lit hall 5?"}]
+
+    body = json.dumps({"messages": second, "max_tokens": 24, "stream": stream, **GEN}).encode()
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    await _wait_slots(fault_server, lambda slots: slots[slot_id]["is_processing"], 30)
+    writer.close()  # the client leaves before the first token
+    left = time.monotonic()
+    await asyncio.sleep(0.5)
+    if (await _upstream_slots(fault_server))[slot_id]["is_processing"]:
+        assert mgr.table.slots[slot_id].busy, "the lease was released while llama-server still works on the slot"
+    idle = await _wait_slots(fault_server, lambda slots: not slots[slot_id]["is_processing"], 120)
+    stopped_after = time.monotonic() - left
+    while mgr.table.slots[slot_id].busy and time.monotonic() - left < stopped_after + 2:
+        await asyncio.sleep(0.05)
+    assert not mgr.table.slots[slot_id].busy and mgr.table.queued == 0, "the lease was never released"
+    assert mgr.store.get(sid).served == second  # the served history was written before forwarding
+
+    status, h2, b2 = await _chat(proxy, second)  # the client retries: served, in its own session
+    assert status == 200 and h2["X-PFlash-Session"] == sid
+    if stream:  # llama-server stopped before generating for nobody
+        assert idle[slot_id]["n_prompt_tokens"] <= b2["usage"]["prompt_tokens"] + 2
+    status, ht2, _ = await _chat(proxy, other + [_reply(bt), {"role": "user", "content": "Another."}])
+    assert status == 200 and ht2["X-PFlash-Session"] == ht["X-PFlash-Session"]
+    assert ht2["X-PFlash-Cache"] == "hit", "the other session lost its slot to a disconnect it had no part in"
+    stats = await _stats(proxy)
+    assert stats["upstream_restarts"] == 0 and stats["slots_lost"] == 0
+    await _check_table_matches_server(proxy, fault_server, sid, second)
+    print(f"llama-server's slot idle {stopped_after:.1f} s after the client left ({'streamed' if stream else 'plain'})")
