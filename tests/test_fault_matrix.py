@@ -22,6 +22,10 @@ llama-server holds.
    lease until llama-server's slot is idle, the table stops claiming the slot's content, the retry is served in
    the same session, and the other session keeps its hit (before: the lease was released at once, and the next
    turn's check took the longer prompt on the slot for a restarted server and emptied every slot).
+5. SIGTERM with requests in flight: ``pflash-proxy serve`` as a subprocess. By design (``serve`` passes
+   ``--shutdown-save-timeout-s`` to aiohttp as its shutdown timeout) the listening socket closes, requests in
+   flight are drained, then every resident session is snapshotted and the process exits 0. A request still
+   running when that timeout ends is cut by aiohttp (a stream without its last chunk, not an error event).
 """
 
 from __future__ import annotations
@@ -330,3 +334,75 @@ async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_sessi
     assert stats["upstream_restarts"] == 0 and stats["slots_lost"] == 0
     await _check_table_matches_server(proxy, fault_server, sid, second)
     print(f"llama-server's slot idle {stopped_after:.1f} s after the client left ({'streamed' if stream else 'plain'})")
+
+
+# 5. SIGTERM with requests in flight -------------------------------------------------------------------------
+async def _wait_listening(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            assert proc.poll() is None, f"pflash-proxy exited: {log.read_text()[-3000:]}"
+            try:
+                async with s.get(url + "/pflash/stats") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"pflash-proxy did not start: {log.read_text()[-3000:]}"
+            await asyncio.sleep(0.2)
+
+
+async def test_sigterm_drains_requests_in_flight_saves_sessions_and_exits_0(fault_server, tmp_path):
+    port, home = free_port(), tmp_path / "serve-home"
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pflash_proxy", "serve", "--upstream", fault_server.url,
+                                 "--port", str(port), "--home", str(home), "--slot-save-path",
+                                 str(fault_server.slot_dir), "--shutdown-save-timeout-s", "60"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _wait_listening(url, proc, log)
+        streamed = [{"role": "user", "content": "Count from one to fifty in words."}]
+        plain = [{"role": "user", "content": DOC + "\nWhich hall has the golden lantern?"}]
+        async with aiohttp.ClientSession() as s:
+            async def whole() -> tuple[int, dict, dict]:
+                async with s.post(url + "/v1/chat/completions",
+                                  json={"messages": plain, "max_tokens": 16, **GEN}) as r:
+                    return r.status, dict(r.headers), await r.json()
+            async with s.post(url + "/v1/chat/completions", json={"messages": streamed, "max_tokens": 24,
+                                                                 "stream": True, "ignore_eos": True, **GEN}) as r:
+                assert r.status == 200
+                sid_streamed = r.headers["X-PFlash-Session"]
+                first = await r.content.readuntil(b"\n\n")
+                assert first.startswith(b"data: ")
+                other = asyncio.create_task(whole())  # a second request, still in prefill at the signal
+                await _wait_slots(fault_server, lambda slots: all(x["is_processing"] for x in slots), 30)
+                proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                rest = await r.content.read()
+            status, headers, body = await other
+        events = [e for e in (first + rest).split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]", "the stream in flight was cut instead of drained"
+        chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+        assert not any("error" in c for c in chunks) and chunks[-1]["timings"]["predicted_n"] == 24
+        assert status == 200 and body["choices"][0]["message"]["content"]
+        rc = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 90)
+        exited_after = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, log.read_text()[-3000:]
+    assert exited_after < 90
+    from pflash_proxy.sessions.store import SessionStore
+
+    store = SessionStore(home / "sessions")
+    try:  # both sessions held a slot at the signal: both were snapshotted on the way out
+        for sid in (sid_streamed, headers["X-PFlash-Session"]):
+            rec = store.snapshot(sid)
+            assert rec is not None and (fault_server.slot_dir / rec.file).is_file()
+        assert store.get(sid_streamed).served == streamed
+    finally:
+        store.close()
+    print(f"pflash-proxy exited 0 {exited_after:.1f} s after SIGTERM")
