@@ -81,12 +81,14 @@ def fault_server(gemma_model, tmp_path_factory):
     slots = work / "slots"
     slots.mkdir()
     mounted = _mount_tmpfs(slots, TMPFS_MB)
-    server = start_llama_server(gemma_model, work, ctx_per_slot=2048)
-    server.tmpfs = mounted
-    yield server
-    server.stop()
-    if mounted and subprocess.run(["umount", str(slots)], capture_output=True, timeout=30).returncode:
-        subprocess.run(["umount", "-l", str(slots)], capture_output=True, timeout=30)  # busy: detach it anyway
+    try:
+        server = start_llama_server(gemma_model, work, ctx_per_slot=2048)
+        server.tmpfs = mounted
+        yield server
+        server.stop()
+    finally:
+        if mounted and subprocess.run(["umount", str(slots)], capture_output=True, timeout=30).returncode:
+            subprocess.run(["umount", "-l", str(slots)], capture_output=True, timeout=30)  # busy: detach anyway
 
 
 @pytest.fixture
