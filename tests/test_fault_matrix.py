@@ -390,16 +390,16 @@ async def test_sigterm_drains_requests_in_flight_saves_sessions_and_exits_0(faul
         async with aiohttp.ClientSession() as s:
             async def whole() -> tuple[int, dict, dict]:
                 async with s.post(url + "/v1/chat/completions",
-                                  json={"messages": plain, "max_tokens": 16, **GEN}) as r:
+                                  json={"messages": plain, "max_tokens": 24, "ignore_eos": True, **GEN}) as r:
                     return r.status, dict(r.headers), await r.json()
-            async with s.post(url + "/v1/chat/completions", json={"messages": streamed, "max_tokens": 24,
+            async with s.post(url + "/v1/chat/completions", json={"messages": streamed, "max_tokens": 40,
                                                                  "stream": True, "ignore_eos": True, **GEN}) as r:
                 assert r.status == 200
                 sid_streamed = r.headers["X-PFlash-Session"]
                 first = await r.content.readuntil(b"\n\n")
                 assert first.startswith(b"data: ")
-                other = asyncio.create_task(whole())  # a second request, still in prefill at the signal
-                await _wait_slots(fault_server, lambda slots: all(x["is_processing"] for x in slots), 30)
+                other = asyncio.create_task(whole())  # a second request, on the other slot
+                await _wait_slots(fault_server, lambda slots: all(x["is_processing"] for x in slots), 30)  # both run
                 proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 rest = await r.content.read()
@@ -407,8 +407,8 @@ async def test_sigterm_drains_requests_in_flight_saves_sessions_and_exits_0(faul
         events = [e for e in (first + rest).split(b"\n\n") if e]
         assert events[-1] == b"data: [DONE]", "the stream in flight was cut instead of drained"
         chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
-        assert not any("error" in c for c in chunks) and chunks[-1]["timings"]["predicted_n"] == 24
-        assert status == 200 and body["choices"][0]["message"]["content"]
+        assert not any("error" in c for c in chunks) and chunks[-1]["timings"]["predicted_n"] == 40
+        assert status == 200 and body["usage"]["completion_tokens"] == 24
         rc = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 90)
         exited_after = time.monotonic() - signalled
     finally:
