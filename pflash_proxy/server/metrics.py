@@ -37,6 +37,7 @@ SESSION_COUNTERS = {
 }
 SNAPSHOT_COUNTERS = {"snap_saves": "Snapshots saved", "snap_restores": "Snapshots restored",
                      "snap_restore_failures": "Snapshot restores that failed (served by full prefill)",
+                     "snap_damaged": "Snapshots found missing, truncated or corrupt before a restore (dropped)",
                      "snap_evictions": "Snapshots evicted to stay under --max-cache-gb",
                      "snap_stray_temp_removed": "Temporary snapshot files of cancelled saves removed"}
 

@@ -2,8 +2,9 @@
 
 1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
    end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
-2. ``parsed`` handles the completion routes: body size check (413), JSON + typed model (400), the stage
-   pipeline, then the same relay.  Untouched bodies are forwarded byte for byte.
+2. ``parsed`` handles the completion routes: body size check (413; chunked uploads counted as they arrive), a
+   body that cannot be read (400), JSON + typed model (400), the stage pipeline, then the same relay.
+   Untouched bodies are forwarded byte for byte.
 3. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
 """
 
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
@@ -43,15 +45,21 @@ async def read_body(request: web.Request) -> bytes:
         raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
     if not request.body_exists:
         return b""
-    if request.content_length is not None:  # bounded above: aiohttp reads it in one go
-        return await request.read()
-    chunks, size = [], 0  # chunked upload: count as it arrives
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        if request.content_length is not None:  # bounded above: aiohttp reads it in one go
+            return await request.read()
+        chunks, size = [], 0  # chunked upload: count as it arrives
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except (web.RequestPayloadError, HttpProcessingError) as exc:
+        # a Content-Encoding that does not decode, chunk framing that breaks after the body began
+        reason = getattr(exc, "message", None) or getattr(exc.__cause__, "message", None) or str(exc)
+        raise BadRequest(f"request body could not be read: {' '.join(str(reason).split())}",
+                         code="invalid_body") from exc
 
 
 def _path_qs(request: web.Request) -> str:

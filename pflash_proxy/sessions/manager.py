@@ -294,6 +294,35 @@ class SessionManager:
         await self.prepare_slot(lease, None)
         return lease
 
+    def release_when_idle(self, lease: Lease) -> None:
+        """Release ``lease`` once llama-server has stopped working on its slot.
+
+        A request that ended before its response did (the client left, the stream broke) may leave llama-server
+        busy on the slot: b11434 never cancels a non-streamed task whose client left, and cancels a streamed one
+        only after the batch in progress. Until ``/slots`` shows the slot idle it stays leased, so nothing is sent
+        to a busy slot. What the slot holds now was never confirmed by a response, so the table stops claiming it
+        (``_slot_lost`` would otherwise take the longer prompt for a restarted server and empty every slot).
+        """
+        lease.slot.known = False
+        task = asyncio.create_task(self._release_when_idle(lease))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_when_idle(self, lease: Lease) -> None:
+        deadline = time.monotonic() + self.settings.upstream_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    data = await self.upstream.slots()
+                except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+                    return  # not reachable: nothing runs there now (restart detection does the rest)
+                info = next((s for s in data or () if isinstance(s, dict) and s.get("id") == lease.slot.id), None)
+                if info is None or not info.get("is_processing"):
+                    return
+                await asyncio.sleep(0.2)
+        finally:
+            self.table.release(lease)
+
     def release_unknown(self, lease: Lease) -> None:
         """Release a lease after which the slot's content is not known to the proxy (a client's slot action)."""
         lease.slot.known = False

@@ -5,7 +5,10 @@
    never an index entry pointing at half a file.
 2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
    llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
-   snapshot; the caller serves the request by full prefill.
+   snapshot; the caller serves the request by full prefill.  Before a restore the file is checked against the
+   size and CRC-32 recorded when it was saved (about 0.25 s per GB): llama-server restores a file whose
+   header is intact but whose KV data is damaged without complaint, and then answers from garbage.  A file that
+   is missing, truncated or corrupt is dropped (``damaged`` in the stats) and never reaches llama-server.
 3. LRU eviction keeps the total under ``--max-cache-gb``. Temporary files that no save is writing any more (a
    save cancelled while llama-server still wrote the file leaves one behind, after the cleanup ran) count
    against the limit and are removed first.
@@ -15,10 +18,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -40,8 +45,8 @@ class SnapshotManager:
         self.max_bytes = max_bytes
         self._writing: set[str] = set()  # temporary names of saves in flight
         self.on_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
-        self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "evictions": 0, "stray_temp_removed": 0,
-                      "save_ms_total": 0.0, "restore_ms_total": 0.0}
+        self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "damaged": 0, "evictions": 0,
+                      "stray_temp_removed": 0, "save_ms_total": 0.0, "restore_ms_total": 0.0}
 
     def filename(self, sid: str) -> str:
         return f"{PREFIX}{sid}{SUFFIX}"
@@ -63,12 +68,13 @@ class SnapshotManager:
             os.chmod(self.dir / final, 0o600)
         except PermissionError:  # written by a llama-server running as another user
             log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
-        size = (self.dir / final).stat().st_size
+        size, checksum = await asyncio.get_running_loop().run_in_executor(None, file_checksum, self.dir / final)
         tokens = int(data.get("n_saved", tokens) or tokens)
         try:
             prev = self.store.snapshot(sid)
             rec = SnapshotRecord(session=sid, file=final, tokens=tokens, served_hashes=list(served_hashes),
-                                 model_identity=model_identity, size=size, hits=prev.hits if prev else 0)
+                                 model_identity=model_identity, size=size, hits=prev.hits if prev else 0,
+                                 checksum=checksum)
             self.store.put_snapshot(rec)
         except StoreError:  # an unindexed file would never be restored nor counted: do not keep it
             (self.dir / final).unlink(missing_ok=True)
@@ -95,13 +101,36 @@ class SnapshotManager:
             log.info("snapshot of session %s belongs to another model/layout; not restoring", sid[:8])
             return None
         if not (self.dir / rec.file).is_file():
+            self.stats["damaged"] += 1
+            log.warning("snapshot file of session %s is missing; dropped from the index", sid[:8])
             self.store.drop_snapshot(sid)
             return None
         return rec
 
+    def _damage(self, rec: SnapshotRecord) -> str | None:
+        """What is wrong with ``rec``'s file compared with what was saved, or None when it is intact."""
+        try:
+            size, checksum = file_checksum(self.dir / rec.file)
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:
+            return f"unreadable ({exc})"
+        if size != rec.size:
+            return f"truncated or rewritten ({size} bytes, {rec.size} when saved)"
+        if rec.checksum and checksum != rec.checksum:  # records from before checksums have none
+            return f"corrupt ({checksum}, {rec.checksum} when saved)"
+        return None
+
     async def restore(self, slot: int, rec: SnapshotRecord) -> bool:
         """Restore into ``slot``; on any failure delete the snapshot and return False (slot is then empty)."""
         t0 = time.monotonic()
+        problem = await asyncio.get_running_loop().run_in_executor(None, self._damage, rec)
+        if problem is not None:
+            self.stats["damaged"] += 1
+            log.warning("snapshot of session %s is %s; dropped without restoring it into slot %d", rec.session[:8],
+                        problem, slot)
+            self.delete(rec.session)
+            return False
         try:
             data = await self.upstream.slot_action(slot, "restore", rec.file)
         except SlotActionFailed as exc:
@@ -177,3 +206,13 @@ class SnapshotManager:
             log.info("reconciled snapshots: %d orphan files removed, %d missing entries dropped", removed_files,
                      dropped)
         return {"orphans_removed": removed_files, "entries_dropped": dropped}
+
+
+def file_checksum(path: Path) -> tuple[int, str]:
+    """(size, ``crc32:…``) of a snapshot file: enough to catch truncation, bit rot and foreign writes."""
+    crc = size = 0
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+    return size, f"crc32:{crc:08x}"

@@ -13,10 +13,11 @@
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) writes
 the served history to disk before the request is forwarded.
 ``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
-the lease.  Completion routes (no messages) get an anonymous lease so they never land on a busy slot.  The conversation
-routes (chat, Anthropic Messages, Responses) all work on the internal conversation of ``pflash_proxy.dialects``;
-a name the client's dialect carries in the body (``metadata.user_id``, ``prompt_cache_key``) names the session
-when no header does.
+the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
+idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
+never land on a busy slot.  The conversation routes (chat, Anthropic Messages, Responses) all work on the
+internal conversation of ``pflash_proxy.dialects``; a name the client's dialect carries in the body
+(``metadata.user_id``, ``prompt_cache_key``) names the session when no header does.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ class SessionStage(Stage):
         ctx: SessionContext | None = req.state.get(self.name)
         if ctx is None or "batch" in ctx.extra:
             return
+        ctx.extra["settled"] = result.completed and not result.client_gone
         served_hashes = [message_hash(m) for m in ctx.served]
         self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
 
@@ -195,7 +197,10 @@ class SessionStage(Stage):
             for lease in ctx.extra["batch"]:
                 self.manager.release_unknown(lease)
             return
-        self.manager.table.release(ctx.lease)
+        if ctx.extra.get("forwarded") and not ctx.extra.get("settled"):  # the client left, or the upstream broke
+            self.manager.release_when_idle(ctx.lease)
+        else:
+            self.manager.table.release(ctx.lease)
         if ctx.record is not None and self.manager.settings.save_every_turn:
             self.manager.save_in_background(ctx.record.id)
 
@@ -237,6 +242,8 @@ class SessionCommitStage(Stage):
 
     async def on_request(self, req: ProxyRequest) -> None:
         ctx: SessionContext | None = req.state.get(SessionStage.name)
+        if ctx is not None:
+            ctx.extra["forwarded"] = True  # the last stage: the request goes upstream next
         if ctx is None or ctx.record is None:
             return
         ctx.served = list(req.messages)

@@ -5,7 +5,7 @@ Keys:
 2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning;
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
-   covers, the model identity it belongs to, size and last use.
+   covers, the model identity it belongs to, size, checksum and last use.
 
 ``prune`` bounds the index: sessions unused for ``--session-ttl-days`` and those beyond ``--max-sessions``
 (least recently used first) are forgotten with their chain entries.
@@ -95,6 +95,7 @@ class SnapshotRecord:
     created: float = field(default_factory=time.time)
     last_use: float = field(default_factory=time.time)
     hits: int = 0
+    checksum: str = ""  # "crc32:…" of the file when saved ("" in records written before checksums)
 
 
 class SessionStore:
