@@ -51,6 +51,8 @@ _HELP = {
     "drop_volatile_lines": "Anthropic Messages: drop per-request volatile lines (Claude Code's "
                            "'x-anthropic-billing-header: ...cch=...') from the system prompt before session identity "
                            "and forwarding, so the prefix cache survives from turn to turn (default on)",
+    "max_pending_mb": "request bodies the proxy holds in memory at once (read, waiting for a slot, being "
+                      "forwarded); a request beyond gets 429 with Retry-After (0 = no bound, default 1024)",
     "max_queue": "requests that may wait for a llama-server slot; more get 429 with Retry-After (0 = no bound, "
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "

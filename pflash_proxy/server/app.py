@@ -16,7 +16,8 @@ from typing import AsyncIterator, Callable
 from aiohttp import web
 
 from pflash_proxy.config import Settings
-from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.bodies import BodyBudget
+from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.pipeline import Pipeline, Stage
 from pflash_proxy.server.routes import add_routes, collect_stats, error_middleware_factory
@@ -59,6 +60,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s,
                              api_key=settings.upstream_api_key)
     app[SUPERVISOR] = None
+    app[BODIES] = BodyBudget(int(settings.max_pending_mb * 2**20))
     app[PIPELINE] = Pipeline()
     steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))

@@ -8,6 +8,7 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from pflash_proxy.config import Settings
+    from pflash_proxy.server.bodies import BodyBudget
     from pflash_proxy.server.metrics import Metrics
     from pflash_proxy.server.pipeline import Pipeline
     from pflash_proxy.spawn import LlamaServerSupervisor
@@ -18,3 +19,4 @@ UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")
 PIPELINE: web.AppKey["Pipeline"] = web.AppKey("pipeline")
 METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
 SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor")
+BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")

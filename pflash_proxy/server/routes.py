@@ -23,7 +23,7 @@ from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
 from pflash_proxy.inspector.routes import add_inspector_routes
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
-from pflash_proxy.server.keys import METRICS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.pipeline import ProxyRequest
 from pflash_proxy.server.relay import RelayResult, relay, write_stream_error
 from pflash_proxy.upstream import forwardable_headers
@@ -39,20 +39,28 @@ GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 
 
+BODY_HELD = "pflash_body_bytes"  # request key: bytes this request's body counts in the app's BodyBudget
+
+
 async def read_body(request: web.Request) -> bytes:
     limit = request.app[SETTINGS].max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
     if not request.body_exists:
         return b""
+    budget = request.app[BODIES]  # bytes of bodies held across requests (released by the middleware)
     try:
         if request.content_length is not None:  # bounded above: aiohttp reads it in one go
+            budget.reserve(request.content_length)
+            request[BODY_HELD] = request.content_length
             return await request.read()
         chunks, size = [], 0  # chunked upload: count as it arrives
         async for chunk in request.content.iter_any():
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
+            budget.reserve(len(chunk), held=request.get(BODY_HELD, 0))
+            request[BODY_HELD] = request.get(BODY_HELD, 0) + len(chunk)
             chunks.append(chunk)
         return b"".join(chunks)
     except (web.RequestPayloadError, HttpProcessingError) as exc:
@@ -327,5 +335,7 @@ def error_middleware_factory():
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             return error_response(500, "internal proxy error", "internal_error")
+        finally:  # the request's body no longer counts against --max-pending-mb
+            request.app[BODIES].release(request.get(BODY_HELD, 0))
 
     return errors
