@@ -46,6 +46,8 @@ async def test_bodies_beyond_the_bound_get_429_and_are_admitted_again_later(aioh
     assert proxy.app[BODIES].used == 0
     again = await proxy.post("/v1/embeddings", data=body)
     assert again.status == 200
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["bodies"] == {"held_bytes": 0, "limit_bytes": 6000, "refused": 2}
 
 
 async def _chunks(body: bytes):

@@ -282,6 +282,8 @@ def collect_stats(app: web.Application) -> dict[str, Any]:
     upstream = app[UPSTREAM]
     stats["upstream"] = {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
                          "not_ready_reason": upstream.not_ready_reason}
+    bodies = app[BODIES]
+    stats["bodies"] = {"held_bytes": bodies.used, "limit_bytes": bodies.limit, "refused": bodies.refused}
     for stage in app[PIPELINE].stages:
         s = stage.stats()
         if s:
