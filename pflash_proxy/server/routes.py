@@ -2,9 +2,11 @@
 
 1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
    end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
-2. ``parsed`` handles the completion routes: body size check (413; chunked uploads counted as they arrive), a
-   body that cannot be read (400), JSON + typed model (400), the stage pipeline, then the same relay.
-   Untouched bodies are forwarded byte for byte.
+2. ``parsed`` handles the completion routes and the conversation routes of every dialect (chat, Anthropic
+   Messages, Responses): body size check (413; chunked uploads counted as they arrive, bodies held at once
+   bounded: 429), a body that cannot be read (400), JSON + typed model or the dialect's conversation (400, in
+   the client's dialect), the stage pipeline, then the same relay (a dialect sent to another route is
+   translated back as it streams). Untouched bodies are forwarded byte for byte.
 3. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
 """
 
