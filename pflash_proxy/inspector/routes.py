@@ -128,7 +128,7 @@ async def asset(request: web.Request) -> web.Response:
 
 
 async def api_overview(request: web.Request) -> web.Response:
-    from pflash_proxy.server.routes import collect_stats  # it registers the inspector: imported when used
+    from pflash_proxy.server.control import collect_stats  # it registers the inspector: imported when used
 
     data = request.app[DATA]
     out = data.overview(collect_stats(request.app))  # in-memory state: on the loop, like /pflash/stats

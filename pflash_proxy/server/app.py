@@ -20,7 +20,8 @@ from pflash_proxy.server.bodies import BodyBudget
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.pipeline import Pipeline, Stage
-from pflash_proxy.server.routes import add_routes, collect_stats, error_middleware_factory
+from pflash_proxy.server.control import collect_stats
+from pflash_proxy.server.routes import add_routes, error_middleware_factory
 from pflash_proxy.spawn import LlamaServerSupervisor
 from pflash_proxy.upstream import Upstream
 

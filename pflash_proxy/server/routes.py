@@ -25,6 +25,7 @@ from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
 from pflash_proxy.inspector.routes import add_inspector_routes
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
+from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.pipeline import ProxyRequest
 from pflash_proxy.server.relay import RelayResult, relay, write_stream_error
@@ -257,40 +258,6 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         fields["upstream_failed"] = result.upstream_failed
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
-
-
-async def pflash_stats(request: web.Request) -> web.Response:
-    return web.json_response(collect_stats(request.app))
-
-
-async def pflash_metrics(request: web.Request) -> web.Response:
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    return web.Response(body=request.app[METRICS].prometheus(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def pflash_save(request: web.Request) -> web.Response:
-    """Snapshot every resident session now (used by ``pflash-proxy warm`` and before maintenance)."""
-    saved = 0
-    for stage in request.app[PIPELINE].stages:
-        save_all = getattr(stage, "save_all", None)
-        if save_all is not None:
-            saved += await save_all()
-    return web.json_response({"saved": saved})
-
-
-def collect_stats(app: web.Application) -> dict[str, Any]:
-    stats: dict[str, Any] = {"requests": app[METRICS].snapshot()}
-    upstream = app[UPSTREAM]
-    stats["upstream"] = {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
-                         "not_ready_reason": upstream.not_ready_reason}
-    bodies = app[BODIES]
-    stats["bodies"] = {"held_bytes": bodies.used, "limit_bytes": bodies.limit, "refused": bodies.refused}
-    for stage in app[PIPELINE].stages:
-        s = stage.stats()
-        if s:
-            stats[stage.name] = s
-    return stats
 
 
 def add_routes(app: web.Application) -> None:
