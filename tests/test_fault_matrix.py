@@ -543,3 +543,28 @@ async def test_a_body_that_cannot_be_decoded_gets_400(make_proxy, path, framing)
     writer.close()
     err = json.loads(raw)["error"]
     assert status == 400 and err["code"] == "invalid_body" and "gzip" in err["message"]
+
+
+async def test_a_stream_still_running_when_the_drain_ends_gets_an_error_event(fault_server, tmp_path):
+    """``--shutdown-save-timeout-s`` bounds the drain; a stream still running then is cancelled, and its client
+    gets a last error event (and ``[DONE]``) it can parse instead of a cut connection."""
+    proc, url, log = await _serve(fault_server, tmp_path, "--shutdown-save-timeout-s", "1")
+    try:
+        long = [{"role": "user", "content": "Count from one to five hundred in words."}]
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/chat/completions", json={"messages": long, "max_tokens": 2000,
+                                                                 "stream": True, "ignore_eos": True, **GEN}) as r:
+                assert r.status == 200
+                first = await r.content.readuntil(b"\n\n")
+                proc.send_signal(signal.SIGTERM)
+                rest = await asyncio.wait_for(r.content.read(), 60)
+        events = [e for e in (first + rest).split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]", events[-3:]
+        err = json.loads(events[-2][len(b"data: "):])
+        assert err["error"]["code"] == "proxy_shutdown"
+        rc = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, log.read_text()[-3000:]

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from pflash_proxy.config import Settings
 from pflash_proxy.server.bodies import BodyBudget
-from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.pipeline import Pipeline, Stage
 from pflash_proxy.server.control import collect_stats
@@ -62,6 +62,8 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
                              api_key=settings.upstream_api_key)
     app[SUPERVISOR] = None
     app[BODIES] = BodyBudget(int(settings.max_pending_mb * 2**20))
+    app[STREAMS] = set()
+    app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
     steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))
@@ -80,6 +82,16 @@ def _in_order(steps: list[Callable[[web.Application], AsyncIterator[None]]]):
             yield
 
     return ctx
+
+
+async def _end_streams_before_the_deadline(app: web.Application) -> None:
+    """SIGTERM: aiohttp waits ``--shutdown-save-timeout-s`` for requests in flight, then closes their
+    connections. Half a second before that, streams still running are cancelled while their clients are still
+    connected, so each ends with an error event of its dialect instead of a cut connection."""
+    def cancel() -> None:
+        for task in list(app[STREAMS]):
+            task.cancel()
+    asyncio.get_running_loop().call_later(max(0.0, app[SETTINGS].shutdown_save_timeout_s - 0.5), cancel)
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

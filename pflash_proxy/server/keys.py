@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -20,3 +21,4 @@ PIPELINE: web.AppKey["Pipeline"] = web.AppKey("pipeline")
 METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
 SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor")
 BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")
+STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers relaying a stream now

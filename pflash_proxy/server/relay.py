@@ -30,6 +30,7 @@ from multidict import CIMultiDict
 
 from pflash_proxy.dialects import StreamStyle
 from pflash_proxy.errors import UpstreamUnavailable, error_body
+from pflash_proxy.server.keys import STREAMS
 from pflash_proxy.upstream import HOP_BY_HOP
 
 log = logging.getLogger("pflash_proxy.relay")
@@ -119,6 +120,10 @@ async def relay(
 
     loop = asyncio.get_running_loop()
     watcher = asyncio.create_task(_watch_client(request, upstream))
+    streams = request.app.get(STREAMS) if is_sse else None  # the shutdown ends these before its deadline
+    task = asyncio.current_task()
+    if streams is not None and task is not None:
+        streams.add(task)
     try:
         await resp.prepare(request)
         try:
@@ -175,10 +180,14 @@ async def relay(
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 result.client_gone = True
     except asyncio.CancelledError:
-        result.client_gone = True
         upstream.close()
+        if is_sse and not _client_gone(request):  # cancelled with the client still there: the shutdown's drain
+            await _end_cancelled_stream(resp, style)  # ran out; a last error event it can parse, not a cut stream
+        result.client_gone = True
         raise
     finally:
+        if streams is not None:
+            streams.discard(task)
         watcher.cancel()
         if result.client_gone:
             upstream.close()  # close, never release: llama-server must see the disconnect
@@ -274,6 +283,20 @@ async def _watch_client(request: web.Request, upstream: aiohttp.ClientResponse) 
             log.info("client left %s; closing upstream connection", request.path)
             upstream.close()
             return
+
+
+async def _end_cancelled_stream(resp: web.StreamResponse, style: StreamStyle) -> None:
+    body = error_body(503, "the proxy is shutting down (--shutdown-save-timeout-s ran out while this stream ran); "
+                           "retry the request", "proxy_shutdown")
+    try:
+        await asyncio.wait_for(asyncio.shield(_write_eof(resp, style.error_event(body))), 1.0)
+    except BaseException:  # noqa: BLE001 - best effort on the way out; the cancellation goes on
+        pass
+
+
+async def _write_eof(resp: web.StreamResponse, payload: bytes) -> None:
+    await resp.write(payload)
+    await resp.write_eof()
 
 
 async def _write_sse_error(resp: web.StreamResponse, result: RelayResult, style: StreamStyle) -> None:
