@@ -42,7 +42,7 @@ GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 
 
-BODY_HELD = "pflash_body_bytes"  # request key: bytes this request's body counts in the app's BodyBudget
+BODY_HELD = web.RequestKey("pflash_body_bytes", int)  # bytes this request's body counts in the BodyBudget
 
 
 async def read_body(request: web.Request) -> bytes:
