@@ -57,13 +57,21 @@ async def _sse_ttft(resp: aiohttp.ClientResponse, first_types: tuple[str, ...]) 
     return first, events
 
 
-async def anthropic_turn(s: aiohttp.ClientSession, url: str, body: dict) -> dict:
+async def _streamed(s: aiohttp.ClientSession, url: str, body: dict, first_types: tuple[str, ...]
+                    ) -> tuple[float, float, list[dict], dict]:
+    """One streamed request: (time to the first event of ``first_types`` or the whole time, whole time, events,
+    response headers)."""
     t0 = time.perf_counter()
-    async with s.post(url + "/v1/messages", json={**body, "stream": True}) as resp:
+    async with s.post(url, json={**body, "stream": True}) as resp:
         assert resp.status == 200, await resp.text()
-        first, events = await _sse_ttft(resp, ("content_block_delta",))
+        first, events = await _sse_ttft(resp, first_types)
         headers = dict(resp.headers)
     total = time.perf_counter() - t0
+    return (first if first is not None else total), total, events, headers
+
+
+async def anthropic_turn(s: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    ttft, total, events, headers = await _streamed(s, url + "/v1/messages", body, ("content_block_delta",))
     usage: dict = {}
     for e in events:
         if e.get("type") == "message_start":
@@ -72,22 +80,17 @@ async def anthropic_turn(s: aiohttp.ClientSession, url: str, body: dict) -> dict
             usage.update({k: v for k, v in (e.get("usage") or {}).items() if v is not None})
     text = "".join((e.get("delta") or {}).get("text", "") for e in events if e.get("type") == "content_block_delta")
     cached = int(usage.get("cache_read_input_tokens", 0))
-    return {"ttft_s": first if first is not None else total, "total_s": total, "text": text,
+    return {"ttft_s": ttft, "total_s": total, "text": text,
             "cached": cached, "prompt": cached + int(usage.get("input_tokens", 0)),
             "mode": headers.get("X-PFlash-Mode"), "cache": headers.get("X-PFlash-Cache")}
 
 
 async def responses_turn(s: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    t0 = time.perf_counter()
-    async with s.post(url + "/v1/responses", json={**body, "stream": True}) as resp:
-        assert resp.status == 200, await resp.text()
-        first, events = await _sse_ttft(resp, ("response.output_text.delta",))
-        headers = dict(resp.headers)
-    total = time.perf_counter() - t0
+    ttft, total, events, headers = await _streamed(s, url + "/v1/responses", body, ("response.output_text.delta",))
     done = next((e for e in reversed(events) if e.get("type") == "response.completed"), {})
     usage = (done.get("response") or {}).get("usage") or {}
     text = "".join(e.get("delta", "") for e in events if e.get("type") == "response.output_text.delta")
-    return {"ttft_s": first if first is not None else total, "total_s": total, "text": text,
+    return {"ttft_s": ttft, "total_s": total, "text": text,
             "cached": int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0)),
             "prompt": int(usage.get("input_tokens", 0)), "mode": headers.get("X-PFlash-Mode"),
             "cache": headers.get("X-PFlash-Cache")}

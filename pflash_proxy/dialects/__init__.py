@@ -26,7 +26,8 @@ from aiohttp import web
 
 from pflash_proxy.errors import error_body
 
-__all__ = ["Conversation", "Dialect", "StreamStyle", "cache_counts", "dialect_for", "stream_style_for"]
+__all__ = ["Conversation", "Dialect", "StreamStyle", "cache_counts", "dialect_for", "replace_text",
+           "stream_style_for"]
 
 
 @dataclass
@@ -116,15 +117,22 @@ def changed_indices(old: list[dict], new: list[dict]) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(old, new)) if a.get("content") != b.get("content")]
 
 
-def text_of(content: Any) -> str:
-    """The text of internal content (a string, or parts whose text parts are concatenated)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+def replace_text(content: Any, text_idx: list[int] | None, text: str, part_type: str = "text") -> Any:
+    """``content`` (a string or parts) with its text (the parts at ``text_idx``) replaced by ``text``: the first
+    of them keeps its other keys and gets the text, the others go; every other part stays. A new part (of
+    ``part_type``, the dialect's text part) leads when the content had no text part."""
+    if not isinstance(content, list) or text_idx is None:
+        return text
+    if not text_idx:
+        return [{"type": part_type, "text": text}, *content]
+    first, drop = text_idx[0], set(text_idx[1:])
+    out = []
+    for j, part in enumerate(content):
+        if j == first:
+            out.append({**part, "text": text} if isinstance(part, dict) else {"type": part_type, "text": text})
+        elif j not in drop:
+            out.append(part)
+    return out
 
 
 def cache_counts(final: dict | None) -> dict | None:

@@ -27,9 +27,11 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.dialects import AnthropicStream, Conversation, Dialect, anthropic_error, changed_indices, text_of
+from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, anthropic_error, changed_indices,
+                                   replace_text)
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.errors import BadRequest, error_body
+from pflash_proxy.models import message_text
 
 VOLATILE_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*\n?", re.IGNORECASE | re.MULTILINE)
 
@@ -126,22 +128,22 @@ class AnthropicDialect(Dialect):
         new = dict(body)
         new["messages"] = list(body["messages"])
         for k in reversed(changed):  # later blocks first: dropping a text block never shifts one still to do
-            text = text_of(messages[k].get("content"))
+            text = message_text(messages[k].get("content"))
             origin = conv.origins[k]
             if origin[0] == "system":
-                new["system"] = _replace_text(body.get("system"), origin[1], text)
+                new["system"] = replace_text(body.get("system"), origin[1], text)
             elif origin[0] == "tool":
                 _, i, j = origin
                 msg = new["messages"][i] = copy.copy(new["messages"][i])
                 blocks = msg["content"] = list(msg["content"])
                 block = blocks[j] = dict(blocks[j])
                 inner = block.get("content")
-                block["content"] = _replace_text(inner, _text_indices(inner, list(range(len(inner))))
+                block["content"] = replace_text(inner, _text_indices(inner, list(range(len(inner))))
                                                  if isinstance(inner, list) else None, text)
             else:
                 _, i, idx = origin
                 msg = new["messages"][i] = dict(new["messages"][i])
-                msg["content"] = _replace_text(msg.get("content"), idx, text)
+                msg["content"] = replace_text(msg.get("content"), idx, text)
         return new
 
     # Counting, names, volatile lines, errors ------------------------------------------------------------
@@ -191,20 +193,3 @@ class AnthropicDialect(Dialect):
 
 def _is(block: Any, kind: str) -> bool:
     return isinstance(block, dict) and block.get("type") == kind
-
-
-def _replace_text(content: Any, text_idx: list[int] | None, text: str) -> Any:
-    """``content`` (a string or blocks) with its text (the blocks at ``text_idx``) replaced by ``text``."""
-    if not isinstance(content, list) or text_idx is None:
-        return text
-    if not text_idx:
-        return [{"type": "text", "text": text}, *content]
-    first = text_idx[0]
-    drop = set(text_idx[1:])
-    out = []
-    for j, block in enumerate(content):
-        if j == first:
-            out.append({**block, "text": text} if isinstance(block, dict) else {"type": "text", "text": text})
-        elif j not in drop:
-            out.append(block)
-    return out

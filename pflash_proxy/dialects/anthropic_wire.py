@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pflash_proxy.dialects import anthropic_error, text_of
+from pflash_proxy.dialects import anthropic_error
+from pflash_proxy.models import message_text
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _SAMPLING = ("temperature", "top_p", "top_k", "stream")
@@ -34,7 +35,7 @@ def to_chat(body: dict, messages: list[dict]) -> dict:
     for m in messages:
         role = m["role"]
         if role == "system":
-            chat.append({"role": "system", "content": text_of(m.get("content"))})
+            chat.append({"role": "system", "content": message_text(m.get("content"))})
             continue
         content = m.get("content")
         out: dict[str, Any] = {"role": role}

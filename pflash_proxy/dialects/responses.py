@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pflash_proxy.dialects import Conversation, Dialect, ResponsesStream, changed_indices, text_of
+from pflash_proxy.dialects import Conversation, Dialect, ResponsesStream, changed_indices, replace_text
 from pflash_proxy.errors import BadRequest
+from pflash_proxy.models import message_text
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -86,7 +87,7 @@ class ResponsesDialect(Dialect):
         if isinstance(body.get("input"), list):
             new["input"] = list(body["input"])
         for k in changed:
-            text = text_of(messages[k].get("content"))
+            text = message_text(messages[k].get("content"))
             origin = conv.origins[k]
             if origin[0] == "instructions":
                 new["instructions"] = text
@@ -97,7 +98,7 @@ class ResponsesDialect(Dialect):
             else:
                 _, i, fld, idx = origin
                 item = new["input"][i] = dict(new["input"][i])
-                item[fld] = _replace_text(item.get(fld), idx, text)
+                item[fld] = replace_text(item.get(fld), idx, text, "input_text")
         return new
 
     def chat_body(self, body: dict, messages: list[dict]) -> dict:
@@ -107,7 +108,7 @@ class ResponsesDialect(Dialect):
             if role == "item":
                 continue
             out: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                   "content": text_of(m.get("content")) if m.get("content") is not None else None}
+                                   "content": message_text(m.get("content")) if m.get("content") is not None else None}
             if m.get("tool_calls"):
                 out["tool_calls"] = m["tool_calls"]
             if role == "tool":
@@ -124,18 +125,3 @@ class ResponsesDialect(Dialect):
     def session_name(self, body: dict) -> str | None:
         key = body.get("prompt_cache_key")
         return key if isinstance(key, str) and key else None
-
-
-def _replace_text(content: Any, idx: list[int] | None, text: str) -> Any:
-    if not isinstance(content, list) or idx is None:
-        return text
-    if not idx:
-        return [{"type": "input_text", "text": text}, *content]
-    first, drop = idx[0], set(idx[1:])
-    out = []
-    for j, part in enumerate(content):
-        if j == first:
-            out.append({**part, "text": text} if isinstance(part, dict) else {"type": "input_text", "text": text})
-        elif j not in drop:
-            out.append(part)
-    return out
