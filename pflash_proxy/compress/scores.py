@@ -19,6 +19,12 @@ Algorithm (``LexicalScorer``):
 3. ``score``: the query's distinct known terms; a unit's score is the sum of its
    weights for those terms (``np.bincount`` over the matrix columns).  A query sharing
    no term with the message scores all zeros.
+3b. With ``hops`` (multi-hop questions: "every variable assigned 12345, directly or through others"), the
+   query's *rare* terms (in at most ``RARE_UNITS`` units: names, keys, values) are followed from line to line:
+   a line holding one brings its own new rare terms, each weighted ``decay / (their number)`` times its
+   parent's, up to ``hops`` times; a line with more than ``LINK_TERMS`` new rare terms is prose and is not
+   followed. The reached terms score like query terms at their weight, so ``VAR_B = VAR_A`` is found from
+   ``VAR_A = 12345`` and ranks below it.
 4. ``density(scores, tokens)`` = score / max(tokens, 1): relevance per token.
 5. ``validate_scores`` rejects wrong length, non-1-D, NaN, inf and negative values.
 """
@@ -35,6 +41,10 @@ from .text import TokenizedText
 from .units import Unit
 
 __all__ = ["InvalidScores", "LexicalScorer", "Scorer", "UnitReps", "density", "terms", "validate_scores"]
+
+
+RARE_UNITS = 3  # step 3b: a term in at most this many units names something (a variable, a key, a value)
+LINK_TERMS = 4  # step 3b: a line bringing more new rare terms than this is prose, not a reference
 
 
 class InvalidScores(ValueError):
@@ -109,6 +119,7 @@ class _LexicalIndex:
     data: np.ndarray  # BM25 weight per (term, unit) entry, grouped by term
     indices: np.ndarray  # unit of each entry
     indptr: np.ndarray  # entries of term j: indptr[j]:indptr[j + 1]
+    links: "_Links | None" = None  # with hops: which line holds which term (step 3b)
 
 
 def _term_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -124,6 +135,8 @@ class LexicalScorer:
     k1: float = 1.5
     b: float = 0.75
     name: str = "lexical"
+    hops: int = 0  # step 3b: reference hops followed from the query's rare terms (0 = plain BM25)
+    hop_decay: float = 0.5
 
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         n_units = len(units)
@@ -152,7 +165,8 @@ class LexicalScorer:
         avg = max(float(doc_len.mean()) if n_units else 0.0, 1e-9)
         w = idf[term] * tf / (tf + self.k1 * (1 - self.b + self.b * doc_len[doc] / avg))
         indptr = np.searchsorted(term, np.arange(v + 1))
-        index = _LexicalIndex(vocab, w, doc.astype(np.int64), indptr.astype(np.int64))
+        links = _Links.build(data, line_start, vocab) if self.hops else None
+        index = _LexicalIndex(vocab, w, doc.astype(np.int64), indptr.astype(np.int64), links)
         return UnitReps(self.name, n_units, toks, index)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
@@ -162,15 +176,67 @@ class LexicalScorer:
         out = np.zeros(reps.n_units, dtype=np.float64)
         q = query.encode("utf-8")
         qh, _ = _term_hashes(q, [(0, len(q))])
-        qh = np.unique(qh)
-        k = np.searchsorted(idx.vocab, qh)
-        k = k[(k < len(idx.vocab))]
-        ids = k[idx.vocab[k] == qh[: len(k)]] if len(k) == len(qh) else \
-            np.array([j for j, x in zip(np.searchsorted(idx.vocab, qh).tolist(), qh.tolist())
-                      if j < len(idx.vocab) and idx.vocab[j] == x], dtype=np.int64)
+        ids = _known(idx.vocab, np.unique(qh))
         if len(ids) == 0:
             return out
-        sel = np.concatenate([np.arange(idx.indptr[i], idx.indptr[i + 1]) for i in ids.tolist()])
-        if len(sel):
-            out += np.bincount(idx.indices[sel], weights=idx.data[sel], minlength=reps.n_units)[: reps.n_units]
+        weights = {int(i): 1.0 for i in ids}
+        if self.hops and idx.links is not None:
+            weights.update(idx.links.expand(ids, idx, self.hops, self.hop_decay))
+        for i, w in weights.items():
+            sl = slice(idx.indptr[i], idx.indptr[i + 1])
+            out += w * np.bincount(idx.indices[sl], weights=idx.data[sl], minlength=reps.n_units)[: reps.n_units]
         return out
+
+
+def _known(vocab: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """Ids in the sorted ``vocab`` of those of ``hashes`` it holds."""
+    k = np.searchsorted(vocab, hashes)
+    ok = k < len(vocab)
+    k, hashes = k[ok], hashes[ok]
+    return k[vocab[k] == hashes].astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Which lines hold which terms, for step 3b (following references from line to line)."""
+    line_ptr: np.ndarray  # terms of line j: line_terms[line_ptr[j]:line_ptr[j + 1]] (unit-vocabulary ids)
+    line_terms: np.ndarray
+    term_ptr: np.ndarray  # lines of term i: term_lines[term_ptr[i]:term_ptr[i + 1]]
+    term_lines: np.ndarray
+
+    @classmethod
+    def build(cls, data: bytes, line_start: np.ndarray, vocab: np.ndarray) -> "_Links":
+        lv, ids, line, sids, slines = span_term_ids_grouped(data, line_start[:-1], _DROP_HASHES)
+        to_unit = np.searchsorted(vocab, lv).clip(0, max(len(vocab) - 1, 0))  # same text: same hashes
+        n_lines = len(line_start) - 1
+        line_ptr = np.searchsorted(line, np.arange(n_lines + 1))
+        # lines of each unit-vocabulary term, de-duplicated (a term twice on a line counts once)
+        keys = np.unique(to_unit[sids] * max(n_lines, 1) + slines) if len(sids) else np.zeros(0, np.int64)
+        t, ln = keys // max(n_lines, 1), keys % max(n_lines, 1)
+        term_ptr = np.searchsorted(t, np.arange(len(vocab) + 1))
+        return cls(line_ptr.astype(np.int64), to_unit[ids].astype(np.int64), term_ptr.astype(np.int64),
+                   ln.astype(np.int64))
+
+    def expand(self, ids: np.ndarray, idx: "_LexicalIndex", hops: int, decay: float) -> dict[int, float]:
+        """Step 3b: weights of the rare terms reached from the query's rare terms through short lines."""
+        df = np.diff(idx.indptr)
+        seen = set(int(i) for i in ids)
+        frontier = {int(i): 1.0 for i in ids if df[i] <= RARE_UNITS}
+        found: dict[int, float] = {}
+        for _ in range(hops):
+            new: dict[int, float] = {}
+            for t, w in frontier.items():
+                for line in self.term_lines[self.term_ptr[t]:self.term_ptr[t + 1]].tolist():
+                    terms = {int(x) for x in self.line_terms[self.line_ptr[line]:self.line_ptr[line + 1]]
+                             if x not in seen and df[x] <= RARE_UNITS}
+                    if not terms or len(terms) > LINK_TERMS:
+                        continue  # a line of many rare words is prose, not a reference
+                    share = w * decay / len(terms)
+                    for x in terms:
+                        new[x] = max(new.get(x, 0.0), share)
+            if not new:
+                break
+            seen |= new.keys()
+            found.update(new)
+            frontier = new
+        return found

@@ -178,3 +178,33 @@ def test_spread_needle_not_flat_and_everyone_flat():
     sp = relevance_spread(flat, kept_units=60, fallback_spread=0.11)
     assert sp.flat and sp.spread > 0.5
     assert relevance_spread(np.zeros(n), 60).flat
+
+
+CHAIN = ["VAR_QWERT = 48213", "VAR_ZXCVB = VAR_QWERT", "VAR_POIUY = VAR_ZXCVB", "VAR_LKJHG = VAR_POIUY"]
+
+
+def _chain_document() -> TokenizedText:
+    paras = prose_paragraphs(40)
+    for k, line in zip((3, 15, 27, 36), CHAIN):
+        paras[k] += "\n" + line
+    paras[20] += "\nVAR_MNBVC = 77777"  # another chain's head: never reached from 48213
+    return TokenizedText.from_text("\n\n".join(paras))
+
+
+def test_lexical_hops_follow_references_from_line_to_line():
+    tt = _chain_document()
+    units = _units(tt)
+    q = "Find all variables that are assigned the value 48213, directly or through other variables."
+    where = [next(i for i, u in enumerate(units) if line in tt.range_text(u.start_line, u.end_line))
+             for line in CHAIN]
+    other = next(i for i, u in enumerate(units) if "77777" in tt.range_text(u.start_line, u.end_line))
+    plain = LexicalScorer().score(LexicalScorer().represent(tt, units), q)
+    assert plain[where[0]] > 0 and not plain[where[1:]].any()  # BM25 alone sees only the value's line
+    sc = LexicalScorer(hops=4)
+    reps = sc.represent(tt, units)
+    hop = sc.score(reps, q)
+    assert (hop[where] > 0).all()
+    assert hop[where[0]] > hop[where[1]] > hop[where[2]] > hop[where[3]]  # each hop ranks below its parent
+    assert hop[other] == plain[other]
+    assert np.allclose(sc.score(pickle.loads(pickle.dumps(reps)), q), hop)  # recall reads pickled reps
+    assert np.allclose(LexicalScorer(hops=1).score(LexicalScorer(hops=1).represent(tt, units), q)[where[2:]], 0)
