@@ -69,6 +69,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpu-quadratic-at", type=float, default=65536.0,
                    help="projection: tokens at which attention doubles the per-token prefill cost (ttft)")
     p.add_argument("--max-tokens", type=int, default=48, help="answer length for `answers`")
+    p.add_argument("--dump-analyses", type=Path, metavar="FILE",
+                   help="quality: pickle every scorer's first-turn units and scores with the cases, to replay "
+                        "score fusions offline (benchmarks/fusion_study.py)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
     return p

@@ -25,7 +25,7 @@ import aiohttp
 
 from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
                                       messages_text, random_units, shorten_longest)
-from pflash_proxy.bench import DRAFTER_TIMEOUT_S
+from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, mean, pct, write_report
 from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
@@ -40,8 +40,8 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     """name → a Scorer (None = the stage's default lexical scorer) or a string saying why it is unavailable.
 
     ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
-    ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical and
-    calibrated attention fused (``compress/fusion.py``)."""
+    ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
+    reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``)."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None
     for name in names:
@@ -84,10 +84,9 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
                 if name == "attention":
                     out[name] = calibrated
                 else:
-                    from pflash_proxy.compress.fusion import FusedScorer
-                    from pflash_proxy.compress.scores import LexicalScorer
+                    from pflash_proxy.compress.fusion import hybrid
 
-                    out[name] = FusedScorer(LexicalScorer(), calibrated)
+                    out[name] = hybrid(calibrated)
             else:
                 from pflash_proxy.drafter.head import HeadScorer
                 from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head
@@ -166,6 +165,9 @@ async def run(opts: Any) -> dict[str, Any]:
     scorers = build_scorers(opts.scorers, opts)
     usable = {k: v for k, v in scorers.items() if not isinstance(v, str)}
     work = Path(opts.workdir)
+    dump = Path(opts.dump_analyses) if getattr(opts, "dump_analyses", None) else None
+    analysed: list[analyses.Analysed] = []
+    current: dict[str, str] = {}
     llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=max(opts.lengths) + 4096)
     t0 = time.perf_counter()
     await llama.start()
@@ -183,10 +185,13 @@ async def run(opts: Any) -> dict[str, Any]:
                 settings = bench_settings(llama.url, work / f"proxy-{name}", llama.slot_dir,
                                           threshold=opts.threshold)
                 proxies[name] = await Proxy(settings, scorer=scorer, dry_run=True).__aenter__()
+                if dump is not None:
+                    analyses.record(proxies[name].compress, f"pflash-{name}", analysed, current)
             bar = Progress(len(cases) * max(len(proxies), 1), "quality")  # one step per case and scorer
             bar(0)
             try:
                 for case in cases:
+                    current["case"] = case.case_id
                     primary = None
                     for name, proxy in proxies.items():
                         recs = await _through_proxy(http, proxy, f"pflash-{name}", case)
@@ -204,6 +209,8 @@ async def run(opts: Any) -> dict[str, Any]:
                     await proxy.__aexit__(None, None, None)
     finally:
         await llama.stop()
+    if dump is not None:
+        analyses.save(dump, analysed, cases)
     for r in records:
         r.pop("served", None)
     rows = list(BASELINES) + [f"pflash-{n}" for n in scorers]

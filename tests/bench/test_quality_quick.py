@@ -15,7 +15,9 @@ pytestmark = pytest.mark.llama
 def test_bench_quality_quick_end_to_end(gemma_model, tmp_path, capsys):
     # The bench spawns its own llama-server, as a user's run does: its slots hold the 4K cases at their size.
     out = tmp_path / "results"
-    assert main(["bench", "quality", "--quick", "--model", str(gemma_model), "--out", str(out)]) == 0
+    dump = tmp_path / "analyses.pkl"
+    assert main(["bench", "quality", "--quick", "--model", str(gemma_model), "--out", str(out),
+                 "--dump-analyses", str(dump)]) == 0
     md = (out / "quality.md").read_text()
     assert "| full prefill | 7/7 (100%) | 1.000 | 7/7 (100%) | 1.000 |" in md
     assert "pflash-attention | unavailable: no drafter configured" in md
@@ -46,3 +48,29 @@ def test_bench_quality_quick_end_to_end(gemma_model, tmp_path, capsys):
         if r["mode"] == "compressed" and r["turn"] == 0:
             ht = next(x for x in recs if x["row"] == "head+tail" and x["case_id"] == r["case_id"] and x["turn"] == 0)
             assert ht["mode"] == "truncated"
+    _check_replay(dump, pflash)
+
+
+def _check_replay(dump, pflash):
+    """--dump-analyses: each first turn replayed on the real pipeline serves what the bench saw; a scorer that
+    sees nothing is served whole (on a cold request); the fusion study reads the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from pflash_proxy.bench import analyses
+
+    recs, cases = analyses.load(dump)
+    first = {r["case_id"]: r for r in pflash if r["turn"] == 0}
+    assert {a.case_id for a in recs} == set(first) and all(a.row == "pflash-lexical" for a in recs)
+    for a in recs:
+        got = analyses.replay(a, cases[a.case_id], a.scores)
+        assert (got.mode, got.all_gold) == (first[a.case_id]["mode"], first[a.case_id]["all_gold"])
+        flat = analyses.replay(a, cases[a.case_id], np.zeros(len(a.units))).mode
+        assert flat == ("compressed" if a.in_conversation else "full-flat")  # a case continuing a session
+    study = Path(__file__).resolve().parents[2] / "benchmarks" / "fusion_study.py"
+    res = subprocess.run([sys.executable, str(study), str(dump)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| lexical-hops |" in res.stdout and "differs from the bench's: 0" in res.stdout
