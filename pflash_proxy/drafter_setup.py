@@ -100,10 +100,9 @@ def build_stages(settings: Settings) -> BuiltStages:
         elif settings.scorer == "attention":
             built.scorer = _attention_scorer(settings, drafter, hash_cache)
         elif settings.scorer == "hybrid":
-            from pflash_proxy.compress.fusion import FusedScorer
-            from pflash_proxy.compress.scores import LexicalScorer
+            from pflash_proxy.compress.fusion import hybrid
 
-            built.scorer = FusedScorer(LexicalScorer(), _attention_scorer(settings, drafter, hash_cache))
+            built.scorer = hybrid(_attention_scorer(settings, drafter, hash_cache))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc

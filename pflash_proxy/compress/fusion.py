@@ -9,6 +9,12 @@ none (a latent association, a paraphrased task) but is noisier on literal matche
    Shares keep what the flat-relevance test needs: when both scorers concentrate on a few units the fused
    scores do too, and when both spread (an "every record" request) the fused scores stay spread; a scorer that
    sees nothing (all zeros) leaves the other's shares scaled by its weight, so its ranking decides.
+``hybrid(drafter_scorer)`` builds the product's ``--scorer hybrid``: ``0.7`` of lexical relevance with reference
+hops (``LexicalScorer(hops=4)``: the chain ``VAR_B = VAR_A`` is found from ``VAR_A = 12345``) and ``0.3`` of the
+drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (8K, seed 7, every family;
+``benchmarks/fusion_study.py``, ``benchmarks/reported/fusion-study-8k/``), never on the reported cases: lexical
+alone keeps literal evidence but calls many messages flat, the drafter alone misses multi-hop and literal
+multi-value evidence, and 0.3 of the drafter is where its latent needles count without its noise deciding.
 Rank fusion (RRF) was not used: it turns any ranking into the same smooth curve, so every request would look
 equally concentrated and the spread test would lose its meaning.
 """
@@ -19,11 +25,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .scores import Scorer, UnitReps, validate_scores
+from .scores import LexicalScorer, Scorer, UnitReps, validate_scores
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["FusedScorer"]
+__all__ = ["FusedScorer", "HYBRID_HOPS", "HYBRID_LEXICAL_WEIGHT", "hybrid"]
+
+HYBRID_LEXICAL_WEIGHT = 0.7
+HYBRID_HOPS = 4
+HYBRID_HOP_DECAY = 0.8
 
 
 def _shares(s: np.ndarray) -> np.ndarray:
@@ -53,3 +63,9 @@ class FusedScorer:
 
     def describe(self) -> dict[str, Any]:
         return {"first": self.first.name, "second": self.second.name, "weight": self.weight}
+
+
+def hybrid(drafter_scorer: Scorer) -> FusedScorer:
+    """``--scorer hybrid``: lexical relevance with reference hops, fused with the drafter's (module docstring)."""
+    lexical = LexicalScorer(hops=HYBRID_HOPS, hop_decay=HYBRID_HOP_DECAY)
+    return FusedScorer(lexical, drafter_scorer, weight=HYBRID_LEXICAL_WEIGHT)

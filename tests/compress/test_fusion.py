@@ -62,3 +62,22 @@ def test_fusion_keeps_the_spread_test_meaningful():
     k = max(1, n // 4)
     assert relevance_spread(spread_out.score(spread_out.represent(tt, units), "q"), k).flat
     assert not relevance_spread(peaked.score(peaked.represent(tt, units), "q"), k).flat
+
+
+def test_hybrid_follows_references_that_the_drafter_does_not_see():
+    from pflash_proxy.compress.fusion import HYBRID_LEXICAL_WEIGHT, hybrid
+
+    lines = ["VAR_QWERT = 48213", "VAR_ZXCVB = VAR_QWERT", "VAR_POIUY = VAR_ZXCVB"]
+    paras = [f"Paragraph {i} is about harbour cranes, tide tables and the weight of cargo number {i}." * 3
+             for i in range(12)]
+    for k, line in zip((1, 5, 9), lines):
+        paras[k] += "\n" + line
+    tt = TokenizedText.from_text("\n\n".join(paras) + "\n")
+    units = UnitSegmenter(4, 64).segment(tt, None)
+    where = [next(i for i, u in enumerate(units) if ln in tt.range_text(u.start_line, u.end_line)) for ln in lines]
+    blind = np.zeros(len(units))
+    blind[0] = 1.0  # the drafter looks elsewhere
+    fused = hybrid(FixedScorer(blind))
+    got = fused.score(fused.represent(tt, units), "Which variables hold the value 48213, directly or not?")
+    assert (got[where] > 0).all()  # plain BM25 would give the second and third links nothing
+    assert fused.weight == HYBRID_LEXICAL_WEIGHT and got[0] >= (1 - HYBRID_LEXICAL_WEIGHT) - 1e-9
