@@ -29,16 +29,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pflash_proxy.bench import analyses  # noqa: E402
-from pflash_proxy.compress.scores import LexicalScorer  # noqa: E402
+from pflash_proxy.compress.fusion import hybrid_lexical, shares  # noqa: E402
 
 Fuse = Callable[[list[np.ndarray]], np.ndarray]
-LEXICAL_VARIANTS = {"lexical-hops": LexicalScorer(hops=4, hop_decay=0.8)}
-
-
-def shares(s: np.ndarray) -> np.ndarray:
-    s = np.maximum(np.asarray(s, np.float64), 0.0)
-    t = s.sum()
-    return s / t if t > 0 else np.zeros_like(s)
+LEXICAL_VARIANTS = {"lexical-hops": hybrid_lexical()}  # the lexical half of --scorer hybrid
 
 
 def weighted(ws: tuple[float, ...]) -> Fuse:

@@ -29,14 +29,14 @@ from .scores import LexicalScorer, Scorer, UnitReps, validate_scores
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["FusedScorer", "HYBRID_HOPS", "HYBRID_LEXICAL_WEIGHT", "hybrid"]
+__all__ = ["FusedScorer", "HYBRID_LEXICAL_WEIGHT", "hybrid", "hybrid_lexical", "shares"]
 
 HYBRID_LEXICAL_WEIGHT = 0.7
 HYBRID_HOPS = 4
 HYBRID_HOP_DECAY = 0.8
 
 
-def _shares(s: np.ndarray) -> np.ndarray:
+def shares(s: np.ndarray) -> np.ndarray:
     total = float(s.sum())
     return s / total if total > 0 else np.zeros_like(s)
 
@@ -59,13 +59,17 @@ class FusedScorer:
         a, b = reps.payload
         sa = validate_scores(self.first.score(a, query), reps.n_units).astype(np.float64)
         sb = validate_scores(self.second.score(b, query), reps.n_units).astype(np.float64)
-        return self.weight * _shares(sa) + (1.0 - self.weight) * _shares(sb)
+        return self.weight * shares(sa) + (1.0 - self.weight) * shares(sb)
 
     def describe(self) -> dict[str, Any]:
         return {"first": self.first.name, "second": self.second.name, "weight": self.weight}
 
 
+def hybrid_lexical() -> LexicalScorer:
+    """The lexical half of ``--scorer hybrid``: BM25 with reference hops."""
+    return LexicalScorer(hops=HYBRID_HOPS, hop_decay=HYBRID_HOP_DECAY)
+
+
 def hybrid(drafter_scorer: Scorer) -> FusedScorer:
     """``--scorer hybrid``: lexical relevance with reference hops, fused with the drafter's (module docstring)."""
-    lexical = LexicalScorer(hops=HYBRID_HOPS, hop_decay=HYBRID_HOP_DECAY)
-    return FusedScorer(lexical, drafter_scorer, weight=HYBRID_LEXICAL_WEIGHT)
+    return FusedScorer(hybrid_lexical(), drafter_scorer, weight=HYBRID_LEXICAL_WEIGHT)

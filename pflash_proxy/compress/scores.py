@@ -182,9 +182,12 @@ class LexicalScorer:
         weights = {int(i): 1.0 for i in ids}
         if self.hops and idx.links is not None:
             weights.update(idx.links.expand(ids, idx, self.hops, self.hop_decay))
-        for i, w in weights.items():
-            sl = slice(idx.indptr[i], idx.indptr[i + 1])
-            out += w * np.bincount(idx.indices[sl], weights=idx.data[sl], minlength=reps.n_units)[: reps.n_units]
+        terms = np.fromiter(weights, dtype=np.int64, count=len(weights))
+        starts, ends = idx.indptr[terms], idx.indptr[terms + 1]
+        sel = np.concatenate([np.arange(a, b) for a, b in zip(starts.tolist(), ends.tolist())])
+        if len(sel):  # one bincount over every selected entry, each weighted by its term's weight
+            w = np.repeat(np.fromiter(weights.values(), dtype=np.float64, count=len(weights)), ends - starts)
+            out += np.bincount(idx.indices[sel], weights=idx.data[sel] * w, minlength=reps.n_units)[: reps.n_units]
         return out
 
 
