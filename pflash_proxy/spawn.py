@@ -9,7 +9,8 @@
    The user's extra arguments come last, so they win.
 4. Wait for ``/health`` = 200, then open the upstream gate.  If the process dies, close the gate (clients get
    503), tell the session layer that the server's state is gone, and restart with exponential backoff.
-5. On stop: SIGTERM, then SIGKILL after a grace period.
+5. On stop: SIGTERM, then SIGKILL after a grace period.  On Linux the child also gets SIGTERM from the kernel
+   when the proxy dies without stopping it (``kill -9``, the OOM killer): ``die_with_parent``.
 6. ``llama-server.log`` (in the state directory) is appended to by every launch; a log past
    ``LOG_ROTATE_BYTES`` at a launch becomes ``llama-server.log.1`` (one old log kept), so a service that runs
    for months does not fill the disk with it.
@@ -18,11 +19,14 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
+from typing import Callable
 
 from pflash_proxy.config import Settings, private_dir
 from pflash_proxy.extras import install_hint
@@ -38,6 +42,32 @@ SAFE_FLAGS = ("--no-cache-idle-slots", "-sps", "0")
 
 class SpawnError(Exception):
     pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGTERM the child when the process that spawned it dies.
+
+    The child runs in a session of its own (a Ctrl-C at the terminal reaches the proxy, which stops it in
+    order), so nothing else would end it after a ``kill -9`` of the proxy: it would hold its port, its memory
+    and the slot files.  None where ``prctl`` is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
 
 
 def find_llama_server(explicit: Path | None) -> Path:
@@ -140,8 +170,8 @@ class LlamaServerSupervisor:
         logf = open(self.log_path, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
-            )
+                *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                preexec_fn=die_with_parent())
         finally:
             logf.close()
         log.info("started llama-server pid %s: %s", self.proc.pid, " ".join(self.args))

@@ -103,6 +103,26 @@ def test_spawn_serves_restarts_and_snapshots_on_sigterm(tmp_path, gemma_model):
     assert session in ls.stdout and "1 snapshots" in ls.stdout
 
 
+def test_spawned_llama_server_dies_with_a_killed_proxy(tmp_path, gemma_model):
+    """kill -9 (or the OOM killer) runs none of the proxy's clean-up: the kernel must end llama-server."""
+    home = tmp_path / "home"
+    home.mkdir()
+    proc, url = start_proxy(home, gemma_model)
+    pid = llama_pid(home)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the spawned llama-server outlived its proxy")
+
+
 def test_invalid_configuration_is_one_clear_line(tmp_path):
     env = {**os.environ, "PFLASH_HOME": str(tmp_path), "PFLASH_PORT": "eighty"}
     out = subprocess.run([sys.executable, "-m", "pflash_proxy", "serve", "--upstream", "http://127.0.0.1:1"],
