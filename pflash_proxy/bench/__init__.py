@@ -72,6 +72,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dump-analyses", type=Path, metavar="FILE",
                    help="quality: pickle every scorer's first-turn units and scores with the cases, to replay "
                         "score fusions offline (benchmarks/fusion_study.py)")
+    p.add_argument("--render", type=Path, metavar="KIND.json",
+                   help="write the report again from an earlier run's JSON (new tables for old runs; no "
+                        "llama-server, nothing measured)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
     return p
@@ -104,6 +107,8 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 def main(args: argparse.Namespace) -> int:
     apply_defaults(args)
+    if getattr(args, "render", None) is not None:
+        return render(args)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
@@ -125,12 +130,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def run(args: argparse.Namespace) -> Any:
-    if args.kind == "quality":
+def render(args: argparse.Namespace) -> int:
+    """``--render KIND.json``: the report of a run already made, with this version's tables."""
+    import json
+
+    try:
+        data = json.loads(args.render.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"pflash-proxy bench: cannot read {args.render}: {exc}", file=sys.stderr)
+        return 2
+    if data.get("bench") != args.kind:
+        print(f"pflash-proxy bench: {args.render} holds a {data.get('bench')!r} run, not {args.kind!r}",
+              file=sys.stderr)
+        return 2
+    written = _module(args.kind).report(data, Path(args.out), args)
+    print(written.markdown)
+    for path in written.paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _module(kind: str) -> Any:
+    if kind == "quality":
         from pflash_proxy.bench import quality as mod
-    elif args.kind == "ttft":
+    elif kind == "ttft":
         from pflash_proxy.bench import ttft as mod  # type: ignore[no-redef]
     else:
         from pflash_proxy.bench import answers as mod  # type: ignore[no-redef]
+    return mod
+
+
+async def run(args: argparse.Namespace) -> Any:
+    mod = _module(args.kind)
     data = await mod.run(args)
     return mod.report(data, Path(args.out), args)

@@ -245,8 +245,9 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
                     chart_series.setdefault(row, []).append(100 * sum(r["all_gold"] for r in sel) / len(sel))
             body.append(cells)
         out.append(Table(title, heads, body))
-    per_case = []
     pflash_rows = [r for r in rows if r.startswith("pflash-") and r not in data["unavailable"]]
+    out.append(_by_family(data, pflash_rows))
+    per_case = []
     for r0 in [r for r in recs if r["row"] == "full prefill"]:
         def get(row: str) -> dict | None:
             return next((r for r in recs if r["row"] == row and r["case_id"] == r0["case_id"]
@@ -264,6 +265,31 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     chart = Chart("Gold evidence kept whole (main families)", "% of cases",
                   [f"{n // 1024}K" for n in lengths], chart_series)
     return out, chart
+
+
+def _by_family(data: dict[str, Any], pflash_rows: list[str]) -> Table:
+    """Main families, first turn: gold whole / cases per row, family and length. A PFlash cell also says how
+    many of those cases the flat-relevance fallback served whole (``full-flat``): gold kept that way is kept by
+    not compressing, which a reader must be able to tell from gold the ranking found."""
+    recs = [r for r in data["records"] if r["turn"] == 0 and not r["negative_control"]]
+    families = sorted({r["family"] for r in recs})
+    heads = ["family", "length", "cases", *pflash_rows, "head+tail", "random units"]
+    body = []
+    for fam in families:
+        for n in data["lengths"]:
+            sel = [r for r in recs if r["family"] == fam and r["length"] == n]
+            cases = len({r["case_id"] for r in sel})
+            if not cases:
+                continue
+            cells: list[Any] = [fam, f"{n // 1024}K", cases]
+            for row in [*pflash_rows, "head+tail", "random units"]:
+                mine = [r for r in sel if r["row"] == row]
+                flat = sum(r["mode"] == "full-flat" for r in mine)
+                cell = f"{sum(r['all_gold'] for r in mine)}/{len(mine)}" if mine else "–"
+                cells.append(cell + (f" ({flat} flat)" if flat else ""))
+            body.append(cells)
+    return Table("Main families, first turn: gold whole / cases (\"flat\": served whole by the flat-relevance "
+                 "fallback)", heads, body)
 
 
 def _gold(r: dict | None) -> str:

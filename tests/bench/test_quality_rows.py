@@ -48,3 +48,46 @@ def test_tables_separate_negative_control_and_followups(cases):
     assert follow.rows[0][1] == "3/3 (100%)"
     assert main.rows[3][1].startswith("unavailable")
     assert chart.series["full prefill"] == [100.0, 100.0]
+
+
+def test_family_table_counts_gold_and_flat_fallbacks(cases):
+    records = [r for c in cases for r in _baselines(c, c.messages, seed=0)]
+    first = [r for r in records if r["row"] == "full prefill" and r["turn"] == 0 and not r["negative_control"]]
+    for i, r in enumerate(first):  # a PFlash row: every other case served whole by the flat fallback
+        flat = i % 2 == 0
+        records.append({**r, "row": "pflash-lexical", "mode": "full-flat" if flat else "compressed",
+                        "all_gold": flat})
+    data = {"lengths": [4096, 8192], "rows": ["full prefill", "head+tail", "random units", "pflash-lexical"],
+            "unavailable": {}, "records": records}
+    ts, _ = tables(data)
+    fam = next(t for t in ts if t.title.startswith("Main families"))
+    assert fam.headers[3] == "pflash-lexical"
+    by = {(row[0], row[1]): row for row in fam.rows}
+    assert len(by) == len(first)  # one case per family and length here
+    cells = [row[3] for row in fam.rows]
+    assert cells.count("1/1 (1 flat)") == (len(first) + 1) // 2 and cells.count("0/1") == len(first) // 2
+    assert ts[-1].title.startswith("Per case")
+
+
+def test_render_rewrites_a_report_from_its_json_and_refuses_another_bench(cases, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    records = [r for c in cases for r in _baselines(c, c.messages, seed=0)]
+    data = {"bench": "quality", "quick": False, "lengths": [4096, 8192], "threshold": 1024, "seed": 0,
+            "families": sorted({c.family for c in cases}), "rows": ["full prefill", "head+tail", "random units"],
+            "case_tokens": {}, "unavailable": {}, "seconds": 1.0, "records": records}
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(data))
+    cmd = [sys.executable, "-m", "pflash_proxy", "bench", "quality", "--render", str(src), "--out", str(tmp_path / "o")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "o" / "quality.md").read_text()
+    assert "Main families, first turn" in md and "run took 1.0 s" in md
+    assert json.loads((tmp_path / "o" / "quality.json").read_text())["records"] == records
+    wrong = subprocess.run([*cmd[:4], "ttft", *cmd[5:]], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "holds a 'quality' run, not 'ttft'" in wrong.stderr
+    missing = subprocess.run([*cmd[:6], str(tmp_path / "nope.json"), *cmd[7:]], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
