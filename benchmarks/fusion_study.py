@@ -10,7 +10,9 @@ Usage: ``python benchmarks/fusion_study.py ANALYSES.pkl [--out FILE.md]`` where 
    ``max`` (the larger of the rows' shares: a unit that one scorer finds decisive stays decisive).
 3. Each candidate's scores are replayed through the real pipeline (``analyses.replay``): budget, spread test,
    rewrite; gold checked in the served text.
-4. Table: main families' gold kept whole (all, and per family), median kept fraction, aggregation served whole.
+4. Table: main families' gold kept whole (all, and per family), how many main cases the flat-relevance fallback
+   served whole (their gold is kept by not compressing: a candidate that wins that way buys no speed), the gold
+   found in messages that were compressed, median kept fraction, aggregation served whole.
 """
 
 from __future__ import annotations
@@ -83,12 +85,12 @@ def main() -> int:
     skipped = [c for c, rows in by_case.items()
                if len({tuple((u.start_line, u.end_line) for u in r.units) for r in rows.values()}) > 1]
     families = sorted({cases[c].family for c in by_case if not cases[c].negative_control})
-    head = ["candidate", "main gold", "median kept", "aggregation whole", *families]
+    head = ["candidate", "main gold", "served flat", "gold, compressed", "median kept", "aggregation whole", *families]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     mismatches = 0
     for label, rows, fuse in candidates(names):
         got: dict[str, list[bool]] = defaultdict(list)
-        kept, agg = [], []
+        kept, agg, flat, found = [], [], 0, 0
         for cid, per_row in sorted(by_case.items()):
             if cid in skipped or any(n not in per_row for n in rows if n != "#tokens"):
                 continue
@@ -103,8 +105,10 @@ def main() -> int:
                 continue
             got[case.family].append(res.all_gold)
             kept.append(res.kept_fraction)
+            flat += res.mode == "full-flat"
+            found += res.mode == "compressed" and res.all_gold
         total = sum(sum(v) for v in got.values()), sum(len(v) for v in got.values())
-        cells = [label, f"{total[0]}/{total[1]}", f"{statistics.median(kept):.3f}" if kept else "–",
+        cells = [label, f"{total[0]}/{total[1]}", str(flat), str(found), f"{statistics.median(kept):.3f}" if kept else "–",
                  f"{sum(agg)}/{len(agg)}", *(f"{sum(got[f])}/{len(got[f])}" for f in families)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"records: {len(recs)} from {args.analyses.name}; cases {len(by_case)}; rows {', '.join(names)}",

@@ -26,7 +26,7 @@ import aiohttp
 from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
                                       messages_text, random_units, shorten_longest)
 from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
-from pflash_proxy.bench.report import Chart, Table, mean, pct, write_report
+from pflash_proxy.bench.report import Chart, Table, mean, median, pct, write_report
 from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
 from pflash_proxy.progress import Progress
@@ -223,7 +223,9 @@ async def run(opts: Any) -> dict[str, Any]:
 
 def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     lengths, rows, recs = data["lengths"], data["rows"], data["records"]
-    heads = ["row"] + [h for n in lengths for h in (f"{n // 1024}K gold whole", f"{n // 1024}K kept")]
+    # "served flat": cases the flat-relevance fallback served whole; their gold is kept by not compressing
+    heads = ["row"] + [h for n in lengths for h in (f"{n // 1024}K gold whole", f"{n // 1024}K served flat",
+                                                      f"{n // 1024}K kept", f"{n // 1024}K median kept")]
     groups = [("Gold evidence reaching the upstream whole (main families, first turn)",
                lambda r: r["turn"] == 0 and not r["negative_control"]),
               ("Negative control: aggregation (count/list every X), first turn",
@@ -235,12 +237,15 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
         body = []
         for row in rows:
             if row in data["unavailable"]:
-                body.append([row, data["unavailable"][row]] + ["–"] * (2 * len(lengths) - 1))
+                body.append([row, data["unavailable"][row]] + ["–"] * (4 * len(lengths) - 1))
                 continue
             cells: list[Any] = [row]
             for n in lengths:
                 sel = [r for r in recs if r["row"] == row and r["length"] == n and pick(r)]
-                cells += [pct(sum(r["all_gold"] for r in sel), len(sel)), mean([r["kept_fraction"] for r in sel])]
+                kept = [r["kept_fraction"] for r in sel]
+                flat = sum(r["mode"] == "full-flat" for r in sel) if row.startswith("pflash-") and sel else "–"
+                cells += [pct(sum(r["all_gold"] for r in sel), len(sel)), flat, mean(kept),
+                          median(kept)]
                 if title.startswith("Gold") and sel:
                     chart_series.setdefault(row, []).append(100 * sum(r["all_gold"] for r in sel) / len(sel))
             body.append(cells)

@@ -44,6 +44,8 @@ def test_tables_separate_negative_control_and_followups(cases):
     ts, chart = tables(data)
     main, negative, follow = ts[0], ts[1], ts[2]
     assert main.rows[0][:2] == ["full prefill", "9/9 (100%)"]
+    assert main.headers[1:5] == ["4K gold whole", "4K served flat", "4K kept", "4K median kept"]
+    assert main.rows[0][2] == "–" and main.rows[0][4] == 1.0  # a baseline has no fallback; keeps everything
     assert negative.rows[0][1] == "1/1 (100%)" and "aggregation" in negative.title
     assert follow.rows[0][1] == "3/3 (100%)"
     assert main.rows[3][1].startswith("unavailable")
@@ -67,6 +69,9 @@ def test_family_table_counts_gold_and_flat_fallbacks(cases):
     cells = [row[3] for row in fam.rows]
     assert cells.count("1/1 (1 flat)") == (len(first) + 1) // 2 and cells.count("0/1") == len(first) // 2
     assert ts[-1].title.startswith("Per case")
+    main = ts[0]
+    lex = next(row for row in main.rows if row[0] == "pflash-lexical")
+    assert lex[2] == sum(r["mode"] == "full-flat" and r["length"] == 4096 for r in records)  # 4K served flat
 
 
 def test_render_rewrites_a_report_from_its_json_and_refuses_another_bench(cases, tmp_path):
