@@ -108,7 +108,8 @@ def main() -> int:
             flat += res.mode == "full-flat"
             found += res.mode == "compressed" and res.all_gold
         total = sum(sum(v) for v in got.values()), sum(len(v) for v in got.values())
-        cells = [label, f"{total[0]}/{total[1]}", str(flat), str(found), f"{statistics.median(kept):.3f}" if kept else "–",
+        med = f"{statistics.median(kept):.3f}" if kept else "–"
+        cells = [label, f"{total[0]}/{total[1]}", str(flat), str(found), med,
                  f"{sum(agg)}/{len(agg)}", *(f"{sum(got[f])}/{len(got[f])}" for f in families)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"records: {len(recs)} from {args.analyses.name}; cases {len(by_case)}; rows {', '.join(names)}",
