@@ -129,7 +129,10 @@ async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, ca
     out = []
     for turn in range(len(case.followups) + 1):
         key = new_id()
-        res = await chat(http, proxy.url, case.turn_messages(turn), stream=False, max_tokens=1, bench_id=key)
+        # one named session per case: two cases that share a prefix (agent 2K and 4K) must not continue one
+        # conversation, or the second is compressed "in conversation" and never judged flat
+        res = await chat(http, proxy.url, case.turn_messages(turn), stream=False, max_tokens=1, bench_id=key,
+                         conversation=f"bench-{case.case_id}")
         seen = proxy.seen(key)
         h = res.headers
         out.append(_record(row, case, turn, seen.messages, h.get("X-PFlash-Mode", "?"),

@@ -249,11 +249,15 @@ def new_id() -> str:
 
 
 async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *, stream: bool = True,
-               max_tokens: int = 4, bench_id: str | None = None, retries: int = 60, **extra: Any) -> ChatResult:
-    """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting)."""
+               max_tokens: int = 4, bench_id: str | None = None, conversation: str | None = None, retries: int = 60,
+               **extra: Any) -> ChatResult:
+    """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting).
+    ``conversation`` names the proxy session (``X-PFlash-Session``), so cases that share a prefix stay apart."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 1,
             "stream": stream, **extra}
     headers = {BENCH_HEADER: bench_id} if bench_id else {}
+    if conversation:
+        headers["X-PFlash-Session"] = conversation
     for _ in range(retries):
         t0 = time.perf_counter()
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
