@@ -9,16 +9,17 @@ none (a latent association, a paraphrased task) but is noisier on literal matche
    Shares keep what the flat-relevance test needs: when both scorers concentrate on a few units the fused
    scores do too, and when both spread (an "every record" request) the fused scores stay spread; a scorer that
    sees nothing (all zeros) leaves the other's shares scaled by its weight, so its ranking decides.
-``hybrid(drafter_scorer)`` builds the product's ``--scorer hybrid``: ``0.7`` of lexical relevance with reference
-hops (``LexicalScorer(hops=4)``: the chain ``VAR_B = VAR_A`` is found from ``VAR_A = 12345``) and ``0.3`` of the
+``hybrid(drafter_scorer)`` builds the product's ``--scorer hybrid``: ``0.3`` of lexical relevance with reference
+hops (``LexicalScorer(hops=4)``: the chain ``VAR_B = VAR_A`` is found from ``VAR_A = 12345``) and ``0.7`` of the
 drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (8K, seed 7, every family;
-``benchmarks/fusion_study.py``, ``benchmarks/reported/fusion-study-8k/``), never on the reported cases: lexical
-alone keeps literal evidence but calls many messages flat, the drafter alone misses multi-hop and literal
-multi-value evidence, and 0.3 of the drafter is where its latent needles count without its noise deciding.
-That choice counted gold kept whole, and much of hybrid's gold is kept by the flat-relevance fallback serving
-the message whole (8 of the tuning set's 18 cases; 2 of 25 at 16K and 2 of 27 at 32K held out): it finds about
-what attention finds and steps aside where lexical and attention disagree. Attention alone finds more in
-compressed messages at 32K, so it stays the default with a drafter (README, ``quality-hybrid-32k``).
+``benchmarks/fusion_study.py``, ``benchmarks/reported/fusion-study-8k/``), never on the reported cases, by the
+gold found in messages that were actually compressed with the aggregation control kept whole: among lexical +
+attention fusions 0.7 of attention found the most (12 of 18, none served whole by the flat fallback; 0.5: 9;
+0.3: 7). A first choice of 0.3 of attention counted gold kept whole instead, and most of that gold was kept by
+the flat fallback serving the message whole (8 of 18 cases), which buys no speed. Attention alone found 13 on
+the tuning set, so it stays the default with a drafter; replayed on held-out recorded analyses (16K and 32K,
+``benchmarks/reported/fusion-replay-held-out/``) this hybrid found as much as attention or more and kept the
+32K aggregation control whole, which attention lost.
 Rank fusion (RRF) was not used: it turns any ranking into the same smooth curve, so every request would look
 equally concentrated and the spread test would lose its meaning.
 """
@@ -35,7 +36,7 @@ from .units import Unit
 
 __all__ = ["FusedScorer", "HYBRID_LEXICAL_WEIGHT", "hybrid", "hybrid_lexical", "shares"]
 
-HYBRID_LEXICAL_WEIGHT = 0.7
+HYBRID_LEXICAL_WEIGHT = 0.3
 HYBRID_HOPS = 4
 HYBRID_HOP_DECAY = 0.8
 
