@@ -134,7 +134,11 @@ class CompressStage(Stage):
         label = str(idx + 1)
         request = self.finder.find(messages, idx, tt)
         uncached = max(prompt_tokens - ctx.expected_cached, tt.total_tokens)
-        in_conversation = ctx.matched > 0
+        # A running conversation is one this session has answered: the served history (the requests, not the
+        # answers) reaches up to an assistant message. A new chat that shares only a system prompt (or an
+        # agent's fixed preamble) with an earlier session is cold, so its flat ranking gets full prefill; in a
+        # running one a flat ranking is served with markers, and recall brings lines back.
+        in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
         req.progress = f"compressing {tt.total_tokens:,} tokens ({getattr(self.scorer, 'name', 'lexical')})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,

@@ -182,6 +182,19 @@ async def test_flat_relevance_on_a_cold_request_gets_full_prefill(proxy):
     assert body["usage"]["prompt_tokens"] == int(h["X-PFlash-Prompt-Tokens"])
 
 
+async def test_a_new_chat_sharing_only_the_system_prompt_is_cold(proxy):
+    """The session is found by prefix, but no answer of it is cached: its flat ranking gets full prefill;
+    after an answer, the same flat message is served compressed (a running conversation, recall can help)."""
+    records = "\n".join(f"invoice {i}: customer {i % 17} paid the invoice amount of {i * 3} euros" for i in range(120))
+    system = {"role": "system", "content": "You are an accounts assistant for the Vellmoor office."}
+    h1, body1 = await ask(proxy, [system, {"role": "user", "content": "Hello."}])
+    h, _ = await ask(proxy, [system, {"role": "user", "content": records + "\n\nList every invoice."}])
+    assert h["X-PFlash-Mode"] == "full-flat"
+    answered = [system, {"role": "user", "content": "Hello."}, body1["choices"][0]["message"]]
+    h, _ = await ask(proxy, answered + [{"role": "user", "content": records + "\n\nList every invoice."}])
+    assert h["X-PFlash-Session"] == h1["X-PFlash-Session"] and h["X-PFlash-Mode"] == "compressed"
+
+
 async def test_garbage_scores_serve_the_message_whole(proxy, monkeypatch):
     from pflash_proxy.compress.scores import LexicalScorer
 
