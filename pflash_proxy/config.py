@@ -129,7 +129,7 @@ class Settings(BaseModel):
     cold_history: Literal["raw"] = "raw"
     min_segment: int = Field(32, ge=1)
     max_segment: int = Field(512, ge=2)
-    scorer: Literal["lexical", "attention", "hybrid", "head"] = "lexical"
+    scorer: Literal["lexical", "attention", "hybrid", "head", "head-attention"] = "lexical"
     segmenter: Literal["heuristic", "probe"] = "heuristic"
 
     # --- drafter / probes ---

@@ -9,7 +9,8 @@
    ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
    (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
-   ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``).
+   ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
+   ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
 """
@@ -80,9 +81,9 @@ def build_stages(settings: Settings) -> BuiltStages:
                     raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
                                             "(PFLASH_SEGMENT_PROBE_GGUF)")
                 probe = load_segment_probe(settings.segment_probe, settings.drafter, hash_cache=hash_cache)
-            if settings.scorer == "head":
+            if settings.scorer in ("head", "head-attention"):
                 if settings.scoring_head is None:
-                    raise DrafterSetupError("scoring_head: --scorer head needs --scoring-head PATH "
+                    raise DrafterSetupError(f"scoring_head: --scorer {settings.scorer} needs --scoring-head PATH "
                                             "(PFLASH_SCORING_HEAD_GGUF)")
                 head = load_scorer_head(settings.scoring_head, settings.drafter, hash_cache=hash_cache)
                 if settings.request_probe is not None:
@@ -99,6 +100,10 @@ def build_stages(settings: Settings) -> BuiltStages:
             built.scorer = HeadScorer(stages, head, request)
         elif settings.scorer == "attention":
             built.scorer = _attention_scorer(settings, drafter, hash_cache)
+        elif settings.scorer == "head-attention":
+            from pflash_proxy.drafter.joint import HeadAttentionScorer
+
+            built.scorer = HeadAttentionScorer(_attention_scorer(settings, drafter, hash_cache), head, request)
         elif settings.scorer == "hybrid":
             from pflash_proxy.compress.fusion import hybrid
 
@@ -112,8 +117,8 @@ def build_stages(settings: Settings) -> BuiltStages:
 
 def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
     """Fill unset probe paths from the set shipped for this very drafter (``drafter/trained``), if any."""
-    wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": settings.scorer == "head",
-              "request_probe": settings.scorer == "head"}
+    heads = settings.scorer in ("head", "head-attention")
+    wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": heads, "request_probe": heads}
     missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
     if any(getattr(settings, k) is not None for k in wanted):
         return settings  # files given by the user are one set: never mix a shipped file into it

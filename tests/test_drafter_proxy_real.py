@@ -46,7 +46,7 @@ def seed_calibration(home, gemma_model, heads):
     p.write_text(json.dumps({"version": VERSION, "heads": heads, "chosen": heads}))
 
 
-@pytest.mark.parametrize("scorer", ["attention", "hybrid"])
+@pytest.mark.parametrize("scorer", ["attention", "hybrid", "head-attention"])
 async def test_drafter_scorer_keeps_the_needle_through_the_proxy(aiohttp_client, llama_server, tmp_path, gemma_model,
                                                                  scorer):
     settings = drafter_settings(llama_server, tmp_path, gemma_model, scorer=scorer)

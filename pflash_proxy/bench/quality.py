@@ -41,20 +41,22 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 
     ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
-    reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``)."""
+    reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
+    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``). The attention
+    rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None
     for name in names:
         if name == "lexical":
             out[name] = None
             continue
-        if name not in ("attention", "attention-all", "hybrid", "head"):
+        if name not in ("attention", "attention-all", "hybrid", "head", "head-attention"):
             out[name] = f"unknown scorer {name!r}"
             continue
         if not getattr(opts, "drafter", None):
             out[name] = "unavailable: no drafter configured (--drafter GGUF)"
             continue
-        if name == "head" and not getattr(opts, "scoring_head", None):
+        if name.startswith("head") and not getattr(opts, "scoring_head", None):
             packaged = _packaged_probes(opts.drafter)
             if packaged is None:
                 out[name] = "unavailable: no scoring head configured (--scoring-head GGUF) and none shipped " \
@@ -69,32 +71,39 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             # attention rows of the same case read only their question
             drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024, cache_mb=4096,
                                          timeout=getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S))
-            if name in ("attention", "attention-all", "hybrid"):
-                from pflash_proxy.drafter.attention import AttentionScorer
-
-                base = base or AttentionScorer(drafter)  # every attention row shares its content keys
-                if name == "attention-all":
-                    out[name] = base
-                    continue
-                if calibrated is None:  # as the proxy's --attention-heads auto, cached in $PFLASH_HOME
-                    from pflash_proxy.config import state_home
-                    from pflash_proxy.drafter.calibrate import calibrated as calibrate
-
-                    calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
-                if name == "attention":
-                    out[name] = calibrated
-                else:
-                    from pflash_proxy.compress.fusion import hybrid
-
-                    out[name] = hybrid(calibrated)
-            else:
-                from pflash_proxy.drafter.head import HeadScorer
+            head = req = None
+            if name.startswith("head"):
                 from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head
-                from pflash_proxy.drafter.stages import ProbeStages
 
                 head = load_scorer_head(opts.scoring_head, opts.drafter)
                 req = load_request_probe(opts.request_probe, opts.drafter) if opts.request_probe else None
+            if name == "head":
+                from pflash_proxy.drafter.head import HeadScorer
+                from pflash_proxy.drafter.stages import ProbeStages
+
                 out[name] = HeadScorer(ProbeStages(drafter, head.meta.tap_block), head, req)
+                continue
+            from pflash_proxy.drafter.attention import AttentionScorer
+
+            base = base or AttentionScorer(drafter)  # every attention row shares its content keys
+            if name == "attention-all":
+                out[name] = base
+                continue
+            if calibrated is None:  # as the proxy's --attention-heads auto, cached in $PFLASH_HOME
+                from pflash_proxy.config import state_home
+                from pflash_proxy.drafter.calibrate import calibrated as calibrate
+
+                calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
+            if name == "attention":
+                out[name] = calibrated
+            elif name == "hybrid":
+                from pflash_proxy.compress.fusion import hybrid
+
+                out[name] = hybrid(calibrated)
+            else:
+                from pflash_proxy.drafter.joint import HeadAttentionScorer
+
+                out[name] = HeadAttentionScorer(calibrated, head, req)
         except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
             out[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return out

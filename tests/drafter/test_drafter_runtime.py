@@ -348,3 +348,49 @@ def test_a_long_pass_logs_its_progress(drafter, monkeypatch, caplog) -> None:
         drafter.trace(tokens, taps=(3,))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drafter pass:")]
     assert len(lines) >= 2 and lines[-1].startswith(f"drafter pass: {len(tokens):,} of {len(tokens):,} tokens (100 %)")
+
+
+def test_head_attention_reads_the_message_once_and_equals_both_scorers(gemma, tmp: Path) -> None:
+    """``--scorer head-attention``: one pass gives the head's and attention's unit scores, the same as each
+    scorer alone; a follow-up question and an attention scorer sharing the keys decode only the question."""
+    from pflash_proxy.compress.fusion import shares
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.head import HeadScorer
+    from pflash_proxy.drafter.joint import HEAD_WEIGHT, HeadAttentionScorer
+    from pflash_proxy.drafter.probe_writer import random_head_weights, write_scorer_head
+    from pflash_proxy.drafter.probes import load_scorer_head
+    from pflash_proxy.drafter.runtime import Drafter
+    from pflash_proxy.drafter.stages import ProbeStages
+    write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
+                      drafter_sha256=file_sha256(gemma))
+    w = load_scorer_head(tmp / "h.gguf", gemma)
+    d = Drafter(gemma, n_ctx=2048, n_batch=64)
+    try:
+        text, q1, q2 = doc(45, seed=4), "Which clerk audited warehouse 3?", "How many crates does warehouse 40 hold?"
+        units = _units(text, 3)
+        attention = AttentionScorer(d)
+        joint = HeadAttentionScorer(attention, w)
+        reps = joint.represent(tt_of(text), units)
+        passes, tokens = d.stats["passes"], d.stats["tokens"]
+        head1, att1 = joint.unit_scores(reps, q1)
+        n = len(reps.payload["tokens"])
+        assert d.stats["passes"] == passes + 1 and d.stats["tokens"] - tokens > n  # content and question, once
+        alone_head = HeadScorer(ProbeStages(d, TAP), w).score(HeadScorer(ProbeStages(d, TAP), w).represent(
+            tt_of(text), units), q1)
+        alone_att = AttentionScorer(d).score(AttentionScorer(d).represent(tt_of(text), units), q1)
+        np.testing.assert_allclose(head1, alone_head, rtol=2e-3, atol=1e-6)
+        np.testing.assert_allclose(att1, alone_att, rtol=2e-3, atol=1e-6)
+        tokens = d.stats["tokens"]
+        fused = joint.score(reps, q2)  # recall: the kept state, keys and head reps; only the question is read
+        assert d.stats["tokens"] - tokens < 64 + 20
+        np.testing.assert_allclose(fused.sum(), 1.0, rtol=1e-9)
+        head2, att2 = joint.unit_scores(reps, q2)
+        np.testing.assert_allclose(fused, HEAD_WEIGHT * shares(head2) + (1 - HEAD_WEIGHT) * shares(att2))
+        tokens = d.stats["tokens"]
+        shared = AttentionScorer(d, keys=attention.keys)  # the bench's attention row after this one
+        np.testing.assert_allclose(shared.score(shared.represent(tt_of(text), units), q2), att2, rtol=2e-3,
+                                   atol=1e-6)
+        assert d.stats["tokens"] - tokens < 64 + 20
+    finally:
+        d.close()

@@ -1,0 +1,118 @@
+"""``--scorer head-attention``: the trained scorer head and the attention scorer from ONE drafter pass, fused.
+
+Why: on the held-out bench cases the two drafter scorers fail on different families. The head (``head.py``)
+finds latent needles that attention misses (16K: 9/10 against 4/10; 32K: 5/5 against 2/5) and misses the
+multi-value and multi-query needles that attention finds. Run one after the other they cost two passes over
+the message; both read the same forward, so this scorer asks the drafter for both taps at once.
+
+1. ``represent(tt, units)``: the attention scorer's reps (tokens, unit token spans, the message's session key,
+   its tail); no pass.
+2. ``score(reps, question)``, cold: one flash-on pass over ``content + "\\n\\n" + question`` keeps
+   (a) the head's tap block (hidden states of every token) and (b) the global layers' post-RoPE keys of the
+   content and queries of the question. The content's keys go to the attention scorer's ``KeyCache``, the
+   drafter keeps the content's KV state under the attention session key, and the head's unit representations
+   go into the reps: a later question (recall) decodes only itself, and an ``attention`` scorer that shares
+   the ``KeyCache`` reads the same message warm.
+3. Unit relevance of each: the head's (``head.py`` steps 2-4: unit means of the projected taps, the request
+   tokens' query vector, sigmoid), times the unit's tokens; attention's (``attention.py`` steps 3-4: max over
+   the selected heads and question tokens, peak mass per unit). When the message ends with its request,
+   both read the request's last paragraph, as the attention scorer does alone.
+4. Fused as shares (``compress/fusion.py``): ``HEAD_WEIGHT * share(head) + (1 - HEAD_WEIGHT) *
+   share(attention)``. ``HEAD_WEIGHT`` 0.3 is the tuning set's best head + attention weighting by gold found in
+   messages that were actually compressed (8K, seed 7, ``benchmarks/reported/fusion-study-8k/``: 13 of 18 with
+   0.3, 12 with 0.5 and with 0.7; attention alone 13, the head alone 10), the criterion ``--scorer hybrid``'s
+   weight was chosen by.
+5. Content plus question longer than one drafter context: the head reads the windowed tap pass and attention
+   its own windows (``AttentionScorer.attention_windows``), two passes, as the scorers would alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pflash_proxy.compress.fusion import shares
+
+from .attention import QUERY_SEP, AttentionScorer, last_paragraph, peak_mass, request_tail, token_relevance
+from .head import query_rep, relevance, select_request, unit_reps
+from .probes import RequestProbe, ScorerHeadWeights
+from .runtime import DrafterError
+
+HEAD_WEIGHT = 0.3
+
+
+class HeadAttentionScorer:
+    """``Scorer`` protocol: the scorer head and calibrated attention, read from one drafter pass, fused."""
+
+    name = "head-attention"
+
+    def __init__(self, attention: AttentionScorer, head: ScorerHeadWeights, request: RequestProbe | None = None,
+                 weight: float = HEAD_WEIGHT, query_tokens: int = 128) -> None:
+        d = attention.drafter
+        for p in (head, request):
+            if p is not None and (p.meta.d != d.n_embd or not 0 <= p.meta.tap_block < d.n_layer - 1):
+                raise DrafterError(f"{p.meta.path} reads block {p.meta.tap_block} width {p.meta.d}; the drafter "
+                                   f"has {d.n_layer} blocks of width {d.n_embd}")
+        if request is not None and request.meta.tap_block != head.meta.tap_block:
+            raise DrafterError(f"the request probe reads block {request.meta.tap_block}, the head block "
+                               f"{head.meta.tap_block}: one pass cannot serve both")
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError("weight must be in [0, 1]")
+        self.attention, self.head, self.request, self.weight = attention, head, request, weight
+        self.tap = head.meta.tap_block
+        self.query_tokens = request.query_tokens if request is not None else query_tokens
+
+    @property
+    def heads(self) -> Any:  # the attention heads it reads (``/pflash/stats``)
+        return self.attention.heads
+
+    def represent(self, tt: Any, units: Sequence[Any]) -> Any:
+        reps = self.attention.represent(tt, units)
+        return type(reps)(scorer=self.name, n_units=reps.n_units, unit_tokens=reps.unit_tokens,
+                          payload={**reps.payload, "head": None})
+
+    def score(self, reps: Any, query: str) -> np.ndarray:
+        head, attention = self.unit_scores(reps, query)
+        return self.weight * shares(head) + (1.0 - self.weight) * shares(attention)
+
+    def unit_scores(self, reps: Any, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 2-3: the (head, attention) unit scores of one question, float64."""
+        p, att, d = reps.payload, self.attention, self.attention.drafter
+        tail = request_tail(p, query)
+        if tail:
+            query = last_paragraph(query)
+        content, session = p["tokens"], p["session"]
+        qt = d.tokenize(QUERY_SEP + query)
+        n = len(content)
+        if n + len(qt) > d.window:  # step 5: two passes, each windowed as the scorer alone does it
+            tap = d.trace(np.concatenate([content, qt]), taps=(self.tap,), save=False).taps[self.tap]
+            if p["head"] is None:
+                p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
+            a = token_relevance(att.attention_windows(content, qt, tail), att.heads)
+            return self._head(reps, tap[n:]), peak_mass(a, p["starts"], p["ends"])
+        keys = att.keys.get(session)
+        if keys is not None and any(len(keys.get(L, ())) != n for L in att.capture):
+            keys = None
+        if keys is None or p["head"] is None:  # a kept state is no use without the content's keys and taps:
+            keys = None  # read everything in this one pass
+            d.forget(session)
+        r = d.trace(np.concatenate([content, qt]), session=session, attend_from=n, qk_layers=att.capture,
+                    taps=(self.tap,), flash=True, save_prefix=n)
+        tap = r.taps[self.tap]
+        if keys is None or r.start != n:  # cold: the content was read in this pass
+            if r.start != 0:
+                raise DrafterError(f"drafter pass started at token {r.start}, expected 0 or {n}")
+            keys = {L: r.keys[L][:n] for L in att.capture}
+            att.keys.put(session, keys)
+            p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
+        a = token_relevance(att.per_layer(keys, r.queries, tail), att.heads)
+        return self._head(reps, tap[n - r.start:]), peak_mass(a, p["starts"], p["ends"])
+
+    def _head(self, reps: Any, qtap: np.ndarray) -> np.ndarray:
+        """Step 3, the head's half: per unit, its relevance in (0, 1) times its tokens."""
+        logits = self.request.forward(qtap) if self.request is not None else None
+        thr = self.request.threshold if self.request is not None else 0.5
+        q = query_rep(self.head, qtap[select_request(len(qtap), logits, thr, self.query_tokens)])
+        p = relevance(self.head, reps.payload["head"], q)
+        return (p * np.asarray(reps.unit_tokens, np.float32)).astype(np.float64)
