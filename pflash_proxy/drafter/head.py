@@ -70,6 +70,14 @@ def query_rep(w: ScorerHeadWeights, tap_rows: np.ndarray) -> np.ndarray:
     return (w.query_weight @ x.mean(axis=0) + w.query_bias).astype(np.float32)
 
 
+def request_vector(w: ScorerHeadWeights, request: RequestProbe | None, tap_rows: np.ndarray, query_tokens: int
+                   ) -> np.ndarray:
+    """Step 3 from the query's taps: the request probe picks the request tokens, then ``query_rep``."""
+    logits = request.forward(tap_rows) if request is not None else None
+    thr = request.threshold if request is not None else 0.5
+    return query_rep(w, tap_rows[select_request(len(tap_rows), logits, thr, query_tokens)])
+
+
 def relevance(w: ScorerHeadWeights, reps: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Step 4: per-unit relevance in (0, 1)."""
     s = np.float32(w.scale) * (reps @ q) / np.float32(np.sqrt(w.rank)) + np.float32(w.bias)
@@ -103,9 +111,7 @@ class HeadScorer:
         stream = np.concatenate([p["tokens"], qt])
         r = self.stages.drafter.trace(stream, session=p["session"], taps=(self.stages.tap_block,), save=False)
         tap = r.taps[self.stages.tap_block][len(p["tokens"]) - r.start:]
-        logits = self.request.forward(tap) if self.request is not None else None
-        thr = self.request.threshold if self.request is not None else 0.5
-        return query_rep(self.head, tap[select_request(len(qt), logits, thr, self.query_tokens)])
+        return request_vector(self.head, self.request, tap, self.query_tokens)
 
     def score(self, reps: Any, query: str) -> np.ndarray:
         q = self.query_vector(reps, query)

@@ -35,7 +35,7 @@ import numpy as np
 from pflash_proxy.compress.fusion import shares
 
 from .attention import QUERY_SEP, AttentionScorer, last_paragraph, peak_mass, request_tail, token_relevance
-from .head import query_rep, relevance, select_request, unit_reps
+from .head import relevance, request_vector, unit_reps
 from .probes import RequestProbe, ScorerHeadWeights
 from .runtime import DrafterError
 
@@ -111,8 +111,6 @@ class HeadAttentionScorer:
 
     def _head(self, reps: Any, qtap: np.ndarray) -> np.ndarray:
         """Step 3, the head's half: per unit, its relevance in (0, 1) times its tokens."""
-        logits = self.request.forward(qtap) if self.request is not None else None
-        thr = self.request.threshold if self.request is not None else 0.5
-        q = query_rep(self.head, qtap[select_request(len(qtap), logits, thr, self.query_tokens)])
+        q = request_vector(self.head, self.request, qtap, self.query_tokens)
         p = relevance(self.head, reps.payload["head"], q)
         return (p * np.asarray(reps.unit_tokens, np.float32)).astype(np.float64)
