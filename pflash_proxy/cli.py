@@ -36,8 +36,9 @@ _HELP = {
               "probe files: shipped for gemma-3-270m, or from `pflash-proxy train`), head-attention (the head "
               "and attention fused, from one drafter pass); default lexical, or with "
               "--drafter and no --scorer the bench's winner",
-    "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads once, cached in the "
-                       "state directory), 'all' (every head of the global layers) or LAYER.HEAD,... (default auto)",
+    "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
+                       "once, cached in the state directory), 'all' (every head of the global layers) or "
+                       "LAYER.HEAD,... (default auto)",
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
     "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
                     "sessions are forgotten beyond it (default 1024)",
@@ -59,8 +60,10 @@ _HELP = {
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "
                        "default 600)",
     "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
-    "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, if any)",
-    "request_probe": "request probe GGUF used by --scorer head/head-attention (default: the set shipped for this drafter, if any)",
+    "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, "
+                    "if any)",
+    "request_probe": "request probe GGUF used by --scorer head/head-attention (default: the set shipped for this "
+                     "drafter, if any)",
 }
 
 
