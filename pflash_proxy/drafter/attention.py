@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .runtime import Drafter, DrafterError
+from .runtime import DraftPass, Drafter, DrafterError
 from .segment import token_lines, unit_token_spans
 from .stages import make_reps, text_key
 
@@ -214,22 +214,32 @@ class AttentionScorer:
                         ) -> dict[int, np.ndarray]:
         """Per layer ``(heads, len(content))``: step 3 before the head selection (calibration reads this)."""
         qt = self.drafter.tokenize(QUERY_SEP + question)
-        n = len(content)
-        if n + len(qt) > self.drafter.window:
+        if len(content) + len(qt) > self.drafter.window:
             return self.attention_windows(content, qt, tail)
-        cached = self.keys.get(session)
+        return self.read(content, qt, session, tail)[0]
+
+    def read(self, content: np.ndarray, qt: np.ndarray, session: str | None = None, tail: int = 0,
+             taps: Sequence[int] = (), cold: bool = False) -> tuple[dict[int, np.ndarray], DraftPass]:
+        """One flash-on pass of content + question tokens ``qt`` within one context: the per-layer attention
+        and the pass itself (``taps`` are kept for the tokens it read). Warm (the content's keys cached and its
+        state kept under ``session``) it reads the question alone; ``cold`` reads the content again, for a
+        caller that needs the content's taps."""
+        n = len(content)
+        cached = None if cold else self.keys.get(session)
         if cached is not None and any(len(cached.get(L, ())) != n for L in self.capture):
             cached = None
         if cached is None and session is not None:  # a kept state is no use without the content's keys:
             self.drafter.forget(session)  # read everything in this one pass, not the question first
         r = self.drafter.trace(np.concatenate([content, qt]), session=session, attend_from=n,
-                               qk_layers=self.capture, flash=True, save_prefix=n)
+                               qk_layers=self.capture, taps=taps, flash=True, save_prefix=n)
         if r.start == n and cached is not None:  # the question was read on top of the kept content state
-            return self.per_layer(cached, r.queries, tail)
+            return self.per_layer(cached, r.queries, tail), r
+        if r.start != 0:
+            raise DrafterError(f"drafter pass started at token {r.start}, expected 0 or {n}")
         keys = {L: r.keys[L][:n] for L in self.capture}
         if session is not None:
             self.keys.put(session, keys)
-        return self.per_layer(keys, r.queries, tail)
+        return self.per_layer(keys, r.queries, tail), r
 
     def token_attention(self, content: np.ndarray, question: str, session: str | None = None, tail: int = 0
                         ) -> np.ndarray:

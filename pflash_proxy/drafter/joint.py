@@ -91,22 +91,11 @@ class HeadAttentionScorer:
                 p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
             a = token_relevance(att.attention_windows(content, qt, tail), att.heads)
             return self._head(reps, tap[n:]), peak_mass(a, p["starts"], p["ends"])
-        keys = att.keys.get(session)
-        if keys is not None and any(len(keys.get(L, ())) != n for L in att.capture):
-            keys = None
-        if keys is None or p["head"] is None:  # a kept state is no use without the content's keys and taps:
-            keys = None  # read everything in this one pass
-            d.forget(session)
-        r = d.trace(np.concatenate([content, qt]), session=session, attend_from=n, qk_layers=att.capture,
-                    taps=(self.tap,), flash=True, save_prefix=n)
+        a, r = att.read(content, qt, session, tail, taps=(self.tap,), cold=p["head"] is None)
         tap = r.taps[self.tap]
-        if keys is None or r.start != n:  # cold: the content was read in this pass
-            if r.start != 0:
-                raise DrafterError(f"drafter pass started at token {r.start}, expected 0 or {n}")
-            keys = {L: r.keys[L][:n] for L in att.capture}
-            att.keys.put(session, keys)
+        if r.start == 0:  # the content was read in this pass
             p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
-        a = token_relevance(att.per_layer(keys, r.queries, tail), att.heads)
+        a = token_relevance(a, att.heads)
         return self._head(reps, tap[n - r.start:]), peak_mass(a, p["starts"], p["ends"])
 
     def _head(self, reps: Any, qtap: np.ndarray) -> np.ndarray:
