@@ -10,6 +10,8 @@ Usage: ``python benchmarks/fusion_study.py ANALYSES.pkl [--out FILE.md]`` where 
    ``max`` (the larger of the rows' shares: a unit that one scorer finds decisive stays decisive).
 3. Each candidate's scores are replayed through the real pipeline (``analyses.replay``): budget, spread test,
    rewrite; gold checked in the served text.
+   With ``--links`` every row is also replayed with reference hops (``compress/links.py``) as ``ROW+links``;
+   ``--singles`` leaves the fusions out.
 4. Table: main families' gold kept whole (all, and per family), how many main cases the flat-relevance fallback
    served whole (their gold is kept by not compressing: a candidate that wins that way buys no speed), the gold
    found in messages that were compressed, median kept fraction, aggregation served whole.
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pflash_proxy.bench import analyses  # noqa: E402
 from pflash_proxy.compress.fusion import hybrid_lexical, shares  # noqa: E402
+from pflash_proxy.compress.links import ReferenceLinks, propagate  # noqa: E402
 
 Fuse = Callable[[list[np.ndarray]], np.ndarray]
 LEXICAL_VARIANTS = {"lexical-hops": hybrid_lexical()}  # the lexical half of --scorer hybrid
@@ -51,8 +54,10 @@ def peaked(s: np.ndarray, tokens: np.ndarray, q: float) -> np.ndarray:
     return np.maximum(d - np.quantile(d, q), 0.0) * tokens
 
 
-def candidates(names: list[str]) -> list[tuple[str, list[str], Fuse]]:
+def candidates(names: list[str], singles: bool = False) -> list[tuple[str, list[str], Fuse]]:
     out: list[tuple[str, list[str], Fuse]] = [(n, [n], lambda rows: rows[0]) for n in names]
+    if singles:
+        return out
     for n in names:
         for q in (0.5, 0.9):
             out.append((f"{n} above its q{int(q * 100)}", [n, "#tokens"],
@@ -71,6 +76,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("analyses", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--links", action="store_true",
+                    help="add every recorded row with reference hops (compress/links.py) as a row 'ROW+links'")
+    ap.add_argument("--singles", action="store_true", help="each row alone: no fusions")
     args = ap.parse_args()
     recs, cases = analyses.load(args.analyses)
     by_case: dict[str, dict[str, analyses.Analysed]] = defaultdict(dict)
@@ -81,6 +89,12 @@ def main() -> int:
         for name, scorer in LEXICAL_VARIANTS.items():
             per_row[name] = replace(base, row=name, scores=scorer.score(scorer.represent(base.tt, base.units),
                                                                         base.request.text))
+        if args.links:
+            links = ReferenceLinks.build(base.tt, base.units)
+            toks = np.array([u.tokens for u in base.units], np.float64)
+            for name, rec in list(per_row.items()):
+                per_row[name + "+links"] = replace(rec, row=name + "+links",
+                                                   scores=propagate(links, rec.scores, toks))
     names = sorted({n for rows in by_case.values() for n in rows})
     skipped = [c for c, rows in by_case.items()
                if len({tuple((u.start_line, u.end_line) for u in r.units) for r in rows.values()}) > 1]
@@ -88,7 +102,7 @@ def main() -> int:
     head = ["candidate", "main gold", "served flat", "gold, compressed", "median kept", "aggregation whole", *families]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     mismatches = 0
-    for label, rows, fuse in candidates(names):
+    for label, rows, fuse in candidates(names, args.singles):
         got: dict[str, list[bool]] = defaultdict(list)
         kept, agg, flat, found = [], [], 0, 0
         for cid, per_row in sorted(by_case.items()):
