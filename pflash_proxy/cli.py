@@ -35,7 +35,8 @@ _HELP = {
     "scorer": "unit relevance: lexical (BM25, model-free), attention or hybrid (need --drafter), head (trained "
               "probe files: shipped for gemma-3-270m, or from `pflash-proxy train`), head-attention (the head "
               "and attention fused, from one drafter pass); default lexical, or with "
-              "--drafter and no --scorer the bench's winner",
+              "--drafter and no --scorer the bench's winner, head-attention (attention for a drafter without a "
+              "shipped or given head)",
     "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
                        "once, cached in the state directory), 'all' (every head of the global layers) or "
                        "LAYER.HEAD,... (default auto)",

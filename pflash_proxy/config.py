@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
-DRAFTER_DEFAULT_SCORER = "attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
+DRAFTER_DEFAULT_SCORER = "head-attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.
 SEED_ENV_ALIASES: dict[str, str] = {

@@ -10,7 +10,9 @@
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
    (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
    ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
-   ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``).
+   ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``);
+   the default with a drafter, it falls back to ``attention`` when no head exists for the drafter (a log line).
+   Both follow reference hops from their top units (``compress/links.py``; the hybrid has its lexical hops).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
 """
@@ -60,12 +62,13 @@ def build_stages(settings: Settings) -> BuiltStages:
     if settings.drafter is None:
         raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
                                 f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
+    from pflash_proxy.compress.links import Linked
     from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
     from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
 
     hash_cache = settings.home / "drafter-hashes.json"
-    settings = _with_packaged_probes(settings, hash_cache)
+    settings = _default_scorer_for_this_drafter(_with_packaged_probes(settings, hash_cache))
     try:
         drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
                           n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
@@ -90,8 +93,10 @@ def build_stages(settings: Settings) -> BuiltStages:
                     request = load_request_probe(settings.request_probe, settings.drafter, hash_cache=hash_cache)
         except ProbeError as exc:
             raise DrafterSetupError(str(exc)) from exc
-        tap_block = (probe or head).meta.tap_block if (probe or head) is not None else None
-        stages = ProbeStages(drafter, tap_block) if tap_block is not None else None
+        # the segment probe and --scorer head read the tap block through ProbeStages; head-attention reads its
+        # taps in its own pass
+        reader = probe if probe is not None else head if settings.scorer == "head" else None
+        stages = ProbeStages(drafter, reader.meta.tap_block) if reader is not None else None
         if probe is not None:
             built.segmenter = DrafterSegmenter(stages, probe)
         if settings.scorer == "head":
@@ -99,11 +104,11 @@ def build_stages(settings: Settings) -> BuiltStages:
 
             built.scorer = HeadScorer(stages, head, request)
         elif settings.scorer == "attention":
-            built.scorer = _attention_scorer(settings, drafter, hash_cache)
+            built.scorer = Linked(_attention_scorer(settings, drafter, hash_cache))
         elif settings.scorer == "head-attention":
             from pflash_proxy.drafter.joint import HeadAttentionScorer
 
-            built.scorer = HeadAttentionScorer(_attention_scorer(settings, drafter, hash_cache), head, request)
+            built.scorer = Linked(HeadAttentionScorer(_attention_scorer(settings, drafter, hash_cache), head, request))
         elif settings.scorer == "hybrid":
             from pflash_proxy.compress.fusion import hybrid
 
@@ -132,6 +137,19 @@ def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
         return settings
     log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})
     return settings.model_copy(update={k: found[k] for k in missing})
+
+
+def _default_scorer_for_this_drafter(settings: Settings) -> Settings:
+    """The default drafter scorer (head-attention) needs a scorer head trained for this drafter. With none
+    given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit ``--scorer
+    head-attention`` still stops at the missing file."""
+    if settings.scorer != "head-attention" or "scorer" in settings.model_fields_set \
+            or settings.scoring_head is not None:
+        return settings
+    log.warning("no scorer head is shipped or given for this drafter (%s): scoring with --scorer attention; "
+                "`pflash-proxy train --drafter %s --out DIR` trains one for --scorer head-attention",
+                settings.drafter, settings.drafter)
+    return settings.model_copy(update={"scorer": "attention"})
 
 
 def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:

@@ -92,3 +92,30 @@ def test_drafter_scorers_need_a_drafter(tmp_path):
         build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention"))
     with pytest.raises(DrafterSetupError, match="drafter: cannot load"):
         build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention", drafter=tmp_path / "no.gguf"))
+
+
+def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trained_head(tmp_path, gemma_model,
+                                                                                          monkeypatch, caplog):
+    import pflash_proxy.drafter.trained as trained
+    from pflash_proxy.compress.links import Linked
+
+    settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
+                             attention_heads="all")
+    assert settings.scorer == "head-attention"  # no --scorer: the bench's winner
+    built = build_stages(settings)  # gemma: the head shipped in the package
+    try:
+        assert built.scorer.name == "head-attention" and isinstance(built.scorer, Linked)  # with reference hops
+    finally:
+        built.close()
+    monkeypatch.setattr(trained, "for_drafter", lambda sha: None)  # a drafter nobody has trained a head for
+    with caplog.at_level("WARNING", logger="pflash_proxy.drafter"):
+        built = build_stages(settings)
+    try:
+        assert built.scorer.name == "attention" and "pflash-proxy train --drafter" in caplog.text
+        assert isinstance(built.scorer, Linked)
+    finally:
+        built.close()
+    explicit = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
+                             attention_heads="all", scorer="head-attention")
+    with pytest.raises(DrafterSetupError, match="needs --scoring-head"):  # asked for by name: no substitute
+        build_stages(explicit)

@@ -42,7 +42,8 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
     reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
-    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``). The attention
+    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``); ``attention``
+    and ``head-attention`` follow reference hops (``compress/links.py``) as the proxy's do. The attention
     rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None
@@ -83,6 +84,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 
                 out[name] = HeadScorer(ProbeStages(drafter, head.meta.tap_block), head, req)
                 continue
+            from pflash_proxy.compress.links import Linked
             from pflash_proxy.drafter.attention import AttentionScorer
 
             base = base or AttentionScorer(drafter)  # every attention row shares its content keys
@@ -95,7 +97,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 
                 calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
             if name == "attention":
-                out[name] = calibrated
+                out[name] = Linked(calibrated)  # as the proxy's --scorer attention: with reference hops
             elif name == "hybrid":
                 from pflash_proxy.compress.fusion import hybrid
 
@@ -103,7 +105,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             else:
                 from pflash_proxy.drafter.joint import HeadAttentionScorer
 
-                out[name] = HeadAttentionScorer(calibrated, head, req)
+                out[name] = Linked(HeadAttentionScorer(calibrated, head, req))
         except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
             out[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return out
