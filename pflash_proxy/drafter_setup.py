@@ -12,7 +12,8 @@
    ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
    ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``);
    the default with a drafter, it falls back to ``attention`` when no head exists for the drafter (a log line).
-   Both follow reference hops from their top units (``compress/links.py``; the hybrid has its lexical hops).
+   The three drafter scorers (attention, hybrid, head-attention) follow reference hops from their top units
+   (``compress/links.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
 """
@@ -112,7 +113,7 @@ def build_stages(settings: Settings) -> BuiltStages:
         elif settings.scorer == "hybrid":
             from pflash_proxy.compress.fusion import hybrid
 
-            built.scorer = hybrid(_attention_scorer(settings, drafter, hash_cache))
+            built.scorer = Linked(hybrid(_attention_scorer(settings, drafter, hash_cache)))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc

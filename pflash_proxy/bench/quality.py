@@ -42,8 +42,8 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
     reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
-    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``); ``attention``
-    and ``head-attention`` follow reference hops (``compress/links.py``) as the proxy's do. The attention
+    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``); ``attention``,
+    ``hybrid`` and ``head-attention`` follow reference hops (``compress/links.py``) as the proxy's do. The attention
     rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None
@@ -101,7 +101,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             elif name == "hybrid":
                 from pflash_proxy.compress.fusion import hybrid
 
-                out[name] = hybrid(calibrated)
+                out[name] = Linked(hybrid(calibrated))
             else:
                 from pflash_proxy.drafter.joint import HeadAttentionScorer
 

@@ -19,8 +19,12 @@ scorer has no terms to follow, so this stage follows them from whatever the scor
 3. Nothing reached: the scores come back unchanged, so a message without references ranks exactly as the
    scorer said.
 
-``Linked(scorer)`` wraps a scorer with this stage (``--scorer head-attention``, ``attention``); its reps hold
-the inner reps and the links, so recall (a later question on the same reps) follows them too.
+``Linked(scorer)`` wraps a scorer with this stage (the drafter scorers: ``attention``, ``hybrid``,
+``head-attention``); its reps hold the inner reps and the links, so recall (a later question on the same reps)
+follows them too. The bounds were chosen on the tuning set (8K, seed 7, ``benchmarks/reported/links-study-8k/``)
+by replaying recorded scores: without ``REACH_SHARE`` the raised functions of a whole-file tool output pushed
+the gold function out of an 8K budget (head-attention's agent cases 5/8 → 2/8); with 5 % none was lost and
+head-attention went 18 → 21/27 (3 % 19, 8 % and 10 % 21 with an agent case fewer, 15 % 20).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ SOURCE = 0.5  # step 2: sources are units at least this fraction of the top rele
 DECAY = 0.8  # step 2: a unit reached through a name gets this fraction of its parent's relevance per token
 HOPS = 5  # step 2: a chain of five assignments is five hops from a question that names its value
 REACH = 8  # step 2: at most this many units raised, so a source that names many others cannot flood the budget
+REACH_SHARE = 0.05  # step 2: ... and at most this share of the message's tokens (the budget is ~25-30 % of it)
 # step 1: an identifier, not a word: it holds a digit, an underscore or a camelCase hump (VAR_ABCDE, parseHeader,
 # req-8f3a2's 8f3a2, 16811); prose words never link, so a rare word in two paragraphs is not a reference
 _NAME = re.compile(r"\b(?=\w{3})[A-Za-z0-9_]*(?:[0-9_]|[a-z][A-Z])[A-Za-z0-9_]*\b")  # 3+ characters
@@ -85,7 +90,8 @@ class ReferenceLinks:
 
 
 def propagate(links: ReferenceLinks, scores: np.ndarray, unit_tokens: np.ndarray, hops: int = HOPS,
-              decay: float = DECAY, source: float = SOURCE, reach: int = REACH) -> np.ndarray:
+              decay: float = DECAY, source: float = SOURCE, reach: int = REACH, reach_share: float = REACH_SHARE
+              ) -> np.ndarray:
     """Step 2: ``scores`` with the units reached from the top ones through shared names raised."""
     s = np.asarray(scores, np.float64)
     if links.empty or not len(s) or float(s.max()) <= 0.0:
@@ -96,18 +102,18 @@ def propagate(links: ReferenceLinks, scores: np.ndarray, unit_tokens: np.ndarray
     level = float(d[frontier].min())  # a reached unit ranks below every source: the scorer's peaks stay first
     reached = set(frontier)
     out = d.copy()
-    raised = 0
+    raised, room = 0, reach_share * float(tok.sum())
     for _ in range(hops):
         level *= decay
         nxt: list[int] = []
         for k in frontier:
             for name in sorted(links.unit_names[k]):
                 for j in links.name_units.get(name, ()):
-                    if j not in reached and raised < reach:
+                    if j not in reached and raised < reach and tok[j] <= room:
                         reached.add(j)
                         out[j] = max(out[j], level)
                         nxt.append(j)
-                        raised += 1
+                        raised, room = raised + 1, room - tok[j]
         if not nxt:
             break
         frontier = nxt

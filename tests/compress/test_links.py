@@ -61,3 +61,25 @@ def test_hops_and_reach_are_bounded():
     assert raised == [True] * HOPS + [False] * (len(long_chain) - 1 - HOPS)
     few = propagate(ReferenceLinks.build(tt, units), scores, tokens, reach=2)
     assert [few[where[ln]] > 0.01 + 1e-12 for ln in long_chain[1:4]] == [True, True, False]
+
+
+def test_raised_units_take_at_most_a_small_share_of_the_message():
+    """A whole-file tool output: the source calls helpers defined in big units. Raising them all pushed the
+    gold function out of an 8K budget on the tuning set; only units within ``REACH_SHARE`` of the message are."""
+    from pflash_proxy.compress.links import REACH_SHARE
+
+    body = "    total = total + weight_of_cargo * tide_factor - crane_offset\n" * 40
+    funcs = [f"def helper_{c}(x):\n{body}    return x\n" for c in "abc"]
+    caller = "def main_entry(x):\n    y = helper_a(x)\n    return helper_b(y)\n"
+    tt = TokenizedText.from_text(caller + "\n" + "\n".join(funcs) + "\nsmall_tail = helper_c(1)\n")
+    units = list(UnitSegmenter(4, 4096).segment(tt, None))
+    tokens = np.array([u.tokens for u in units])
+    scores = np.full(len(units), 0.01)
+    scores[0] = 5.0  # the scorer found main_entry
+    links = ReferenceLinks.build(tt, units)
+    assert not links.empty
+    got = propagate(links, scores, tokens, reach_share=1.0)
+    assert (got > scores + 1e-12).sum() >= 2  # unbounded: both helpers raised
+    bounded = propagate(links, scores, tokens)
+    raised = bounded > scores + 1e-12
+    assert tokens[raised].sum() <= REACH_SHARE * tokens.sum()
