@@ -69,7 +69,7 @@ def build_stages(settings: Settings) -> BuiltStages:
     from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
 
     hash_cache = settings.home / "drafter-hashes.json"
-    settings = _default_scorer_for_this_drafter(_with_packaged_probes(settings, hash_cache))
+    settings = _with_packaged_probes(settings, hash_cache)
     try:
         drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
                           n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
@@ -77,6 +77,7 @@ def build_stages(settings: Settings) -> BuiltStages:
     except DrafterError as exc:
         raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
     built = BuiltStages(drafter=drafter)
+    settings = _default_scorer_for_this_drafter(settings)  # after the load: a drafter that cannot load is one line
     try:
         probe = head = request = None
         try:
