@@ -44,7 +44,7 @@ __all__ = ["Linked", "ReferenceLinks", "propagate"]
 
 REF_TOKENS = 40  # step 1: a longer line is prose or data, not a reference
 SOURCE = 0.5  # step 2: sources are units at least this fraction of the top relevance per token
-DECAY = 0.8  # step 2: a unit reached through a name gets this fraction of its parent's relevance per token
+DECAY = 0.8  # step 2: hop h raises a unit to DECAY ** h of the lowest source's relevance per token
 HOPS = 5  # step 2: a chain of five assignments is five hops from a question that names its value
 REACH = 8  # step 2: at most this many units raised, so a source that names many others cannot flood the budget
 REACH_SHARE = 0.05  # step 2: ... and at most this share of the message's tokens (the budget is ~25-30 % of it)
