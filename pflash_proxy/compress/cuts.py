@@ -10,7 +10,9 @@ Algorithm:
    pass (Python: triple/single quoted strings and ``#``; C-like/JS: ``/* */``, ``//``,
    quotes and backtick templates), marking every line that *starts* inside a literal.
    Bracket depth at each line start is the running sum of ``([{`` minus ``)]}``,
-   clamped at zero (clamped sum = sum - min(0, running minimum)).
+   clamped at zero (clamped sum = sum - min(0, running minimum)), restarted at lines that
+   are at depth 0 in any well-formed file (markdown fences; Python ``def``/``class`` at
+   column 0), so one stray bracket cannot swallow the rest of the message.
 3. Code starts: indentation 0, depth 0, not inside a literal, not a leader (blank,
    comment, decorator), not a continuation (``else``/``elif``/``except``/``finally``/
    ``catch``/``{``/closers, or the previous code line ends with an operator or ``\\``).
@@ -42,12 +44,15 @@ from .kinds import TURN_RE, ContentKind
 
 __all__ = ["LineTable", "raw_starts", "split_priority"]
 
-_PY_LIT = re.compile(  # unrolled loops: no per-character backtracking inside literals
+# unrolled loops: no per-character backtracking inside literals. DOTALL: an escape (a backslash and any byte)
+# may be a backslash-newline, which opens many a docstring; without it such a literal was missed and its quotes
+# paired wrongly with later ones, leaving the rest of the file "inside a string"
+_PY_LIT = re.compile(
     rb'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|' + rb"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''|"
-    rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|' + rb"'[^'\\\n]*(?:\\.[^'\\\n]*)*'|#[^\n]*")
+    rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|' + rb"'[^'\\\n]*(?:\\.[^'\\\n]*)*'|#[^\n]*", re.S)
 _C_LIT = re.compile(
     rb"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|//[^\n]*|" + rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'
-    rb"'(?:\\.|[^'\\\n]){0,4}'|`[^`\\]*(?:\\.[^`\\]*)*`")
+    rb"'(?:\\.|[^'\\\n]){0,4}'|`[^`\\]*(?:\\.[^`\\]*)*`", re.S)
 _PY_HINT = re.compile(rb"^(?:def |class |import |from \S+ import |async def |@\w)|:\s*(?:#.*)?$", re.M)
 _C_HINT = re.compile(rb"[;{}]\s*$", re.M)
 _CONT = (b"else:", b"else ", b"else{", b"elif ", b"except", b"finally", b"catch", b"{", b")", b"]", b"}", b".", b"&&",
@@ -57,6 +62,12 @@ _DEFS = (b"def ", b"class ", b"async de", b"function", b"@", b"#", b"//", b"/*",
 _HEADINGS = (b"# ", b"## ", b"### ", b"#### ", b"##### ", b"###### ")
 _DIFF_HDR = (b"diff ", b"index ", b"new file", b"deleted file", b"similarity", b"rename ", b"old mode", b"new mode")
 _TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
+# step 2: lines that are at bracket depth 0 in any well-formed file, whatever came before: a markdown fence and
+# (Python) a definition at column 0. Depth restarts there, so one stray bracket (a prose preamble whose ``#``
+# was taken for a comment, a regex the literal pass misread) cannot leave the rest of the message "inside
+# brackets" with no cut candidates at all.
+_RESYNC_PY = (b"```", b"~~~", b"def ", b"class ", b"async def ")
+_RESYNC_C = (b"```", b"~~~")
 _OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
 
 
@@ -155,6 +166,20 @@ def _literal_spans(data: bytes, arr: np.ndarray, python: bool) -> list[int]:
     return flat
 
 
+def _clamped_depth(run: np.ndarray, at_line: np.ndarray, resets: np.ndarray) -> np.ndarray:
+    """Bracket depth at each line start: the running sum clamped at zero, restarted at every reset (step 2).
+
+    Segmented running minimum without a loop: segment ``s`` is shifted down by ``s * big``, so the cumulative
+    minimum never carries an earlier segment's value past a reset (each segment starts at 0 below them all).
+    """
+    bounds = np.unique(np.concatenate(([0], resets)))
+    seg = np.searchsorted(bounds, np.arange(len(run)), side="right") - 1
+    v = run - run[bounds][seg]
+    big = 3 * (len(run) + 1)
+    seg_min = np.minimum.accumulate(v - seg * big) + seg * big
+    return (v - np.minimum(seg_min, 0))[at_line]
+
+
 def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(depth at line start, starts-inside-literal, has code after stripping) per line (step 2).
 
@@ -179,9 +204,10 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ab = arr[bpos]
     delta = np.where((ab == 40) | (ab == 91) | (ab == 123), 1, -1).astype(np.int64)
     run = np.concatenate(([0], np.cumsum(delta)))
-    clamped = run - np.minimum(np.minimum.accumulate(run), 0)
-    depth = clamped[np.searchsorted(bpos, t.starts, side="left")]
+    at_line = np.searchsorted(bpos, t.starts, side="left")  # brackets before each line start
     in_lit = inside(t.starts - 1) & (t.starts > 0)
+    resync = ~in_lit & (t.indent == 0) & t.startswith(_RESYNC_PY if python else _RESYNC_C)
+    depth = _clamped_depth(run, at_line, at_line[resync])
     first = t.starts + t.indent
     k = np.searchsorted(ss, first, side="right") - 1
     all_lit = (k >= 0) & (first < se[np.maximum(k, 0)] if len(se) else False) \

@@ -113,6 +113,42 @@ def test_bracket_and_string_continuations_are_not_cuts():
     assert len(units) >= 3
 
 
+def _functions_src(prefix: str, n: int = 6, doc: str = "") -> str:
+    return "".join(f"def {prefix}{i}(x):\n{doc}" + "".join(f"    y{j} = x + {j}\n" for j in range(8)) + "    return y0\n\n"
+                   for i in range(n))
+
+
+def _first_lines(tt: TokenizedText, units) -> list[str]:
+    """Each unit's first non-blank line (blank lines above a definition go with it, as leaders)."""
+    return [next((ln for ln in tt.lines[u.start_line:u.end_line] if ln.strip()), "") for u in units]
+
+
+def test_a_stray_bracket_in_a_prose_preamble_does_not_swallow_the_code_below():
+    # the code family's own preamble: its `#` reads as a comment, which hides the `)` of the parenthesis, so the
+    # bracket depth stayed 1 to the end and the whole message had one cut candidate (line 0): units were then cut
+    # by size alone, and a four-line function ended up inside another file's function
+    src = ("I'm reading these files (each starts with a `# ===== path =====` header line).\n\n```python\n"
+           + "# ===== a.py =====\n" + _functions_src("alpha") + "# ===== b.py =====\n" + _functions_src("beta")
+           + "```\n\nWhich function returns y0? Give its name.\n")
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    defs = [ln for ln in tt.lines if ln.startswith("def ")]
+    # every function starts its own unit: alpha0 goes with the fence, beta0 with its file's header comment
+    assert [ln for ln in starts if ln.startswith("def ")] == [d for d in defs if not d.startswith(("def alpha0",
+                                                                                                    "def beta0"))]
+    assert "```python\n" in starts and "# ===== b.py =====\n" in starts, starts
+
+
+def test_a_docstring_opened_with_a_backslash_newline_is_one_literal():
+    # '"""\\' + newline: the escape takes the newline; missed, the quotes paired wrongly with later ones and the
+    # functions after it were "inside a string", with no cut candidates
+    src = ('def f():\n    print("""\\\n    Thanks to everyone; see www.example.org.""")\n\n'
+           + _functions_src("gamma", doc='    """Add."""\n'))
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    assert [ln for ln in starts if ln.startswith("def gamma")] == [ln for ln in tt.lines if ln.startswith("def gamma")]
+
+
 def test_min_segment_merges_forward_and_last_backward():
     text = "\n\n".join(["short one"] * 3 + [prose_paragraphs(1)[0]] * 2 + ["tiny"]) + "\n"
     tt = TokenizedText.from_text(text)
