@@ -63,7 +63,6 @@ def build_stages(settings: Settings) -> BuiltStages:
     if settings.drafter is None:
         raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
                                 f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
-    from pflash_proxy.compress.links import Linked
     from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
     from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
@@ -101,25 +100,40 @@ def build_stages(settings: Settings) -> BuiltStages:
         stages = ProbeStages(drafter, reader.meta.tap_block) if reader is not None else None
         if probe is not None:
             built.segmenter = DrafterSegmenter(stages, probe)
-        if settings.scorer == "head":
-            from pflash_proxy.drafter.head import HeadScorer
-
-            built.scorer = HeadScorer(stages, head, request)
-        elif settings.scorer == "attention":
-            built.scorer = Linked(_attention_scorer(settings, drafter, hash_cache))
-        elif settings.scorer == "head-attention":
-            from pflash_proxy.drafter.joint import HeadAttentionScorer
-
-            built.scorer = Linked(HeadAttentionScorer(_attention_scorer(settings, drafter, hash_cache), head, request))
-        elif settings.scorer == "hybrid":
-            from pflash_proxy.compress.fusion import hybrid
-
-            built.scorer = Linked(hybrid(_attention_scorer(settings, drafter, hash_cache)))
+        if settings.scorer in DRAFTER_SCORERS:
+            attention = None if settings.scorer == "head" else _attention_scorer(settings, drafter, hash_cache)
+            built.scorer = drafter_scorer(settings.scorer, attention, head, request, stages)
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc
     log.info("compression stages: %s", built.describe())
     return built
+
+
+DRAFTER_SCORERS = ("head", "attention", "head-attention", "hybrid")
+
+
+def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, stages: Any = None) -> Any:
+    """The scorer ``--scorer NAME`` serves, from its parts: ``attention`` (an ``AttentionScorer``, calibrated or
+    not), the scorer ``head`` and ``request`` probe, the ``ProbeStages`` that ``head`` reads through. One place,
+    so ``bench quality`` measures exactly what the proxy serves (reference hops included)."""
+    if name == "head":
+        from pflash_proxy.drafter.head import HeadScorer
+
+        return HeadScorer(stages, head, request)
+    from pflash_proxy.compress.links import Linked
+
+    if name == "attention":
+        return Linked(attention)
+    if name == "head-attention":
+        from pflash_proxy.drafter.joint import HeadAttentionScorer
+
+        return Linked(HeadAttentionScorer(attention, head, request))
+    if name == "hybrid":
+        from pflash_proxy.compress.fusion import hybrid
+
+        return Linked(hybrid(attention))
+    raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
 
 
 def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:

@@ -119,3 +119,24 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
                              attention_heads="all", scorer="head-attention")
     with pytest.raises(DrafterSetupError, match="needs --scoring-head"):  # asked for by name: no substitute
         build_stages(explicit)
+
+
+def test_the_bench_and_the_proxy_build_drafter_scorers_in_one_place(monkeypatch):
+    # bench quality's rows come from drafter_setup.drafter_scorer: what it measures is what --scorer NAME serves
+    import pflash_proxy.bench.quality as quality
+    import pflash_proxy.drafter_setup as setup
+    from pflash_proxy.compress.links import Linked
+
+    made = []
+    monkeypatch.setattr(setup, "drafter_scorer", lambda name, *a, **k: made.append(name) or name)
+    monkeypatch.setattr("pflash_proxy.drafter.runtime.Drafter", lambda *a, **k: object())
+    monkeypatch.setattr("pflash_proxy.drafter.attention.AttentionScorer", lambda drafter: "base")
+    monkeypatch.setattr("pflash_proxy.drafter.calibrate.calibrated", lambda base, home, cache: "calibrated")
+    opts = type("Opts", (), {"drafter": "d.gguf", "lengths": [1024], "scoring_head": None})()
+    got = quality.build_scorers(["lexical", "attention", "hybrid"], opts)
+    assert got == {"lexical": None, "attention": "attention", "hybrid": "hybrid"} and made == ["attention", "hybrid"]
+    monkeypatch.undo()
+    hybrid = setup.drafter_scorer("hybrid", object())
+    assert isinstance(hybrid, Linked) and hybrid.name == "hybrid"
+    with pytest.raises(ValueError, match="not a drafter scorer"):
+        setup.drafter_scorer("lexical", None)

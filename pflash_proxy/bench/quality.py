@@ -42,8 +42,8 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
     reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
-    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``); ``attention``,
-    ``hybrid`` and ``head-attention`` follow reference hops (``compress/links.py``) as the proxy's do. The attention
+    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``). Each is built by
+    ``drafter_setup.drafter_scorer``, the proxy's own constructor (reference hops included). The attention
     rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None
@@ -78,13 +78,13 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 
                 head = load_scorer_head(opts.scoring_head, opts.drafter)
                 req = load_request_probe(opts.request_probe, opts.drafter) if opts.request_probe else None
+            from pflash_proxy.drafter_setup import drafter_scorer
+
             if name == "head":
-                from pflash_proxy.drafter.head import HeadScorer
                 from pflash_proxy.drafter.stages import ProbeStages
 
-                out[name] = HeadScorer(ProbeStages(drafter, head.meta.tap_block), head, req)
+                out[name] = drafter_scorer(name, None, head, req, ProbeStages(drafter, head.meta.tap_block))
                 continue
-            from pflash_proxy.compress.links import Linked
             from pflash_proxy.drafter.attention import AttentionScorer
 
             base = base or AttentionScorer(drafter)  # every attention row shares its content keys
@@ -96,16 +96,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
                 from pflash_proxy.drafter.calibrate import calibrated as calibrate
 
                 calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
-            if name == "attention":
-                out[name] = Linked(calibrated)  # as the proxy's --scorer attention: with reference hops
-            elif name == "hybrid":
-                from pflash_proxy.compress.fusion import hybrid
-
-                out[name] = Linked(hybrid(calibrated))
-            else:
-                from pflash_proxy.drafter.joint import HeadAttentionScorer
-
-                out[name] = Linked(HeadAttentionScorer(calibrated, head, req))
+            out[name] = drafter_scorer(name, calibrated, head, req)  # the proxy's own, reference hops included
         except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
             out[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return out
