@@ -11,7 +11,9 @@
    forward of content + question with raw llama-cpp-python (no callback), vs ``AttentionScorer`` scoring the
    same content cold (``represent``: one flash-on pass with the global layers' ``Kcur`` taps; ``score``: the
    question read on top, its ``Qcur`` taps, the attention in numpy), interleaved, ``--runs`` each; the ratio of
-   medians (target <= 1.3) and how much of it is numpy.
+   medians (target <= 1.3) and how much of it is numpy. When a scorer head ships for the drafter
+   (``drafter/trained``), ``--scorer head-attention``'s cold pass too (the same pass with the head's tap block
+   kept, its unit representations and the fusion): ``head_attention_ratio``.
 Usage: ``python benchmarks/bench_drafter.py [--drafter PATH] [--runs 3] [--tokens 4096]
 [--attention-tokens 4096,16384]``; writes ``benchmarks/results/drafter.json``.
 """
@@ -93,7 +95,8 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
         ids = [d.bos] + ids if d.add_bos else ids
         raw = llama_cpp.Llama(path, n_ctx=n + 512, n_threads=2, n_threads_batch=2, n_batch=512, n_ubatch=512,
                               flash_attn=True, verbose=False)
-        fwd, att, outside = [], [], []
+        joint = _head_attention(sc, path)
+        fwd, att, outside, both = [], [], [], []
         for _ in range(runs):
             raw.reset()
             t0 = time.perf_counter()
@@ -106,13 +109,36 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
             sc.score(sc.represent(tt, units), question)
             att.append(time.perf_counter() - t0)
             outside.append(att[-1] - (d.stats["seconds"] - passes))  # tokenizing, numpy attention, glue
+            if joint is not None:  # the same cold pass with the head's tap block kept as well
+                sc.keys.clear()
+                d.forget("attn:" + text_key(text))
+                t0 = time.perf_counter()
+                joint.score(joint.represent(tt, units), question)
+                both.append(time.perf_counter() - t0)
         rows.append({"tokens": len(ids), "flash_forward_s": fwd, "attention_scorer_s": att,
                      "outside_drafter_passes_s": outside,
                      "ratio": statistics.median(att) / statistics.median(fwd)})
+        if both:
+            rows[-1].update(head_attention_scorer_s=both,
+                            head_attention_ratio=statistics.median(both) / statistics.median(fwd))
         print(json.dumps(rows[-1]), flush=True)
         del raw
         d.close()
     return rows
+
+
+def _head_attention(attention, path: str):
+    """``--scorer head-attention`` over ``attention`` with the head shipped for this drafter; None if none is."""
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.joint import HeadAttentionScorer
+    from pflash_proxy.drafter.trained import for_drafter
+
+    found = for_drafter(file_sha256(path))
+    if found is None:
+        return None
+    head = load_scorer_head(found["scoring_head"], path)
+    req = load_request_probe(found["request_probe"], path) if found.get("request_probe") else None
+    return HeadAttentionScorer(attention, head, req)
 
 
 def bench_probes(n: int, width: int) -> dict:
