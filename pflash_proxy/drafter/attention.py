@@ -250,24 +250,39 @@ class AttentionScorer:
         """Content plus question longer than one context: each window holds a slice of the content followed by
         the whole question; a content token takes its value from the window that owns it (the drafter's window
         schedule with ``W' = W - len(query)``)."""
+        return self.windows(content, query, tail)[0]
+
+    def windows(self, content: np.ndarray, query: np.ndarray, tail: int = 0, taps: Sequence[int] = ()
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """``attention_windows`` and, from the same passes, the ``taps`` of every token of content + question
+        (a content token's from the window that owns it, the question's from the last window): a caller that
+        needs both (``--scorer head-attention``) reads a long message once, not twice."""
         d = self.drafter
         wc = d.window - len(query)
         if wc < 8:
             raise DrafterError(f"question of {len(query)} tokens leaves no room in a {d.n_ctx}-token context")
         sc = wc - min(d.overlap, wc // 4)
         out: dict[int, np.ndarray] = {}
+        rows: dict[int, np.ndarray] = {}
         ws = 0
         while True:
             seg = content[ws:ws + wc]
-            r = d.trace(np.concatenate([seg, query]), attend_from=len(seg), qk_layers=self.layers, flash=True)
+            r = d.trace(np.concatenate([seg, query]), attend_from=len(seg), qk_layers=self.layers, taps=taps,
+                        flash=True)
             last = ws + wc >= len(content)  # only the last window holds the message's tail
             att = self.per_layer({L: r.keys[L][:len(seg)] for L in self.layers}, r.queries, tail if last else 0)
             own = 0 if ws == 0 else wc - sc
             for L, a in att.items():
                 out.setdefault(L, np.zeros((a.shape[0], len(content)), np.float32))[:, ws + own:ws + len(seg)] \
                     = a[:, own:]
+            for k in taps:
+                t = r.taps[k]
+                dst = rows.setdefault(k, np.zeros((len(content) + len(query), t.shape[1]), t.dtype))
+                dst[ws + own:ws + len(seg)] = t[own:len(seg)]
+                if last:
+                    dst[len(content):] = t[len(seg):]
             if last:
-                return out
+                return out, rows
             ws += sc
 
     # ---------------------------------------------------------------- Scorer protocol

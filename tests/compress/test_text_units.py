@@ -114,8 +114,8 @@ def test_bracket_and_string_continuations_are_not_cuts():
 
 
 def _functions_src(prefix: str, n: int = 6, doc: str = "") -> str:
-    return "".join(f"def {prefix}{i}(x):\n{doc}" + "".join(f"    y{j} = x + {j}\n" for j in range(8)) + "    return y0\n\n"
-                   for i in range(n))
+    body = "".join(f"    y{j} = x + {j}\n" for j in range(8)) + "    return y0\n\n"
+    return "".join(f"def {prefix}{i}(x):\n{doc}{body}" for i in range(n))
 
 
 def _first_lines(tt: TokenizedText, units) -> list[str]:

@@ -394,3 +394,42 @@ def test_head_attention_reads_the_message_once_and_equals_both_scorers(gemma, tm
         assert d.stats["tokens"] - tokens < 64 + 20
     finally:
         d.close()
+
+
+def test_head_attention_reads_a_message_longer_than_the_context_in_one_windowed_pass(gemma, tmp: Path) -> None:
+    """Longer than one context: the attention's windows carry the head's taps, so the message is read once
+    (before, the head made a windowed tap pass of its own: twice the drafter time)."""
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.head import unit_reps
+    from pflash_proxy.drafter.joint import HeadAttentionScorer
+    from pflash_proxy.drafter.probe_writer import random_head_weights, write_scorer_head
+    from pflash_proxy.drafter.probes import load_scorer_head
+    from pflash_proxy.drafter.runtime import Drafter
+    write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
+                      drafter_sha256=file_sha256(gemma))
+    w = load_scorer_head(tmp / "h.gguf", gemma)
+    d = Drafter(gemma, n_ctx=256, n_batch=64, overlap=32)
+    try:
+        text, q = doc(14, seed=8), "Which warehouse holds the most crates?"
+        units = _units(text, 4)
+        joint = HeadAttentionScorer(AttentionScorer(d), w)
+        reps = joint.represent(tt_of(text), units)
+        content, qt = reps.payload["tokens"], d.tokenize("\n\n" + q)
+        assert len(content) > 2 * d.window
+        alone = AttentionScorer(d)
+        passes = d.stats["passes"]
+        att_alone = alone.score(alone.represent(tt_of(text), units), q)
+        windows = d.stats["passes"] - passes
+        passes = d.stats["passes"]
+        head, att = joint.unit_scores(reps, q)
+        assert d.stats["passes"] - passes == windows  # the attention's windows and nothing more
+        np.testing.assert_allclose(att, att_alone, rtol=2e-3, atol=1e-6)
+        assert np.isfinite(head).all() and (head > 0).all()
+        wc = d.window - len(qt)  # the first window's content taps are those of its own pass
+        r = d.trace(np.concatenate([content[:wc], qt]), taps=(TAP,))
+        first = [k for k, e in enumerate(reps.payload["ends"]) if e <= wc]
+        np.testing.assert_allclose(reps.payload["head"][first], unit_reps(w, r.taps[TAP], reps.payload["starts"][first],
+                                   reps.payload["ends"][first]), rtol=2e-3, atol=1e-5)
+    finally:
+        d.close()
