@@ -128,17 +128,17 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
 
 
 def _head_attention(attention, path: str):
-    """``--scorer head-attention`` over ``attention`` with the head shipped for this drafter; None if none is."""
-    from pflash_proxy.drafter.hashing import file_sha256
-    from pflash_proxy.drafter.joint import HeadAttentionScorer
-    from pflash_proxy.drafter.trained import for_drafter
+    """``--scorer head-attention`` over ``attention`` with the head shipped for this drafter, built as the proxy
+    builds it (reference hops included); None if no head is shipped for this drafter."""
+    from pflash_proxy.drafter.trained import for_drafter_file
+    from pflash_proxy.drafter_setup import drafter_scorer
 
-    found = for_drafter(file_sha256(path))
+    found = for_drafter_file(path)
     if found is None:
         return None
     head = load_scorer_head(found["scoring_head"], path)
     req = load_request_probe(found["request_probe"], path) if found.get("request_probe") else None
-    return HeadAttentionScorer(attention, head, req)
+    return drafter_scorer("head-attention", attention, head, req)
 
 
 def bench_probes(n: int, width: int) -> dict:

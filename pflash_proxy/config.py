@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
+ScorerName = Literal["lexical", "attention", "hybrid", "head", "head-attention"]
+DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n in get_args(ScorerName) if n != "lexical")  # need a --drafter
 DRAFTER_DEFAULT_SCORER = "head-attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.
@@ -129,7 +131,7 @@ class Settings(BaseModel):
     cold_history: Literal["raw"] = "raw"
     min_segment: int = Field(32, ge=1)
     max_segment: int = Field(512, ge=2)
-    scorer: Literal["lexical", "attention", "hybrid", "head", "head-attention"] = "lexical"
+    scorer: ScorerName = "lexical"
     segmenter: Literal["heuristic", "probe"] = "heuristic"
 
     # --- drafter / probes ---

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pflash_proxy.config import Settings
+from pflash_proxy.config import DRAFTER_SCORERS, Settings
 
 log = logging.getLogger("pflash_proxy.drafter")
 
@@ -110,9 +110,6 @@ def build_stages(settings: Settings) -> BuiltStages:
     return built
 
 
-DRAFTER_SCORERS = ("head", "attention", "head-attention", "hybrid")
-
-
 def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, stages: Any = None) -> Any:
     """The scorer ``--scorer NAME`` serves, from its parts: ``attention`` (an ``AttentionScorer``, calibrated or
     not), the scorer ``head`` and ``request`` probe, the ``ProbeStages`` that ``head`` reads through. One place,
@@ -145,10 +142,9 @@ def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
         return settings  # files given by the user are one set: never mix a shipped file into it
     if not missing or settings.drafter is None or not settings.drafter.is_file():
         return settings
-    from pflash_proxy.drafter.hashing import file_sha256
-    from pflash_proxy.drafter.trained import for_drafter
+    from pflash_proxy.drafter.trained import for_drafter_file
 
-    found = for_drafter(file_sha256(settings.drafter, hash_cache))
+    found = for_drafter_file(settings.drafter, hash_cache)
     if found is None:
         return settings
     log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})

@@ -29,6 +29,7 @@ from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, mean, median, pct, write_report
 from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
+from pflash_proxy.config import DRAFTER_SCORERS
 from pflash_proxy.progress import Progress
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
@@ -51,7 +52,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
         if name == "lexical":
             out[name] = None
             continue
-        if name not in ("attention", "attention-all", "hybrid", "head", "head-attention"):
+        if name not in (*DRAFTER_SCORERS, "attention-all"):
             out[name] = f"unknown scorer {name!r}"
             continue
         if not getattr(opts, "drafter", None):
@@ -105,10 +106,9 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 def _packaged_probes(drafter: Any) -> dict[str, Any] | None:
     """The probe set shipped for this drafter file (``drafter/trained``), as the proxy would use it."""
     from pflash_proxy.config import state_home
-    from pflash_proxy.drafter.hashing import file_sha256
-    from pflash_proxy.drafter.trained import for_drafter
+    from pflash_proxy.drafter.trained import for_drafter_file
 
-    return for_drafter(file_sha256(drafter, state_home() / "drafter-hashes.json"))
+    return for_drafter_file(drafter, state_home() / "drafter-hashes.json")
 
 
 def _longest_index(messages: list[dict]) -> int:

@@ -22,3 +22,6 @@ def test_attention_row_times_the_scorer_against_a_plain_forward(gemma) -> None:
     assert row["flash_forward_s"][0] > 0 and row["attention_scorer_s"][0] > 0
     assert 0 < row["outside_drafter_passes_s"][0] < row["attention_scorer_s"][0]
     assert row["ratio"] == pytest.approx(row["attention_scorer_s"][0] / row["flash_forward_s"][0])
+    # gemma has a shipped head: its cold pass is timed too, through the proxy's own constructor
+    assert len(row["head_attention_scorer_s"]) == 1
+    assert row["head_attention_ratio"] == pytest.approx(row["head_attention_scorer_s"][0] / row["flash_forward_s"][0])

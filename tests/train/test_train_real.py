@@ -102,12 +102,16 @@ def test_bad_arguments_get_one_line_and_exit_2(gemma, tmp_path, args, needle):
 def test_packaged_gemma_set_is_found_by_the_drafter_hash(gemma, tmp_path):
     from pflash_proxy.config import Settings
     from pflash_proxy.drafter.hashing import file_sha256
-    from pflash_proxy.drafter.trained import for_drafter
+    from pflash_proxy.drafter.trained import for_drafter, for_drafter_file
     from pflash_proxy.drafter_setup import build_stages
 
     found = for_drafter(file_sha256(gemma))
     assert found is not None, "the package ships a probe set for gemma-3-270m Q4_K_M"
     assert for_drafter("0" * 64) is None
+    assert for_drafter_file(gemma, tmp_path / "hashes.json") == found
+    stranger = tmp_path / "other.gguf"
+    stranger.write_bytes(b"GGUF not gemma")
+    assert for_drafter_file(stranger) is None
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path / "home", drafter=Path(gemma),
                         drafter_ctx=2048, segmenter="probe", scorer="head")
     built = build_stages(settings)  # no probe paths given: the packaged set is used

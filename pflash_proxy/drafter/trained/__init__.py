@@ -2,13 +2,15 @@
 
 Each set is a folder holding ``segment-probe.gguf``, ``request-probe.gguf``, ``scorer-head.gguf``,
 ``metrics.json`` (the held-out numbers and the drafter's sha256) and a README with the command that made it.
-``for_drafter(sha256)`` returns the set trained on that exact drafter file, so ``--segmenter probe`` and
-``--scorer head`` need no file options when the drafter is one we trained for (gemma-3-270m Q4_K_M).
+``for_drafter(sha256)`` (``for_drafter_file(path)``) returns the set trained on that exact drafter file, so
+``--segmenter probe`` and ``--scorer head`` need no file options when the drafter is one we trained for
+(gemma-3-270m Q4_K_M).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,3 +35,12 @@ def for_drafter(sha256: str) -> dict[str, Path] | None:
     """{setting name: path} of the set trained on the drafter with this sha256, or None."""
     d = sets().get(sha256.lower())
     return None if d is None else {k: d / f for k, f in FILES.items()}
+
+
+def for_drafter_file(path: str | os.PathLike[str], hash_cache: str | os.PathLike[str] | None = None
+                     ) -> dict[str, Path] | None:
+    """``for_drafter`` of this GGUF file's sha256 (memoised in ``hash_cache``): the one lookup the proxy, ``bench
+    quality`` and ``bench_drafter.py`` share."""
+    from pflash_proxy.drafter.hashing import file_sha256
+
+    return for_drafter(file_sha256(path, hash_cache))
