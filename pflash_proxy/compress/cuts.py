@@ -62,12 +62,16 @@ _DEFS = (b"def ", b"class ", b"async de", b"function", b"@", b"#", b"//", b"/*",
 _HEADINGS = (b"# ", b"## ", b"### ", b"#### ", b"##### ", b"###### ")
 _DIFF_HDR = (b"diff ", b"index ", b"new file", b"deleted file", b"similarity", b"rename ", b"old mode", b"new mode")
 _TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
-# step 2: lines that are at bracket depth 0 in any well-formed file, whatever came before: a markdown fence and
-# (Python) a definition at column 0. Depth restarts there, so one stray bracket (a prose preamble whose ``#``
-# was taken for a comment, a regex the literal pass misread) cannot leave the rest of the message "inside
-# brackets" with no cut candidates at all.
+# step 2: lines that are at bracket depth 0 in any well-formed file, whatever came before: a markdown fence, a
+# definition at column 0 (Python; JS/TS, Go, Rust, C) and, in C-like code, the line after a column-0 closing
+# brace. Depth restarts there, so one stray bracket (a prose preamble whose ``#`` was taken for a comment, a JS
+# regex literal the literal pass cannot tell from a division) cannot leave the rest of the message "inside
+# brackets" with no cut candidates at all. In indented code these are no-ops (the depth there is 0 anyway);
+# statements that may sit at column 0 inside a body of unindented code (``const``, ``let``) are left out.
 _RESYNC_PY = (b"```", b"~~~", b"def ", b"class ", b"async def ")
-_RESYNC_C = (b"```", b"~~~")
+_RESYNC_C = (b"```", b"~~~", b"function", b"async fu", b"export ", b"import ", b"class ", b"interfac", b"fn ",
+             b"pub fn ", b"pub stru", b"pub enum", b"pub trai", b"impl ", b"impl<", b"func ", b"package ",
+             b"struct ", b"enum ", b"#include", b"#define ")
 _OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
 
 
@@ -206,7 +210,10 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     run = np.concatenate(([0], np.cumsum(delta)))
     at_line = np.searchsorted(bpos, t.starts, side="left")  # brackets before each line start
     in_lit = inside(t.starts - 1) & (t.starts > 0)
-    resync = ~in_lit & (t.indent == 0) & t.startswith(_RESYNC_PY if python else _RESYNC_C)
+    col0 = ~in_lit & (t.indent == 0)
+    resync = col0 & t.startswith(_RESYNC_PY if python else _RESYNC_C)
+    if not python:  # `}`, `};`, `});` at column 0 close a top-level block (not `} else {`)
+        resync[1:] |= (col0 & (t.first == 125) & (t.last != 123))[:-1]
     depth = _clamped_depth(run, at_line, at_line[resync])
     first = t.starts + t.indent
     k = np.searchsorted(ss, first, side="right") - 1

@@ -149,6 +149,32 @@ def test_a_docstring_opened_with_a_backslash_newline_is_one_literal():
     assert [ln for ln in starts if ln.startswith("def gamma")] == [ln for ln in tt.lines if ln.startswith("def gamma")]
 
 
+def _js_functions(prefix: str, n: int = 6) -> str:
+    body = "".join(f"  const y{j} = x + {j};\n" for j in range(8)) + "  return y0;\n}\n\n"
+    return "".join(f"function {prefix}{i}(x) {{\n{body}" for i in range(n))
+
+
+@pytest.mark.parametrize("stray", [
+    "const OPEN = /[(]/g;\n",  # a regex literal: the literal pass cannot tell it from a division
+    "const parts = line.split(/\\(/);\n",
+])
+def test_a_stray_bracket_in_c_like_code_does_not_swallow_the_functions_below(stray):
+    # C-like code had resync points only at fences: one unmatched bracket outside a literal left every later line
+    # "inside brackets", one cut candidate for the whole file. A column-0 declaration or closing brace restarts
+    # the depth, as a column-0 `def` does for Python
+    src = "// util.js\n" + stray + _js_functions("alpha") + "export function last(x) {\n  return x;\n}\n"
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    assert starts == ["// util.js\n"] + [ln for ln in tt.lines if ln.startswith(("function ", "export "))]
+
+
+def test_a_column_zero_brace_inside_a_template_literal_is_not_a_resync_point():
+    src = ("const page = `\n<style>\n}\n</style>\n`;\n" + _js_functions("beta", 3))
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    assert "}\n" not in starts and "<style>\n" not in starts
+
+
 def test_min_segment_merges_forward_and_last_backward():
     text = "\n\n".join(["short one"] * 3 + [prose_paragraphs(1)[0]] * 2 + ["tiny"]) + "\n"
     tt = TokenizedText.from_text(text)
