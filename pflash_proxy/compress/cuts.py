@@ -8,11 +8,13 @@ Algorithm:
    last non-newline byte of every line (vectorised over the byte array).
 2. Code (``code_features``): blank out string literals and comments with one regex
    pass (Python: triple/single quoted strings and ``#``; C-like/JS: ``/* */``, ``//``,
-   quotes and backtick templates), marking every line that *starts* inside a literal.
+   quotes and backtick templates; none opens on a markdown fence line), marking every line
+   that *starts* inside a literal.
    Bracket depth at each line start is the running sum of ``([{`` minus ``)]}``,
    clamped at zero (clamped sum = sum - min(0, running minimum)), restarted at lines that
-   are at depth 0 in any well-formed file (markdown fences; Python ``def``/``class`` at
-   column 0), so one stray bracket cannot swallow the rest of the message.
+   are at depth 0 in any well-formed file (markdown fences; column-0 definitions; in
+   C-like code the line after a column-0 ``}``), so one stray bracket cannot swallow the
+   rest of the message.
 3. Code starts: indentation 0, depth 0, not inside a literal, not a leader (blank,
    comment, decorator), not a continuation (``else``/``elif``/``except``/``finally``/
    ``catch``/``{``/closers, or the previous code line ends with an operator or ``\\``).
@@ -146,16 +148,20 @@ _PY_FIRST = np.frombuffer(b"\"'#", dtype=np.uint8)
 _C_FIRST = np.frombuffer(b"/\"'`", dtype=np.uint8)
 
 
-def _literal_spans(data: bytes, arr: np.ndarray, python: bool) -> list[int]:
+def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: list[tuple[int, int]] = ()) -> list[int]:
     """Flattened spans of ``_PY_LIT``/``_C_LIT`` matches, as ``finditer`` finds them.
 
     Every alternative starts with one of a few bytes, so instead of letting the regex engine try each
-    position, it is tried only at those bytes (in order, skipping any inside the previous match).
+    position, it is tried only at those bytes (in order, skipping any inside the previous match). No literal
+    opens on a markdown fence line (byte ranges ``fences``): its backticks would open a JS template literal
+    that ran to the closing fence, leaving a whole fenced JS/C file "inside a string", with no cut points.
     """
     pat, first = (_PY_LIT, _PY_FIRST) if python else (_C_LIT, _C_FIRST)
     cand = arr == first[0]
     for c in first[1:]:
         cand |= arr == c
+    for a, b in fences:
+        cand[a:b] = False
     flat: list[int] = []
     end = 0
     match = pat.match
@@ -194,7 +200,8 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return t.code
     head = t.data[:16384]
     python = len(_PY_HINT.findall(head)) >= len(_C_HINT.findall(head))
-    flat = _literal_spans(t.data, t.arr, python)
+    fence = np.flatnonzero(t.startswith((b"```", b"~~~")) & (t.indent <= 3))
+    flat = _literal_spans(t.data, t.arr, python, list(zip(t.starts[fence].tolist(), t.ends[fence].tolist())))
     sp = np.array(flat, dtype=np.int64).reshape(-1, 2)
     ss, se = sp[:, 0], sp[:, 1]
 

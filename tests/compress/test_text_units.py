@@ -168,6 +168,25 @@ def test_a_stray_bracket_in_c_like_code_does_not_swallow_the_functions_below(str
     assert starts == ["// util.js\n"] + [ln for ln in tt.lines if ln.startswith(("function ", "export "))]
 
 
+@pytest.mark.parametrize("lang", ["js", "go", "rust", ""])
+def test_a_fenced_c_like_file_is_cut_at_its_functions(lang):
+    # the fence's backticks opened a JS template literal that ran to the closing fence: the whole fenced file was
+    # "inside a string" and the paste had no cut points but the prose around it
+    src = f"Here is my file:\n\n```{lang}\n" + _js_functions("alpha") + "```\n\nWhich function returns y0?\n"
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    defs = [ln for ln in tt.lines if ln.startswith("function ")]
+    assert [ln for ln in starts if ln.startswith("function ")][-5:] == defs[1:]  # alpha0 may go with the fence
+
+
+def test_a_fence_inside_a_docstring_stays_inside_it():
+    src = ('"""Usage:\n\n```\nimport m\n```\n"""\n\n' + _functions_src("delta"))
+    tt = TokenizedText.from_text(src)
+    starts = _first_lines(tt, UnitSegmenter(min_segment=8).segment(tt, ContentKind.CODE))
+    assert [ln for ln in starts if ln.startswith("def ")] == [ln for ln in tt.lines if ln.startswith("def ")]
+    assert "import m\n" not in starts
+
+
 def test_a_column_zero_brace_inside_a_template_literal_is_not_a_resync_point():
     src = ("const page = `\n<style>\n}\n</style>\n`;\n" + _js_functions("beta", 3))
     tt = TokenizedText.from_text(src)
