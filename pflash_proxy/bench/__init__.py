@@ -72,9 +72,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dump-analyses", type=Path, metavar="FILE",
                    help="quality: pickle every scorer's first-turn units and scores with the cases, to replay "
                         "score fusions offline (benchmarks/fusion_study.py)")
-    p.add_argument("--render", type=Path, metavar="KIND.json",
+    p.add_argument("--render", type=Path, nargs="+", metavar="KIND.json",
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
-                        "llama-server, nothing measured)")
+                        "llama-server, nothing measured); several quality runs of the same seed, threshold, "
+                        "lengths and rows (a long run split by --families) are merged into one report")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
     return p
@@ -131,18 +132,32 @@ def main(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    """``--render KIND.json``: the report of a run already made, with this version's tables."""
+    """``--render KIND.json [...]``: the report of runs already made, with this version's tables."""
     import json
 
-    try:
-        data = json.loads(args.render.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"pflash-proxy bench: cannot read {args.render}: {exc}", file=sys.stderr)
-        return 2
-    if data.get("bench") != args.kind:
-        print(f"pflash-proxy bench: {args.render} holds a {data.get('bench')!r} run, not {args.kind!r}",
-              file=sys.stderr)
-        return 2
+    runs = []
+    for path in args.render:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"pflash-proxy bench: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+        if data.get("bench") != args.kind:
+            print(f"pflash-proxy bench: {path} holds a {data.get('bench')!r} run, not {args.kind!r}",
+                  file=sys.stderr)
+            return 2
+        runs.append((str(path), data))
+    if len(runs) > 1:
+        if args.kind != "quality":
+            print(f"pflash-proxy bench: only quality runs can be merged, not {args.kind!r}", file=sys.stderr)
+            return 2
+        from pflash_proxy.bench.quality import merge_runs
+
+        try:
+            data = merge_runs(runs)
+        except ValueError as exc:
+            print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+            return 2
     written = _module(args.kind).report(data, Path(args.out), args)
     print(written.markdown)
     for path in written.paths:

@@ -306,6 +306,35 @@ def _gold(r: dict | None) -> str:
     return f"{r['gold_whole']}/{r['gold_total']}" if r else "–"
 
 
+_SAME_IN_EVERY_RUN = ("lengths", "threshold", "seed", "rows", "quick")
+
+
+def merge_runs(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One quality run from several (``bench quality --render A.json B.json``): a long run split by ``--families``
+    so that each part leaves its report. Their cases must be disjoint and the runs comparable (same lengths,
+    threshold, seed, rows); ``seconds`` is their sum. ValueError says what differs."""
+    first_path, merged = runs[0]
+    merged = {**merged, "records": list(merged["records"]), "case_tokens": dict(merged.get("case_tokens", {})),
+              "unavailable": dict(merged.get("unavailable", {})), "families": list(merged["families"])}
+    owner = {r["case_id"]: first_path for r in merged["records"]}
+    for path, data in runs[1:]:
+        for key in _SAME_IN_EVERY_RUN:
+            if data.get(key) != merged.get(key):
+                raise ValueError(f"cannot merge {path} with {first_path}: {key} {data.get(key)!r} != "
+                                 f"{merged.get(key)!r}")
+        for case in sorted({r["case_id"] for r in data["records"]}):
+            if case in owner:
+                raise ValueError(f"cannot merge: case {case} is in both {owner[case]} and {path}")
+            owner[case] = path
+        merged["records"] += data["records"]
+        merged["case_tokens"].update(data.get("case_tokens", {}))
+        merged["unavailable"].update(data.get("unavailable", {}))
+        merged["families"] = sorted(set(merged["families"]) | set(data["families"]))
+        merged["seconds"] = round(merged["seconds"] + data["seconds"], 1)
+    merged["merged_from"] = [p for p, _ in runs]
+    return merged
+
+
 def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     t, chart = tables(data)
     notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens, in llama-server's own tokens (/tokenize, "
@@ -316,4 +345,7 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
              "baselines shorten the same long message to the budget PFlash used (its served size); kept = "
              "received / original tokens (same estimator for every row)",
              f"run took {data['seconds']} s"]
+    if data.get("merged_from"):
+        notes[-1] = (f"merged from {len(data['merged_from'])} runs of the same seed, threshold and rows "
+                     f"({', '.join(data['merged_from'])}); they took {data['seconds']} s together")
     return write_report(out_dir, "quality", "PFlash quality: gold evidence retention", data, t, notes, chart)

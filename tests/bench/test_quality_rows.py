@@ -96,3 +96,36 @@ def test_render_rewrites_a_report_from_its_json_and_refuses_another_bench(cases,
     missing = subprocess.run([*cmd[:6], str(tmp_path / "nope.json"), *cmd[7:]], capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_render_merges_runs_split_by_family_and_refuses_what_does_not_compare(cases, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def run_of(fams, **over):
+        recs = [r for c in cases if c.family in fams for r in _baselines(c, c.messages, seed=0)]
+        return {"bench": "quality", "quick": False, "lengths": [4096, 8192], "threshold": 1024, "seed": 0,
+                "families": sorted(fams), "rows": ["full prefill", "head+tail", "random units"],
+                "case_tokens": {}, "unavailable": {}, "seconds": 2.5, "records": recs, **over}
+
+    families = sorted({c.family for c in cases})
+    paths = []
+    for i, part in enumerate((families[:3], families[3:], families[:1])):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(run_of(part)))
+    seed9 = tmp_path / "seed9.json"
+    seed9.write_text(json.dumps(run_of(families[3:], seed=9)))
+    cmd = [sys.executable, "-m", "pflash_proxy", "bench", "quality", "--out", str(tmp_path / "o"), "--render"]
+    out = subprocess.run([*cmd, str(paths[0]), str(paths[1])], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    merged = json.loads((tmp_path / "o" / "quality.json").read_text())
+    whole = run_of(families)
+    assert sorted(merged["records"], key=json.dumps) == sorted(whole["records"], key=json.dumps)
+    assert merged["families"] == families and merged["seconds"] == 5.0
+    md = (tmp_path / "o" / "quality.md").read_text()
+    assert "merged from 2 runs" in md and "9/9 (100%)" in md  # every case of both runs in one table
+    twice = subprocess.run([*cmd, str(paths[0]), str(paths[2])], capture_output=True, text=True, timeout=120)
+    assert twice.returncode == 2 and "is in both" in twice.stderr
+    other = subprocess.run([*cmd, str(paths[0]), str(seed9)], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "seed 9 != 0" in other.stderr
