@@ -147,6 +147,7 @@ def render(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         runs.append((str(path), data))
+    data = runs[0][1]
     if len(runs) > 1:
         if args.kind != "quality":
             print(f"pflash-proxy bench: only quality runs can be merged, not {args.kind!r}", file=sys.stderr)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -70,8 +71,9 @@ _TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
 # regex literal the literal pass cannot tell from a division) cannot leave the rest of the message "inside
 # brackets" with no cut candidates at all. In indented code these are no-ops (the depth there is 0 anyway);
 # statements that may sit at column 0 inside a body of unindented code (``const``, ``let``) are left out.
-_RESYNC_PY = (b"```", b"~~~", b"def ", b"class ", b"async def ")
-_RESYNC_C = (b"```", b"~~~", b"function", b"async fu", b"export ", b"import ", b"class ", b"interfac", b"fn ",
+_FENCE = (b"```", b"~~~")
+_RESYNC_PY = (*_FENCE, b"def ", b"class ", b"async def ")
+_RESYNC_C = (*_FENCE, b"function", b"async fu", b"export ", b"import ", b"class ", b"interfac", b"fn ",
              b"pub fn ", b"pub stru", b"pub enum", b"pub trai", b"impl ", b"impl<", b"func ", b"package ",
              b"struct ", b"enum ", b"#include", b"#define ")
 _OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
@@ -148,7 +150,8 @@ _PY_FIRST = np.frombuffer(b"\"'#", dtype=np.uint8)
 _C_FIRST = np.frombuffer(b"/\"'`", dtype=np.uint8)
 
 
-def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: list[tuple[int, int]] = ()) -> list[int]:
+def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: Sequence[tuple[int, int]] = ()
+                   ) -> list[int]:
     """Flattened spans of ``_PY_LIT``/``_C_LIT`` matches, as ``finditer`` finds them.
 
     Every alternative starts with one of a few bytes, so instead of letting the regex engine try each
@@ -200,7 +203,7 @@ def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return t.code
     head = t.data[:16384]
     python = len(_PY_HINT.findall(head)) >= len(_C_HINT.findall(head))
-    fence = np.flatnonzero(t.startswith((b"```", b"~~~")) & (t.indent <= 3))
+    fence = _fence_lines(t)
     flat = _literal_spans(t.data, t.arr, python, list(zip(t.starts[fence].tolist(), t.ends[fence].tolist())))
     sp = np.array(flat, dtype=np.int64).reshape(-1, 2)
     ss, se = sp[:, 0], sp[:, 1]
@@ -251,9 +254,14 @@ def _code_starts(t: LineTable) -> np.ndarray:
     return np.unique(np.concatenate(([0], moved))).astype(np.int64)
 
 
+def _fence_lines(t: LineTable) -> np.ndarray:
+    """Indices of markdown fence lines (```` ``` ```` or ``~~~``, indented at most 3)."""
+    return np.flatnonzero(t.startswith(_FENCE) & (t.indent <= 3))
+
+
 def _fences(t: LineTable) -> np.ndarray:
     inside = np.zeros(len(t), dtype=bool)
-    lines = np.flatnonzero(t.startswith((b"```", b"~~~")) & (t.indent <= 3))
+    lines = _fence_lines(t)
     for a, b in zip(lines[0::2].tolist(), lines[1::2].tolist()):
         inside[a + 1:b] = True
     if len(lines) % 2:
