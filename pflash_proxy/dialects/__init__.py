@@ -14,6 +14,10 @@ conversation: a list of OpenAI-chat-shaped messages (``role``, ``content`` as a 
 4. ``chat_body`` is the conversation as a chat body: llama-server converts every dialect to chat internally,
    so ``/v1/chat/completions/input_tokens`` counts it exactly.
 5. Errors: a non-streamed error in the dialect's own shape; ``error_event`` ends a stream that already started.
+6. Hostile bodies: ``parse`` refuses (400, ``BadRequest``) a body nested deeper than ``MAX_DEPTH`` containers
+   (the session index pickles messages: a recursion limit is a crash, not an answer) and, per dialect, every
+   field the proxy reads or translates itself whose type is wrong (a text part's ``text`` that is not a string…),
+   so nothing the client sent reaches a stage, or llama-server, in a shape that fails there.
 """
 
 from __future__ import annotations
@@ -24,10 +28,37 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.errors import error_body
+from pflash_proxy.errors import BadRequest, error_body
 
-__all__ = ["Conversation", "Dialect", "StreamStyle", "cache_counts", "dialect_for", "replace_text",
-           "stream_style_for"]
+__all__ = ["Conversation", "Dialect", "MAX_DEPTH", "StreamStyle", "cache_counts", "check_depth", "dialect_for",
+           "replace_text", "stream_style_for"]
+
+MAX_DEPTH = 100  # containers nested in a request body; agents' deepest (tool JSON schemas) stay near 15
+
+
+def check_depth(body: Any, limit: int = MAX_DEPTH) -> None:
+    """400 when ``body`` nests more than ``limit`` lists/objects. Iterative: the check itself never recurses."""
+    stack = [(body, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (dict, list)):
+            if depth > limit:
+                raise BadRequest(f"invalid request: JSON nested deeper than {limit} levels", code="invalid_request")
+            stack.extend((v, depth + 1) for v in (x.values() if isinstance(x, dict) else x))
+
+
+def expect(ok: bool, where: str, what: str) -> None:
+    """400 ``invalid request: {where}: {what}`` unless ``ok``."""
+    if not ok:
+        raise BadRequest(f"invalid request: {where}: {what}", code="invalid_request")
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass

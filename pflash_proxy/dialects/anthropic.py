@@ -16,6 +16,12 @@
    (``x-anthropic-billing-header: …; cch=…;``) that defeats every prefix cache (llama.cpp #19494). With
    ``drop_volatile`` (the default) such lines are removed before identity and forwarding; nothing else of the
    system prompt is touched.
+8. Bad bodies get a 400 in Anthropic's shape before anything else runs: nesting deeper than ``MAX_DEPTH``, and a
+   wrong type in any field the proxy reads or translates itself (``system``, content blocks — a ``text`` that
+   is not a string, a ``tool_result``'s content —, ``tools``, ``tool_choice``, ``stop_sequences``,
+   ``max_tokens``, sampling numbers, ``stream``, ``thinking``, ``output_config``).
+9. ``thinking``, ``output_config`` and ``context_management`` map to what llama-server honours per request (the
+   table in ``anthropic_wire``); the rest is dropped and logged at debug.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, anthropic_error, changed_indices,
-                                   replace_text)
+                                   check_depth, expect, is_int, is_num, replace_text)
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.errors import BadRequest, error_body
 from pflash_proxy.models import message_text
@@ -63,6 +69,8 @@ class AnthropicDialect(Dialect):
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
             raise BadRequest("invalid request: 'messages' must be a list of objects with a 'role'",
                              code="invalid_request")
+        check_depth(body)
+        _validate(body)
         out: list[dict] = []
         origins: list[Any] = []
         system = body.get("system")
@@ -154,7 +162,10 @@ class AnthropicDialect(Dialect):
         return chat
 
     def to_upstream(self, body: dict, messages: list[dict]) -> dict:
-        return to_chat(body, messages)
+        chat = to_chat(body, messages)
+        if chat.get("stream"):  # every event carries timings: message_start gets the prompt's counts
+            chat["timings_per_token"] = True
+        return chat
 
     def translator(self) -> AnthropicTranslator:
         return AnthropicTranslator()
@@ -189,6 +200,76 @@ class AnthropicDialect(Dialect):
                        headers: dict | None = None, type_: str | None = None) -> web.Response:
         return web.json_response(anthropic_error(error_body(status, message, code, type_)), status=status,
                                  headers=headers)
+
+
+def _validate(body: dict) -> None:
+    """400 for a wrong type in any field the proxy reads or translates to chat itself (step 8)."""
+    system = body.get("system")
+    expect(system is None or isinstance(system, (str, list)), "system", "must be a string or a list of text blocks")
+    for j, block in enumerate(system if isinstance(system, list) else ()):
+        _check_block(block, f"system.{j}")
+    for i, msg in enumerate(body["messages"]):
+        content = msg.get("content")
+        expect(content is None or isinstance(content, (str, list)), f"messages.{i}.content",
+               "must be a string or a list of content blocks")
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            _check_block(block, f"messages.{i}.content.{j}")
+    tools = body.get("tools")
+    expect(tools is None or isinstance(tools, list), "tools", "must be a list of tools")
+    for k, tool in enumerate(tools or ()):
+        expect(isinstance(tool, dict), f"tools.{k}", "must be an object")
+        expect(isinstance(tool.get("name", ""), str), f"tools.{k}.name", "must be a string")
+        expect(isinstance(tool.get("description", ""), str), f"tools.{k}.description", "must be a string")
+        expect(isinstance(tool.get("input_schema", {}), dict), f"tools.{k}.input_schema", "must be an object")
+    choice = body.get("tool_choice")
+    expect(choice is None or isinstance(choice, dict) and isinstance(choice.get("type", ""), str), "tool_choice",
+           "must be an object with a string 'type'")
+    stops = body.get("stop_sequences")
+    expect(stops is None or isinstance(stops, list) and all(isinstance(x, str) for x in stops), "stop_sequences",
+           "must be a list of strings")
+    expect(body.get("max_tokens") is None or is_int(body["max_tokens"]), "max_tokens", "must be an integer")
+    for key in ("temperature", "top_p"):
+        expect(body.get(key) is None or is_num(body[key]), key, "must be a number")
+    expect(body.get("top_k") is None or is_int(body["top_k"]), "top_k", "must be an integer")
+    expect(body.get("stream") is None or isinstance(body["stream"], bool), "stream", "must be a boolean")
+    thinking = body.get("thinking")
+    expect(thinking is None or isinstance(thinking, dict) and isinstance(thinking.get("type", ""), str)
+           and (thinking.get("budget_tokens") is None or is_int(thinking["budget_tokens"])), "thinking",
+           "must be an object with a string 'type' (and an integer 'budget_tokens')")
+    config = body.get("output_config")
+    expect(config is None or isinstance(config, dict) and isinstance(config.get("effort", ""), str)
+           and (config.get("format") is None or isinstance(config["format"], dict)), "output_config",
+           "must be an object ('effort' a string, 'format' an object)")
+    for key in ("chat_template_kwargs", "metadata"):
+        expect(body.get(key) is None or isinstance(body[key], dict), key, "must be an object")
+    expect(body.get("id_slot") is None or is_int(body["id_slot"]), "id_slot", "must be an integer")
+
+
+_BLOCK_STRINGS = {"text": ("text",), "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),
+                  "tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
+
+
+def _check_block(block: Any, where: str, inner: bool = False) -> None:
+    if isinstance(block, str):
+        return
+    expect(isinstance(block, dict), where, "a content block must be an object")
+    kind = block.get("type", "text")
+    expect(isinstance(kind, str), f"{where}.type", "must be a string")
+    for key in _BLOCK_STRINGS.get(kind, ()):
+        expect(isinstance(block.get(key, ""), str), f"{where}.{key}", "must be a string")
+    if kind == "text":
+        expect(isinstance(block.get("text"), str), f"{where}.text", "must be a string")
+    elif kind == "image":
+        src = block.get("source")
+        expect(isinstance(src, dict) and all(isinstance(src.get(k, ""), str) for k in ("type", "url", "data",
+                                                                                       "media_type")),
+               f"{where}.source", "must be an object of strings ('type', 'url' or 'media_type' and 'data')")
+    elif kind == "tool_result" and not inner:
+        content = block.get("content")
+        expect(content is None or isinstance(content, (str, list)), f"{where}.content",
+               "must be a string or a list of content blocks")
+        for j, b in enumerate(content if isinstance(content, list) else ()):
+            _check_block(b, f"{where}.content.{j}", inner=True)
 
 
 def _is(block: Any, kind: str) -> bool:

@@ -8,21 +8,51 @@ the proxy does the same conversion itself and sends ``/v1/chat/completions`` wit
 1. ``to_chat(body)``: the (possibly rewritten) Anthropic body as a chat body, the way llama-server converts it
    (system text blocks joined; images as ``image_url``; ``tool_use`` → ``tool_calls``; each ``tool_result`` a
    ``tool`` message, in block order; ``thinking`` blocks → ``reasoning_content``; tools, ``tool_choice``,
-   ``stop_sequences``, ``max_tokens`` (4096 when absent), ``temperature``/``top_p``/``top_k``, ``thinking``).
+   ``stop_sequences``, ``max_tokens`` (4096 when absent), ``temperature``/``top_p``/``top_k``,
+   ``chat_template_kwargs``, and the reasoning fields below). A stream is asked for ``timings_per_token``.
 2. ``AnthropicTranslator.body``: a chat completion (or a chat error) as an Anthropic ``message`` (or error), with
    ``usage`` = ``cache_read_input_tokens`` / ``input_tokens`` (uncached) / ``output_tokens`` from ``timings``.
 3. ``AnthropicTranslator.stream``: chat chunks as Anthropic events — ``message_start``, one content block per
    kind as it appears (``thinking``, ``text``, each ``tool_use`` with ``input_json_delta``), ``message_delta``
    with the stop reason and usage, ``message_stop``. A mid-stream ``{"error": …}`` becomes an ``error`` event.
+   ``message_start`` waits for the first event that carries ``timings`` (llama-server's first token event, with
+   ``timings_per_token``; its role-only event before it carries none), so its ``usage`` holds the prompt's real
+   ``input_tokens`` (uncached) and ``cache_read_input_tokens``, the same numbers ``message_delta`` ends with. An
+   upstream that sends no timings before content gets zeros there, as before (the stream is never held back).
+
+Request fields with no chat twin, per request, as llama-server b11434 honours them:
+
+===============================================  ==========================================================
+Anthropic                                        chat request to llama-server
+===============================================  ==========================================================
+``thinking: {type: "enabled", budget_tokens}``   ``chat_template_kwargs.enable_thinking: true`` and
+                                                 ``thinking_budget_tokens`` (the reasoning budget; applied
+                                                 only by templates with thinking tags)
+``thinking: {type: "adaptive"}``                 ``chat_template_kwargs.enable_thinking: true`` (budget:
+                                                 the server's ``--reasoning-budget``)
+``thinking: {type: "disabled"}``                 ``chat_template_kwargs.enable_thinking: false``
+``chat_template_kwargs`` (llama-server's own)    passed on; its ``enable_thinking`` wins over ``thinking``
+``output_config.effort`` low / medium / high     ``reasoning_effort`` low / medium / high (a template kwarg:
+/ max                                            only templates that read it, e.g. gpt-oss); max → high
+``output_config.format`` ``json_schema``          ``response_format: {type: json_schema, json_schema:
+                                                 {schema}}`` (grammar-constrained output)
+other ``thinking`` types, other ``effort``       dropped, logged at debug
+values, other ``output_config`` keys
+``context_management`` (server-side context      dropped, logged at debug: llama-server edits no context
+editing)
+===============================================  ==========================================================
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pflash_proxy.dialects import anthropic_error
 from pflash_proxy.models import message_text
+
+log = logging.getLogger("pflash_proxy.dialects")
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _SAMPLING = ("temperature", "top_p", "top_k", "stream")
@@ -87,12 +117,46 @@ def to_chat(body: dict, messages: list[dict]) -> dict:
     for key in _SAMPLING:
         if key in body:
             result[key] = body[key]
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        result["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
+    _reasoning(body, result)
     if "id_slot" in body:
         result["id_slot"] = body["id_slot"]
     return result
+
+
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+
+def _reasoning(body: dict, result: dict) -> None:
+    """``thinking`` / ``output_config`` / ``context_management`` as far as llama-server honours them (the table in
+    the module docstring); what it cannot honour is dropped and logged at debug."""
+    kwargs = dict(body["chat_template_kwargs"]) if isinstance(body.get("chat_template_kwargs"), dict) else {}
+    thinking = body.get("thinking")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind in ("enabled", "adaptive", "disabled"):
+        kwargs.setdefault("enable_thinking", kind != "disabled")  # the client's own kwargs win
+        if kind == "enabled":
+            result["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
+    elif thinking is not None:
+        log.debug("anthropic: thinking %r has no llama-server equivalent; dropped", kind)
+    if kwargs:
+        result["chat_template_kwargs"] = kwargs
+    config = body.get("output_config")
+    if isinstance(config, dict):
+        effort = config.get("effort")
+        if effort in _EFFORT:
+            result["reasoning_effort"] = _EFFORT[effort]
+        elif effort is not None:
+            log.debug("anthropic: output_config.effort %r has no llama-server equivalent; dropped", effort)
+        fmt = config.get("format")
+        if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            result["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema") or {}}}
+        elif fmt is not None:
+            log.debug("anthropic: output_config.format %r dropped", fmt.get("type") if isinstance(fmt, dict) else fmt)
+        dropped = sorted(set(config) - {"effort", "format"})
+        if dropped:
+            log.debug("anthropic: output_config keys %s have no llama-server equivalent; dropped", dropped)
+    if body.get("context_management") is not None:
+        log.debug("anthropic: context_management (server-side context editing) dropped: llama-server has none")
 
 
 def _usage(final: dict) -> dict:
@@ -129,6 +193,7 @@ class AnthropicTranslator:
         self._index = -1
         self._stop_reason: str | None = None
         self._usage: dict = {}
+        self._first: dict | None = None  # the first chunk (its id and model), held until message_start goes out
 
     # Whole answers ----------------------------------------------------------------------------------------
     def body(self, status: int, raw: bytes) -> bytes:
@@ -178,13 +243,14 @@ class AnthropicTranslator:
 
     def end(self) -> bytes:
         """Close the message (at ``[DONE]``, or when the upstream stream ended without one)."""
-        if self._stopped or not self._started:
+        if self._stopped or (not self._started and self._first is None):
             return b""
+        out = self._start(self._first or {}) if not self._started else b""
         self._stopped = True
         usage = {"output_tokens": self._usage.get("output_tokens", 0),
                  "input_tokens": self._usage.get("input_tokens", 0),
                  "cache_read_input_tokens": self._usage.get("cache_read_input_tokens", 0)}
-        return (self._close_block() + _event("message_delta", {
+        return (out + self._close_block() + _event("message_delta", {
             "type": "message_delta", "delta": {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": None},
             "usage": usage}) + _event("message_stop", {"type": "message_stop"}))
 
@@ -192,13 +258,17 @@ class AnthropicTranslator:
         if "error" in data:
             self._stopped = True
             return _event("error", anthropic_error(data))
+        if "timings" in data or "usage" in data:
+            self._usage = _usage(data)
         out = b""
         if not self._started:
-            self._started = True
-            out += _event("message_start", {"type": "message_start", "message": {
-                "id": data.get("id", ""), "type": "message", "role": "assistant", "content": [],
-                "model": data.get("model", ""), "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            if self._first is None:
+                self._first = data
+            choices = data.get("choices") or []
+            if not self._usage and not any((c.get("delta") or {}).get(k) for c in choices if isinstance(c, dict)
+                                           for k in ("content", "reasoning_content", "tool_calls")):
+                return b""  # llama-server's role-only first event: its counts ride on the next event
+            out += self._start(self._first)
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
@@ -215,9 +285,17 @@ class AnthropicTranslator:
                     out += self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
             if choice.get("finish_reason"):
                 self._stop_reason = _STOP.get(choice["finish_reason"], "end_turn")
-        if "timings" in data or "usage" in data:
-            self._usage = _usage(data)
         return out
+
+    def _start(self, first: dict) -> bytes:
+        """``message_start`` with the prompt's counts when the upstream gave them by now (``timings_per_token``),
+        as llama-server's own /v1/messages does: ``input_tokens`` uncached, ``cache_read_input_tokens`` cached."""
+        self._started = True
+        usage = {"input_tokens": self._usage.get("input_tokens", 0),
+                 "cache_read_input_tokens": self._usage.get("cache_read_input_tokens", 0), "output_tokens": 0}
+        return _event("message_start", {"type": "message_start", "message": {
+            "id": first.get("id", ""), "type": "message", "role": "assistant", "content": [],
+            "model": first.get("model", ""), "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
     def _open(self, kind: str, key: Any, block: dict) -> bytes:
         if self._block == (kind, key):

@@ -8,6 +8,9 @@
 3. ``write_back`` replaces only the text of what changed (the item's first text part, or its ``output``).
 4. ``prompt_cache_key`` names the conversation (Codex sends one per session). ``previous_response_id`` is not
    served by llama-server (400) and is forwarded unchanged, so the client sees that answer.
+5. Bad bodies get a 400 in the OpenAI shape before anything else runs: nesting deeper than ``MAX_DEPTH``, and a
+   wrong type in any field the proxy reads itself (``instructions``, an item's ``type``/``role``/``call_id``,
+   a text part's ``text``, an ``output``, ``tools``, ``previous_response_id``, ``prompt_cache_key``, ``stream``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pflash_proxy.dialects import Conversation, Dialect, ResponsesStream, changed_indices, replace_text
+from pflash_proxy.dialects import (Conversation, Dialect, ResponsesStream, changed_indices, check_depth, expect,
+                                   replace_text)
 from pflash_proxy.errors import BadRequest
 from pflash_proxy.models import message_text
 
@@ -41,11 +45,58 @@ def _text_idx(c: Any) -> list[int] | None:
             (isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS)]
 
 
+def _validate(body: dict) -> None:
+    """400 for a wrong type in any field the proxy reads or translates itself (step 5)."""
+    expect(body.get("instructions") is None or isinstance(body["instructions"], str), "instructions",
+           "must be a string")
+    items = body.get("input")
+    for k, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict):
+            continue  # parse refuses it
+        kind = item.get("type", "message")
+        expect(isinstance(kind, str), f"input.{k}.type", "must be a string")
+        if kind == "message":
+            expect(isinstance(item.get("role"), str), f"input.{k}.role", "must be a string")
+            _check_parts(item.get("content"), f"input.{k}.content")
+        elif kind in ("function_call", "function_call_output"):
+            for key in ("call_id", "name"):
+                expect(isinstance(item.get(key, ""), str), f"input.{k}.{key}", "must be a string")
+            if kind == "function_call":
+                expect(isinstance(item.get("arguments", ""), (str, dict)), f"input.{k}.arguments",
+                       "must be a string")
+            else:
+                _check_parts(item.get("output"), f"input.{k}.output")
+    tools = body.get("tools")
+    expect(tools is None or isinstance(tools, list) and all(isinstance(t, dict) for t in tools), "tools",
+           "must be a list of objects")
+    for j, tool in enumerate(tools or ()):
+        for key in ("type", "name", "description"):
+            expect(isinstance(tool.get(key, ""), str), f"tools.{j}.{key}", "must be a string")
+        expect(isinstance(tool.get("parameters", {}), dict), f"tools.{j}.parameters", "must be an object")
+    for key in ("previous_response_id", "prompt_cache_key"):
+        expect(body.get(key) is None or isinstance(body[key], str), key, "must be a string")
+    expect(body.get("stream") is None or isinstance(body["stream"], bool), "stream", "must be a boolean")
+
+
+def _check_parts(content: Any, where: str) -> None:
+    expect(content is None or isinstance(content, (str, list)), where, "must be a string or a list of parts")
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if isinstance(part, str):
+            continue
+        expect(isinstance(part, dict), f"{where}.{j}", "a part must be an object")
+        kind = part.get("type", "input_text")
+        expect(isinstance(kind, str), f"{where}.{j}.type", "must be a string")
+        if kind in _TEXT_PARTS:
+            expect(isinstance(part.get("text"), str), f"{where}.{j}.text", "must be a string")
+
+
 class ResponsesDialect(Dialect):
     name = "responses"
     stream_style = ResponsesStream()
 
     def parse(self, body: dict) -> Conversation:
+        check_depth(body)
+        _validate(body)
         out: list[dict] = []
         origins: list[Any] = []
         if isinstance(body.get("instructions"), str):

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from pflash_proxy.dialects import cache_counts
+from pflash_proxy.dialects import MAX_DEPTH, cache_counts
 from pflash_proxy.dialects.anthropic import AnthropicDialect
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
+from pflash_proxy.dialects.chat import ChatDialect
 from pflash_proxy.dialects.responses import ResponsesDialect
 from pflash_proxy.errors import BadRequest
 from pflash_proxy.sessions.identity import message_hash
@@ -180,3 +181,124 @@ def test_cache_counts_read_every_dialect():
     responses = {"usage": {"input_tokens": 10, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 9}}}
     assert cache_counts(responses) == {"cache_n": 9, "prompt_n": 1, "predicted_n": 2}
     assert cache_counts({"usage": {"prompt_tokens": 3}}) is None and cache_counts(None) is None
+
+
+def test_message_start_carries_the_prompt_counts_of_the_first_timed_event():
+    """llama-server's role-only first event has no timings; with ``timings_per_token`` the next one has them:
+    message_start waits for it and reports the same input/cache counts that message_delta ends with."""
+    t = AnthropicTranslator()
+    timed = {"cache_n": 40, "prompt_n": 12, "predicted_n": 1}
+    out = t.stream(b"data: " + json.dumps({"id": "c1", "model": "m", "choices": [
+        {"delta": {"role": "assistant", "content": None}}]}).encode() + b"\n\n")
+    assert out == b""  # held: no counts yet, nothing to show yet
+    out += t.stream(_sse({"id": "c1", "choices": [{"delta": {"content": "Hi"}}], "timings": timed},
+                         {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 2},
+                          "timings": {**timed, "predicted_n": 2}}))
+    ev = _events(out)
+    assert ev[0] == ("message_start", {"type": "message_start", "message": {
+        "id": "c1", "type": "message", "role": "assistant", "content": [], "model": "m", "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 12, "cache_read_input_tokens": 40, "output_tokens": 0}}})
+    assert ev[-2][1]["usage"] == {"output_tokens": 2, "input_tokens": 12, "cache_read_input_tokens": 40}
+    # an upstream without per-token timings: message_start goes out with the first content, never held back
+    t = AnthropicTranslator()
+    ev = _events(t.stream(b'data: {"id":"c2","choices":[{"delta":{"content":"a"}}]}\n\n'))
+    assert [n for n, _ in ev] == ["message_start", "content_block_start", "content_block_delta"]
+    assert ev[0][1]["message"]["usage"]["input_tokens"] == 0
+    # a stream that ends right after the role-only event still opens and closes the message
+    t = AnthropicTranslator()
+    t.stream(b'data: {"id":"c3","choices":[{"delta":{"role":"assistant"}}]}\n\n')
+    assert [n for n, _ in _events(t.end())] == ["message_start", "message_delta", "message_stop"]
+
+
+def test_streams_ask_for_timings_per_token():
+    d = AnthropicDialect()
+    body = {"model": "m", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    assert d.to_upstream(body, d.parse(body).messages)["timings_per_token"] is True
+    assert "timings_per_token" not in d.chat_body(body, d.parse(body).messages)  # counting is unchanged
+    plain = {**body, "stream": False}
+    assert "timings_per_token" not in d.to_upstream(plain, d.parse(plain).messages)
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048}},
+     {"chat_template_kwargs": {"enable_thinking": True}, "thinking_budget_tokens": 2048}),
+    ({"thinking": {"type": "adaptive"}}, {"chat_template_kwargs": {"enable_thinking": True}}),
+    ({"thinking": {"type": "disabled"}}, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True, "x": 1}},
+     {"chat_template_kwargs": {"enable_thinking": True, "x": 1}}),
+    ({"thinking": {"type": "whatever"}}, {}),
+    ({"output_config": {"effort": "low"}}, {"reasoning_effort": "low"}),
+    ({"output_config": {"effort": "max"}}, {"reasoning_effort": "high"}),
+    ({"output_config": {"effort": "extreme", "task_budget": 3}}, {}),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, {}),
+], ids=["enabled", "adaptive", "disabled", "client-kwargs-win", "unknown-type", "effort", "effort-max",
+        "effort-unknown", "format", "context-management"])
+def test_reasoning_fields_map_to_what_llama_server_honours(fields, expected):
+    d = AnthropicDialect()
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **fields}
+    chat = to_chat(body, d.parse(body).messages)
+    extra = {k: v for k, v in chat.items() if k not in ("messages", "max_tokens")}
+    assert extra == expected
+    for key in ("thinking", "output_config", "context_management"):
+        assert key not in chat
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "content": [{"type": "text", "text": ["x"]}]}]}]},
+    {"messages": [{"role": "user", "content": 7}]},
+    {"messages": [{"role": "user", "content": [7]}]},
+    {"messages": [{"role": "user", "content": [{"type": 3}]}]},
+    {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": 1, "name": "f", "input": {}}]}]},
+    {"system": [{"type": "text", "text": None}], "messages": []},
+    {"system": 5, "messages": []},
+    {"tools": 5, "messages": []},
+    {"tools": [{"name": "f", "input_schema": "x"}], "messages": []},
+    {"max_tokens": "2", "messages": []},
+    {"stop_sequences": "END", "messages": []},
+    {"thinking": {"type": "enabled", "budget_tokens": "lots"}, "messages": []},
+    {"output_config": [], "messages": []},
+], ids=lambda b: json.dumps(b)[:60])
+def test_anthropic_fields_of_the_wrong_type_are_400(body):
+    with pytest.raises(BadRequest):
+        AnthropicDialect().parse(body)
+
+
+@pytest.mark.parametrize("body", [
+    {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+    {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+    {"input": [{"role": "user", "content": 5}]},
+    {"input": [{"role": 5, "content": "hi"}]},
+    {"input": [{"type": 5}]},
+    {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": {}}]}]},
+    {"input": [{"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]},
+    {"input": "hi", "instructions": ["x"]},
+    {"input": "hi", "tools": 5},
+    {"input": "hi", "previous_response_id": {"id": "r"}},
+], ids=lambda b: json.dumps(b)[:60])
+def test_responses_fields_of_the_wrong_type_are_400(body):
+    with pytest.raises(BadRequest):
+        ResponsesDialect().parse(body)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.mark.parametrize("dialect, template", [
+    (ChatDialect(), '{"messages": [{"role": "user", "content": [{"type": "image_url", "x": %s}]}]}'),
+    (AnthropicDialect(), '{"messages": [{"role": "user", "content": [{"type": "document", "x": %s}]}]}'),
+    (ResponsesDialect(), '{"input": [{"type": "reasoning", "x": %s}]}'),
+], ids=["chat", "anthropic", "responses"])
+def test_bodies_nested_deeper_than_the_limit_are_400(dialect, template):
+    ok = json.loads(template % _nested(MAX_DEPTH - 10))
+    dialect.parse(ok)
+    with pytest.raises(BadRequest, match="nested deeper"):
+        dialect.parse(json.loads(template % _nested(MAX_DEPTH)))
+    deep = json.loads(template % _nested(600))  # the depth at which the session index's pickle failed
+    with pytest.raises(BadRequest, match="nested deeper"):
+        dialect.parse(deep)
