@@ -65,6 +65,49 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     echo "setup: chromium not installed; the inspector's browser test will be skipped"
 fi
 
+# 6. The real agent CLIs of tests/agents (pinned in tests/agents/pins.txt): Claude Code, Codex CLI and opencode
+#    from npm into ~/.cache/pflash-proxy/agents-<hash of the npm pins>/, aider from PyPI into its own venv
+#    ~/.cache/pflash-proxy/aider-<version>-py<XY>/ (its pinned dependencies never touch $VENV). Each folder gets
+#    an .installed stamp once complete, so a second run is a no-op; without npm or python, or when an install
+#    fails, one line says so and those tests skip with the reason.
+agent_clis() {
+  local pins=tests/agents/pins.txt cache=${PFLASH_AGENTS_CACHE:-$HOME/.cache/pflash-proxy}
+  [ -f "$pins" ] || return 0
+  local specs dir
+  specs=$(awk '!/^#/ && $3 == "npm" {printf "%s%s@%s", (n++ ? " " : ""), $1, $2}' "$pins")
+  dir="$cache/agents-$(printf '%s' "$specs" | sha256sum | cut -c1-12)"
+  if [ -f "$dir/.installed" ]; then
+    :
+  elif ! command -v npm >/dev/null; then
+    echo "setup: agent CLIs: npm not found; Claude Code, Codex and opencode tests will be skipped"
+  else
+    echo "setup: agent CLIs: npm install $specs into $dir..."
+    mkdir -p "$dir" && echo '{"private": true}' > "$dir/package.json"
+    # shellcheck disable=SC2086
+    if (cd "$dir" && npm install --no-audit --no-fund --no-update-notifier --loglevel=error $specs >/dev/null); then
+      touch "$dir/.installed"
+    else
+      echo "setup: agent CLIs: npm install failed; Claude Code, Codex and opencode tests will be skipped"
+    fi
+  fi
+  local aver pytag adir
+  aver=$(awk '!/^#/ && $1 == "aider-chat" {print $2}' "$pins")
+  [ -n "$aver" ] || return 0
+  if ! pytag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null); then
+    echo "setup: agent CLIs: $PY not usable; the aider tests will be skipped"
+    return 0
+  fi
+  adir="$cache/aider-$aver-py$pytag"
+  [ -f "$adir/.installed" ] && return 0
+  echo "setup: agent CLIs: aider-chat $aver into its own venv $adir..."
+  if "$PY" -m venv "$adir" && "$adir/bin/python" -m pip install --quiet "aider-chat==$aver" >/dev/null; then
+    touch "$adir/.installed"
+  else
+    echo "setup: agent CLIs: aider-chat $aver not installed (needs Python 3.10-3.12 and PyPI); the aider tests will be skipped"
+  fi
+}
+agent_clis || echo "setup: agent CLIs: not installed; the agent tests will be skipped"
+
 STAMP="$VENV/.pflash-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)-$KEY"
 if [ -f "$STAMP" ]; then
   exit 0
