@@ -68,7 +68,7 @@ def cmd_rm(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _proxy_url(args: argparse.Namespace, settings: Settings) -> str:
-    return (getattr(args, "url", None) or f"http://{settings.host}:{settings.port}").rstrip("/")
+    return (getattr(args, "url", None) or settings.local_url).rstrip("/")
 
 
 def _http(method: str, url: str, payload: dict | None = None, timeout: float = 3600) -> dict:

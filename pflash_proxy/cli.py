@@ -17,9 +17,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pflash_proxy import __version__
-from pflash_proxy.config import ConfigError, Settings, load_settings, private_dir
+from pflash_proxy.config import ConfigError, Settings, format_host, load_settings, private_dir
 
 _HELP = {
+    "host": "addresses to listen on, comma-separated like llama-server's --host (e.g. 127.0.0.1,::1; a path "
+            "ending in .sock is a UNIX socket; default 127.0.0.1; also PFLASH_HOST)",
+    "public_host": "a Host name (besides localhost and loopback addresses) under which /pflash/* (inspector, "
+                   "stats, metrics, save) answers; repeatable; other Host headers get 403, which keeps DNS-rebinding "
+                   "pages out (also PFLASH_PUBLIC_HOST, comma-separated)",
     "upstream": "URL of the llama-server to front (e.g. http://127.0.0.1:8080)",
     "spawn": "start and supervise a llama-server (gemma-3-270m by default)",
     "model": "GGUF for the spawned llama-server",
@@ -78,6 +83,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
                                                                                 if field.default is not None else None)}
         if ann is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif typing.get_origin(ann) is list:  # repeatable: --public-host a --public-host b
+            parser.add_argument(flag, action="append", metavar="NAME", **kwargs)
         else:
             parser.add_argument(flag, metavar=_metavar(ann), **kwargs)
 
@@ -179,9 +186,11 @@ def serve(settings: Settings) -> int:
     private_dir(settings.home)
     app = create_app(settings)
 
+    listen = [f"http://{format_host(h)}:{settings.port}" for h in settings.tcp_hosts] + \
+        [f"unix://{p}" for p in settings.unix_paths]
+
     def announce(_: str) -> None:
-        url = f"http://{settings.host}:{settings.port}"
-        print(f"pflash-proxy listening on {url}  (OpenAI base URL: {url}/v1)", flush=True)
+        print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)
 
     try:
         import uvloop  # ~25 % less per-request overhead than the default loop (measured, benchmarks/)
@@ -190,7 +199,10 @@ def serve(settings: Settings) -> int:
     except ImportError:
         loop = asyncio.new_event_loop()
     try:
-        web.run_app(app, host=settings.host, port=settings.port, print=announce, access_log=None,
+        # one TCPSite per address (IPv6 ones IPv6-only, as llama-server binds several), one UnixSite per .sock;
+        # no port without a TCP address: run_app would add a TCPSite on every interface
+        web.run_app(app, host=settings.tcp_hosts or None, port=settings.port if settings.tcp_hosts else None,
+                    path=settings.unix_paths or None, print=announce, access_log=None,
                     shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True, loop=loop)
     except SpawnError as exc:
         print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
@@ -199,8 +211,8 @@ def serve(settings: Settings) -> int:
         print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the listening socket: address in use, permission denied, no such address
-        print(f"pflash-proxy: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        where = ", ".join([f"{h}:{settings.port}" for h in settings.tcp_hosts] + settings.unix_paths)
+        print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -16,6 +16,7 @@ names the option and where it came from (``ConfigError``).  The state directory 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
@@ -73,6 +74,26 @@ def parse_heads(v: str) -> list[tuple[int, int]]:
     return out
 
 
+def split_hosts(value: str) -> list[str]:
+    """llama-server's ``--host`` forms: comma-separated addresses (blanks ignored); ``[::1]`` is taken as ``::1``."""
+    out = []
+    for host in value.split(","):
+        host = host.strip()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if host:
+            out.append(host)
+    return out
+
+
+def format_host(host: str) -> str:
+    """An address as it goes into a URL: IPv6 literals in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+PUBLIC_HOST = re.compile(r"^(\[[0-9a-f:.]+\]|[0-9a-f:.]*:[0-9a-f:.]*|[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
+
+
 class ConfigError(Exception):
     """Invalid configuration: the message is one line naming the option."""
 
@@ -81,7 +102,8 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- proxy ---
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # listen addresses, comma-separated (llama-server's --host forms; ``.sock`` = UNIX)
+    public_host: list[str] = Field(default_factory=list)  # Host names /pflash/* answers besides loopback ones
     port: int = Field(8090, ge=0, le=65535)
     upstream: str | None = None
     max_body_mb: float = Field(64, gt=0)
@@ -155,6 +177,30 @@ class Settings(BaseModel):
             raise ValueError("must be an http:// or https:// URL")
         return v.rstrip("/")
 
+    @field_validator("host")
+    @classmethod
+    def _hosts(cls, v: str) -> str:
+        hosts = split_hosts(v)
+        if not hosts:
+            raise ValueError("needs at least one address")
+        return ",".join(hosts)
+
+    @field_validator("public_host", mode="before")
+    @classmethod
+    def _public_hosts(cls, v: Any) -> list[str]:
+        items = [v] if isinstance(v, str) else list(v or [])
+        out = []
+        for item in items:
+            if not isinstance(item, str):
+                raise ValueError("expected host names")
+            for name in item.split(","):
+                name = name.strip().lower().rstrip(".")
+                if name:
+                    if not PUBLIC_HOST.match(name):
+                        raise ValueError(f"{name!r} is not a host name (give it without scheme or port)")
+                    out.append(name.removeprefix("[").removesuffix("]"))
+        return out
+
     @field_validator("attention_heads")
     @classmethod
     def _heads(cls, v: str) -> str:
@@ -189,6 +235,8 @@ class Settings(BaseModel):
             raise ValueError("upstream: give --upstream URL or --spawn")
         if self.spawn and self.upstream:
             raise ValueError("upstream: --upstream and --spawn are exclusive")
+        if self.port == 0 and len(self.tcp_hosts) > 1:
+            raise ValueError("port: --port 0 is not supported with several TCP addresses in --host")
         if self.min_segment >= self.max_segment:
             raise ValueError("min_segment: must be smaller than max_segment")
         if self.drafter is not None and "scorer" not in self.model_fields_set:
@@ -197,7 +245,28 @@ class Settings(BaseModel):
             object.__setattr__(self, "scorer", DRAFTER_DEFAULT_SCORER)
         return self
 
-    # Derived paths -----------------------------------------------------------------------------------------
+    # Derived paths and addresses ---------------------------------------------------------------------------
+    @property
+    def hosts(self) -> list[str]:
+        """``--host 127.0.0.1,::1`` → ["127.0.0.1", "::1"]: one listening socket each."""
+        return split_hosts(self.host)
+
+    @property
+    def tcp_hosts(self) -> list[str]:
+        return [h for h in self.hosts if not h.endswith(".sock")]
+
+    @property
+    def unix_paths(self) -> list[str]:
+        return [h for h in self.hosts if h.endswith(".sock")]
+
+    @property
+    def local_url(self) -> str:
+        """The URL this machine's commands (``stats``, ``warm``, ``show``) reach the proxy at: its first TCP
+        address (a wildcard address through the loopback of its family)."""
+        host = (self.tcp_hosts or ["127.0.0.1"])[0]
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        return f"http://{format_host(host)}:{self.port}"
+
     @property
     def effective_slot_save_path(self) -> Path:
         return (self.slot_save_path or self.home / "slots").expanduser()
@@ -241,6 +310,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
             continue
         if field == "llama_server_args":
             value = value.split()
+        elif field == "public_host":  # PFLASH_PUBLIC_HOST=a.example,b.example
+            value = [v.strip() for v in value.split(",") if v.strip()]
         elif field == "chat_recall" and _is_fraction(value):
             # PFLASH_CHAT_RECALL=0.05 sets θ directly; 0/1 switch recall off/on (seed usage).
             out["theta"] = (value, key)

@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace, settings: Any) -> int:
-    base = (args.url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    base = (args.url or settings.local_url).rstrip("/")
     key = args.key or settings.api_key  # settings.api_key: PFLASH_API_KEY or the configuration file
     try:
         if not args.session:
