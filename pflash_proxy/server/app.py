@@ -21,6 +21,7 @@ from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, STREAM
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.pipeline import Pipeline, Stage
 from pflash_proxy.server.control import collect_stats
+from pflash_proxy.server.gate import gate_middleware_factory
 from pflash_proxy.server.routes import add_routes, error_middleware_factory
 from pflash_proxy.spawn import LlamaServerSupervisor
 from pflash_proxy.upstream import Upstream
@@ -54,7 +55,9 @@ def build_stages(app: web.Application) -> list[Stage]:
 
 def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware_factory()])
+    # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[gate_middleware_factory(), error_middleware_factory()])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[METRICS].bind(lambda: collect_stats(app))

@@ -7,7 +7,10 @@
    bounded: 429), a body that cannot be read (400), JSON + typed model or the dialect's conversation (400, in
    the client's dialect), the stage pipeline, then the same relay (a dialect sent to another route is
    translated back as it streams). Untouched bodies are forwarded byte for byte.
-3. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
+3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
+   decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
+   (``gate.py`` refuses ``/./slots/0``, ``/slots%2F0``, ``/slots/0/`` ... with 400 before any route is chosen).
+4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
-from pflash_proxy.inspector.routes import add_inspector_routes
+from pflash_proxy.inspector.routes import add_inspector_routes, guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
@@ -264,9 +267,9 @@ def add_routes(app: web.Application) -> None:
     for path in CHAT_PATHS + DIALECT_PATHS + COMPLETION_PATHS + GENERATING_PATHS:
         app.router.add_post(path, parsed)
     app.router.add_post("/slots/{slot}", slot_action)
-    app.router.add_get("/pflash/stats", pflash_stats)
-    app.router.add_get("/pflash/metrics", pflash_metrics)
-    app.router.add_post("/pflash/save", pflash_save)
+    app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
+    app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
+    app.router.add_post("/pflash/save", guarded(pflash_save))
     add_inspector_routes(app)  # /pflash/ui and /pflash/api (loopback or --api-key)
     app.router.add_route("*", "/{tail:.*}", passthrough)
 
@@ -278,10 +281,10 @@ async def slot_action(request: web.Request) -> web.StreamResponse:
         return error_response(403, "slot actions are reserved to the proxy, which manages the slots' contents "
                                    "(start it with --allow-slot-actions to pass them through)", "slot_actions_refused",
                               "permission_error")
-    try:
-        slot_id = int(request.match_info["slot"])
-    except ValueError:
-        return await passthrough(request)
+    slot = request.match_info["slot"]
+    if not (slot.isascii() and slot.isdigit()):  # int() would take " 1", "1_0", "+1" or "١"; llama-server's stoi
+        return error_response(400, f"slot id {slot[:40]!r} is not a plain integer", "invalid_slot_id")
+    slot_id = int(slot)
     sessions = next((s for s in request.app[PIPELINE].stages if s.name == "sessions"), None)
     if sessions is None:
         return await passthrough(request)
