@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.agents.clients import Agent, Result, run_agent
-from tests.agents.scripted import RecordingFront, Received, Script, ScriptedUpstream, tool_results
+from tests.agents.scripted import FRONT_ID, RecordingFront, Received, Script, ScriptedUpstream, tool_results
 
 VOLATILE_PREFIX = "x-anthropic-billing-header:"
 
@@ -213,17 +213,23 @@ class Turns:
 
 
 def pair_turns(stack: Stack, filename: str) -> Turns:
-    """Pairs the client's generating requests (front) with what reached the model (scripted upstream), in order,
-    and finds turn 1 (the last request before the file arrived) and turn 2 (the first that holds it)."""
+    """Pairs what reached the model (scripted upstream) with the client's request it came from (the front's id
+    header), and finds turn 1 (the last request answered before the file arrived) and turn 2 (the first that
+    holds it)."""
     assert stack.front is not None and stack.upstream is not None
-    sent = stack.front.generating()
-    got = stack.upstream.received
-    t = Turns(list(zip(sent, got)))
+    pairs = []
+    for r in stack.upstream.received:
+        i = next((v for k, v in r.headers.items() if k.lower() == FRONT_ID.lower()), None)
+        if i is not None:
+            pairs.append((stack.front.exchanges[int(i)], r))
+    t = Turns(pairs)
     for i, (_, r) in enumerate(t.pairs):
         if file_texts(r.body, filename):
             t.turn2 = i
             break
     if t.turn2 is not None:
-        t.turn1 = next((i for i in range(t.turn2 - 1, -1, -1)
-                        if t.pairs[i][1].reply.tool or filename in (t.pairs[i][1].reply.text or "")), None)
+        before = range(t.turn2 - 1, -1, -1)
+        t.turn1 = next((i for i in before if t.pairs[i][1].reply.tool), None)  # the read tool call
+        if t.turn1 is None:  # aider: the answer that named the file
+            t.turn1 = next((i for i in before if filename in (t.pairs[i][1].reply.text or "")), None)
     return t

@@ -17,9 +17,11 @@
 4. Every generating request is recorded (``Received``: path, headers, body, the real run's numbers, the reply),
    i.e. exactly what the model would have seen.
 
-``RecordingFront`` sits between the client and the proxy: it forwards every request unchanged (streaming the
-answer back as it comes) and records what the client sent and the proxy's status and headers (also the
-``X-PFlash-*`` values that a progress-comment stream carries in its last ``: pflash`` comment).
+``RecordingFront`` sits between the client and the proxy: it forwards every request (streaming the answer back as
+it comes) with one added ``X-Recording-Front-Id`` header, which the proxy forwards like any client header, so
+each request the model received pairs with the one the client sent; it records what the client sent and the
+proxy's status and headers (also the ``X-PFlash-*`` values that a progress-comment stream carries in its last
+``: pflash`` comment).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", 
 READ_TOOLS = ("read", "read_file", "view")
 PATH_PARAMS = ("file_path", "filePath", "path", "filename")
 SHELL_TOOLS = ("exec_command", "shell_command", "shell", "bash")
+FRONT_ID = "X-Recording-Front-Id"  # added by the front, forwarded by the proxy: pairs both sides' records
 
 
 def _headers(h) -> list[tuple[str, str]]:
@@ -393,8 +396,9 @@ class RecordingFront:
         x = Exchange(request.method, request.path, dict(request.headers), raw)
         self.exchanges.append(x)
         assert self._session is not None
-        async with self._session.request(request.method, self.target + request.path_qs,
-                                         headers=_headers(request.headers), data=raw or None) as up:
+        headers = _headers(request.headers) + [(FRONT_ID, str(len(self.exchanges) - 1))]
+        async with self._session.request(request.method, self.target + request.path_qs, headers=headers,
+                                         data=raw or None) as up:
             x.status, x.response_headers = up.status, dict(up.headers)
             resp = web.StreamResponse(status=up.status, headers=_headers(up.headers))
             await resp.prepare(request)

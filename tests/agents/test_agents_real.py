@@ -102,9 +102,9 @@ async def test_agent_reads_a_long_file_through_the_proxy(name, agent_llama, tmp_
     where = f"(client output and every exchange: {dump})"
     assert result.rc == 0, f"{name} did not exit 0 {where}\n{result.tail()}"
     turns = pair_turns(stack, SOURCE.name)
-    assert len(stack.front.generating()) == len(stack.upstream.received), \
+    assert len(stack.front.generating()) == len(stack.upstream.received) == len(turns.pairs), \
         f"{len(stack.front.generating())} generating requests from the client, {len(stack.upstream.received)} " \
-        f"reached the model {where}"
+        f"reached the model ({len(turns.pairs)} paired) {where}"
     assert turns.turn2 is not None and turns.turn1 is not None, f"the file never reached the model {where}"
     (x1, r1), (x2, r2) = turns.pairs[turns.turn1], turns.pairs[turns.turn2]
     problems: list[str] = []
