@@ -1,6 +1,14 @@
 """The compression pipeline for one new long message.
 
 Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
+0. gutter: when every line carries a line number (an agent's file read, ``cat -n``,
+   ``grep -n``: ``gutter.find_gutter``), stages 1-3 work on the text behind the numbers
+   (``gutter.bare_text``: the same lines, one for one), so kind detection, cuts and
+   scores see the code: the segmenter sizes units by the estimated tokens behind the
+   numbers (so they fall where they fall in the plain file), and the units then carry
+   the numbered lines' token counts, which are what the budget spends.  The rewrite
+   and recall (step 6) use the original, numbered lines, so the served lines keep
+   their numbers.  The outcome names the gutter's form (``gutter``).
 1. segment: cut the message into whole-line units (``Segmenter``).
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
@@ -33,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
+from .gutter import bare_text, find_gutter
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
@@ -78,6 +87,7 @@ class Analysis:
     reps: UnitReps
     scores: np.ndarray
     stage_ms: dict[str, float]  # what stages 1-3 cost, reported again by every outcome built on them
+    gutter: str | None = None  # step 0: the form of the line-number gutter stages 1-3 looked behind
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,7 @@ class CompressionOutcome:
     reason: str | None = None
     spread: float | None = None
     analysis: Analysis | None = field(default=None, repr=False, compare=False)
+    gutter: str | None = None  # step 0: the line-number gutter found (``"N<TAB>"``, ``"N: "``, ...), or None
 
     @property
     def served_message_tokens(self) -> int:
@@ -134,26 +145,33 @@ class Compressor:
         ``analysis`` so that stages 1-3 are not repeated)."""
         ms: dict[str, float] = {}
         m_tok = tt.total_tokens
+        gutter: str | None = None if analysis is None else analysis.gutter
 
         def full(mode: Mode, reason: str, **kw) -> CompressionOutcome:
             base = dict(budget_tokens=0, units_in=0, units_kept=0, spread=None, analysis=None)
             base.update(kw)
             return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, base["budget_tokens"], m_tok, 0,
                                       base["units_in"], base["units_in"], None, ms, reason, base["spread"],
-                                      base["analysis"])
+                                      base["analysis"], gutter)
 
         try:
             t = time.perf_counter()
             if analysis is None:
-                units = list(self.segmenter.segment(tt, None))
+                g = find_gutter(tt.lines)  # step 0: cut and score behind the line numbers
+                if g is None:
+                    work = tt
+                    units = list(self.segmenter.segment(tt, None))
+                else:
+                    work, gutter = bare_text(tt, g), g.form
+                    units = _recount(self.segmenter.segment(bare_text(tt, g, content_tokens=True), None), tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
-                pinned = pinned_units(tt, units, request.pinned_tail_tokens)
-                reps = self.scorer.represent(tt, units)
+                pinned = pinned_units(work, units, request.pinned_tail_tokens)
+                reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms))
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -186,7 +204,7 @@ class Compressor:
                                    for i in omitted_ids})
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
-                                      len(units), len(kept), recall, ms, None, sp.spread, analysis)
+                                      len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)
         except Exception as e:  # noqa: BLE001 - never fail the request (issue stage 9)
             return full("full-error", f"{type(e).__name__}: {e}")
 
@@ -243,6 +261,13 @@ def _check_units(units: list[Unit], tt: TokenizedText) -> None:
         pos = u.end_line
     if pos != len(tt.lines) or len(units) < 2:
         raise ValueError("segmenter units do not cover the message")
+
+
+def _recount(units: list[Unit], tt: TokenizedText) -> list[Unit]:
+    """Step 0: the same units with ``tt``'s token counts (the served lines' tokens)."""
+    off = tt.token_offsets
+    return [Unit(u.index, u.start_line, u.end_line, int(off[u.end_line] - off[u.start_line]), u.kind)
+            for u in units]
 
 
 def _lap(ms: dict[str, float], name: str, t: float) -> float:
