@@ -15,9 +15,13 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    line) are always kept.
 3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
-   upstream would prefill), then ``BudgetSelector`` by density.  The note and marker
-   lines cost tokens too: the selection is rerun once with the budget lowered by
-   their estimated size (``approx_tokens``) so the served message lands on budget.
+   upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
+   and the scorer's first choice (``first_choice``: the unpinned unit with the highest
+   score, when it is positive; ties to the first) kept before the walk: the budget is
+   passed only when those alone exceed it, and then by at most that unit's tokens.
+   The note and marker lines cost tokens too: the selection is rerun with the budget
+   lowered by their estimated size (``approx_tokens``) so the served message lands on
+   budget.
 5. spread: ``relevance_spread`` over the non-pinned units; flat on a cold request -> ``full-flat`` (original
    text); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
@@ -128,6 +132,15 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     return set(range(max(k, 0), len(units)))
 
 
+def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
+    """Step 4: the unpinned unit with the highest positive score (the first of equals), or nothing."""
+    free = np.asarray(scores, dtype=np.float64).copy()
+    free[list(pinned)] = -np.inf
+    if not len(free) or not free.max() > 0:
+        return set()
+    return {int(np.argmax(free))}
+
+
 class Compressor:
     def __init__(self, settings: CompressionSettings | None = None, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None) -> None:
@@ -180,7 +193,8 @@ class Compressor:
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
-            kept = self._select_with_overhead(units, toks, dens, budget, pinned, source, label, len(tt.lines))
+            kept = self._select_with_overhead(units, toks, dens, budget, pinned | first_choice(scores, pinned),
+                                              source, label, len(tt.lines))
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
             # score and would dominate the measure: spread is over the units the budget actually chooses.
