@@ -20,7 +20,7 @@ Algorithm (``find_gutter(lines)``):
    within one file).
 4. ``N|`` and ``N:``: the one space after the separator is part of the gutter when at least ``RISING`` of the
    numbered lines with text after the separator have it (opencode), else it is the line's own (grep -n of
-   indented code).
+   indented code); so is a tab after ``N→`` (``   12→<TAB>line``).
 5. ``N<TAB>`` whose lines, behind the numbers, share one non-zero tab count on at least 80 % of them is a
    tab-separated table with a numeric first column, not a gutter.
 6. The result, ``Gutter``, names the form and gives every line's prefix length in characters (0 on the
@@ -59,7 +59,7 @@ _FORMS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("N:", re.compile(r" *(\d+)[:-]")),
     ("file:N:", re.compile(r"([^\s:][^\t\n:]*?)([:-])(\d+)\2")),
 )
-_SPACED = frozenset(("N|", "N:"))  # step 4
+_PAD = {"N|": (" ", " "), "N:": (" ", " "), "N→": ("\t", "<TAB>")}  # step 4: the pad and its name
 _GREP = frozenset(("N:", "file:N:"))  # forms whose output may hold "--" group separators
 
 
@@ -130,14 +130,14 @@ def _try(form: str, rx: re.Pattern[str], lines: Sequence[str]) -> Gutter | None:
     tail = sum(1 for i in others if i > last)
     if head > EDGE or tail > EDGE or len(others) - head - tail > INSIDE * count:
         return None
-    if form in _SPACED:
+    if form in _PAD:
+        pad, name = _PAD[form]
         with_text = [i for i in numbered if lines[i][prefix[i]:].strip("\r\n")]
-        spaced = sum(1 for i in with_text if lines[i][prefix[i]] == " ")
-        if with_text and spaced >= RISING * len(with_text):
-            for i in with_text:
-                if lines[i][prefix[i]] == " ":
-                    prefix[i] += 1
-            form += " "
+        padded = [i for i in with_text if lines[i][prefix[i]] == pad]
+        if with_text and len(padded) >= RISING * len(with_text):
+            for i in padded:
+                prefix[i] += 1
+            form += name
     elif form == "N<TAB>":
         tabs = Counter(lines[i][prefix[i]:].count("\t") for i in numbered if lines[i][prefix[i]:].strip())
         if tabs:

@@ -29,6 +29,7 @@ FORMATS = {
     "claude-code": (_claude, "", "", "N<TAB>"),
     "claude-code-2.1": (lambda n, s: f"{n}\t{s}", "", "", "N<TAB>"),
     "claude-code-arrow": (lambda n, s: f"{n:>6}→{s}", "", "", "N→"),
+    "arrow-tab": (lambda n, s: f"{n:>6}→\t{s}", "", "", "N→<TAB>"),
     "cat-n": (_claude, "", "", "N<TAB>"),
     "opencode": (lambda n, s: f"{n}: {s}", "<path>/work/src/FILE</path>\n<type>file</type>\n<content>\n",
                  "\n(End of file - total TOTAL lines)\n</content>", "N: "),
