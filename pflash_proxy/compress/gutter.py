@@ -17,7 +17,8 @@ Algorithm (``find_gutter(lines)``):
    wrapper such as opencode's ``<file>`` or "(End of file - total N lines)", a note the client appends); at
    most ``INSIDE`` of the numbered count lie between them (grep's ``--`` group separators are free); and the
    number rises from each numbered line to the next on at least ``RISING`` of the steps (``file:N:``: the steps
-   within one file).
+   within one file, and at least half the lines must follow a line of their own file: ``grep -rn`` hits across
+   many files are a list of places, and their paths are what a question names, so they stay).
 4. ``N|`` and ``N:``: the one space after the separator is part of the gutter when at least ``RISING`` of the
    numbered lines with text after the separator have it (opencode), else it is the line's own (grep -n of
    indented code); so is a tab after ``N→`` (``   12→<TAB>line``).
@@ -123,7 +124,7 @@ def _try(form: str, rx: re.Pattern[str], lines: Sequence[str]) -> Gutter | None:
         prefix[i] = m.end()
         numbered.append(i)
     count = len(numbered)
-    if count < MIN_LINES or rising < RISING * steps:
+    if count < MIN_LINES or rising < RISING * steps or (grep_file and steps * 2 < count):
         return None
     first, last = numbered[0], numbered[-1]
     head = sum(1 for i in others if i < first)

@@ -149,6 +149,7 @@ NOT_GUTTERS = {
     "log with dates": "".join(f"2024-05-{1 + i // 40:02d} 10:00:{i % 60:02d} GET /x {i}\n" for i in range(80)),
     "tsv with an id column": "".join(f"{i}\tuser{i}\t{i * 37 % 100}\tactive\n" for i in range(1, 80)),
     "numbers out of order": "".join(f"{(i * 37) % 101}: value {i}\n" for i in range(80)),
+    "grep -rn across files": "".join(f"src/mod{i}/worker.py:{10 + i}:    user{i} = step(worker)\n" for i in range(60)),
 }
 
 
