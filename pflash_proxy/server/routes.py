@@ -308,6 +308,9 @@ def error_middleware_factory():
             return exc.response()
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
+            dialect = dialect_for(request.path)  # Anthropic clients parse only their own error shape
+            if dialect is not None:
+                return dialect.error_response(500, "internal proxy error", "internal_error")
             return error_response(500, "internal proxy error", "internal_error")
         finally:  # the request's body no longer counts against --max-pending-mb
             request.app[BODIES].release(request.get(BODY_HELD, 0))
