@@ -10,7 +10,8 @@ conversation: a list of OpenAI-chat-shaped messages (``role``, ``content`` as a 
 2. The stages replace message *content* only (served versions, a compressed tool output, a recall block).
 3. ``write_back(body, conversation, messages)`` puts the changed texts back into the client's own structure;
    everything the proxy did not change stays as the client sent it, so the upstream sees the same tokens
-   turn after turn.
+   turn after turn. A message whose text is the same in another shape (a served history recorded from another
+   dialect: ``[]`` for ``None``, one text part for a string) is not written back (``text_changed``).
 4. ``chat_body`` is the conversation as a chat body: llama-server converts every dialect to chat internally,
    so ``/v1/chat/completions/input_tokens`` counts it exactly.
 5. Errors: a non-streamed error in the dialect's own shape; ``error_event`` ends a stream that already started.
@@ -29,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from pflash_proxy.errors import BadRequest, error_body
+from pflash_proxy.models import message_text
 
 __all__ = ["Conversation", "Dialect", "MAX_DEPTH", "StreamStyle", "cache_counts", "check_depth", "dialect_for",
            "replace_text", "stream_style_for"]
@@ -146,6 +148,14 @@ def changed_indices(old: list[dict], new: list[dict]) -> list[int]:
     if len(old) != len(new):
         raise ValueError(f"a stage changed the number of messages ({len(old)} → {len(new)}); only content may change")
     return [i for i, (a, b) in enumerate(zip(old, new)) if a.get("content") != b.get("content")]
+
+
+def text_changed(old: list[dict], new: list[dict]) -> list[int]:
+    """The messages whose *text* a stage changed. A served history recorded from another dialect may hold the
+    same text in another shape (``[]`` for ``None``, a string for one text part): nothing to write back there,
+    and a message with no text place (a Responses ``function_call``) must not fail the request for it."""
+    return [i for i in changed_indices(old, new)
+            if message_text(old[i].get("content")) != message_text(new[i].get("content"))]
 
 
 def replace_text(content: Any, text_idx: list[int] | None, text: str, part_type: str = "text") -> Any:

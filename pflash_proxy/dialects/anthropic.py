@@ -33,8 +33,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, anthropic_error, changed_indices,
-                                   check_depth, expect, is_int, is_num, replace_text)
+from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, anthropic_error, check_depth, expect,
+                                   is_int, is_num, replace_text, text_changed)
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.errors import BadRequest, error_body
 from pflash_proxy.models import message_text
@@ -130,7 +130,7 @@ class AnthropicDialect(Dialect):
 
     # Writing back ----------------------------------------------------------------------------------------
     def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
-        changed = changed_indices(conv.messages, messages)
+        changed = text_changed(conv.messages, messages)
         if not changed:
             return body
         new = dict(body)

@@ -34,7 +34,7 @@ Anthropic                                        chat request to llama-server
 ``chat_template_kwargs`` (llama-server's own)    passed on; its ``enable_thinking`` wins over ``thinking``
 ``output_config.effort`` low / medium / high     ``reasoning_effort`` low / medium / high (a template kwarg:
 / max                                            only templates that read it, e.g. gpt-oss); max → high
-``output_config.format`` ``json_schema``          ``response_format: {type: json_schema, json_schema:
+``output_config.format`` ``json_schema``         ``response_format: {type: json_schema, json_schema:
                                                  {schema}}`` (grammar-constrained output)
 other ``thinking`` types, other ``effort``       dropped, logged at debug
 values, other ``output_config`` keys

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pflash_proxy.dialects import (Conversation, Dialect, ResponsesStream, changed_indices, check_depth, expect,
-                                   replace_text)
+from pflash_proxy.dialects import (Conversation, Dialect, ResponsesStream, check_depth, expect, replace_text,
+                                   text_changed)
 from pflash_proxy.errors import BadRequest
 from pflash_proxy.models import message_text
 
@@ -131,7 +131,7 @@ class ResponsesDialect(Dialect):
         return Conversation(out, origins)
 
     def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
-        changed = changed_indices(conv.messages, messages)
+        changed = text_changed(conv.messages, messages)
         if not changed:
             return body
         new = dict(body)

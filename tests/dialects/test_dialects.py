@@ -302,3 +302,27 @@ def test_bodies_nested_deeper_than_the_limit_are_400(dialect, template):
     deep = json.loads(template % _nested(600))  # the depth at which the session index's pickle failed
     with pytest.raises(BadRequest, match="nested deeper"):
         dialect.parse(deep)
+
+
+def test_a_history_served_from_another_dialect_in_another_shape_is_not_written_back():
+    """A chat client's assistant tool call with ``content: []`` has the identity of a Responses function_call
+    (``content: None``): replayed into the Responses body it is no change, not a ValueError (a 500)."""
+    d = ResponsesDialect()
+    body = {"input": [{"role": "user", "content": "cat a.py"},
+                      {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "x"}]}
+    conv = d.parse(body)
+    served = [dict(m) for m in conv.messages]
+    served[0]["content"] = [{"type": "text", "text": "cat a.py"}]
+    served[1]["content"] = []
+    assert message_hash(served[1]) == message_hash(conv.messages[1])
+    assert d.write_back(body, conv, served) is body
+    served[2]["content"] = "SHORT"
+    assert d.write_back(body, conv, served)["input"][2]["output"] == "SHORT"
+    a = AnthropicDialect()
+    abody = {"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}
+    aconv = a.parse(abody)
+    aserved = [dict(m) for m in aconv.messages]
+    aserved[1]["content"] = None  # as a chat client sent it
+    assert a.write_back(abody, aconv, aserved) is abody  # no empty text block put before the tool_use
