@@ -49,13 +49,32 @@ __all__ = ["LineTable", "raw_starts", "split_priority"]
 
 # unrolled loops: no per-character backtracking inside literals. DOTALL: an escape (a backslash and any byte)
 # may be a backslash-newline, which opens many a docstring; without it such a literal was missed and its quotes
-# paired wrongly with later ones, leaving the rest of the file "inside a string"
-_PY_LIT = re.compile(
-    rb'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|' + rb"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''|"
-    rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|' + rb"'[^'\\\n]*(?:\\.[^'\\\n]*)*'|#[^\n]*", re.S)
-_C_LIT = re.compile(
-    rb"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|//[^\n]*|" + rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'
-    rb"'(?:\\.|[^'\\\n]){0,4}'|`[^`\\]*(?:\\.[^`\\]*)*`", re.S)
+# paired wrongly with later ones, leaving the rest of the file "inside a string". One pattern per alternative, in
+# the order a single alternation (``|``) would try them; ``_LITERALS`` says which open at which byte.
+_DQ3 = rb'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
+_SQ3 = rb"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+_DQ = rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*'  # + '"': a body that stops at a newline (or the end) never closes
+_SQ = rb"'[^'\\\n]*(?:\\.[^'\\\n]*)*"
+_BLOCK = rb"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/"
+_TEMPLATE = rb"`[^`\\]*(?:\\.[^`\\]*)*`"
+_MULTI, _LINE, _SHORT = 0, 1, 2  # a failed attempt scans to the end / to its body's stop / a few bytes
+
+
+def _alt(opener: bytes, pattern: bytes, scan: int) -> tuple[bytes, re.Pattern, re.Pattern | None, int]:
+    body = re.compile(pattern, re.S) if scan == _LINE else None
+    return opener, re.compile(pattern + (opener[:1] if scan == _LINE else b""), re.S), body, scan
+
+
+_LITERALS = {  # python -> first byte -> alternatives (opener, pattern, body pattern, scan) in alternation order
+    True: {ord('"'): (_alt(b'"""', _DQ3, _MULTI), _alt(b'"', _DQ, _LINE)),
+           ord("'"): (_alt(b"'''", _SQ3, _MULTI), _alt(b"'", _SQ, _LINE)),
+           ord("#"): (_alt(b"#", rb"#[^\n]*", _SHORT),)},
+    False: {ord("/"): (_alt(b"/*", _BLOCK, _MULTI), _alt(b"//", rb"//[^\n]*", _SHORT)),
+            ord('"'): (_alt(b'"', _DQ, _LINE),),
+            ord("'"): (_alt(b"'", rb"'(?:\\.|[^'\\\n]){0,4}'", _SHORT),),
+            ord("`"): (_alt(b"`", _TEMPLATE, _MULTI),)},
+}
+
 _PY_HINT = re.compile(rb"^(?:def |class |import |from \S+ import |async def |@\w)|:\s*(?:#.*)?$", re.M)
 _C_HINT = re.compile(rb"[;{}]\s*$", re.M)
 _CONT = (b"else:", b"else ", b"else{", b"elif ", b"except", b"finally", b"catch", b"{", b")", b"]", b"}", b".", b"&&",
@@ -146,36 +165,54 @@ class LineTable:
 
 
 
-_PY_FIRST = np.frombuffer(b"\"'#", dtype=np.uint8)
-_C_FIRST = np.frombuffer(b"/\"'`", dtype=np.uint8)
+def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: Sequence[tuple[int, int]] = (),
+                   work: list[int] | None = None) -> list[int]:
+    """Flattened spans of the literals and comments of step 2, leftmost first, none overlapping.
 
+    1. Every literal opens with one of a few bytes, so a match is tried only at those bytes (in order,
+       skipping any inside the previous match), alternative by alternative as ``_LITERALS`` orders them.
+    2. No literal opens on a markdown fence line (byte ranges ``fences``): its backticks would open a JS
+       template literal that ran to the closing fence, leaving a whole fenced JS/C file "inside a string",
+       with no cut points.
+    3. Linear on any input: an attempt that fails is remembered. A multi-line literal (a triple-quoted
+       string, a ``/*`` comment, a template) that does not close from ``p`` does not close from any later
+       opener either (a later opener that the first scan did not take for a closer is escaped in it, so both
+       scans read the same tokens from there on), so that alternative is never tried again. A quoted string
+       that stops unclosed at ``f`` (a newline, the end) fails likewise from every opener before ``f``.
+       Without this, an unclosed ``/*`` made every later ``/*`` rescan to the end: quadratic time.
 
-def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: Sequence[tuple[int, int]] = ()
-                   ) -> list[int]:
-    """Flattened spans of ``_PY_LIT``/``_C_LIT`` matches, as ``finditer`` finds them.
-
-    Every alternative starts with one of a few bytes, so instead of letting the regex engine try each
-    position, it is tried only at those bytes (in order, skipping any inside the previous match). No literal
-    opens on a markdown fence line (byte ranges ``fences``): its backticks would open a JS template literal
-    that ran to the closing fence, leaving a whole fenced JS/C file "inside a string", with no cut points.
+    ``work``, when given, gets the bytes each attempt scanned added to ``work[0]`` (a failed multi-line
+    attempt: to the end), a measure of the regex work that tests bound.
     """
-    pat, first = (_PY_LIT, _PY_FIRST) if python else (_C_LIT, _C_FIRST)
-    cand = arr == first[0]
-    for c in first[1:]:
+    table = _LITERALS[python]
+    cand = np.zeros(len(arr), dtype=bool)
+    for c in table:
         cand |= arr == c
     for a, b in fences:
         cand[a:b] = False
+    n = len(data)
+    dead: dict[bytes, int] = {}  # opener -> attempts from before this offset fail
     flat: list[int] = []
-    end = 0
-    match = pat.match
+    end = scanned = 0
     for p in np.flatnonzero(cand).tolist():
         if p < end:
             continue
-        m = match(data, p)
-        if m is not None:
-            end = m.end()
-            flat.append(p)
-            flat.append(end)
+        for opener, pat, body, scan in table[data[p]]:
+            if not data.startswith(opener, p) or p < dead.get(opener, -1):
+                continue
+            m = pat.match(data, p)
+            if m is not None:
+                end = m.end()
+                scanned += end - p
+                flat.append(p)
+                flat.append(end)
+                break
+            stop = n if scan == _MULTI else body.match(data, p).end() if scan == _LINE else min(n, p + 6)
+            scanned += stop - p
+            if scan != _SHORT:
+                dead[opener] = n + 1 if scan == _MULTI else stop
+    if work is not None:
+        work[0] += scanned
     return flat
 
 
