@@ -1,32 +1,40 @@
 """``previous_response_id`` for the Responses API, which llama-server refuses (400 "does not support").
 
-A client that chains responses sends only the new items and the id of the previous response. The proxy keeps,
-per session, the items of its conversation (what the client sent, then the answer's output items), and which
-prefix of them each response id ends:
-1. ``on_request`` (before the session stage): a known ``previous_response_id`` is replaced by the items it
-   stands for, prepended to the new ``input``; the conversation is parsed again from the expanded body. The
-   session stage then finds the session as for any client that sends its whole history (cache hit included).
-   An id the proxy does not know is left for llama-server to answer.
-2. ``on_response``: a Responses answer's ``id`` and ``output`` items are recorded with the session.
-The items live under their own key per session (``("response-items", sid)``: the items and the length each
-response id ends at), pruned with the session, and never rewrite the session's record: that write, after the
-answer went out, would race the session's next turn.
+A client that chains responses sends only the new items and the id of the previous response. The proxy keeps
+each response it relayed under its own id (``SessionStore.put_response``), so an id stands for exactly the items
+of its own chain, whoever else's conversation shares its beginning (two conversations that start alike share a
+session record until they diverge; their responses never do):
+1. ``on_request`` (before the session stage): a ``previous_response_id`` recorded for the request's own owner
+   (``identity.credential``) is replaced by the items it stands for, prepended to the new ``input``; the
+   conversation is parsed again from the expanded body. The session stage then finds the session as for any
+   client that sends its whole history (cache hit included). An id the proxy does not know, or one recorded for
+   another credential, is left for llama-server to answer (400: not supported).
+2. ``on_response``: a Responses answer (``store`` not false) is recorded as its own entry: owner, session, and
+   the items it adds to its parent, the response it continues inside the same session (the expanded
+   ``previous_response_id``, or else the session's last response when its items, checked by digest, begin this
+   request's items), or all of its items when it has none. So a chain costs its items once, and every entry a
+   session recorded goes when that session is pruned, without breaking the chain of any other session.
+3. Expansion walks the parents (at most ``_MAX_DEPTH``, every entry of the same owner) and concatenates.
+Nothing is written to the session's record: that write, after the answer went out, would race the session's next
+turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from typing import Any
 
 from pflash_proxy.server.pipeline import ProxyRequest, Stage
 from pflash_proxy.server.relay import RelayResult
 from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.store import StoreError
+from pflash_proxy.sessions.store import SessionStore, StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
 
-_MAX_IDS = 256
+_MAX_DEPTH = 100_000  # parents followed when expanding an id (a chain is one session's turns)
 
 
 class ResponseChainStage(Stage):
@@ -39,17 +47,21 @@ class ResponseChainStage(Stage):
     async def on_request(self, req: ProxyRequest) -> None:
         if req.dialect is None or req.dialect.name != "responses":
             return
+        owner = self.manager.owner(req.headers)
         items = _items(req.body.get("input"))
         previous = req.body.get("previous_response_id")
+        parent: tuple[str, int] | None = None
         if isinstance(previous, str) and previous:
             try:
-                found = await asyncio.get_running_loop().run_in_executor(None, self._lookup, previous)
+                found = await asyncio.get_running_loop().run_in_executor(
+                    None, expand, self.manager.store, previous, owner)
             except StoreError as exc:
                 self.manager.store_failed("looking up a previous response", exc)
                 found = None
             if found is None:
                 self.counters["unknown"] += 1
                 return  # llama-server answers it (400: not supported)
+            parent = (previous, len(found))
             items = found + items
             body = {k: v for k, v in req.body.items() if k != "previous_response_id"}
             body["input"] = items
@@ -59,34 +71,23 @@ class ResponseChainStage(Stage):
             req.served_messages = None
             req.log_fields["previous_response"] = previous[:16]
             self.counters["expanded"] += 1
-        req.state[self.name] = items
-
-    def _lookup(self, rid: str) -> list[dict] | None:
-        store = self.manager.store
-        where = store.read(("response", rid))
-        stored = store.read(("response-items", where[0])) if where else None
-        if not stored:
-            return None
-        n = stored["ids"].get(rid)
-        return list(stored["items"][:n]) if n is not None and n <= len(stored["items"]) else None
+        req.state[self.name] = {"items": items, "owner": owner, "parent": parent}
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        items = req.state.get(self.name)
+        pending = req.state.get(self.name)
         ctx = req.state.get("sessions")
         final = result.final_json or {}
         response = final.get("response") if isinstance(final.get("response"), dict) else final
-        if items is None or ctx is None or ctx.record is None or result.status != 200 or \
+        if pending is None or ctx is None or ctx.record is None or result.status != 200 or \
+                req.body.get("store") is False or \
                 not isinstance(response.get("id"), str) or not isinstance(response.get("output"), list):
             return
-        sid, rid = ctx.record.id, response["id"]
-        all_items = items + [o for o in response["output"] if isinstance(o, dict)]
+        rid, sid = response["id"], ctx.record.id
+        all_items = pending["items"] + [o for o in response["output"] if isinstance(o, dict)]
         store = self.manager.store
 
         def save() -> None:
-            old = store.read(("response-items", sid)) or {"ids": {}}
-            ids = {**old["ids"], rid: len(all_items)}
-            store.write(("response-items", sid), {"items": all_items, "ids": dict(list(ids.items())[-_MAX_IDS:])})
-            store.write(("response", rid), (sid,))
+            record(store, rid, sid, pending["owner"], all_items, pending["parent"])
         try:
             await asyncio.get_running_loop().run_in_executor(None, save)
         except StoreError as exc:
@@ -95,6 +96,47 @@ class ResponseChainStage(Stage):
     def stats(self) -> dict[str, Any]:
         return {"previous_response_expanded": self.counters["expanded"],
                 "previous_response_unknown": self.counters["unknown"]}
+
+
+def expand(store: SessionStore, rid: str, owner: str | None) -> list[dict] | None:
+    """The items response ``rid`` stands for (its chain's inputs and outputs, in order), or None when the proxy
+    did not record it for ``owner`` (or a link of its chain is gone)."""
+    parts: list[list[dict]] = []
+    seen: set[str] = set()
+    at: str | None = rid
+    while at is not None:
+        entry = store.response(at)
+        if entry is None or entry.get("owner") != owner or at in seen or len(seen) >= _MAX_DEPTH:
+            return None
+        seen.add(at)
+        parts.append(entry["items"])
+        at = entry.get("parent")
+    return [item for part in reversed(parts) for item in part]
+
+
+def record(store: SessionStore, rid: str, sid: str, owner: str | None, items: list[dict],
+           parent: tuple[str, int] | None) -> None:
+    """Record response ``rid`` of session ``sid``: ``items`` is its whole chain; ``parent`` the expanded
+    ``previous_response_id`` and how many of ``items`` it stands for."""
+    base: tuple[str, int] | None = None
+    if parent is not None:
+        entry = store.response(parent[0])
+        if entry is not None and entry.get("session") == sid and entry.get("owner") == owner:
+            base = parent
+    if base is None and (last := store.last_response(sid)) is not None and last != rid:
+        entry = store.response(last)  # a client that sends its whole history: the session's last answer
+        n = entry.get("n") if entry is not None else None
+        if isinstance(n, int) and 0 < n <= len(items) and entry.get("owner") == owner \
+                and entry.get("digest") == digest(items[:n]):
+            base = (last, n)
+    start = base[1] if base is not None else 0
+    store.put_response(rid, {"session": sid, "owner": owner, "parent": base[0] if base is not None else None,
+                             "items": items[start:], "n": len(items), "digest": digest(items)})
+
+
+def digest(items: list[dict]) -> str:
+    blob = json.dumps(items, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _items(value: Any) -> list[dict]:

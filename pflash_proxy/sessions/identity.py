@@ -3,18 +3,25 @@
 1. Each message is canonicalised: role; content as a list of parts (a plain string becomes one text part);
    tool calls reduced to (id, type, function name, arguments); ``tool_call_id`` and ``name``.  Other fields
    (client bookkeeping such as timestamps) do not change identity.
-2. ``h_0 = sha256(namespace)`` where the namespace is the upstream model's identity and, for clients that name
-   their session with ``X-PFlash-Session``, that name.  ``h_i = sha256(h_{i-1} ‖ sha256(canonical(m_i)))``.
+2. ``h_0 = sha256(namespace)`` where the namespace is the upstream model's identity, the request's *owner*
+   (``credential``: a salted hash of its ``Authorization`` / ``x-api-key`` / ``api-key`` values, when it sends
+   any) and, for clients that name their session with ``X-PFlash-Session``, that name.
+   ``h_i = sha256(h_{i-1} ‖ sha256(canonical(m_i)))``.
 3. A request continues the session whose served history is the longest prefix of the request: the largest i
-   with ``h_i`` in the index.  Because explicit names are part of the seed, an explicit session can only
-   ever match its own name AND the exact same messages, so naming a session never reads another's state.
+   with ``h_i`` in the index.  Because owner and explicit name are part of the seed, a session can only ever
+   match its own credential (and name) AND the exact same messages: two API keys never share a session record,
+   however their conversations begin, and naming a session never reads another's state.
+4. The raw credential is never stored: only the HMAC-SHA256 of its values under the index's own random salt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+CREDENTIAL_HEADERS = ("Authorization", "x-api-key", "api-key")
 
 
 def _canonical_content(content: Any) -> list:
@@ -76,8 +83,27 @@ def message_hash(msg: dict) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def namespace_seed(model_identity: str, explicit_name: str | None = None) -> str:
-    ns = json.dumps({"model": model_identity, "explicit": explicit_name}, sort_keys=True)
+def credential(headers: Mapping[str, str], salt: str) -> str | None:
+    """Whom a request speaks for: the salted hash of its credential headers' values (a ``Bearer`` scheme dropped,
+    so one key sent either way is one owner), or None when it sends none."""
+    values: set[str] = set()
+    for name in CREDENTIAL_HEADERS:
+        getall = getattr(headers, "getall", None)
+        for value in (getall(name, []) if getall is not None else [headers.get(name)]):
+            if isinstance(value, str) and value.strip():
+                value = value.strip()
+                values.add(value[7:].strip() if value[:7].lower() == "bearer " else value)
+    if not values:
+        return None
+    return hmac.new(salt.encode(), "\x00".join(sorted(values)).encode("utf-8", "surrogatepass"),
+                    hashlib.sha256).hexdigest()[:32]
+
+
+def namespace_seed(model_identity: str, explicit_name: str | None = None, owner: str | None = None) -> str:
+    ns_fields: dict[str, Any] = {"model": model_identity, "explicit": explicit_name}
+    if owner is not None:  # requests without a credential keep the seeds they always had
+        ns_fields["owner"] = owner
+    ns = json.dumps(ns_fields, sort_keys=True)
     return hashlib.sha256(ns.encode()).hexdigest()
 
 

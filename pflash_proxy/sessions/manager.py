@@ -31,6 +31,7 @@ from pflash_proxy.config import Settings
 from pflash_proxy.dialects import cache_counts
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.server.relay import RelayResult
+from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.slots import Lease, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager
 from pflash_proxy.sessions.store import SessionStore, StoreError
@@ -66,6 +67,10 @@ class SessionManager:
         self._writes = 0
         self._bound: asyncio.Task | None = None
         upstream.add_restart_listener(self._on_restart)
+
+    def owner(self, headers: Any) -> str | None:
+        """The hash of a request's credential (``identity.credential``): whose sessions and responses it reaches."""
+        return credential(headers, self.store.salt)
 
     def store_failed(self, what: str, exc: Exception) -> None:
         """Count an index failure; log it once until the index works again (``store_ok``)."""

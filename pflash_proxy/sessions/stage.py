@@ -1,9 +1,11 @@
 """The session stages of the pipeline: identity → served history → slot lease → restore → verify.
 
 ``SessionStage.on_request`` (chat routes):
-1. Seed = upstream model identity (+ the ``X-PFlash-Session`` name, if given); find the session whose served
-   history is the longest prefix of the request, or start one (a request that diverges inside a session's
-   history forks a new session: a session's history is linear).
+1. Seed = upstream model identity + the request's owner (its credential headers, hashed: ``identity``) (+ the
+   ``X-PFlash-Session`` name, if given); find the session whose served history is the longest prefix of the
+   request, or start one (a request that diverges inside a session's history forks a new session: a session's
+   history is linear). Requests of different credentials never share a session record, hence never a served
+   history, recall sources or inspector traces; a session id echoed by a client of another credential is ignored.
 2. Replace the content of already-served messages by their served versions (byte-identical prefix turn after
    turn); every other field stays the client's own (``served_version``).
 3. Lease a slot (queueing in the proxy, never at a busy slot).  If the lease displaced another session whose
@@ -82,9 +84,10 @@ class SessionStage(Stage):
         messages = list(req.messages)
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"
+        owner = mgr.owner(req.headers)
         try:
-            seed = await self._seed(explicit)
-            record, matched, hashes, lease = await self._lease_session(seed, explicit, messages)
+            seed = await self._seed(explicit, owner)
+            record, matched, hashes, lease = await self._lease_session(seed, explicit, owner, messages)
         except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
             mgr.store_failed("looking up the session", exc)
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; served without a session"
@@ -108,15 +111,16 @@ class SessionStage(Stage):
         })
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
 
-    async def _seed(self, explicit: str | None) -> str:
-        """The namespace of the lookup: the model identity, plus the client's session name. A client that echoes
-        the proxy's own ``X-PFlash-Session`` value (a session id) continues that session's namespace."""
+    async def _seed(self, explicit: str | None, owner: str | None) -> str:
+        """The namespace of the lookup: the model identity and the owner, plus the client's session name. A
+        client that echoes the proxy's own ``X-PFlash-Session`` value (a session id) continues that session's
+        namespace, when the session is its own credential's."""
         mgr = self.manager
         if explicit and len(explicit) == 32 and all(c in "0123456789abcdef" for c in explicit):
             rec = await asyncio.get_running_loop().run_in_executor(None, mgr.store.get, explicit)
-            if rec is not None:
+            if rec is not None and rec.owner == owner:
                 return rec.seed
-        return namespace_seed(mgr.model_identity, explicit)
+        return namespace_seed(mgr.model_identity, explicit, owner)
 
     async def _whole_server(self, req: ProxyRequest) -> None:
         """A batch (``prompt`` holds several prompts) runs one task per prompt on slots llama-server picks, so it
@@ -145,7 +149,7 @@ class SessionStage(Stage):
         req.set_field("id_slot", lease.slot.id)
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
-    async def _lease_session(self, seed: str, explicit: str | None, messages: list[dict]
+    async def _lease_session(self, seed: str, explicit: str | None, owner: str | None, messages: list[dict]
                              ) -> tuple[SessionRecord, int, list[str], Lease]:
         """Find (or start, or fork) the session and lease its slot, reading its record again under the lease.
 
@@ -163,11 +167,13 @@ class SessionStage(Stage):
         for _ in range(8):
             found, matched, hashes = await lookup()
             key = _lookup_key(found, matched)
+            if found is not None and found.owner != owner:  # a seed is never shared across owners: belt and braces
+                found, matched = None, 0
             if found is None:
-                record = mgr.store.new_session(seed, explicit is not None)
+                record = mgr.store.new_session(seed, explicit is not None, owner=owner)
             elif matched < len(found.served):
                 log.info("request diverges from session %s at message %d; forking", found.id[:8], matched)
-                record = mgr.store.new_session(seed, explicit is not None, parent=found, upto=matched)
+                record = mgr.store.new_session(seed, explicit is not None, parent=found, upto=matched, owner=owner)
             else:
                 record = found
             lease = await mgr.table.acquire(record.id)

@@ -5,10 +5,15 @@ Keys:
 2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning;
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
-   covers, the model identity it belongs to, size, checksum and last use.
+   covers, the model identity it belongs to, size, checksum and last use;
+5. ``("response", rid)`` → one Responses answer (``sessions/chains.py``): its owner, the session that recorded
+   it, the response it continues *within that session* (or none) and the items it adds to that one's; and
+   ``("responses", sid)`` → the ids a session recorded, so they go with it;
+6. ``("salt",)`` → the random salt the owners' credentials are hashed with (``identity.credential``).
 
 ``prune`` bounds the index: sessions unused for ``--session-ttl-days`` and those beyond ``--max-sessions``
-(least recently used first) are forgotten with their chain entries.
+(least recently used first) are forgotten with their chain entries and their responses (and the per-session
+response keys of indexes written before responses had their own, in the same sweep).
 
 ``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
 upstream holding a prefix the proxy does not know how to replay.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -78,6 +84,7 @@ class SessionRecord:
     client_hashes: list[str] = field(default_factory=list)
     served: list[dict] = field(default_factory=list)
     explicit: bool = False
+    owner: str | None = None  # the credential's hash (identity.credential); None: requests without one
     created: float = field(default_factory=time.time)
     last_use: float = field(default_factory=time.time)
     turns: int = 0
@@ -106,6 +113,8 @@ class SessionStore:
         # without listing every key of the index (one scan at start-up, in the executor: ``snapshots()``)
         self._snaps: dict[str, SnapshotRecord] | None = None
         self._snaps_lock = threading.RLock()  # pruning runs in the executor, requests on the loop
+        self.cache.add(("salt",), secrets.token_hex(16))  # only if absent: owners' hashes survive a restart
+        self.salt: str = self.cache.get(("salt",))
 
     def close(self) -> None:
         self.cache.close()
@@ -145,9 +154,10 @@ class SessionStore:
     def write(self, key: tuple, value: Any) -> None:
         self.cache.set(key, value)
 
-    def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0) -> SessionRecord:
-        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit)
-        if parent is not None and upto:
+    def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
+                    owner: str | None = None) -> SessionRecord:
+        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit, owner=owner)
+        if parent is not None and upto and parent.owner == owner:
             rec.client_hashes = parent.client_hashes[:upto]
             rec.served = parent.served[:upto]
         return rec
@@ -173,8 +183,8 @@ class SessionStore:
         # last use on its own key: pruning ranks every session without unpickling their served histories
         self.cache.set(("used", rec.id), rec.last_use)
 
-    def _last_uses(self) -> dict[str, float]:
-        keys = list(self.cache.iterkeys())
+    def _last_uses(self, keys: list | None = None) -> dict[str, float]:
+        keys = list(self.cache.iterkeys()) if keys is None else keys
         used = {k[1]: t for k in keys if k[0] == "used" and (t := self.cache.get(k)) is not None}
         for k in keys:  # records written before the "used" key existed
             if k[0] == "session" and k[1] not in used and (rec := self.get(k[1])) is not None:
@@ -188,7 +198,9 @@ class SessionStore:
         recently used beyond ``max_sessions``; never one in ``keep`` (resident or busy).  Removes the record and
         the chain entries that still point at it (a fork that took over a shared prefix keeps it).  Returns the
         removed ids; their snapshots are the caller's to delete."""
-        ranked = sorted(self._last_uses().items(), key=lambda kv: kv[1])
+        keys = list(self.cache.iterkeys())
+        self._drop_legacy_responses(keys)
+        ranked = sorted(self._last_uses(keys).items(), key=lambda kv: kv[1])
         excess = len(ranked) - max_sessions
         victims: list[str] = []
         for sid, last_use in ranked:
@@ -201,11 +213,49 @@ class SessionStore:
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
-                self.cache.delete(("response-items", sid))  # sessions/chains.py
+                for rid in self.cache.get(("responses", sid)) or ():
+                    self.cache.delete(("response", rid))
+                self.cache.delete(("responses", sid))
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
         return victims
+
+    def _drop_legacy_responses(self, keys: list) -> None:
+        """Indexes written before responses had their own entries kept the items per session
+        (``("response-items", sid)``) and an unpruned ``("response", rid)`` → ``(sid,)``: both go."""
+        legacy = [k for k in keys if k[0] == "response-items"]
+        if not legacy:
+            return
+        for k in keys:
+            if k[0] == "response" and isinstance(self.cache.get(k), tuple):
+                self.cache.delete(k)
+        for k in legacy:
+            self.cache.delete(k)
+
+    # Responses (sessions/chains.py) -------------------------------------------------------------------------
+    @_guarded
+    def response(self, rid: str) -> dict | None:
+        """One recorded response (``put_response``), or None (unknown, pruned, or written by an older index)."""
+        entry = self.read(("response", rid))
+        return entry if isinstance(entry, dict) else None
+
+    @_guarded
+    def last_response(self, sid: str) -> str | None:
+        ids = self.cache.get(("responses", sid))
+        return ids[-1] if ids else None
+
+    @_guarded
+    def put_response(self, rid: str, entry: dict) -> bool:
+        """Record response ``rid`` (``entry["session"]`` owns it); False when that session is gone meanwhile."""
+        sid = entry["session"]
+        with self.cache.transact():
+            if ("session", sid) not in self.cache:
+                return False
+            ids = [r for r in self.cache.get(("responses", sid)) or () if r != rid]
+            self.cache.set(("responses", sid), ids + [rid])
+            self.cache.set(("response", rid), entry)
+        return True
 
     @_guarded
     def last_uses(self) -> dict[str, float]:
