@@ -61,6 +61,9 @@ _HELP = {
                            "and forwarding, so the prefix cache survives from turn to turn (default on)",
     "max_pending_mb": "request bodies the proxy holds in memory at once (read, waiting for a slot, being "
                       "forwarded); a request beyond gets 429 with Retry-After (0 = no bound, default 1024)",
+    "body_timeout_s": "a request body must have arrived in whole this many seconds after its headers, else 408 "
+                      "and the connection is closed (a stalled or trickling upload holds no memory and no "
+                      "connection past it; 0 = never, default 60)",
     "max_queue": "requests that may wait for a llama-server slot; more get 429 with Retry-After (0 = no bound, "
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "

@@ -137,6 +137,7 @@ class Settings(BaseModel):
     progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
     allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
     max_pending_mb: float = Field(1024, ge=0)  # request bodies held in memory at once; beyond: 429 (0 = no bound)
+    body_timeout_s: float = Field(60, ge=0)  # a request body not in whole this long after its headers: 408
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
     queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
 
