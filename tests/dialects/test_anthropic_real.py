@@ -28,7 +28,8 @@ async def proxy(aiohttp_client, llama_server, tmp_path):
 async def _stream(client, **kw) -> tuple[dict, dict, str]:
     """(message_start usage, final usage, text) of one streamed /v1/messages call."""
     start, final, text = {}, {}, ""
-    async with client.messages.stream(model="gemma", max_tokens=3, temperature=0, top_k=1, **kw) as stream:
+    async with client.messages.stream(model="gemma", max_tokens=3, extra_body={"temperature": 0, "top_k": 1},
+                                     **kw) as stream:
         async for event in stream:
             if event.type == "message_start":
                 start = event.message.usage.model_dump()
