@@ -3,10 +3,10 @@
 1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
    end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
 2. ``parsed`` handles the completion routes and the conversation routes of every dialect (chat, Anthropic
-   Messages, Responses): body size check (413; chunked uploads counted as they arrive, bodies held at once
-   bounded: 429), a body that cannot be read (400), JSON + typed model or the dialect's conversation (400, in
-   the client's dialect), the stage pipeline, then the same relay (a dialect sent to another route is
-   translated back as it streams). Untouched bodies are forwarded byte for byte.
+   Messages, Responses): the body as ``bodies.read_body`` reads it (413 too large, 429 bodies held at once
+   beyond their bound, 408 not in whole within ``--body-timeout-s``, 400 unreadable), JSON + typed model or the
+   dialect's conversation (400, in the client's dialect), the stage pipeline, then the same relay (a dialect
+   sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte.
 3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
    decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
    (``gate.py`` refuses ``/./slots/0``, ``/slots%2F0``, ``/slots/0/`` ... with 400 before any route is chosen).
@@ -22,12 +22,12 @@ import time
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
-from pflash_proxy.errors import BadRequest, PayloadTooLarge, ProxyError, error_body, error_response
+from pflash_proxy.errors import BadRequest, ProxyError, error_body, error_response
 from pflash_proxy.inspector.routes import add_inspector_routes, guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
+from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.pipeline import ProxyRequest
@@ -45,35 +45,10 @@ GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 
 
-BODY_HELD = web.RequestKey("pflash_body_bytes", int)  # bytes this request's body counts in the BodyBudget
-
-
 async def read_body(request: web.Request) -> bytes:
-    limit = request.app[SETTINGS].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
-    if not request.body_exists:
-        return b""
-    budget = request.app[BODIES]  # bytes of bodies held across requests (released by the middleware)
-    try:
-        if request.content_length is not None:  # bounded above: aiohttp reads it in one go
-            budget.reserve(request.content_length)
-            request[BODY_HELD] = request.content_length
-            return await request.read()
-        chunks, size = [], 0  # chunked upload: count as it arrives
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
-            budget.reserve(len(chunk), held=request.get(BODY_HELD, 0))
-            request[BODY_HELD] = request.get(BODY_HELD, 0) + len(chunk)
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except (web.RequestPayloadError, HttpProcessingError) as exc:
-        # a Content-Encoding that does not decode, chunk framing that breaks after the body began
-        reason = getattr(exc, "message", None) or getattr(exc.__cause__, "message", None) or str(exc)
-        raise BadRequest(f"request body could not be read: {' '.join(str(reason).split())}",
-                         code="invalid_body") from exc
+    """The body, bounded in size, in bytes held across requests and in time (``server/bodies.py``)."""
+    settings = request.app[SETTINGS]
+    return await read_bounded(request, request.app[BODIES], settings.max_body_bytes, settings.body_timeout_s)
 
 
 def _path_qs(request: web.Request) -> str:
