@@ -6,9 +6,10 @@ cost is linear and mostly vectorised; Python loops only touch candidate lines.
 Algorithm:
 1. ``LineTable``: line start/end byte offsets, indentation, blank flags, first and
    last non-newline byte of every line (vectorised over the byte array).
-2. Code (``code_features``): blank out string literals and comments with one regex
+2. Code (``code_features``): blank out string literals and comments with one linear
    pass (Python: triple/single quoted strings and ``#``; C-like/JS: ``/* */``, ``//``,
-   quotes and backtick templates; none opens on a markdown fence line), marking every line
+   quotes and backtick templates; none opens on a markdown fence line; an opener whose
+   literal cannot close is not tried again, see ``_literal_spans``), marking every line
    that *starts* inside a literal.
    Bracket depth at each line start is the running sum of ``([{`` minus ``)]}``,
    clamped at zero (clamped sum = sum - min(0, running minimum)), restarted at lines that
