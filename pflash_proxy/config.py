@@ -4,7 +4,8 @@ Sources, highest precedence first:
 
 1. CLI flags (only the ones actually given on the command line);
 2. ``PFLASH_*`` environment variables (``PFLASH_PORT``, ``PFLASH_UPSTREAM`` ... one per field, plus the
-   seed's historical names listed in ``SEED_ENV_ALIASES``);
+   seed's historical names listed in ``SEED_ENV_ALIASES``; ``PFLASH_PUBLIC_HOST`` is comma-separated,
+   ``PFLASH_LLAMA_SERVER_ARGS`` space-separated);
 3. a TOML file (``--config`` or ``PFLASH_CONFIG``; see ``configs/pflash-proxy.toml``);
 4. the defaults below (production defaults from the PFlash seeds).
 
