@@ -142,15 +142,28 @@ class Received:
     note: str = ""
     t: float = field(default_factory=time.time)
 
+    def _counts(self) -> tuple[int | None, int | None]:
+        """(cached, newly evaluated) prompt tokens of the real run: its ``timings``, or its ``usage`` (llama-server's
+        non-streamed Responses answer carries no timings)."""
+        timings = self.real.get("timings") or {}
+        if "cache_n" in timings:
+            return timings.get("cache_n"), timings.get("prompt_n")
+        usage = self.real.get("usage") or {}
+        if "input_tokens" in usage:
+            cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+            return cached, usage["input_tokens"] - cached
+        if "prompt_tokens" in usage:
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            return cached, usage["prompt_tokens"] - cached
+        return None, None
+
     @property
     def cache_n(self) -> int | None:
-        timings = self.real.get("timings") or {}
-        return timings.get("cache_n")
+        return self._counts()[0]
 
     @property
     def prompt_n(self) -> int | None:
-        timings = self.real.get("timings") or {}
-        return timings.get("prompt_n")
+        return self._counts()[1]
 
 
 class ScriptedUpstream:
