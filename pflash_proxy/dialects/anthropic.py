@@ -247,6 +247,7 @@ def _validate(body: dict) -> None:
 
 _BLOCK_STRINGS = {"text": ("text",), "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),
                   "tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
+_BLOCK_REQUIRED = {"tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
 
 
 def _check_block(block: Any, where: str, inner: bool = False) -> None:
@@ -257,6 +258,8 @@ def _check_block(block: Any, where: str, inner: bool = False) -> None:
     expect(isinstance(kind, str), f"{where}.type", "must be a string")
     for key in _BLOCK_STRINGS.get(kind, ()):
         expect(isinstance(block.get(key, ""), str), f"{where}.{key}", "must be a string")
+    for key in _BLOCK_REQUIRED.get(kind, ()):  # llama-server answers a tool call or result without them with 500
+        expect(isinstance(block.get(key), str), f"{where}.{key}", "must be a string")
     if kind == "text":
         expect(isinstance(block.get("text"), str), f"{where}.text", "must be a string")
     elif kind == "image":

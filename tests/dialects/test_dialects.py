@@ -254,6 +254,8 @@ def test_reasoning_fields_map_to_what_llama_server_honours(fields, expected):
     {"messages": [{"role": "user", "content": [7]}]},
     {"messages": [{"role": "user", "content": [{"type": 3}]}]},
     {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": 1, "name": "f", "input": {}}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "no tool_use_id"}]}]},
+    {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}]},
     {"system": [{"type": "text", "text": None}], "messages": []},
     {"system": 5, "messages": []},
     {"tools": 5, "messages": []},
@@ -326,3 +328,25 @@ def test_a_history_served_from_another_dialect_in_another_shape_is_not_written_b
     aserved = [dict(m) for m in aconv.messages]
     aserved[1]["content"] = None  # as a chat client sent it
     assert a.write_back(abody, aconv, aserved) is abody  # no empty text block put before the tool_use
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "tool", "tool_call_id": None, "content": "x"},
+    {"role": "user", "name": 3, "content": "x"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": ["c"], "type": "function",
+                                                           "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}}]},
+    {"role": "user", "content": [{"text": "no type"}]},
+], ids=lambda m: json.dumps(m)[:50])
+def test_chat_fields_llama_server_would_answer_with_500_are_400(message):
+    """llama-server's message parser turns these into 500 ("Failed to parse messages"); the proxy says 400."""
+    with pytest.raises(BadRequest):
+        ChatDialect().parse({"messages": [message]})
+
+
+@pytest.mark.parametrize("tool", [{"function": {"name": "f"}}, {"type": "function", "function": {"name": 1}},
+                                  {"type": "function", "function": {"name": "f", "description": []}}])
+def test_chat_tools_llama_server_would_answer_with_500_are_400(tool):
+    with pytest.raises(BadRequest):
+        ChatDialect().parse({"messages": [], "tools": [tool]})
