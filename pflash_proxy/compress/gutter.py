@@ -28,10 +28,15 @@ Algorithm (``find_gutter(lines)``):
    unnumbered lines, and on a last line that is only a number, so that no line becomes empty).
    ``bare_text(tt, gutter)``: the ``TokenizedText`` behind the gutter, with the same lines, one for one, and the
    same per-line token counts (what is served is the numbered text, so the budget counts its tokens).  With
-   ``content_tokens`` the counts are those of the text behind the numbers instead, estimated: each line's
-   ``approx_line_tokens`` times the message's ratio of counted to estimated tokens, rounded (exact when ``tt``
-   was counted with ``approx_line_tokens``).  The segmenter sizes units by these, so a definition that is one
-   unit in the file is one unit in its numbered form (the numbers' tokens would push it past ``max_segment``).
+   ``content_tokens`` the counts are those of the text behind the numbers instead (``content_counts``): a
+   numbered line's count less its number's tokens, at least 1.  A number's tokens are learned from the message:
+   per count of digits, the median count of the numbered lines with nothing behind the number, less 1 for the
+   newline (``     6<TAB>\n`` is 4 tokens in gemma's vocabulary: padding, digit, tab, newline); a digit count
+   without such a line takes the nearest one's plus one token per digit more; with none at all, the number's
+   ``approx_tokens``.  Behind ``N: `` and ``N| `` a line with text counts one token less for its number: the
+   space joins the text's first token.  When ``tt`` was counted with ``approx_line_tokens`` (no tokenizer), the counts are the
+   bare lines' ``approx_line_tokens``.  The segmenter sizes units by these, so a definition that is one unit in
+   the file is one unit in its numbered form (the numbers' tokens would push it past ``max_segment``).
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .text import TokenizedText, approx_line_tokens
+from .text import TokenizedText, approx_line_tokens, approx_tokens
 
-__all__ = ["Gutter", "bare_text", "find_gutter"]
+__all__ = ["Gutter", "bare_text", "content_counts", "find_gutter"]
 
 SAMPLE = 64  # step 2: non-blank lines sampled to pick the candidate forms
 MIN_LINES = 8  # step 3: numbered lines a gutter needs
@@ -156,8 +161,35 @@ def bare_text(tt: TokenizedText, gutter: Gutter, *, content_tokens: bool = False
     if len(gutter.prefix) != len(tt.lines):
         raise ValueError(f"gutter has {len(gutter.prefix)} lines, the message {len(tt.lines)}")
     lines = [ln[p:] if p else ln for ln, p in zip(tt.lines, gutter.prefix)]
-    if not content_tokens:
-        return TokenizedText("".join(lines), lines, list(tt.line_tokens))
-    ratio = tt.total_tokens / max(sum(approx_line_tokens(tt.lines)), 1)
-    counts = np.rint(np.asarray(approx_line_tokens(lines), dtype=np.float64) * ratio).astype(np.int64)
-    return TokenizedText("".join(lines), lines, counts.tolist())
+    counts = content_counts(tt, gutter, lines) if content_tokens else list(tt.line_tokens)
+    return TokenizedText("".join(lines), lines, counts)
+
+
+def content_counts(tt: TokenizedText, gutter: Gutter, bare: Sequence[str]) -> list[int]:
+    """Step 6: estimated token counts of the ``bare`` lines behind ``gutter``."""
+    counts = list(tt.line_tokens)
+    if counts == approx_line_tokens(tt.lines):
+        return approx_line_tokens(list(bare))
+    digits = [sum(c.isdigit() for c in ln[:p]) for ln, p in zip(tt.lines, gutter.prefix)]
+    seen: dict[int, list[int]] = {}
+    for c, d, p, b in zip(counts, digits, gutter.prefix, bare):
+        if p and not b.strip():
+            seen.setdefault(d, []).append(c - (1 if b else 0))
+    cost = {d: int(np.median(v)) for d, v in seen.items()}
+    spaced = gutter.form.endswith(" ")
+    out = []
+    for c, d, p, ln, b in zip(counts, digits, gutter.prefix, tt.lines, bare):
+        if not p:
+            out.append(c)
+            continue
+        if d in cost:
+            g = cost[d]
+        elif cost:
+            near = min(cost, key=lambda k: (abs(k - d), k))
+            g = cost[near] + d - near
+        else:
+            g = approx_tokens(ln[:p])
+        if spaced and b.strip():
+            g -= 1  # the space after "N:" or "N|" joins the line's first token ("12: def" -> "12", ":", " def")
+        out.append(max(c - g, 1 if b else 0))
+    return out

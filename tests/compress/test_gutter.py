@@ -175,3 +175,32 @@ def test_gutter_tolerates_a_wrapper_but_not_unnumbered_lines_inside():
                    + ("--\n" if i % 10 == 9 else "") for i in range(3, 300, 2))
     g = find_gutter(TokenizedText.from_text(grep).lines)
     assert g is not None and g.form == "N:"
+
+
+_TOY = re.compile(r"\d| ?[A-Za-z_]+| ?[^\w\s]| +|\t|\n")
+
+
+def toy_tokens(line: str) -> int:
+    """A tokenizer like gemma's in the ways that matter here: digits one by one, a word or a punctuation mark
+    takes the space before it, runs of spaces are one token."""
+    return len(_TOY.findall(line))
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "opencode", "grep-n"])
+def test_units_match_the_plain_file_with_a_digit_splitting_tokenizer(fmt):
+    """Counted by a tokenizer (not the byte estimate), the numbers cost 3-5 tokens a line; the segmenter sizes
+    units by what is behind them, so the numbered file is cut where the plain one is."""
+    src = difflib_head()
+    plain = TokenizedText.from_text(src, [toy_tokens(ln) for ln in TokenizedText.from_text(src).lines])
+    text, head = numbered(src, fmt)
+    lines = TokenizedText.from_text(text).lines
+    tt = TokenizedText.from_text(text, [toy_tokens(ln) for ln in lines])
+    g = find_gutter(tt.lines)
+    content = bare_text(tt, g, content_tokens=True)
+    assert content.line_tokens[head:head + len(plain.lines)] == plain.line_tokens
+    q = "In difflib's get_close_matches, what happens when n is 0 or negative?"
+    raw = Compressor().compress(plain, RequestSpec(q, 0, "tool-call"), plain.total_tokens, False, "tool")
+    out = Compressor().compress(tt, RequestSpec(q, 0, "tool-call"), tt.total_tokens, False, "tool")
+    assert [(u.start_line - head, u.end_line - head) for u in out.analysis.units][1:-1] == \
+        [(u.start_line, u.end_line) for u in raw.analysis.units][1:-1]
+    assert sum(u.tokens for u in out.analysis.units) == tt.total_tokens > 1.2 * plain.total_tokens
