@@ -68,8 +68,8 @@ def _agent(name: str) -> Agent:
 
 def _workdir(tmp_path: Path) -> tuple[Path, Path, str]:
     work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
+    work.mkdir(parents=True)
+    home.mkdir(parents=True)
     shutil.copy(SOURCE, work / SOURCE.name)
     name = next(f for f in FUNCTIONS if f"def {f}(" in SOURCE.read_text())
     return work, home, name
