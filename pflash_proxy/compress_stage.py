@@ -2,20 +2,22 @@
 
 Runs after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage`` (which
 persists what was served):
-1. Admission.  Only messages of this turn (after the last assistant message) that the session has not been
-   served are candidates, and only the newest of them that is long (an agent's tool output may be followed by a
-   short message in the same request).
-   Its UTF-8 byte length bounds its token count from above (no token is shorter than a byte), so short
-   messages cost nothing; otherwise the upstream tokenizes it exactly (``/tokenize`` with pieces → exact
-   per-line counts).  Below ``--threshold`` the request passes through.  The whole prompt is counted exactly
-   (``/v1/chat/completions/input_tokens``); above ``--max-prompt-tokens`` → 400 ``context_length_exceeded``.
+1. Admission (``_candidate``).  Only messages of this turn (after the last assistant message) that the session
+   has not been served are candidates, never a ``system``/``developer`` message (the agent's instructions, like its
+   tool definitions, are never shortened), and only the newest of them that is long (an agent's tool output may
+   be followed by a short message in the same request).  A message's UTF-8 byte length bounds its token count
+   from above, so short messages cost nothing; the whole prompt is counted exactly first
+   (``/v1/chat/completions/input_tokens``, one number): above ``--max-prompt-tokens`` → 400
+   ``context_length_exceeded`` before any per-token pieces are requested.  Then each byte-long candidate, newest
+   first, is counted exactly; the first of at least ``--threshold`` tokens is tokenized with pieces (exact
+   per-line counts).  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
    the tokens the upstream would prefill (the uncached part) → flat fallback → rewrite.  The served message
    is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
 3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
    the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
-4. A cold earlier history (no slot, no snapshot) is never compressed: when it alone reaches the threshold the
-   request is marked ``full-cold`` and prefilled as it is.
+4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
+   counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
 5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log).
 Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
 """
@@ -45,6 +47,7 @@ log = logging.getLogger("pflash_proxy.compress")
 RECALL_KEY = "pflash_recall"  # SessionRecord.extra: list[RecallSource]
 _BUDGET_SLACK = 0.015
 _BUDGET_ROUNDS = 4
+_NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
 
 
 class ContextTooLong(ProxyError):
@@ -108,22 +111,45 @@ class CompressStage(Stage):
             return None
         newest = len(messages) - 1
         newest_text = message_text(messages[newest].get("content"))
-        # The newest LONG new message of this turn (after the last assistant message): usually the last one, but
-        # an agent's tool output may be followed by a short message (Claude Code puts reminders after its
-        # tool_result blocks). Earlier turns of a cold history are never candidates (see 4.).
-        turn = next((i + 1 for i in range(newest, -1, -1) if messages[i].get("role") == "assistant"), 0)
-        idx = next((i for i in range(newest, max(new_from, turn) - 1, -1)
-                    if len(message_text(messages[i].get("content")).encode("utf-8")) >= self.settings.threshold), None)
-        if idx is not None:  # (bytes bound tokens from above: without one, nothing new reaches the threshold)
-            tt = await self._tokenized(message_text(messages[idx].get("content")))
-        if idx is None or tt.total_tokens < self.settings.threshold:
+        found = await self._candidate(req, ctx, messages)
+        if found is None:
             return await self._recall(req, ctx, messages, newest, newest_text) or await self._cold(ctx, messages,
                                                                                                     newest)
-        prompt_tokens = await self.upstream.input_tokens(req.chat_body())
-        if prompt_tokens > self.settings.max_prompt_tokens:
-            raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
-                                 f"{self.settings.max_prompt_tokens} allowed with PFlash on (--max-prompt-tokens)")
+        idx, prompt_tokens = found
+        tt = await self._tokenized(message_text(messages[idx].get("content")))
         return await self._compress(req, ctx, messages, idx, tt, prompt_tokens)
+
+    async def _candidate(self, req: ProxyRequest, ctx: SessionContext,
+                         messages: list[dict]) -> tuple[int, int] | None:
+        """Step 1: the newest long message of this turn that may be shortened, and the prompt's token count.
+
+        Candidates are the messages after the last assistant message that the session has not been served, newest
+        first, whose role is not ``system``/``developer`` (instructions are the agent's program and are never
+        shortened; tool definitions never are messages). A message's UTF-8 byte length bounds its token count
+        from above, so only those of at least ``threshold`` bytes are counted exactly (plain ``/tokenize``, no
+        pieces); the first of at least ``threshold`` tokens wins, so a shorter long-looking message never shields
+        an earlier long one. The whole prompt is counted (``input_tokens``, one number) and refused above
+        ``--max-prompt-tokens`` before any per-token pieces are requested for the message.
+        """
+        turn = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
+        prompt_tokens = None
+        for i in range(len(messages) - 1, max(ctx.matched, turn) - 1, -1):
+            if messages[i].get("role") in _NEVER_SHORTENED:
+                continue
+            text = message_text(messages[i].get("content"))
+            if len(text.encode("utf-8")) < self.settings.threshold:
+                continue
+            if prompt_tokens is None:
+                prompt_tokens = await self.upstream.input_tokens(req.chat_body())
+                if prompt_tokens > self.settings.max_prompt_tokens:
+                    raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
+                                         f"{self.settings.max_prompt_tokens} allowed with PFlash on "
+                                         "(--max-prompt-tokens)")
+                if prompt_tokens < self.settings.threshold:
+                    return None  # the whole prompt is shorter than the threshold: so is every message in it
+            if len(await self.upstream.tokenize(text)) >= self.settings.threshold:
+                return i, prompt_tokens
+        return None
 
     # Compression -----------------------------------------------------------------------------------------
     async def _compress(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
@@ -204,7 +230,8 @@ class CompressStage(Stage):
         say so with ``full-cold``."""
         if ctx.cache != "miss" or idx == 0:
             return None
-        history = "".join(message_text(m.get("content")) for m in messages[:idx])
+        history = "".join(message_text(m.get("content")) for m in messages[:idx]
+                          if m.get("role") not in _NEVER_SHORTENED)  # instructions never are candidates
         if len(history.encode("utf-8")) < self.settings.threshold:
             return None
         n = len(await self.upstream.tokenize(history))

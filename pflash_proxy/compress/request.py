@@ -3,7 +3,8 @@
 Algorithm (``RequestFinder``):
 1. Flatten each message's content: a string, or the ``text`` of its
    ``{"type": "text"}`` parts joined by newlines (other parts are ignored).
-2. Long **user** message: the request is the text after the bulk: the last paragraph
+2. Long **user** message followed by a user message of its own (a paste, then the question): the latest such
+   user message, no pin.  Otherwise the request is the text after the bulk: the last paragraph
    (blank-line separated), plus earlier paragraphs while what is taken is under
    ``min_request_tokens`` (32) and all stays within ``query_pin`` tokens; if the last
    paragraph alone exceeds ``query_pin``, the trailing *lines* up to ``query_pin``
@@ -115,6 +116,10 @@ class RequestFinder:
         msg = messages[long_index]
         role = msg.get("role")
         if role == "user":
+            later = next((message_text(m) for m in reversed(messages[long_index + 1:])
+                          if m.get("role") == "user" and message_text(m).strip()), None)
+            if later is not None:  # a paste followed by the question in a message of its own
+                return RequestSpec(later, 0, "latest-user")
             return self._tail(msg, long_tt, "message-tail", pin=True)
         if role in ("tool", "function"):
             return self._tool(messages, long_index)
