@@ -41,6 +41,8 @@ log = logging.getLogger("pflash_proxy.sessions")
 
 CACHE_SLACK = 0.9  # the chat template may re-render the last few tokens of a turn; allow 10 % below
 PRUNE_EVERY_S = 3600.0
+# release_when_idle's /slots interval: above llama-server's 1 s wait for a result, which any result restarts
+IDLE_POLL_S = 1.5
 
 
 class SessionManager:
@@ -303,10 +305,15 @@ class SessionManager:
         """Release ``lease`` once llama-server has stopped working on its slot.
 
         A request that ended before its response did (the client left, the stream broke) may leave llama-server
-        busy on the slot: b11434 never cancels a non-streamed task whose client left, and cancels a streamed one
-        only after the batch in progress. Until ``/slots`` shows the slot idle it stays leased, so nothing is sent
-        to a busy slot. What the slot holds now was never confirmed by a response, so the table stops claiming it
-        (``_slot_lost`` would otherwise take the longer prompt for a restarted server and empty every slot).
+        busy on the slot: the proxy has closed its upstream connection (the handler is cancelled with the client),
+        and llama-server cancels a streamed task at its next write, a non-streamed one when its HTTP thread, which
+        waits for the task's result, times out after ``HTTP_POLLING_SECONDS`` (1 s) without any result arriving
+        and finds the connection closed. Every result of ANY task (a ``GET /slots`` included) wakes those waits
+        and restarts the second, so ``/slots`` is asked every ``IDLE_POLL_S`` (more than that second): polling
+        faster kept the slot generating to its context limit (issue 26, item 10). Until ``/slots`` shows the slot
+        idle it stays leased, so nothing is sent to a busy slot. What the slot holds now was never confirmed by a
+        response, so the table stops claiming it (``_slot_lost`` would otherwise take the longer prompt for a
+        restarted server and empty every slot).
         """
         lease.slot.known = False
         task = asyncio.create_task(self._release_when_idle(lease))
@@ -324,7 +331,7 @@ class SessionManager:
                 info = next((s for s in data or () if isinstance(s, dict) and s.get("id") == lease.slot.id), None)
                 if info is None or not info.get("is_processing"):
                     return
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(IDLE_POLL_S)
         finally:
             self.table.release(lease)
 
