@@ -2,7 +2,12 @@
 
 Algorithm (``RequestFinder``):
 1. Flatten each message's content: a string, or the ``text`` of its
-   ``{"type": "text"}`` parts joined by newlines (other parts are ignored).
+   ``{"type": "text"}`` parts joined by newlines (other parts are ignored).  Taken as
+   a request (steps 3-4), a message's text leaves out the ``<system-reminder>…
+   </system-reminder>`` blocks a client adds to user turns (Claude Code: environment,
+   date, token count): they are the harness's, not the question, and their words
+   would rank whatever else mentions files, tokens or dates; a user message that is
+   only reminders is no request.
 2. Long **user** message followed by a user message of its own (a paste, then the question): the latest such
    user message, no pin.  Otherwise the request is the text after the bulk: the last paragraph
    (blank-line separated), plus earlier paragraphs while what is taken is under
@@ -25,14 +30,16 @@ Token counts come from the caller's ``TokenizedText`` when given, else from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "tail_lines"]
+__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "request_text", "tail_lines"]
 
 RequestSource = Literal["message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>[ \t]*\n?", re.S)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,12 @@ def message_text(msg: dict[str, Any]) -> str:
                 parts.append(p["text"])
         return "\n".join(parts)
     return str(content)
+
+
+def request_text(msg: dict[str, Any]) -> str:
+    """Step 1: a message's text as a request, without the client's ``<system-reminder>`` blocks."""
+    text = message_text(msg)
+    return _REMINDER.sub("", text).strip() if "<system-reminder>" in text else text
 
 
 def tail_lines(lines: list[str], line_tokens: list[int], limit: int, *, paragraphs: bool) -> int:
@@ -123,8 +136,8 @@ class RequestFinder:
             return self._tail(msg, long_tt, "message-tail", pin=True)
         if role in ("tool", "function"):
             return self._tool(messages, long_index)
-        latest = next((message_text(m) for m in reversed(messages)
-                       if m is not msg and m.get("role") == "user" and message_text(m).strip()), None)
+        latest = next((t for m in reversed(messages) if m is not msg and m.get("role") == "user"
+                       for t in (request_text(m),) if t.strip()), None)
         if latest is not None:
             return RequestSpec(latest, 0, "latest-user")
         return self._tail(msg, long_tt, "message-tail", pin=False)
@@ -150,8 +163,8 @@ class RequestFinder:
     def _tool(self, messages: list[dict[str, Any]], idx: int) -> RequestSpec:
         tool_msg = messages[idx]
         call_id = tool_msg.get("tool_call_id")
-        task = next((message_text(m) for m in reversed(messages[:idx])
-                     if m.get("role") == "user" and message_text(m).strip()), "")
+        task = next((t for m in reversed(messages[:idx]) if m.get("role") == "user"
+                     for t in (request_text(m),) if t.strip()), "")
         parts = [task] if task else []
         caller = None
         for m in reversed(messages[:idx]):
@@ -167,8 +180,8 @@ class RequestFinder:
                     break
         if caller is not None:
             m, calls = caller
-            if message_text(m).strip():
-                parts.append(message_text(m))
+            if request_text(m).strip():
+                parts.append(request_text(m))
             if m.get("function_call"):
                 calls = calls + [{"function": m["function_call"]}]
             for c in calls:
