@@ -15,7 +15,9 @@ property of the drafter, so it is measured once per drafter file:
    head within ``RATIO`` of it. That set is kept only if the max over it ranks the needle at least as well as
    the max over all heads on the odd tasks (held out); otherwise every head is used. Measured, not assumed.
 4. The result (heads, per-head reciprocal ranks, both held-out mean ranks) is written atomically to
-   ``$PFLASH_HOME/attention-heads/<drafter sha256>.json`` and read from there on every later start.
+   ``$PFLASH_HOME/attention-heads/<drafter sha256>.json`` and read from there on every later start. A drafter
+   with a packaged probe set that ships ``attention-heads.json`` (``drafter/trained/``; the gemma-3-270m one
+   does) reads that file instead and never calibrates; a result in the home folder still comes first.
 """
 
 from __future__ import annotations
@@ -175,6 +177,16 @@ def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, 
             return got
     except (OSError, ValueError):
         pass
+    from .trained import attention_heads
+
+    shipped = attention_heads(drafter_sha256)
+    if shipped is not None:
+        try:
+            got = json.loads(shipped.read_text())
+            if got.get("version") == VERSION and "heads" in got and got.get("drafter_sha256") == drafter_sha256:
+                return got
+        except (OSError, ValueError):
+            log.warning("attention calibration: the packaged %s is unreadable; calibrating", shipped)
     log.info("attention calibration: finding the retrieval heads of %s (%d planted-needle tasks, once per "
              "drafter file)", os.path.basename(scorer.drafter.path), n_tasks)
     result = calibrate(scorer, calibration_tasks(n_tasks, chars))
