@@ -8,7 +8,8 @@
    download. All are checked against the drafter's sha256 and read the tap block their file names.
    ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
    ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
-   (``drafter/calibrate.py``; ~1 minute on 2 CPU cores for gemma-3-270m, at the first start only).
+   (``drafter/calibrate.py``, at the first start only; the gemma-3-270m set ships its heads, so it never runs
+   for the embedded default).
    ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
    ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``);
    the default with a drafter, it falls back to ``attention`` when no head exists for the drafter (a log line).
