@@ -54,7 +54,7 @@ from .spread import relevance_spread
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
-__all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Mode"]
+__all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Mode", "first_choice"]
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
