@@ -108,7 +108,11 @@ async def one(args, client: str, arm: str, q: dict, llama, model: Path, base: Pa
         row["tail"] = result.tail(800)
         return row
     (x1, r1), (x2, r2) = turns.pairs[turns.turn1], turns.pairs[turns.turn2]
-    sent, served = file_texts(x2.json(), src.name)[-1], file_texts(r2.body, src.name)[-1]
+    sent_texts, served_texts = file_texts(x2.json(), src.name), file_texts(r2.body, src.name)
+    if not sent_texts or not served_texts:
+        row["error"] = f"no file text in turn 2 ({len(sent_texts)} sent, {len(served_texts)} served)"
+        return row
+    sent, served = sent_texts[-1], served_texts[-1]
     block = gold_block(sent, function_lines(path, q["function"]))
     prompt1 = (r1.cache_n or 0) + (r1.prompt_n or 0)
     row.update(whole=bool(block) and whole_in(block, served), kept=round(len(served) / len(sent), 3),
