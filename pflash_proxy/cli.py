@@ -61,6 +61,9 @@ _HELP = {
                            "and forwarding, so the prefix cache survives from turn to turn (default on)",
     "max_pending_mb": "request bodies the proxy holds in memory at once (read, waiting for a slot, being "
                       "forwarded); a request beyond gets 429 with Retry-After (0 = no bound, default 1024)",
+    "upstream_wait_s": "a request that meets llama-server starting or restarting (refused connection, 'Loading "
+                       "model') waits this many seconds for it and is then sent, instead of failing (0 = 503 at "
+                       "once, default 60)",
     "body_timeout_s": "a request body must have arrived in whole this many seconds after its headers, else 408 "
                       "and the connection is closed (a stalled or trickling upload holds no memory and no "
                       "connection past it; 0 = never, default 60)",

@@ -8,7 +8,8 @@ persists what was served):
    be followed by a short message in the same request).  A message's UTF-8 byte length bounds its token count
    from above, so short messages cost nothing; the whole prompt is counted exactly first
    (``/v1/chat/completions/input_tokens``, one number): above ``--max-prompt-tokens`` → 400
-   ``context_length_exceeded`` before any per-token pieces are requested.  Then each byte-long candidate, newest
+   ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
+   refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).  Then each byte-long candidate, newest
    first, is counted exactly; the first of at least ``--threshold`` tokens is tokenized with pieces (exact
    per-line counts).  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
@@ -47,6 +48,7 @@ log = logging.getLogger("pflash_proxy.compress")
 RECALL_KEY = "pflash_recall"  # SessionRecord.extra: list[RecallSource]
 _BUDGET_SLACK = 0.015
 _BUDGET_ROUNDS = 4
+_SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
 
 
@@ -140,6 +142,7 @@ class CompressStage(Stage):
             if len(text.encode("utf-8")) < self.settings.threshold:
                 continue
             if prompt_tokens is None:
+                await self._refuse_oversized(text)
                 prompt_tokens = await self.upstream.input_tokens(req.chat_body())
                 if prompt_tokens > self.settings.max_prompt_tokens:
                     raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
@@ -150,6 +153,25 @@ class CompressStage(Stage):
             if len(await self.upstream.tokenize(text)) >= self.settings.threshold:
                 return i, prompt_tokens
         return None
+
+    async def _refuse_oversized(self, text: str) -> None:
+        """A cheap bound before the exact count: a message far over ``--max-prompt-tokens`` is refused after
+        tokenizing a prefix of about 1.25x the limit's worth of text (its chars per token measured on a 64 KB
+        sample), never the whole of it. A prefix's token count is at most one more than its share of the whole's,
+        so a prefix over the limit (+1) proves the message is."""
+        limit = self.settings.max_prompt_tokens
+        if len(text.encode("utf-8")) <= limit:  # no token is shorter than a byte
+            return
+        sample = text[:_SAMPLE_CHARS]
+        per_token = len(sample) / max(1, len(await self.upstream.tokenize(sample)))
+        probe = int(limit * per_token * 1.25) + 1
+        if probe >= len(text):
+            return  # the exact count costs about as much
+        n = len(await self.upstream.tokenize(text[:probe]))
+        if n > limit + 1:
+            raise ContextTooLong(f"this request has more than {n - 1} prompt tokens (counted on the first "
+                                 f"{probe:,} of {len(text):,} characters of one message), more than the {limit} "
+                                 "allowed with PFlash on (--max-prompt-tokens)")
 
     # Compression -----------------------------------------------------------------------------------------
     async def _compress(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,

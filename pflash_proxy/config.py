@@ -112,6 +112,7 @@ class Settings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     home: Path = Field(default_factory=state_home)
     upstream_timeout_s: float = Field(600, gt=0)
+    upstream_wait_s: float = Field(60, ge=0)  # a request waits this long for a (re)starting llama-server, then 503
     upstream_api_key: str | None = None  # llama-server's --api-key, for the proxy's own calls
     drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
     api_key: str | None = None  # lets non-loopback clients read the inspector (Authorization: Bearer)

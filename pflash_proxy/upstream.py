@@ -4,11 +4,14 @@
 2. ``open()`` starts a request and returns the live ``ClientResponse`` for the relay to stream; aiohttp's
    connection errors are translated at this boundary into ``UpstreamUnavailable`` / ``UpstreamTimeout``
    (``raise ... from exc``), so nothing above this module sees an aiohttp client exception.
-3. A readiness gate (set by the spawn supervisor, or by restart detection) answers 503 before any I/O while the
-   server is starting or restarting.
+3. A readiness gate (set by the spawn supervisor, or by restart detection): while the server is starting or
+   restarting a request waits for it, up to ``--upstream-wait-s`` (then 503 ``upstream_not_ready``). A request
+   that never reached the server (connection refused, or llama-server's own 503 while it loads the model) waits
+   the same way for ``/health`` and is sent again, so a restart behind the proxy costs clients time, not errors.
 4. Typed helpers for the server's own API (``/props``, ``/slots``, ``/tokenize``, slot save/restore, exact
    input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
    authenticate (a client's own ``Authorization`` travels only with its own requests).
+5. JSON answers of 1 MiB or more (``/tokenize`` with pieces of a long message) are parsed in a worker thread.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ import aiohttp
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("pflash_proxy.upstream")
+
+_ALIVE_POLL_S = 0.25
+_PARSE_OFF_LOOP_BYTES = 1 << 20
+
+
+def _loading(raw: bytes) -> bool:
+    """llama-server's 503 while it loads its model (``{"error": {"message": "Loading model", ...}}``)."""
+    return b"Loading model" in raw[:512]
+
 
 # RFC 7230 §6.1 hop-by-hop headers, plus the ones aiohttp must compute itself.
 HOP_BY_HOP = frozenset(
@@ -44,7 +56,7 @@ class Upstream:
     """Owns the HTTP client to llama-server and every call made to it."""
 
     def __init__(self, base_url: str | None, *, read_timeout_s: float = 600, connect_timeout_s: float = 10,
-                 api_key: str | None = None):
+                 api_key: str | None = None, wait_s: float = 60):
         self.base_url = (base_url or "").rstrip("/")
         # llama-server's --api-key: sent on the proxy's OWN calls only; forwarded client requests carry theirs.
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -52,6 +64,9 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         # None when ready; otherwise the reason the upstream cannot take traffic now.
         self.not_ready_reason: str | None = None
+        self.wait_s = wait_s  # how long a request waits for a (re)starting server (0: 503 at once)
+        self._ready = asyncio.Event()
+        self._ready.set()
         self._restart_listeners: list[Callable[[str], Any]] = []
 
     # Lifecycle ---------------------------------------------------------------------------------------------
@@ -77,6 +92,7 @@ class Upstream:
 
     def set_ready(self, ready: bool, reason: str = "llama-server is starting") -> None:
         self.not_ready_reason = None if ready else reason
+        (self._ready.set if ready else self._ready.clear)()
 
     def add_restart_listener(self, fn: Callable[[str], Any]) -> None:
         """``fn(reason)`` is called when the upstream is known to have lost its state (restart, new identity)."""
@@ -94,13 +110,60 @@ class Upstream:
         if self.not_ready_reason is not None:
             raise UpstreamNotReady(f"upstream not ready: {self.not_ready_reason}")
 
+    async def wait_ready(self, deadline: float | None = None) -> None:
+        """Step 3: return once the server may take traffic; 503 (``UpstreamNotReady``) past the wait."""
+        if self.not_ready_reason is None:
+            return
+        loop = asyncio.get_running_loop()
+        left = (loop.time() + self.wait_s if deadline is None else deadline) - loop.time()
+        if left <= 0:
+            self.check_ready()
+            return
+        try:
+            await asyncio.wait_for(self._ready.wait(), left)
+        except asyncio.TimeoutError:
+            self.check_ready()
+
+    async def _wait_alive(self, deadline: float) -> bool:
+        """Step 3: after a request could not reach the server, poll ``/health`` until it answers 200 (True) or the
+        deadline passes (False)."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline:
+            await asyncio.sleep(_ALIVE_POLL_S)
+            await self.wait_ready(deadline)
+            if await self.health(timeout_s=2):
+                return True
+        return False
+
     # Raw forwarding ----------------------------------------------------------------------------------------
     async def open(
-        self, method: str, path_qs: str, headers: Any = None, body: bytes | None = None
+        self, method: str, path_qs: str, headers: Any = None, body: bytes | None = None, *, wait: bool = True
     ) -> aiohttp.ClientResponse:
-        """Send a request and return the response with its body still unread (caller must release/close it)."""
-        self.check_ready()
+        """Send a request and return the response with its body still unread (caller must release/close it).
+        ``wait=False`` (health probes): answer at once while the server is not ready, as llama-server does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.wait_s if wait else 0)
+        await self.wait_ready(deadline)
         url = self.base_url + path_qs
+        while True:
+            try:
+                resp = await self._send(method, url, path_qs, headers, body)
+            except UpstreamUnavailable as exc:
+                if not isinstance(exc.__cause__, aiohttp.ClientConnectorError) or not await self._wait_alive(deadline):
+                    raise
+                log.info("upstream refused the connection (restarting?); sending %s %s again", method, path_qs)
+                continue
+            if resp.status == 503 and wait and resp.content_length is not None and resp.content_length <= 65536:
+                # read() keeps the body on the response, so a 503 of another kind still relays as it came
+                if _loading(await resp.read()):  # llama-server loading its model: nothing was processed
+                    resp.release()
+                    if await self._wait_alive(deadline):
+                        continue
+                    raise UpstreamNotReady("upstream not ready: llama-server is loading its model")
+            return resp
+
+    async def _send(self, method: str, url: str, path_qs: str, headers: Any, body: bytes | None
+                    ) -> aiohttp.ClientResponse:
         try:
             try:
                 return await self.session.request(
@@ -123,22 +186,34 @@ class Upstream:
         self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None, check_ready: bool = True
     ) -> tuple[int, Any]:
         """JSON call to llama-server; returns (status, parsed body or raw text)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
         if check_ready:
-            self.check_ready()
+            await self.wait_ready(deadline)
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": self._auth} if self._auth else {}
         if payload is not None:
             kwargs["json"] = payload
         if timeout_s is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+        while True:
+            try:
+                async with self.session.request(method, url, **kwargs) as resp:
+                    raw = await resp.read()
+            except asyncio.TimeoutError as exc:
+                raise UpstreamTimeout(f"{method} {path} timed out") from exc
+            except aiohttp.ClientConnectorError as exc:
+                if check_ready and await self._wait_alive(deadline):
+                    continue  # refused: it never reached the server
+                raise UpstreamUnavailable(f"upstream {self.base_url} unreachable: {exc}") from exc
+            except (aiohttp.ClientConnectionError, OSError) as exc:
+                raise UpstreamUnavailable(f"upstream {self.base_url} unreachable: {exc}") from exc
+            if resp.status == 503 and check_ready and _loading(raw) and await self._wait_alive(deadline):
+                continue
+            break
         try:
-            async with self.session.request(method, url, **kwargs) as resp:
-                raw = await resp.read()
-        except asyncio.TimeoutError as exc:
-            raise UpstreamTimeout(f"{method} {path} timed out") from exc
-        except (aiohttp.ClientConnectionError, OSError) as exc:
-            raise UpstreamUnavailable(f"upstream {self.base_url} unreachable: {exc}") from exc
-        try:
+            if len(raw) >= _PARSE_OFF_LOOP_BYTES:
+                return resp.status, await loop.run_in_executor(None, json.loads, raw)
             return resp.status, json.loads(raw)
         except ValueError:
             return resp.status, raw.decode("utf-8", "replace")

@@ -62,7 +62,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app[METRICS] = Metrics()
     app[METRICS].bind(lambda: collect_stats(app))
     app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s,
-                             api_key=settings.upstream_api_key)
+                             api_key=settings.upstream_api_key, wait_s=settings.upstream_wait_s)
     app[SUPERVISOR] = None
     app[BODIES] = BodyBudget(int(settings.max_pending_mb * 2**20))
     app[STREAMS] = set()

@@ -5,7 +5,8 @@
 2. ``parsed`` handles the completion routes and the conversation routes of every dialect (chat, Anthropic
    Messages, Responses): the body as ``bodies.read_body`` reads it (413 too large, 429 bodies held at once
    beyond their bound, 408 not in whole within ``--body-timeout-s``, 400 unreadable), JSON + typed model or the
-   dialect's conversation (400, in the client's dialect), the stage pipeline, then the same relay (a dialect
+   dialect's conversation (400, in the client's dialect; a body of 1 MiB or more is parsed in a worker thread so
+   the event loop never stalls on it), the stage pipeline, then the same relay (a dialect
    sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte.
 3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
    decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
@@ -37,6 +38,8 @@ from pflash_proxy.upstream import forwardable_headers
 log = logging.getLogger("pflash_proxy.access")
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+PARSE_OFF_LOOP_BYTES = 1 << 20
+PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
 # lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session (issue 12).
@@ -63,7 +66,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         body = await read_body(request)
         upstream = request.app[UPSTREAM]
         t0 = time.monotonic()
-        up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None)
+        up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None,
+                                 wait=request.path not in PROBE_PATHS)
         resp, result = await relay(request, up, style=stream_style_for(request.path))
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
@@ -140,7 +144,12 @@ async def parsed(request: web.Request) -> web.StreamResponse:
     dialect = dialect_for(request.path)
     style = stream_style_for(request.path)
     try:
-        req = parse_request(request, await read_body(request), dialect, app[SETTINGS])
+        raw = await read_body(request)
+        if len(raw) >= PARSE_OFF_LOOP_BYTES:  # a large body is parsed in a worker thread: the loop never stalls
+            req = await asyncio.get_running_loop().run_in_executor(None, parse_request, request, raw, dialect,
+                                                                   app[SETTINGS])
+        else:
+            req = parse_request(request, raw, dialect, app[SETTINGS])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
         except ProxyError as exc:

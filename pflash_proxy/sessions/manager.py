@@ -105,6 +105,8 @@ class SessionManager:
         if not self.settings.spawn:
             self._monitor = asyncio.create_task(self._health_monitor())
         try:
+            if not await self.upstream.health(timeout_s=2):  # down: say so now, never wait for it at start-up
+                raise UpstreamUnavailable(f"{self.upstream.base_url}/health does not answer 200")
             await self.ensure_ready()
         except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
             log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
