@@ -200,6 +200,7 @@ class CompressStage(Stage):
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
                   "scorer": getattr(self.scorer, "name", type(self.scorer).__name__), "pflash_ms": round(total_ms, 1),
+                  **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
         if outcome.mode != "compressed":
             req.log_fields.update(fields)

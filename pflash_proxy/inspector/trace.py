@@ -74,7 +74,7 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
         "budget": int(outcome.budget_tokens if budget is None else budget),
         "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens),
-        "uncached_tokens": int(uncached),
+        "uncached_tokens": int(uncached), "gutter": getattr(outcome, "gutter", None),
         "spread": None if outcome.spread is None else round(float(outcome.spread), 5),
         "stage_ms": {k: round(float(v), 2) for k, v in outcome.stage_ms.items()},
         "n_lines": len(tt.lines), "text": tt.text,
