@@ -17,8 +17,9 @@ llama-server holds.
    exception comes from a scorer that raises, since a real drafter fails only on broken llama.cpp state.
    The bound covers the drafter's llama.cpp calls (queue wait and decoding), not the proxy's numpy work.
 4. Client disconnect mid-prefill, streamed and not, on a session that holds a slot while another session holds
-   the other one. llama-server b11434 cancels the streamed task (after the batch in progress) but never the
-   non-streamed one (it generates to max_tokens for nobody; the proxy cannot stop it). The proxy keeps the
+   the other one. llama-server b11434 cancels the streamed task (after the batch in progress); a non-streamed one
+   only once a full second passes with no task result (any result, a ``/slots`` answer or another slot's stream
+   included, restarts that wait), so with the other session streaming it may run to max_tokens. The proxy keeps the
    lease until llama-server's slot is idle, the table stops claiming the slot's content, the retry is served in
    the same session, and the other session keeps its hit (before: the lease was released at once, and the next
    turn's check took the longer prompt on the slot for a restarted server and emptied every slot).
@@ -303,7 +304,8 @@ async def _wait_slots(server, pred, timeout: float) -> list[dict]:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_session(make_proxy, fault_server, stream):
     """llama-server (b11434) cancels a streamed task within a second of its client leaving (after the batch in
-    progress), but never a non-streamed one: that one runs to max_tokens for nobody. Either way the proxy keeps
+    progress); a non-streamed one only after a second without any task result (tests/test_isolation_real.py), so
+    here it may run to max_tokens for nobody. Either way the proxy keeps
     the lease until llama-server's slot is idle (nothing is ever sent to a busy slot), and the table claims
     nothing about the slot that no response confirmed, so no later check mistakes it for a restart."""
     proxy = await make_proxy(queue_timeout_s=60)
