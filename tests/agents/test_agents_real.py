@@ -51,9 +51,10 @@ KNOWN = {  # the issue-25 items a failing check belongs to (still failures: fixe
 
 @pytest.fixture(scope="module")
 def agent_llama(gemma_model, tmp_path_factory):
-    """llama-server with room for the agents' prompts (Claude Code ~9K tokens before the file, Codex ~11K)."""
+    """llama-server with room for the agents' prompts (Claude Code ~9K tokens before the file, Codex ~5K), and
+    ``-n 128``: the server's cap on every answer's length (Codex sends no output limit, and gemma may not stop)."""
     server = start_llama_server(gemma_model, tmp_path_factory.mktemp("agents-llama"), parallel=2,
-                                ctx_per_slot=32768)
+                                ctx_per_slot=32768, extra=["-n", "128"])
     yield server
     server.stop()
 
