@@ -14,6 +14,8 @@
 #    without it).
 # 5. Debian's chromium for the inspector's browser test (Playwright drives the system browser; it never downloads
 #    one), when apt-get can install it (root); without it that one test is skipped and says why.
+# 6. The real agent CLIs for tests/agents (Claude Code, Codex, opencode from npm; aider from PyPI into its own venv),
+#    pinned in tests/agents/pins.txt; without npm or a registry those tests skip and say why.
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
