@@ -183,11 +183,13 @@ class Upstream:
 
     # The server's own API ----------------------------------------------------------------------------------
     async def call(
-        self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None, check_ready: bool = True
+        self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None, check_ready: bool = True,
+        wait: bool = True,
     ) -> tuple[int, Any]:
-        """JSON call to llama-server; returns (status, parsed body or raw text)."""
+        """JSON call to llama-server; returns (status, parsed body or raw text). ``wait=False``: no waiting for a
+        server that is down or starting (step 3)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_s
+        deadline = loop.time() + (self.wait_s if wait else 0)
         if check_ready:
             await self.wait_ready(deadline)
         url = self.base_url + path
@@ -225,8 +227,8 @@ class Upstream:
             return False
         return status == 200
 
-    async def props(self) -> dict:
-        status, data = await self.call("GET", "/props")
+    async def props(self, wait: bool = True) -> dict:
+        status, data = await self.call("GET", "/props", wait=wait)
         return data if status == 200 and isinstance(data, dict) else {}
 
     async def slots(self) -> list[dict] | None:

@@ -105,9 +105,7 @@ class SessionManager:
         if not self.settings.spawn:
             self._monitor = asyncio.create_task(self._health_monitor())
         try:
-            if not await self.upstream.health(timeout_s=2):  # down: say so now, never wait for it at start-up
-                raise UpstreamUnavailable(f"{self.upstream.base_url}/health does not answer 200")
-            await self.ensure_ready()
+            await self.ensure_ready(wait=False)  # down: say so now, never wait for it at start-up
         except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
             log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
 
@@ -187,13 +185,15 @@ class SessionManager:
             await asyncio.sleep(PRUNE_EVERY_S)
 
     # Identity ----------------------------------------------------------------------------------------------
-    async def ensure_ready(self) -> None:
+    async def ensure_ready(self, wait: bool = True) -> None:
+        """Read the server's slots and identity once (again after a restart); ``wait=False``: do not wait for a
+        server that is down or starting (``--upstream-wait-s``), fail at once."""
         if self._ready:
             return
         async with self._ready_lock:
             if self._ready:
                 return
-            props = await self.upstream.props()
+            props = await self.upstream.props(wait=wait)
             if not props:
                 raise UpstreamNotReady("upstream /props unavailable")
             n_slots = int(props.get("total_slots") or 1)
