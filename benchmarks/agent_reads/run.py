@@ -234,6 +234,8 @@ async def run(args: argparse.Namespace) -> dict:
     proxy = f"http://127.0.0.1:{port}"
     rows: list[dict] = []
     cases = CASES[:args.cases] if args.cases else CASES
+    if args.only:
+        cases = [c for c in cases if c.function in args.only.split(",")]
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
             # cases outer, clients inner: the three reads of one file have the same text behind their line
@@ -350,6 +352,7 @@ def main() -> None:
     ap.add_argument("--threshold", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=20480, help="context per slot (and the drafter's)")
     ap.add_argument("--cases", type=int, default=0, help="first N cases only (0 = all)")
+    ap.add_argument("--only", default="", help="only these functions' cases (comma-separated names)")
     ap.add_argument("--cache-cases", type=int, default=3, help="cases per client run for real with a turn 2")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()

@@ -12,7 +12,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 1. segment: cut the message into whole-line units (``Segmenter``).
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
-   line) are always kept.
+   line) are always kept; so are the units that define a name the request spells out
+   (``named.named_units``: "what does array_split do?" keeps ``def array_split``).
 3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
    upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
@@ -46,6 +47,7 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
+from .named import named_units
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
@@ -179,7 +181,7 @@ class Compressor:
                     units = _recount(self.segmenter.segment(bare_text(tt, g, content_tokens=True), None), tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
-                pinned = pinned_units(work, units, request.pinned_tail_tokens)
+                pinned = pinned_units(work, units, request.pinned_tail_tokens) | named_units(work, units, request.text)
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))

@@ -1,0 +1,52 @@
+"""Definitions the request names: the unit that defines an identifier the question spells out is always kept.
+
+An agent asking "what does array_split do?" about a file it just read must get ``array_split`` whatever a
+scorer thinks of its words.  Sans-IO, on the text the cutter saw (behind any line-number gutter).
+
+Algorithm (``named_units``):
+1. Definition lines: a line that starts (after indentation and ``export``/``pub``/``async``) with ``def``,
+   ``class``, ``function``, ``fn``, ``func`` (with or without a receiver), ``struct``, ``enum``, ``interface``,
+   ``trait`` or ``type`` followed by a name; the name and the line index are kept.
+2. Names of at least 3 characters that the request contains as whole words (``\\b``, case-sensitive) and that are
+   defined at most ``MAX_DEFINITIONS`` times in the message (``__init__`` in ten classes names nothing).
+3. More than ``MAX_NAMES`` such names: the request is a list, not a question about one definition: none.
+4. The units holding those definition lines are returned (the caller keeps them like the pinned tail).
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections import defaultdict
+from typing import Sequence
+
+from .text import TokenizedText
+from .units import Unit
+
+__all__ = ["named_units"]
+
+MAX_DEFINITIONS = 2
+MAX_NAMES = 3
+_DEF = re.compile(
+    r"^[ \t]*(?:export\s+)?(?:default\s+)?(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?"
+    r"(?:def|class|function\*?|fn|func(?:\s*\([^)]*\))?|struct|enum|interface|trait|type)\s+([A-Za-z_$][\w$]*)",
+    re.M)
+
+
+def named_units(tt: TokenizedText, units: Sequence[Unit], request: str) -> set[int]:
+    """Steps 1-4: indices of the units that define a name the request spells out."""
+    if not request or not units:
+        return set()
+    where: dict[str, list[int]] = defaultdict(list)
+    for i, line in enumerate(tt.lines):
+        m = _DEF.match(line)
+        if m and len(m.group(1)) >= 3:
+            where[m.group(1)].append(i)
+    if not where:
+        return set()
+    words = set(re.findall(r"[A-Za-z_$][\w$]*", request))
+    names = [n for n in where if n in words and len(where[n]) <= MAX_DEFINITIONS]
+    if not names or len(names) > MAX_NAMES:
+        return set()
+    starts = [u.start_line for u in units]
+    return {bisect_right(starts, line) - 1 for n in names for line in where[n]}
