@@ -10,7 +10,9 @@ Algorithm (``named_units``):
 2. Names of at least 3 characters that the request contains as whole words (``\\b``, case-sensitive) and that are
    defined at most ``MAX_DEFINITIONS`` times in the message (``__init__`` in ten classes names nothing).
 3. More than ``MAX_NAMES`` such names: the request is a list, not a question about one definition: none.
-4. The units holding those definition lines are returned (the caller keeps them like the pinned tail).
+4. A definition's block runs from its line to its last non-blank line before the next non-blank line indented no deeper
+   (a closing ``}``/``)``/``]`` at its indentation still belongs to it); the units overlapping the block are
+   returned, at most ``MAX_UNITS`` of them per definition (the first ones: signature and docstring).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = ["named_units"]
 
 MAX_DEFINITIONS = 2
 MAX_NAMES = 3
+MAX_UNITS = 4
 _DEF = re.compile(
     r"^[ \t]*(?:export\s+)?(?:default\s+)?(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?"
     r"(?:def|class|function\*?|fn|func(?:\s*\([^)]*\))?|struct|enum|interface|trait|type)\s+([A-Za-z_$][\w$]*)",
@@ -49,4 +52,26 @@ def named_units(tt: TokenizedText, units: Sequence[Unit], request: str) -> set[i
     if not names or len(names) > MAX_NAMES:
         return set()
     starts = [u.start_line for u in units]
-    return {bisect_right(starts, line) - 1 for n in names for line in where[n]}
+    out: set[int] = set()
+    for n in names:
+        for line in where[n]:
+            end = _block_end(tt.lines, line)
+            first, last = bisect_right(starts, line) - 1, bisect_right(starts, end - 1) - 1
+            out.update(range(first, min(last, first + MAX_UNITS - 1) + 1))
+    return out
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _block_end(lines: Sequence[str], start: int) -> int:
+    """Step 4: the line after the definition starting at ``start``."""
+    depth, last = _indent(lines[start]), start
+    for k in range(start + 1, len(lines)):
+        text = lines[k].strip()
+        if text and _indent(lines[k]) <= depth and not text.startswith(("}", ")", "]")):
+            break
+        if text:
+            last = k  # trailing blank lines belong to nothing
+    return last + 1

@@ -12,8 +12,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 1. segment: cut the message into whole-line units (``Segmenter``).
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
-   line) are always kept; so are the units that define a name the request spells out
-   (``named.named_units``: "what does array_split do?" keeps ``def array_split``).
+   line) are always kept.  The units that define a name the request spells out
+   (``named.named_units``: "what does array_split do?" keeps all of ``def array_split``)
+   are kept too, like the first choice below (they do not count as pinned for the spread).
 3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
    upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
@@ -94,6 +95,7 @@ class Analysis:
     scores: np.ndarray
     stage_ms: dict[str, float]  # what stages 1-3 cost, reported again by every outcome built on them
     gutter: str | None = None  # step 0: the form of the line-number gutter stages 1-3 looked behind
+    named: frozenset[int] = frozenset()  # step 2: units of the definitions the request names (kept, not pinned)
 
 
 @dataclass(frozen=True)
@@ -181,12 +183,13 @@ class Compressor:
                     units = _recount(self.segmenter.segment(bare_text(tt, g, content_tokens=True), None), tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
-                pinned = pinned_units(work, units, request.pinned_tail_tokens) | named_units(work, units, request.text)
+                pinned = pinned_units(work, units, request.pinned_tail_tokens)
+                named = frozenset(named_units(work, units, request.text))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -195,7 +198,8 @@ class Compressor:
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
-            kept = self._select_with_overhead(units, toks, dens, budget, pinned | first_choice(scores, pinned),
+            kept = self._select_with_overhead(units, toks, dens, budget,
+                                              pinned | analysis.named | first_choice(scores, pinned),
                                               source, label, len(tt.lines))
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
