@@ -166,16 +166,15 @@ class Received:
         return self._counts()[1]
 
 
-class ScriptedUpstream:
-    def __init__(self, real_url: str, script: Script):
-        self.real_url = real_url.rstrip("/")
-        self.script = script
-        self.received: list[Received] = []
-        self.forwarded: list[tuple[str, str]] = []  # (method, path) of what went to llama-server as it was
-        self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self.url = ""
+class _CatchAll:
+    """A loopback aiohttp server that hands every request to ``_handle``, with a client session to forward by."""
+
+    _runner: web.AppRunner | None = None
+    _session: aiohttp.ClientSession | None = None
+    url = ""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
 
     async def start(self) -> str:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800),
@@ -195,6 +194,18 @@ class ScriptedUpstream:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+
+class ScriptedUpstream(_CatchAll):
+    def __init__(self, real_url: str, script: Script):
+        self.real_url = real_url.rstrip("/")
+        self.script = script
+        self.received: list[Received] = []
+        self.forwarded: list[tuple[str, str]] = []  # (method, path) of what went to llama-server as it was
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.url = ""
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -374,32 +385,13 @@ class Exchange:
         return None
 
 
-class RecordingFront:
+class RecordingFront(_CatchAll):
     def __init__(self, target_url: str):
         self.target = target_url.rstrip("/")
         self.exchanges: list[Exchange] = []
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
-
-    async def start(self) -> str:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800),
-                                              auto_decompress=False)
-        app = web.Application(client_max_size=256 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
 
     def generating(self) -> list[Exchange]:
         return [x for x in self.exchanges if x.method == "POST" and x.path in ("/v1/messages", *GENERATING)]
