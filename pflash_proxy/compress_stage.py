@@ -9,9 +9,9 @@ persists what was served):
    from above, so short messages cost nothing; the whole prompt is counted exactly first
    (``/v1/chat/completions/input_tokens``, one number): above ``--max-prompt-tokens`` → 400
    ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
-   refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).  Then each byte-long candidate, newest
-   first, is counted exactly; the first of at least ``--threshold`` tokens is tokenized with pieces (exact
-   per-line counts).  None → the request passes through.
+   refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).
+   Then each byte-long candidate, newest first, is tokenized with pieces (exact per-line counts); the first of
+   at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
    the tokens the upstream would prefill (the uncached part) → flat fallback → rewrite.  The served message
    is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
@@ -117,21 +117,21 @@ class CompressStage(Stage):
         if found is None:
             return await self._recall(req, ctx, messages, newest, newest_text) or await self._cold(ctx, messages,
                                                                                                     newest)
-        idx, prompt_tokens = found
-        tt = await self._tokenized(message_text(messages[idx].get("content")))
+        idx, prompt_tokens, tt = found
         return await self._compress(req, ctx, messages, idx, tt, prompt_tokens)
 
     async def _candidate(self, req: ProxyRequest, ctx: SessionContext,
-                         messages: list[dict]) -> tuple[int, int] | None:
+                         messages: list[dict]) -> tuple[int, int, TokenizedText] | None:
         """Step 1: the newest long message of this turn that may be shortened, and the prompt's token count.
 
         Candidates are the messages after the last assistant message that the session has not been served, newest
         first, whose role is not ``system``/``developer`` (instructions are the agent's program and are never
         shortened; tool definitions never are messages). A message's UTF-8 byte length bounds its token count
-        from above, so only those of at least ``threshold`` bytes are counted exactly (plain ``/tokenize``, no
-        pieces); the first of at least ``threshold`` tokens wins, so a shorter long-looking message never shields
-        an earlier long one. The whole prompt is counted (``input_tokens``, one number) and refused above
-        ``--max-prompt-tokens`` before any per-token pieces are requested for the message.
+        from above, so only those of at least ``threshold`` bytes are counted exactly (``/tokenize`` with pieces:
+        the per-line counts the compression needs, so the chosen message is tokenized once); the first of at least
+        ``threshold`` tokens wins, so a shorter long-looking message never shields an earlier long one. The whole
+        prompt is counted first (``input_tokens``, one number) and refused above ``--max-prompt-tokens`` before
+        any pieces are requested.
         """
         turn = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
         prompt_tokens = None
@@ -150,8 +150,9 @@ class CompressStage(Stage):
                                          "(--max-prompt-tokens)")
                 if prompt_tokens < self.settings.threshold:
                     return None  # the whole prompt is shorter than the threshold: so is every message in it
-            if len(await self.upstream.tokenize(text)) >= self.settings.threshold:
-                return i, prompt_tokens
+            tt = await self._tokenized(text)
+            if tt.total_tokens >= self.settings.threshold:
+                return i, prompt_tokens, tt
         return None
 
     async def _refuse_oversized(self, text: str) -> None:

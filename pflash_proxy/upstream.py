@@ -110,12 +110,11 @@ class Upstream:
         if self.not_ready_reason is not None:
             raise UpstreamNotReady(f"upstream not ready: {self.not_ready_reason}")
 
-    async def wait_ready(self, deadline: float | None = None) -> None:
-        """Step 3: return once the server may take traffic; 503 (``UpstreamNotReady``) past the wait."""
+    async def wait_ready(self, deadline: float) -> None:
+        """Step 3: return once the server may take traffic; 503 (``UpstreamNotReady``) past ``deadline``."""
         if self.not_ready_reason is None:
             return
-        loop = asyncio.get_running_loop()
-        left = (loop.time() + self.wait_s if deadline is None else deadline) - loop.time()
+        left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
             self.check_ready()
             return
