@@ -140,14 +140,7 @@ def _client_system(body: dict, path: str) -> list[str]:
                 blocks.append(c if isinstance(c, str) else "".join(p.get("text", "") for p in c or []))
         kept = ["\n".join(ln for ln in b.split("\n") if not ln.startswith(VOLATILE_PREFIX)) for b in blocks]
         return [b for b in kept if b.strip()]
-    if "messages" in body:
-        return [m["content"] if isinstance(m["content"], str) else json.dumps(m["content"])
-                for m in body["messages"] if m.get("role") in ("system", "developer")]
-    out = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
-    for it in body.get("input") or []:
-        if isinstance(it, dict) and it.get("role") in ("system", "developer"):
-            out.append(json.dumps(it.get("content"), ensure_ascii=False))
-    return out
+    return _upstream_system(body)  # chat and Responses reach the model in the shape the client sent
 
 
 def _upstream_system(body: dict) -> list[str]:
