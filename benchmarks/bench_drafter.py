@@ -131,7 +131,7 @@ def _head_attention(attention, path: str):
     """``--scorer head-attention`` over ``attention`` with the head shipped for this drafter, built as the proxy
     builds it (reference hops included); None if no head is shipped for this drafter."""
     from pflash_proxy.drafter.trained import for_drafter_file
-    from pflash_proxy.drafter_setup import drafter_scorer
+    from pflash_proxy.stages.scorers import drafter_scorer
 
     found = for_drafter_file(path)
     if found is None:

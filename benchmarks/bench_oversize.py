@@ -26,7 +26,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pflash_proxy.spawn import free_port  # noqa: E402
+from pflash_proxy.llama.spawn import free_port  # noqa: E402
 from tests.conftest import start_llama_server  # noqa: E402
 
 WORDS = ("the archive of the northern harbour keeps ledgers of every ship that docked between the wars and "

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_llama_server  # noqa: E402
-from pflash_proxy.spawn import free_port  # noqa: E402
+from pflash_proxy.llama.spawn import free_port  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.bench.cases.generator import generate_case  # noqa: E402
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
-from pflash_proxy.spawn import free_port  # noqa: E402
+from pflash_proxy.llama.spawn import free_port  # noqa: E402
 from tests.conftest import start_llama_server  # noqa: E402
 
 

@@ -40,7 +40,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pflash_proxy.spawn import free_port  # noqa: E402
+from pflash_proxy.llama.spawn import free_port  # noqa: E402
 from tests.conftest import start_llama_server  # noqa: E402
 
 TOKEN_RX = re.compile(r"SOAK-[0-9a-f]{10}")

@@ -20,13 +20,17 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
-ScorerName = Literal["lexical", "attention", "hybrid", "head", "head-attention"]
-DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n in get_args(ScorerName) if n != "lexical")  # need a --drafter
+from pflash_proxy.compress.budget import DEFAULT_CURVE
+from pflash_proxy.stages.scorers import SCORER_NAMES  # the one list of scorers
+
+if TYPE_CHECKING:
+    ScorerName = str
+else:
+    ScorerName = Literal[SCORER_NAMES]  # the values --scorer accepts: the registry's names
 DRAFTER_DEFAULT_SCORER = "head-attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.

@@ -77,7 +77,7 @@ class LlamaServer:
 
 def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_slot: int = 4096,
                        extra: list[str] | None = None) -> LlamaServer:
-    from pflash_proxy.spawn import SAFE_FLAGS, find_llama_server, free_port
+    from pflash_proxy.llama.spawn import SAFE_FLAGS, find_llama_server, free_port
 
     binary = find_llama_server(None)
     port = free_port()

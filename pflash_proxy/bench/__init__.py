@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
     args.workdir = workdir
     from pflash_proxy.bench.runner import BenchError
-    from pflash_proxy.spawn import SpawnError
+    from pflash_proxy.llama.spawn import SpawnError
 
     try:
         written = asyncio.run(run(args))

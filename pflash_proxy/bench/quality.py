@@ -29,8 +29,8 @@ from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, mean, median, pct, write_report
 from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
-from pflash_proxy.config import DRAFTER_SCORERS
-from pflash_proxy.progress import Progress
+from pflash_proxy.stages.scorers import DRAFTER_SCORERS
+from pflash_proxy.cli.progress import Progress
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
@@ -79,7 +79,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
 
                 head = load_scorer_head(opts.scoring_head, opts.drafter)
                 req = load_request_probe(opts.request_probe, opts.drafter) if opts.request_probe else None
-            from pflash_proxy.drafter_setup import drafter_scorer
+            from pflash_proxy.stages.scorers import drafter_scorer
 
             if name == "head":
                 from pflash_proxy.drafter.stages import ProbeStages

@@ -5,7 +5,7 @@
    for ``/health`` and can ``restart()`` it on the same port (the resume bench).  With ``--upstream`` nothing is
    started and the URL is used as it is (``restart`` is then unavailable).
 2. ``Proxy`` runs ``create_app(settings)`` in-process on a free loopback port (``web.AppRunner``) with the
-   product's own stages (sessions → PFlash → commit) plus a ``Recorder`` at the end of the pipeline: it keeps,
+   product's own stages (``stages.default_stages``) plus a ``Recorder`` at the end of the pipeline: it keeps,
    per ``X-Bench-Id``, the exact messages that are forwarded upstream and the stage log fields (mode, tokens,
    compression ms).  With ``dry_run`` the recorder stops the request there (``DryRun``, HTTP 200 with the
    proxy's headers), so the quality bench measures the real path without paying for a prefill.
@@ -29,7 +29,7 @@ from aiohttp import web
 
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
-from pflash_proxy.server.pipeline import ProxyRequest, Stage
+from pflash_proxy.contract import ProxyRequest, Stage
 
 log = logging.getLogger("pflash_proxy.bench")
 
@@ -59,8 +59,8 @@ class LlamaProc:
         self.slot_dir.mkdir(parents=True, exist_ok=True)
         if self.external:
             return
-        from pflash_proxy.extras import install_hint
-        from pflash_proxy.spawn import (SpawnError, default_model, find_llama_server, free_port,
+        from pflash_proxy.llama.extras import install_hint
+        from pflash_proxy.llama.spawn import (SpawnError, default_model, find_llama_server, free_port,
                                         gguf_sliding_window, server_args)
 
         try:
@@ -78,7 +78,7 @@ class LlamaProc:
         await self._launch()
 
     async def _launch(self) -> None:
-        from pflash_proxy.spawn import die_with_parent
+        from pflash_proxy.llama.spawn import die_with_parent
 
         with open(self.log_path, "ab") as logf:
             self.proc = await asyncio.create_subprocess_exec(*self.args, stdin=asyncio.subprocess.DEVNULL,
@@ -188,22 +188,21 @@ class Proxy:
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> "Proxy":
+        from pflash_proxy.compress import LexicalScorer
+        from pflash_proxy.llama.spawn import free_port
         from pflash_proxy.server.app import create_app
         from pflash_proxy.server.keys import UPSTREAM
-        from pflash_proxy.sessions.manager import SessionManager
-        from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
-        from pflash_proxy.spawn import free_port
+        from pflash_proxy.stages import default_stages
+        from pflash_proxy.stages.compress import CompressStage
+        from pflash_proxy.stages.sessions import SessionStage
 
         stages: list[Stage] = []
         app = create_app(self.settings, stages=stages)  # the list is read at start-up, filled in below
-        self.manager = SessionManager(self.settings, app[UPSTREAM])
-        stages.append(SessionStage(self.manager))
-        if self.settings.pflash:
-            from pflash_proxy.compress_stage import CompressStage
-
-            self.compress = CompressStage(self.settings, app[UPSTREAM], scorer=self.scorer)
-            stages.append(self.compress)
-        stages += [SessionCommitStage(self.manager), self.recorder]
+        # the product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder
+        stages += default_stages(self.settings, app[UPSTREAM], scorer=self.scorer or LexicalScorer(),
+                                 extra=[self.recorder])
+        self.manager = next((s.manager for s in stages if isinstance(s, SessionStage)), None)
+        self.compress = next((s for s in stages if isinstance(s, CompressStage)), None)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         port = free_port()

@@ -35,7 +35,7 @@ from pflash_proxy.bench.arms import Arms, two_arms
 from pflash_proxy.bench.report import Chart, Table, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
-from pflash_proxy.progress import Progress
+from pflash_proxy.cli.progress import Progress
 
 # A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
 PROMPT_FAMILIES = ("multiturn", "ruler_single", "code")

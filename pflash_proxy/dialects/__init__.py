@@ -111,6 +111,7 @@ class Dialect:
     """Base: the OpenAI chat-completions dialect is the identity translation (see ``chat.ChatDialect``)."""
 
     name = "chat"
+    paths: tuple[str, ...] = ()  # the routes whose bodies this dialect parses (``registry.DIALECTS``)
     stream_style: StreamStyle = OpenAIStream()
     upstream_path: str | None = None  # set when the body travels to another llama-server route (translated)
 
@@ -213,17 +214,10 @@ _PLAIN = StreamStyle()
 
 def dialect_for(path: str) -> Dialect | None:
     """The dialect whose conversation a route carries (None: no conversation, e.g. ``/completion``)."""
-    from pflash_proxy.dialects.anthropic import AnthropicDialect
-    from pflash_proxy.dialects.chat import ChatDialect
-    from pflash_proxy.dialects.responses import ResponsesDialect
+    from pflash_proxy.dialects.registry import BY_PATH
 
-    if path in ("/v1/chat/completions", "/chat/completions"):
-        return ChatDialect()
-    if path == "/v1/messages":
-        return AnthropicDialect()
-    if path in ("/v1/responses", "/responses"):
-        return ResponsesDialect()
-    return None
+    cls = BY_PATH.get(path)
+    return cls() if cls is not None else None
 
 
 def stream_style_for(path: str) -> StreamStyle:

@@ -60,6 +60,7 @@ def _text_indices(blocks: list, idx: list[int]) -> list[int]:
 
 class AnthropicDialect(Dialect):
     name = "anthropic"
+    paths = ("/v1/messages",)  # the routes this dialect owns (dialects/registry.py)
     stream_style = AnthropicStream()
     upstream_path = "/v1/chat/completions"  # llama-server's /v1/messages drops id_slot: see anthropic_wire
 

@@ -16,6 +16,7 @@ from pflash_proxy.dialects import Conversation, Dialect, changed_indices, check_
 
 class ChatDialect(Dialect):
     name = "chat"
+    paths = ("/v1/chat/completions", "/chat/completions")  # the routes this dialect owns (dialects/registry.py)
 
     def parse(self, body: dict) -> Conversation:
         check_depth(body)

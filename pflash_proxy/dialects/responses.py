@@ -92,6 +92,7 @@ def _check_parts(content: Any, where: str) -> None:
 
 class ResponsesDialect(Dialect):
     name = "responses"
+    paths = ("/v1/responses", "/responses")  # the routes this dialect owns (dialects/registry.py)
     stream_style = ResponsesStream()
 
     def parse(self, body: dict) -> Conversation:

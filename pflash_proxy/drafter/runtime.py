@@ -93,7 +93,7 @@ class Drafter:
         try:
             import llama_cpp  # noqa: F401
         except ImportError as e:
-            from pflash_proxy.extras import install_hint
+            from pflash_proxy.llama.extras import install_hint
 
             raise DrafterError(f"the drafter needs llama-cpp-python, and the `drafter` extra is not installed "
                                f"({e}): {install_hint('drafter')}") from None

@@ -1,4 +1,5 @@
-"""The JSON behind the inspector's views, built from the running app (slot table, session index, stage stats).
+"""The JSON behind the inspector's views, built from the read-only views it is handed (``InspectorViews``: the
+upstream, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
    sessions (last use, turns, tokens in / served / saved by compression, snapshot), totals and the live counters
@@ -16,40 +17,51 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any
-
-from aiohttp import web
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pflash_proxy.compress.text import split_lines
-from pflash_proxy.inspector.trace import TOTALS_KEY, TRACES_KEY
+from pflash_proxy.contract import SessionsView
 from pflash_proxy.models import message_text
-from pflash_proxy.server.keys import PIPELINE, UPSTREAM
+from pflash_proxy.sessions.index import SessionRecord
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 LIST_LIMIT = 100
 LIST_TTL_S = 5.0
 
 
-def stage(app: web.Application, name: str) -> Any:
-    return next((s for s in app[PIPELINE].stages if s.name == name), None)
+class UpstreamView(Protocol):
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def not_ready_reason(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class InspectorViews:
+    """What the proxy hands the inspector: read-only views, each read when a page asks."""
+
+    upstream: UpstreamView
+    sessions: Callable[[], SessionsView | None]  # None: the proxy runs without sessions
+    stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows
 
 
 class InspectorData:
     """Builds the views; keeps the session list (``LIST_TTL_S``) and per-session summaries between calls."""
 
-    def __init__(self, app: web.Application):
-        self.app = app
+    def __init__(self, views: InspectorViews):
+        self.views = views
         self._lock = threading.Lock()
         self._listed: tuple[float, list[tuple[str, float]], int] | None = None
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # Overview -------------------------------------------------------------------------------------------------
-    def overview(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop.
-        ``stats``: what ``/pflash/stats`` shows (``collect_stats``)."""
-        app = self.app
-        upstream = app[UPSTREAM]
-        sessions = stage(app, "sessions")
+    def overview(self) -> dict[str, Any]:
+        """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop."""
+        stats = self.views.stats()
+        upstream = self.views.upstream
+        sessions = self.views.sessions()
         out: dict[str, Any] = {
             "at": time.time(),
             "upstream": {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
@@ -57,14 +69,13 @@ class InspectorData:
             "slots": [], "queued": 0, "sessions": [], "sessions_total": 0,
         }
         if sessions is not None:
-            mgr = sessions.manager
-            out["upstream"]["model"] = mgr.identity_info
-            out["upstream"]["model_identity"] = mgr.model_identity
-            out["queued"] = mgr.table.queued
+            out["upstream"]["model"] = sessions.identity_info
+            out["upstream"]["model_identity"] = sessions.model_identity
+            out["queued"] = sessions.queued
             out["slots"] = [{"id": s.id, "session": s.session if s.session and not s.session.startswith("anon-")
                              else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
-                             "snapshot_current": s.snapshot_current} for s in mgr.table.slots]
+                             "snapshot_current": s.snapshot_current} for s in sessions.slots()]
         pflash = stats.get("pflash") or {}
         out["totals"] = {
             "requests": stats["requests"].get("total", 0),
@@ -79,10 +90,9 @@ class InspectorData:
 
     def sessions(self, limit: int = LIST_LIMIT) -> tuple[list[dict[str, Any]], int]:
         """The ``limit`` most recently used sessions (summaries, newest first) and how many there are."""
-        sessions = stage(self.app, "sessions")
-        if sessions is None:
+        store = self.views.sessions()
+        if store is None:
             return [], 0
-        store = sessions.manager.store
         with self._lock:  # two refreshing pages share one listing
             now = time.monotonic()
             if self._listed is None or now - self._listed[0] > LIST_TTL_S:
@@ -94,7 +104,7 @@ class InspectorData:
             for sid, last_use in ranked:
                 cached = self._summaries.get(sid)
                 if cached is None or cached[0] != last_use:
-                    rec = store.get(sid)
+                    rec = store.session(sid)
                     if rec is None:
                         continue
                     cached = (last_use, self.summary(rec))
@@ -107,17 +117,16 @@ class InspectorData:
 
     def _live(self, sid: str) -> dict[str, Any]:
         """What changes without a new turn: the slot holding the session, its snapshot."""
-        sessions = stage(self.app, "sessions")
+        sessions = self.views.sessions()
         if sessions is None:
             return {"slot": None, "snapshot": None}
-        snap = sessions.manager.store.snapshot(sid)
-        slot = sessions.manager.table.resident(sid)
-        return {"slot": slot.id if slot is not None else None,
+        snap = sessions.snapshot(sid)
+        return {"slot": sessions.resident_slot(sid),
                 "snapshot": None if snap is None else {"tokens": snap.tokens, "bytes": snap.size,
                                                         "last_use": snap.last_use, "hits": snap.hits}}
 
-    def summary(self, rec: Any) -> dict[str, Any]:
-        totals = dict(rec.extra.get(TOTALS_KEY) or {})
+    def summary(self, rec: SessionRecord) -> dict[str, Any]:
+        totals = dict(rec.trace_totals)
         tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
         return {"id": rec.id, "created": rec.created, "last_use": rec.last_use, "turns": rec.turns,
                 "messages": len(rec.served), "named": rec.explicit,
@@ -127,17 +136,17 @@ class InspectorData:
 
     # One session ----------------------------------------------------------------------------------------------
     def session_exists(self, sid: str) -> bool:
-        sessions = stage(self.app, "sessions")
-        return sessions is not None and bool(SESSION_ID.match(sid)) and sessions.manager.store.get(sid) is not None
+        sessions = self.views.sessions()
+        return sessions is not None and bool(SESSION_ID.match(sid)) and sessions.session(sid) is not None
 
     def session(self, sid: str) -> dict[str, Any] | None:
-        sessions = stage(self.app, "sessions")
+        sessions = self.views.sessions()
         if sessions is None or not SESSION_ID.match(sid):
             return None
-        rec = sessions.manager.store.get(sid)
+        rec = sessions.session(sid)
         if rec is None:
             return None
-        traces = [t for t in rec.extra.get(TRACES_KEY, []) if isinstance(t, dict)]
+        traces = [t for t in rec.traces if isinstance(t, dict)]
         messages = []
         for i, m in enumerate(rec.served):
             entry: dict[str, Any] = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),

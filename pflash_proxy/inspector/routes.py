@@ -1,4 +1,6 @@
-"""The inspector's routes: ``/pflash/ui`` (pages) and ``/pflash/api`` (their JSON), behind ``allowed``.
+"""The inspector as an aiohttp sub-app (``create_inspector``, mounted at ``/pflash``): ``/pflash/ui`` (pages) and
+``/pflash/api`` (their JSON), behind ``allowed``. It is handed read-only views (``data.InspectorViews``) and
+reaches nothing else of the running proxy.
 
 1. Access (``allowed``): a loopback peer (``127.0.0.0/8``, ``::1``, IPv4-mapped loopback) always; any other peer
    only with ``Authorization: Bearer <--api-key>`` when the proxy has a key; else 403 (JSON). The peer is the
@@ -25,27 +27,32 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from pflash_proxy.errors import error_response
-from pflash_proxy.inspector.data import SESSION_ID, InspectorData
-from pflash_proxy.server.keys import SETTINGS
-from pflash_proxy.sessions.store import StoreError
+from pflash_proxy.inspector.data import SESSION_ID, InspectorData, InspectorViews
+from pflash_proxy.sessions.index import StoreError
 
 DATA: web.AppKey[InspectorData] = web.AppKey("inspector_data")
+# the proxy's --api-key, set on the proxy's app (read through the app chain: sub-app handlers see it too)
+API_KEY: web.AppKey[str | None] = web.AppKey("inspector_api_key")
+PREFIX = "/pflash"
 ASSET = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(css|js|html)$")
 CONTENT_TYPES = {"css": "text/css", "js": "text/javascript", "html": "text/html"}
 CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def add_inspector_routes(app: web.Application) -> None:
-    """Register the inspector (before the proxy's catch-all route)."""
-    app[DATA] = InspectorData(app)
-    app.router.add_get("/pflash/ui", guarded(page_overview))
-    app.router.add_get("/pflash/ui/", guarded(page_overview))
-    app.router.add_get("/pflash/ui/session/{sid}", guarded(page_session))
-    app.router.add_get("/pflash/ui/static/{name}", guarded(asset))
-    app.router.add_get("/pflash/api/overview", guarded(api_overview))
-    app.router.add_get("/pflash/api/sessions", guarded(api_sessions))
-    app.router.add_get("/pflash/api/sessions/{sid}", guarded(api_session))
+def create_inspector(views: InspectorViews) -> web.Application:
+    """The inspector's sub-app, to mount at ``PREFIX``: a path under it that the inspector does not serve falls
+    through to the proxy's own routes (aiohttp resolves the most specific prefix first)."""
+    app = web.Application()
+    app[DATA] = InspectorData(views)
+    app.router.add_get("/ui", guarded(page_overview))
+    app.router.add_get("/ui/", guarded(page_overview))
+    app.router.add_get("/ui/session/{sid}", guarded(page_session))
+    app.router.add_get("/ui/static/{name}", guarded(asset))
+    app.router.add_get("/api/overview", guarded(api_overview))
+    app.router.add_get("/api/sessions", guarded(api_sessions))
+    app.router.add_get("/api/sessions/{sid}", guarded(api_session))
+    return app
 
 
 def is_loopback(peer: str | None) -> bool:
@@ -63,7 +70,7 @@ def allowed(request: web.Request) -> web.Response | None:
     """None when the client may see the inspector, else the 403 to answer."""
     if is_loopback(request.remote):
         return None
-    key = request.app[SETTINGS].api_key
+    key = request.config_dict.get(API_KEY)
     if not key:
         return error_response(403, "the inspector is served to loopback clients only (start the proxy with "
                                    "--api-key to admit others with Authorization: Bearer)", "inspector_forbidden",
@@ -130,10 +137,8 @@ async def asset(request: web.Request) -> web.Response:
 
 
 async def api_overview(request: web.Request) -> web.Response:
-    from pflash_proxy.server.control import collect_stats  # it registers the inspector: imported when used
-
     data = request.app[DATA]
-    out = data.overview(collect_stats(request.app))  # in-memory state: on the loop, like /pflash/stats
+    out = data.overview()  # in-memory state: on the loop, like /pflash/stats
     out["sessions"], out["sessions_total"] = await _run(data.sessions)
     return web.json_response(out)
 

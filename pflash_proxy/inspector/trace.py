@@ -2,7 +2,7 @@
 
 ``record_compression`` (a compressed message, or one served whole with a reason) and ``record_recall`` (recall
 excerpts prepended to a short turn) append one plain-data trace (dicts, lists, numbers, strings: nothing that
-pickles a class of ours) to ``SessionRecord.extra[TRACES_KEY]``; ``SessionCommitStage`` saves it with the served
+pickles a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
 2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part
@@ -15,7 +15,7 @@ history. What a trace holds:
    of the inspector wants to see.
 
 Bounds per session: the newest ``MAX_TRACES`` traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the
-oldest traces lose their text (their units, scores and line ranges stay). ``TOTALS_KEY`` keeps the session's
+oldest traces lose their text (their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps the session's
 running totals (messages compressed, tokens in, tokens served), which outlive dropped traces.
 
 Recording never fails a request: an error is logged and the trace skipped.
@@ -31,8 +31,6 @@ from pflash_proxy.compress.text import split_lines
 
 log = logging.getLogger("pflash_proxy.inspector")
 
-TRACES_KEY = "pflash_inspector"  # SessionRecord.extra: list[dict], oldest first
-TOTALS_KEY = "pflash_inspector_totals"  # SessionRecord.extra: dict of running totals
 MAX_TRACES = 16
 MAX_TEXT_CHARS = 4_000_000  # ~16 MB of UTF-8 at worst; ~1M tokens of original text
 REQUEST_CHARS = 4000
@@ -41,7 +39,7 @@ VERSION = 1
 
 def record_compression(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
                        uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> None:
-    """Append the trace of one compression outcome (compressed or served whole) to ``record.extra``.
+    """Append the trace of one compression outcome (compressed or served whole) to ``record.traces``.
 
     ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
     selected against a lowered budget, which the trace keeps as ``selection_budget``."""
@@ -69,8 +67,8 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
     trace: dict[str, Any] = {
         "v": VERSION, "kind": "compression", "turn": record.turns + 1, "message": idx,
         "role": msg.get("role"), "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
-        "scorer": getattr(stage.scorer, "name", type(stage.scorer).__name__),
-        "segmenter": getattr(stage.compressor.segmenter, "name", "heuristic"),
+        "scorer": stage.scorer.name,
+        "segmenter": segmenter_name(stage.compressor.segmenter),
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
         "budget": int(outcome.budget_tokens if budget is None else budget),
         "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens),
@@ -92,6 +90,11 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
     return trace
 
 
+def segmenter_name(segmenter: Any) -> str:
+    """A segmenter's name (the model-free ``UnitSegmenter`` has none: ``heuristic``)."""
+    return str(getattr(segmenter, "name", "heuristic"))
+
+
 def _request(request: Any, tt: Any) -> dict[str, Any]:
     """The request and, when it is the message's own tail, the lines it occupies (0-based, end exclusive)."""
     text = request.text or ""
@@ -105,7 +108,7 @@ def _request(request: Any, tt: Any) -> dict[str, Any]:
 
 
 def _append(record: Any, trace: dict[str, Any]) -> None:
-    traces = [t for t in record.extra.get(TRACES_KEY, []) if isinstance(t, dict)]
+    traces = [t for t in record.traces if isinstance(t, dict)]
     traces.append(trace)
     del traces[:-MAX_TRACES]
     used = 0
@@ -116,17 +119,17 @@ def _append(record: Any, trace: dict[str, Any]) -> None:
             t["text_dropped"] = True
         else:
             used += n
-    record.extra[TRACES_KEY] = traces
+    record.traces = traces
     if trace["kind"] == "compression":
-        totals = dict(record.extra.get(TOTALS_KEY) or {})
+        totals = dict(record.trace_totals)
         compressed = trace["mode"] == "compressed"
         totals["compressed"] = totals.get("compressed", 0) + compressed
         totals["served_whole"] = totals.get("served_whole", 0) + (not compressed)
         totals["tokens_in"] = totals.get("tokens_in", 0) + trace["message_tokens"]
         totals["tokens_served"] = totals.get("tokens_served", 0) + trace["served_tokens"]
-        record.extra[TOTALS_KEY] = totals
+        record.trace_totals = totals
     else:
-        totals = dict(record.extra.get(TOTALS_KEY) or {})
+        totals = dict(record.trace_totals)
         totals["recalls"] = totals.get("recalls", 0) + 1
         totals["recall_tokens"] = totals.get("recall_tokens", 0) + sum(e["tokens"] for e in trace["excerpts"])
-        record.extra[TOTALS_KEY] = totals
+        record.trace_totals = totals

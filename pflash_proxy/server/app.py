@@ -1,9 +1,13 @@
-"""``create_app(settings) -> web.Application``: wiring only.
+"""``create_app(settings) -> web.Application``: the composition root, wiring only.
 
+1. Application state under typed keys (``keys.py``): settings, metrics, the ``Upstream`` client, the body budget.
+2. Routes (``routes.py``) and the inspector, an aiohttp sub-app mounted at ``/pflash`` that is handed read-only
+   views (the upstream, the sessions view of the pipeline, the stats) and nothing else.
 Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
-1. the ``Upstream`` client session;
-2. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
-3. the pipeline stages that own resources (session store, drafter), via their ``start``/``stop`` hooks.
+3. the ``Upstream`` client session;
+4. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
+5. the stages (``stages.default_stages``, or the list a caller gives): each is bound to the app's hooks
+   (``Stage.bind``), then started in order (``Stage.start``) and stopped in reverse (``Stage.stop``).
 """
 
 from __future__ import annotations
@@ -16,41 +20,20 @@ from typing import AsyncIterator, Callable
 from aiohttp import web
 
 from pflash_proxy.config import Settings
+from pflash_proxy.contract import Pipeline, Stage, StageHooks
+from pflash_proxy.inspector.data import InspectorViews
+from pflash_proxy.inspector.routes import API_KEY, PREFIX, create_inspector
+from pflash_proxy.llama.spawn import LlamaServerSupervisor
+from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.server.bodies import BodyBudget
-from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
-from pflash_proxy.server.metrics import Metrics
-from pflash_proxy.server.pipeline import Pipeline, Stage
 from pflash_proxy.server.control import collect_stats
 from pflash_proxy.server.gate import gate_middleware_factory
+from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.routes import add_routes, error_middleware_factory
-from pflash_proxy.spawn import LlamaServerSupervisor
-from pflash_proxy.upstream import Upstream
+from pflash_proxy.stages import default_stages
 
 log = logging.getLogger("pflash_proxy.app")
-
-
-def build_stages(app: web.Application) -> list[Stage]:
-    """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
-    history."""
-    settings = app[SETTINGS]
-    if not settings.sessions:
-        return []
-    from pflash_proxy.sessions.manager import SessionManager
-    from pflash_proxy.sessions.stage import SessionCommitStage, SessionStage
-
-    manager = SessionManager(settings, app[UPSTREAM])
-    from pflash_proxy.sessions.chains import ResponseChainStage
-
-    # previous_response_id is expanded into the items it stands for before the session is looked up
-    stages: list[Stage] = [ResponseChainStage(manager), SessionStage(manager)]
-    if settings.pflash:
-        from pflash_proxy.compress_stage import CompressStage
-        from pflash_proxy.drafter_setup import build_stages as build_compression
-
-        built = build_compression(settings)  # loads the drafter when one is configured; errors stop start-up
-        stages.append(CompressStage(settings, app[UPSTREAM], built.segmenter, built.scorer, built))
-    stages.append(SessionCommitStage(manager))
-    return stages
 
 
 def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:
@@ -71,6 +54,10 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))
     add_routes(app)
+    app[API_KEY] = settings.api_key
+    pipeline = app[PIPELINE]
+    app.add_subapp(PREFIX, create_inspector(InspectorViews(  # /pflash/ui and /pflash/api (loopback or --api-key)
+        upstream=app[UPSTREAM], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app))))
     return app
 
 
@@ -120,26 +107,22 @@ def _stages_ctx(stages: list[Stage] | None):
         if stages is not None:
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
-            app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(None, build_stages, app)
-        for stage in app[PIPELINE].stages:  # snapshot timings feed the metrics' histograms
-            manager = getattr(stage, "manager", None)
-            if manager is not None:
-                manager.snapshots.on_timing = app[METRICS].observe_snapshot
+            app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
+                None, default_stages, app[SETTINGS], app[UPSTREAM])
+        hooks = StageHooks(on_snapshot_timing=app[METRICS].observe_snapshot)  # snapshot timings: histograms
+        for stage in app[PIPELINE].stages:
+            stage.bind(hooks)
         started: list[Stage] = []
         try:
             for stage in app[PIPELINE].stages:
-                start = getattr(stage, "start", None)
-                if start is not None:
-                    await start()
+                await stage.start()
                 started.append(stage)
             yield
         finally:
             for stage in reversed(started):
-                stop = getattr(stage, "stop", None)
-                if stop is not None:
-                    try:
-                        await stop()
-                    except Exception:
-                        log.exception("stage %s failed to stop", stage.name)
+                try:
+                    await stage.stop()
+                except Exception:
+                    log.exception("stage %s failed to stop", stage.name)
 
     return ctx

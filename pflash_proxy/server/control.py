@@ -24,9 +24,7 @@ async def pflash_save(request: web.Request) -> web.Response:
     """Snapshot every resident session now (used by ``pflash-proxy warm`` and before maintenance)."""
     saved = 0
     for stage in request.app[PIPELINE].stages:
-        save_all = getattr(stage, "save_all", None)
-        if save_all is not None:
-            saved += await save_all()
+        saved += await stage.save_all()
     return web.json_response({"saved": saved})
 
 

@@ -129,7 +129,8 @@ def refuse_pflash(request: web.Request) -> web.Response | None:
                                   "host_forbidden", "permission_error")
     from pflash_proxy.server.routes import passthrough
 
-    if request.match_info.handler is passthrough:  # no /pflash/ route of the proxy: never forwarded
+    # no /pflash/ route of the proxy (the catch-all, or no route of the inspector's sub-app): never forwarded
+    if request.match_info.handler is passthrough or request.match_info.http_exception is not None:
         return error_response(404, f"no proxy endpoint {request.method} {request.path[:200]}", "not_found")
     if request.method not in ("GET", "HEAD"):
         refused = cross_site(request, hosts[0] if hosts else None)

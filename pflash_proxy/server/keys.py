@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.server.bodies import BodyBudget
     from pflash_proxy.server.metrics import Metrics
-    from pflash_proxy.server.pipeline import Pipeline
-    from pflash_proxy.spawn import LlamaServerSupervisor
-    from pflash_proxy.upstream import Upstream
+    from pflash_proxy.contract import Pipeline
+    from pflash_proxy.llama.spawn import LlamaServerSupervisor
+    from pflash_proxy.llama.upstream import Upstream
 
 SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
 UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")

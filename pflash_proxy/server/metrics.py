@@ -18,10 +18,12 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pflash_proxy.dialects.registry import dialect_paths
+
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-KNOWN_ROUTES = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
-                "/v1/messages", "/v1/responses", "/responses", "/infill", "/embedding", "/embeddings",
-                "/v1/embeddings", "/rerank", "/v1/rerank", "/v1/models", "/health", "/tokenize", "/slots"}
+KNOWN_ROUTES = {*dialect_paths(), "/v1/completions", "/completions", "/completion", "/infill", "/embedding",
+                "/embeddings", "/v1/embeddings", "/rerank", "/v1/rerank", "/v1/models", "/health", "/tokenize",
+                "/slots"}
 
 # (stats section, key) -> (metric name without pflash_, help); counters get _total from the exposition
 SESSION_COUNTERS = {

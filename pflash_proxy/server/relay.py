@@ -28,27 +28,15 @@ from aiohttp import web
 
 from multidict import CIMultiDict
 
+from pflash_proxy.contract import RelayResult
 from pflash_proxy.dialects import StreamStyle
 from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.server.keys import STREAMS
-from pflash_proxy.upstream import HOP_BY_HOP
+from pflash_proxy.llama.upstream import HOP_BY_HOP
 
 log = logging.getLogger("pflash_proxy.relay")
 
 _MAX_SNIFF_BYTES = 4 * 1024 * 1024  # non-streamed JSON bodies up to this size are parsed for usage/timings
-
-
-@dataclass
-class RelayResult:
-    status: int
-    bytes_out: int = 0
-    completed: bool = False  # upstream body fully relayed
-    client_gone: bool = False
-    upstream_failed: str | None = None
-    final_json: dict | None = None  # last JSON object seen (final SSE chunk or whole body)
-    chunks: int = 0
-    first_chunk_at: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 PLAIN_STREAM = StreamStyle()

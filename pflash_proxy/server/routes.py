@@ -25,25 +25,24 @@ from typing import Any
 from aiohttp import web
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
+from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.errors import BadRequest, ProxyError, error_body, error_response
-from pflash_proxy.inspector.routes import add_inspector_routes, guarded
+from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
-from pflash_proxy.server.pipeline import ProxyRequest
-from pflash_proxy.server.relay import RelayResult, relay, write_stream_error
-from pflash_proxy.upstream import forwardable_headers
+from pflash_proxy.contract import ProxyRequest, RelayResult
+from pflash_proxy.server.relay import relay, write_stream_error
+from pflash_proxy.llama.upstream import forwardable_headers
 
 log = logging.getLogger("pflash_proxy.access")
 
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 PARSE_OFF_LOOP_BYTES = 1 << 20
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
 # lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session (issue 12).
-DIALECT_PATHS = ("/v1/messages", "/v1/responses", "/responses")  # parsed into the conversation (dialects/)
 GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 
@@ -248,13 +247,12 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
 
 
 def add_routes(app: web.Application) -> None:
-    for path in CHAT_PATHS + DIALECT_PATHS + COMPLETION_PATHS + GENERATING_PATHS:
+    for path in dialect_paths() + COMPLETION_PATHS + GENERATING_PATHS:  # dialects: parsed into the conversation
         app.router.add_post(path, parsed)
     app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
     app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
     app.router.add_post("/pflash/save", guarded(pflash_save))
-    add_inspector_routes(app)  # /pflash/ui and /pflash/api (loopback or --api-key)
     app.router.add_route("*", "/{tail:.*}", passthrough)
 
 
@@ -269,14 +267,11 @@ async def slot_action(request: web.Request) -> web.StreamResponse:
     if not (slot.isascii() and slot.isdigit()):  # int() would take " 1", "1_0", "+1" or "١"; llama-server's stoi
         return error_response(400, f"slot id {slot[:40]!r} is not a plain integer", "invalid_slot_id")
     slot_id = int(slot)
-    sessions = next((s for s in request.app[PIPELINE].stages if s.name == "sessions"), None)
-    if sessions is None:
+    guard = next((g for s in request.app[PIPELINE].stages if (g := s.slot_guard(slot_id)) is not None), None)
+    if guard is None:
         return await passthrough(request)
-    lease = await sessions.manager.lease_slot(slot_id)
-    try:
+    async with guard:
         return await passthrough(request)
-    finally:
-        sessions.manager.release_unknown(lease)
 
 
 def error_middleware_factory():

@@ -1,17 +1,13 @@
-"""``SessionManager``: the slot table, the store and the snapshots, kept true against a real llama-server.
+"""``SessionManager``: the slot table, the session index and the snapshots, kept true against a real llama-server.
 
-1. ``ensure_ready``: once per upstream incarnation, read ``/props`` (slot count, per-slot context, model
-   path) into a *model identity* (snapshots never restore across it), size the ``SlotTable``, and check the
-   configuration (warn once, with the exact flags, when idle-slot caching or slot-prompt-similarity is on).
+1. ``ensure_ready``: the ``UpstreamWatch`` (``liveness.py``) reads the server's identity and slot count once per
+   upstream incarnation; the manager sizes the ``SlotTable`` from it (or marks it empty).
 2. ``prepare_slot``: save a displaced session (unless its snapshot is current), restore this session's
    snapshot when it is not resident; report ``hit``/``restored``/``miss`` and the tokens expected from cache.
 3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
-4. Restart detection: the spawn supervisor notifies directly; for an attached server a monitor polls
-   ``/health`` every second, and a failure followed by recovery (or a changed identity) empties the table.
-   A restart quicker than the poll cannot be missed either: before a ``hit`` is announced, llama-server's own
-   ``/slots`` record of that slot must agree with the table (``_slot_lost``), else the table is emptied and the
-   session's snapshot restored.
+4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced the watch checks llama-server's own
+   ``/slots`` record of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
@@ -21,21 +17,21 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from pflash_proxy.config import Settings
 from pflash_proxy.dialects import cache_counts
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-from pflash_proxy.server.relay import RelayResult
+from pflash_proxy.contract import RelayResult
 from pflash_proxy.sessions.identity import credential
-from pflash_proxy.sessions.slots import Lease, SlotTable
+from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index
+from pflash_proxy.sessions.liveness import UpstreamWatch
+from pflash_proxy.sessions.slots import Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager
-from pflash_proxy.sessions.store import SessionStore, StoreError
-from pflash_proxy.upstream import SlotActionFailed, Upstream
+from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -46,29 +42,47 @@ IDLE_POLL_S = 1.5
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, upstream: Upstream):
+    def __init__(self, settings: Settings, upstream: Upstream, index: SessionIndex | None = None):
         self.settings = settings
         self.upstream = upstream
-        self.store = SessionStore(settings.home / "sessions")
+        self.store: SessionIndex = index if index is not None else open_index(settings.home)
         self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
                                          int(settings.max_cache_gb * 1024**3))
         self.table = self._new_table(1)
-        self.model_identity = ""
-        self.identity_info: dict[str, Any] = {}
-        self._ready = False
-        self._ready_lock = asyncio.Lock()
-        self._monitor: asyncio.Task | None = None
+        self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
         self._pruner: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
-        self._warned = False
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
                          "slots_lost": 0}
-        self._slots_route: bool | None = None  # GET /slots answers (None: not asked yet)
         self._store_down = False
         self._writes = 0
         self._bound: asyncio.Task | None = None
-        upstream.add_restart_listener(self._on_restart)
+
+    @property
+    def model_identity(self) -> str:
+        return self.watch.model_identity
+
+    @property
+    def identity_info(self) -> dict[str, Any]:
+        return self.watch.identity_info
+
+    async def ensure_ready(self, wait: bool = True) -> None:
+        await self.watch.ensure_ready(wait)
+
+    def _on_ready(self, n_slots: int) -> None:
+        if len(self.table.slots) != n_slots:
+            self.table = self._new_table(n_slots)
+        else:
+            self.table.mark_all_empty()
+
+    def _on_restart(self, reason: str) -> None:
+        self.counters["upstream_restarts"] += 1
+        self.table.mark_all_empty()
+
+    def view(self) -> ManagerView:
+        """The read-only view of the sessions and slots (the inspector's)."""
+        return ManagerView(self)
 
     def owner(self, headers: Any) -> str | None:
         """The hash of a request's credential (``identity.credential``): whose sessions and responses it reaches."""
@@ -102,17 +116,16 @@ class SessionManager:
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.snapshots.reconcile)
         self._pruner = asyncio.create_task(self._prune_loop())
-        if not self.settings.spawn:
-            self._monitor = asyncio.create_task(self._health_monitor())
+        self.watch.start()
         try:
             await self.ensure_ready(wait=False)  # down: say so now, never wait for it at start-up
         except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
             log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
 
     async def stop(self) -> None:
-        for task in (self._monitor, self._pruner):
-            if task is not None:
-                task.cancel()
+        self.watch.stop()
+        if self._pruner is not None:
+            self._pruner.cancel()
         try:
             await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
         except asyncio.TimeoutError:
@@ -123,7 +136,7 @@ class SessionManager:
 
     async def save_all_resident(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
-        if not self._ready:
+        if not self.watch.ready:
             return 0
         sessions = [s.session for s in self.table.slots if s.session and not s.session.startswith("anon-")]
         return sum([await self._snapshot_now(sid) for sid in sessions])
@@ -184,78 +197,6 @@ class SessionManager:
                 log.exception("session pruning failed")
             await asyncio.sleep(PRUNE_EVERY_S)
 
-    # Identity ----------------------------------------------------------------------------------------------
-    async def ensure_ready(self, wait: bool = True) -> None:
-        """Read the server's slots and identity once (again after a restart); ``wait=False``: do not wait for a
-        server that is down or starting (``--upstream-wait-s``), fail at once."""
-        if self._ready:
-            return
-        async with self._ready_lock:
-            if self._ready:
-                return
-            props = await self.upstream.props(wait=wait)
-            if not props:
-                raise UpstreamNotReady("upstream /props unavailable")
-            n_slots = int(props.get("total_slots") or 1)
-            gen = props.get("default_generation_settings") or {}
-            info = {"model_path": props.get("model_path"), "n_ctx": gen.get("n_ctx"), "total_slots": n_slots,
-                    "model_alias": props.get("model_alias")}
-            identity = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
-            if self.model_identity and identity != self.model_identity:
-                log.warning("upstream identity changed (%s → %s): all slots considered empty", self.identity_info, info)
-            if len(self.table.slots) != n_slots:
-                self.table = self._new_table(n_slots)
-            else:
-                self.table.mark_all_empty()
-            self.model_identity, self.identity_info = identity, info
-            await self._check_flags(props)
-            self._ready = True
-            log.info("upstream has %d slots (n_ctx %s per slot), model identity %s", n_slots, info["n_ctx"], identity)
-
-    async def _check_flags(self, props: dict) -> None:
-        """Warn once about what the attached server's API shows (or cannot show) of the flags we rely on.
-
-        b11434's ``/props`` reports neither ``--cache-idle-slots`` nor ``-sps``; whether slots can be saved is
-        probed with a save request carrying an invalid filename (400 = enabled, 501 = no --slot-save-path),
-        which the server rejects before it touches any slot.
-        """
-        if self._warned or self.settings.spawn:
-            return
-        self._warned = True
-        notes = []
-        try:
-            status, _ = await self.upstream.call("POST", "/slots/0?action=save", {"filename": "../pflash-probe"},
-                                                 timeout_s=5)
-        except (UpstreamUnavailable, UpstreamTimeout):
-            status = None
-        if status == 501:
-            notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
-        if props.get("endpoint_slots") is False:
-            notes.append("/slots is disabled")
-        flags = (f"-np {len(self.table.slots)} --no-cache-idle-slots -sps 0 --swa-full (sliding-window models) "
-                 f"--slot-save-path {self.settings.effective_slot_save_path}")
-        log.warning("llama-server at %s: %sthe proxy cannot verify from /props that it runs with %s; without them "
-                    "idle slots can be cleared or mixed and every turn is re-prefilled (the proxy checks cache_n "
-                    "after each response and counts mismatches in /pflash/stats)", self.upstream.base_url,
-                    ("; ".join(notes) + "; ") if notes else "", flags)
-
-    def _on_restart(self, reason: str) -> None:
-        self.counters["upstream_restarts"] += 1
-        self.table.mark_all_empty()
-        self._ready = False
-
-    async def _health_monitor(self) -> None:
-        was_down = False
-        while True:
-            await asyncio.sleep(1.0)
-            ok = await self.upstream.health(timeout_s=2)
-            if not ok and not was_down:
-                was_down = True
-                log.warning("upstream %s is not healthy", self.upstream.base_url)
-            elif ok and was_down:
-                was_down = False
-                self.upstream.notify_restart("upstream came back after being unreachable")
-
     # Per request -------------------------------------------------------------------------------------------
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         ev = lease.evicted
@@ -267,7 +208,7 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            lost = await self._slot_lost(slot)
+            lost = await self.watch.slot_lost(slot)
             if lost is None:
                 self.counters["hits"] += 1
                 return "hit", slot.prompt_tokens
@@ -314,7 +255,7 @@ class SessionManager:
         and restarts the second, so ``/slots`` is asked every ``IDLE_POLL_S`` (more than that second): polling
         faster kept the slot generating to its context limit (issue 26, item 10). Until ``/slots`` shows the slot
         idle it stays leased, so nothing is sent to a busy slot. What the slot holds now was never confirmed by a
-        response, so the table stops claiming it (``_slot_lost`` would otherwise take the longer prompt for a
+        response, so the table stops claiming it (``UpstreamWatch.slot_lost`` would otherwise take the longer prompt for a
         restarted server and empty every slot).
         """
         lease.slot.known = False
@@ -343,40 +284,6 @@ class SessionManager:
         lease.slot.tokens = lease.slot.prompt_tokens = 0
         lease.slot.served_hashes = []
         self.table.release(lease)
-
-    async def _slot_lost(self, slot: Any) -> str | None:
-        """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
-
-        A hit is announced only after this check (one ``GET /slots``, about a millisecond): a llama-server that
-        restarted between two polls of the health monitor (systemd restarts it in well under a second) has no
-        task on the slot, or its last task there had another prompt length than the proxy's last request. Then
-        the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
-        """
-        if self._slots_route is False:
-            return None
-        try:
-            data = await self.upstream.slots()
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
-            return None  # the request itself will fail or wait; nothing to conclude here
-        if data is None:
-            self._slots_route = False  # --no-slots: rely on cache_n checks after the response
-            log.info("llama-server does not serve /slots; restarts are detected by the health monitor only")
-            return None
-        self._slots_route = True
-        info = next((s for s in data if isinstance(s, dict) and s.get("id") == slot.id), None)
-        if info is None:
-            return f"slot {slot.id} is gone"
-        if not isinstance(info.get("id_task"), int) or info["id_task"] < 0:
-            return "no task has run on it since llama-server started"
-        if info["id_task"] < slot.task_seen:
-            return f"its task ids went back from {slot.task_seen} to {info['id_task']}"
-        n = info.get("n_prompt_tokens")
-        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt, by more
-        slack = max(16, slot.prompt_tokens // 10)
-        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > slack:
-            return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
-        slot.task_seen = info["id_task"]
-        return None
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> bool:
         try:
@@ -426,3 +333,38 @@ class SessionManager:
 
 def _is_prefix(prefix: list[str], full: list[str]) -> bool:
     return len(prefix) <= len(full) and full[: len(prefix)] == prefix
+
+
+class ManagerView:
+    """``contract.SessionsView`` of a ``SessionManager``: copies and index reads, nothing that changes it."""
+
+    def __init__(self, manager: SessionManager):
+        self._m = manager
+
+    @property
+    def model_identity(self) -> str:
+        return self._m.model_identity
+
+    @property
+    def identity_info(self) -> dict[str, Any]:
+        return dict(self._m.identity_info)
+
+    @property
+    def queued(self) -> int:
+        return self._m.table.queued
+
+    def slots(self) -> list[Slot]:
+        return [replace(s, served_hashes=list(s.served_hashes)) for s in self._m.table.slots]
+
+    def resident_slot(self, sid: str) -> int | None:
+        slot = self._m.table.resident(sid)
+        return slot.id if slot is not None else None
+
+    def last_uses(self) -> dict[str, float]:
+        return self._m.store.last_uses()
+
+    def session(self, sid: str) -> SessionRecord | None:
+        return self._m.store.get(sid)
+
+    def snapshot(self, sid: str) -> SnapshotRecord | None:
+        return self._m.store.snapshot(sid)

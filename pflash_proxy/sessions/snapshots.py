@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 from pflash_proxy.config import private_dir
-from pflash_proxy.sessions.store import SessionStore, SnapshotRecord, StoreError
-from pflash_proxy.upstream import SlotActionFailed, Upstream
+from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError
+from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.snapshots")
 
@@ -38,7 +38,7 @@ SUFFIX = ".bin"
 
 
 class SnapshotManager:
-    def __init__(self, store: SessionStore, upstream: Upstream, directory: Path, max_bytes: int):
+    def __init__(self, store: SessionIndex, upstream: Upstream, directory: Path, max_bytes: int):
         self.store = store
         self.upstream = upstream
         self.dir = directory

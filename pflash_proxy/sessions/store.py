@@ -6,7 +6,7 @@ Keys:
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning;
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size, checksum and last use;
-5. ``("response", rid)`` → one Responses answer (``sessions/chains.py``): its owner, the session that recorded
+5. ``("response", rid)`` → one Responses answer (``stages/chains.py``): its owner, the session that recorded
    it, the response it continues *within that session* (or none) and the items it adds to that one's; and
    ``("responses", sid)`` → the ids a session recorded, so they go with it;
 6. ``("salt",)`` → the random salt the owners' credentials are hashed with (``identity.credential``).
@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -41,14 +41,11 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError
 
 
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
-
-
-class StoreError(Exception):
-    """The session index could not be read or written (disk full, damaged file, lock timeout)."""
 
 
 def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
@@ -77,35 +74,9 @@ def _open(directory: Path) -> diskcache.Cache:
         return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none")
 
 
-@dataclass
-class SessionRecord:
-    id: str
-    seed: str
-    client_hashes: list[str] = field(default_factory=list)
-    served: list[dict] = field(default_factory=list)
-    explicit: bool = False
-    owner: str | None = None  # the credential's hash (identity.credential); None: requests without one
-    created: float = field(default_factory=time.time)
-    last_use: float = field(default_factory=time.time)
-    turns: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # per-feature data (e.g. omitted units for recall)
-
-
-@dataclass
-class SnapshotRecord:
-    session: str
-    file: str
-    tokens: int
-    served_hashes: list[str]
-    model_identity: str
-    size: int
-    created: float = field(default_factory=time.time)
-    last_use: float = field(default_factory=time.time)
-    hits: int = 0
-    checksum: str = ""  # "crc32:…" of the file when saved ("" in records written before checksums)
-
-
 class SessionStore:
+    """The embedded ``SessionIndex``: one diskcache directory (module docstring)."""
+
     def __init__(self, directory: Path):
         private_dir(directory)
         self.cache = _open(directory)
@@ -137,7 +108,7 @@ class SessionStore:
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         data = self.read(("session", sid))
-        return SessionRecord(**data) if data else None
+        return SessionRecord.from_stored(data) if data else None
 
     @_guarded
     def read(self, key: tuple) -> Any:
@@ -174,12 +145,12 @@ class SessionStore:
                 self.cache.set(("chain", h), rec.id)
 
     @_guarded
-    def update_extra(self, rec: SessionRecord) -> None:
+    def update_record(self, rec: SessionRecord) -> None:
         with self.cache.transact():
             self._put(rec)
 
     def _put(self, rec: SessionRecord) -> None:
-        self.cache.set(("session", rec.id), _shallow(rec))
+        self.cache.set(("session", rec.id), rec.stored())
         # last use on its own key: pruning ranks every session without unpickling their served histories
         self.cache.set(("used", rec.id), rec.last_use)
 
@@ -233,7 +204,7 @@ class SessionStore:
         for k in legacy:
             self.cache.delete(k)
 
-    # Responses (sessions/chains.py) -------------------------------------------------------------------------
+    # Responses (stages/chains.py) -------------------------------------------------------------------------
     @_guarded
     def response(self, rid: str) -> dict | None:
         """One recorded response (``put_response``), or None (unknown, pruned, or written by an older index)."""
@@ -268,7 +239,7 @@ class SessionStore:
 
     @_guarded
     def sessions(self) -> list[SessionRecord]:
-        return [SessionRecord(**self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
+        return [SessionRecord.from_stored(self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
                 and k in self.cache]
 
     # Snapshots ----------------------------------------------------------------------------------------------
@@ -308,8 +279,3 @@ class SessionStore:
     def volume(self) -> int:
         """Bytes the index takes on disk (SQLite pages plus value files), from diskcache's own count."""
         return int(self.cache.volume())
-
-
-def _shallow(rec: SessionRecord) -> dict[str, Any]:
-    """Like ``asdict`` but keeps objects in ``extra`` as they are (diskcache pickles them)."""
-    return {f.name: getattr(rec, f.name) for f in fields(rec)}

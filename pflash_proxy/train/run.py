@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pflash_proxy.progress import Progress
+from pflash_proxy.cli.progress import Progress
 
 from . import features, fit
 

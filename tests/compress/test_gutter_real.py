@@ -59,7 +59,5 @@ async def test_numbered_file_read_keeps_the_asked_function_with_its_numbers(prox
     assert "\n".join(orig[head + a:head + b + 1]) in served
     assert 'raise ValueError("n must be > 0: %r" % (n,))' in served
     # the inspector's trace names the gutter the cutter looked behind
-    from pflash_proxy.inspector.trace import TRACES_KEY
-
-    trace = store.get(resp.headers["X-PFlash-Session"]).extra[TRACES_KEY][-1]
+    trace = store.get(resp.headers["X-PFlash-Session"]).traces[-1]
     assert trace["kind"] == "compression" and trace["gutter"] is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.pipeline import Stage
+from pflash_proxy.contract import Stage
 from tests.conftest import make_settings
 
 

@@ -121,7 +121,7 @@ def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_p
         rec = store.new_session(seed, False, parent, 1 if parent else 0)
         store.save_session(rec, [message_hash(m) for m in msgs], msgs)
         rec.last_use = _time.time() - age_days * 86400
-        store.update_extra(rec)
+        store.update_record(rec)
         return rec, msgs
 
     old, old_msgs = saved("an old question", 40)

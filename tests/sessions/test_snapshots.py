@@ -8,7 +8,7 @@ import pytest
 
 from pflash_proxy.sessions.snapshots import SnapshotManager
 from pflash_proxy.sessions.store import SessionStore
-from pflash_proxy.upstream import SlotActionFailed
+from pflash_proxy.llama.upstream import SlotActionFailed
 
 
 class FakeUpstream:

@@ -66,14 +66,14 @@ def test_train_resumes_from_its_cache(gemma, trained):
 def test_trained_probes_run_in_the_proxy_stages(gemma, trained, tmp_path):
     from pflash_proxy.compress.text import TokenizedText
     from pflash_proxy.config import Settings
-    from pflash_proxy.drafter_setup import build_stages
+    from pflash_proxy.stages.scorers import build_scorer
 
     out, _ = trained
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path / "home", drafter=Path(gemma),
                         drafter_ctx=4096, segmenter="probe", scorer="head",
                         segment_probe=out / "segment-probe.gguf", request_probe=out / "request-probe.gguf",
                         scoring_head=out / "scorer-head.gguf")
-    built = build_stages(settings)
+    built = build_scorer(settings)
     try:
         text = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(60))
         tt = TokenizedText.from_text(text)
@@ -103,7 +103,7 @@ def test_packaged_gemma_set_is_found_by_the_drafter_hash(gemma, tmp_path):
     from pflash_proxy.config import Settings
     from pflash_proxy.drafter.hashing import file_sha256
     from pflash_proxy.drafter.trained import for_drafter, for_drafter_file
-    from pflash_proxy.drafter_setup import build_stages
+    from pflash_proxy.stages.scorers import build_scorer
 
     found = for_drafter(file_sha256(gemma))
     assert found is not None, "the package ships a probe set for gemma-3-270m Q4_K_M"
@@ -114,7 +114,7 @@ def test_packaged_gemma_set_is_found_by_the_drafter_hash(gemma, tmp_path):
     assert for_drafter_file(stranger) is None
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path / "home", drafter=Path(gemma),
                         drafter_ctx=2048, segmenter="probe", scorer="head")
-    built = build_stages(settings)  # no probe paths given: the packaged set is used
+    built = build_scorer(settings)  # no probe paths given: the packaged set is used
     try:
         assert built.describe()["segmenter"] == "probe" and built.describe()["scorer"] == "head"
         assert built.scorer.request is not None

@@ -22,11 +22,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _store_and_snapshots(settings: Settings):
+    from pflash_proxy.llama.upstream import Upstream
+    from pflash_proxy.sessions.index import open_index
     from pflash_proxy.sessions.snapshots import SnapshotManager
-    from pflash_proxy.sessions.store import SessionStore
-    from pflash_proxy.upstream import Upstream
 
-    store = SessionStore(settings.home / "sessions")
+    store = open_index(settings.home)
     return store, SnapshotManager(store, Upstream(None), settings.effective_slot_save_path, 0)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash_proxy.spawn import LOG_ROTATE_BYTES, free_port, rotate_log
+from pflash_proxy.llama.spawn import LOG_ROTATE_BYTES, free_port, rotate_log
 
 pytestmark = pytest.mark.llama
 

@@ -41,7 +41,7 @@ def proxy_url(llama_server, tmp_path_factory):
     talk to it over HTTP like any client."""
     from aiohttp import web
 
-    from pflash_proxy.spawn import free_port
+    from pflash_proxy.llama.spawn import free_port
 
     tmp = tmp_path_factory.mktemp("hostile")
     app = create_app(make_settings(llama_server.url, tmp, slot_save_path=llama_server.slot_dir, threshold=1000,

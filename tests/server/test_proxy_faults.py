@@ -137,7 +137,7 @@ async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path
 
 
 async def test_upstream_down_gets_502(aiohttp_client, tmp_path):
-    from pflash_proxy.spawn import free_port
+    from pflash_proxy.llama.spawn import free_port
 
     client = await proxy_for(aiohttp_client, f"http://127.0.0.1:{free_port()}", tmp_path)
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):

@@ -37,15 +37,14 @@ from pflash_proxy.compress import (
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-from pflash_proxy.inspector.trace import record_compression, record_recall
+from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
-from pflash_proxy.server.pipeline import ProxyRequest, Stage
-from pflash_proxy.sessions.stage import SessionContext, SessionStage
-from pflash_proxy.upstream import Upstream
+from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.stages.sessions import SessionContext, SessionStage
+from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.compress")
 
-RECALL_KEY = "pflash_recall"  # SessionRecord.extra: list[RecallSource]
 _BUDGET_SLACK = 0.015
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
@@ -188,7 +187,7 @@ class CompressStage(Stage):
         # agent's fixed preamble) with an earlier session is cold, so its flat ranking gets full prefill; in a
         # running one a flat ranking is served with markers, and recall brings lines back.
         in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
-        req.progress = f"compressing {tt.total_tokens:,} tokens ({getattr(self.scorer, 'name', 'lexical')})"
+        req.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
                                              in_conversation, source, label)
@@ -200,7 +199,7 @@ class CompressStage(Stage):
         record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
-                  "scorer": getattr(self.scorer, "name", type(self.scorer).__name__), "pflash_ms": round(total_ms, 1),
+                  "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
         if outcome.mode != "compressed":
@@ -217,9 +216,7 @@ class CompressStage(Stage):
         req.log_fields.update(fields)
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
-            sources = list(ctx.record.extra.get(RECALL_KEY, []))
-            sources.append(outcome.recall)
-            ctx.record.extra[RECALL_KEY] = sources
+            ctx.record.recall_sources = [*ctx.record.recall_sources, outcome.recall]
         self.tokens_in += tt.total_tokens
         self.tokens_kept += served_tokens
         return "compressed", prompt_tokens, kept_prompt
@@ -266,7 +263,7 @@ class CompressStage(Stage):
     # Recall ----------------------------------------------------------------------------------------------
     async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
                       text: str) -> tuple[str, int, int] | None:
-        sources: list[RecallSource] = ctx.record.extra.get(RECALL_KEY, [])
+        sources: list[RecallSource] = ctx.record.recall_sources
         msg = messages[idx]
         if not self.settings.chat_recall or not sources or msg.get("role") != "user" or not text.strip():
             return None
@@ -312,8 +309,8 @@ class CompressStage(Stage):
 
     def stats(self) -> dict[str, Any]:
         out = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
-               "threshold": self.settings.threshold, "scorer": getattr(self.scorer, "name", "lexical"),
-               "segmenter": getattr(self.compressor.segmenter, "name", "heuristic")}
+               "threshold": self.settings.threshold, "scorer": self.scorer.name,
+               "segmenter": segmenter_name(self.compressor.segmenter)}
         if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
             desc = self.resources.describe()
             out["drafter"] = desc.get("drafter")

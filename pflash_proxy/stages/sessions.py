@@ -31,12 +31,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pflash_proxy.server.pipeline import ProxyRequest, Stage
-from pflash_proxy.server.relay import RelayResult
+import contextlib
+from collections.abc import AsyncIterator
+
+from pflash_proxy.contract import ProxyRequest, RelayResult, SessionsView, Stage, StageHooks
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.slots import Lease
-from pflash_proxy.sessions.store import SessionRecord, StoreError
+from pflash_proxy.sessions.index import SessionRecord, StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -64,11 +66,30 @@ class SessionStage(Stage):
     def __init__(self, manager: SessionManager):
         self.manager = manager
 
+    def bind(self, hooks: StageHooks) -> None:
+        self.manager.snapshots.on_timing = hooks.on_snapshot_timing  # snapshot timings feed the metrics
+
     async def start(self) -> None:
         await self.manager.start()
 
     async def stop(self) -> None:
         await self.manager.stop()
+
+    def sessions_view(self) -> SessionsView:
+        return self.manager.view()
+
+    def slot_guard(self, slot_id: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """A client's slot action runs under a lease of that very slot, after which the table no longer claims to
+        know its content."""
+        return self._slot_lease(slot_id)
+
+    @contextlib.asynccontextmanager
+    async def _slot_lease(self, slot_id: int) -> AsyncIterator[None]:
+        lease = await self.manager.lease_slot(slot_id)
+        try:
+            yield
+        finally:
+            self.manager.release_unknown(lease)
 
     async def on_request(self, req: ProxyRequest) -> None:
         mgr = self.manager

@@ -55,7 +55,7 @@ import pytest
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import PIPELINE
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.spawn import free_port
+from pflash_proxy.llama.spawn import free_port
 from tests.conftest import make_settings, start_llama_server
 
 pytestmark = pytest.mark.llama
@@ -304,7 +304,7 @@ async def _wait_slots(server, pred, timeout: float) -> list[dict]:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_session(make_proxy, fault_server, stream):
     """llama-server (b11434) cancels a streamed task within a second of its client leaving (after the batch in
-    progress); a non-streamed one only after a second without any task result (tests/test_isolation_real.py), so
+    progress); a non-streamed one only after a second without any task result (tests/stages/test_isolation_real.py), so
     here it may run to max_tokens for nobody. Either way the proxy keeps
     the lease until llama-server's slot is idle (nothing is ever sent to a busy slot), and the table claims
     nothing about the slot that no response confirmed, so no later check mistakes it for a restart."""

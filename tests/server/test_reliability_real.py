@@ -170,7 +170,7 @@ async def test_a_quick_restart_of_an_attached_server_is_noticed_before_announcin
                 and manager.table.resident(h["X-PFlash-Session"]).snapshot_current:
             break
         await asyncio.sleep(0.1)
-    manager._monitor.cancel()  # the 1 s health poll misses the restart (systemd restarts in well under 1 s)
+    manager.watch._monitor.cancel()  # the 1 s health poll misses the restart (systemd restarts in well under 1 s)
     await asyncio.get_running_loop().run_in_executor(None, llama_server.restart)
     third = nxt + [{"role": "assistant", "content": b2["choices"][0]["message"]["content"]},
                    {"role": "user", "content": "Thanks."}]

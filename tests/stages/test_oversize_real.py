@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.upstream import Upstream
+from pflash_proxy.llama.upstream import Upstream
 from tests.conftest import make_settings
-from tests.test_compress_real import document
+from tests.stages.test_compress_real import document
 
 pytestmark = pytest.mark.llama
 

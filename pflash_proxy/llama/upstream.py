@@ -25,7 +25,7 @@ import aiohttp
 
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 
-log = logging.getLogger("pflash_proxy.upstream")
+log = logging.getLogger("pflash_proxy.llama.upstream")
 
 _ALIVE_POLL_S = 0.25
 _PARSE_OFF_LOOP_BYTES = 1 << 20

@@ -1,8 +1,14 @@
-"""Choose and build the compression stages from the settings (``--scorer``, ``--segmenter``, ``--drafter``).
+"""The scorer registry (``SCORERS``) and ``build_scorer``: the scorer and segmenter ``--scorer``, ``--segmenter``
+and ``--drafter`` ask for.
+
+``SCORERS`` is the one list of scorers: ``config.ScorerName`` (the values ``--scorer`` accepts), the ``--help``
+text and ``build_scorer`` all read it. An entry says what the scorer needs (a drafter, the trained scorer head,
+the attention scorer, the probe taps) and builds it from those parts (``ScorerParts``); the scorer itself lives
+in its own module.
 
 1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
-3. ``--segmenter probe`` needs ``--segment-probe``; ``--scorer head`` needs ``--scoring-head`` (and uses
+3. ``--segmenter probe`` needs ``--segment-probe``; a scorer that reads the head needs ``--scoring-head`` (and uses
    ``--request-probe`` when given). When none of the three is given, they come from the set the package ships
    for this very drafter (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no
    download. All are checked against the drafter's sha256 and read the tap block their file names.
@@ -17,17 +23,96 @@
    (``compress/links.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
+This module imports nothing of the project at import time (``config`` imports it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pflash_proxy.config import DRAFTER_SCORERS, Settings
+if TYPE_CHECKING:
+    from pflash_proxy.config import Settings
 
 log = logging.getLogger("pflash_proxy.drafter")
+
+
+@dataclass
+class ScorerParts:
+    """What a drafter scorer is built from: ``attention`` (an ``AttentionScorer``, calibrated or not), the scorer
+    ``head`` and ``request`` probe, the ``ProbeStages`` (tap reader) that ``head`` reads through."""
+
+    attention: Any = None
+    head: Any = None
+    request: Any = None
+    taps: Any = None
+
+
+@dataclass(frozen=True)
+class ScorerEntry:
+    name: str
+    help: str  # for --help
+    build: Callable[[ScorerParts], Any]
+    drafter: bool = True  # needs --drafter
+    head: bool = False  # reads the trained scorer head (--scoring-head, or the set shipped for the drafter)
+    attention: bool = False  # reads the attention scorer (--attention-heads)
+    taps: bool = False  # reads the head through the probe taps (ProbeStages), not in its own pass
+
+
+def _lexical(parts: ScorerParts) -> Any:
+    from pflash_proxy.compress import LexicalScorer
+
+    return LexicalScorer()
+
+
+def _attention(parts: ScorerParts) -> Any:
+    from pflash_proxy.compress.links import Linked
+
+    return Linked(parts.attention)
+
+
+def _hybrid(parts: ScorerParts) -> Any:
+    from pflash_proxy.compress.fusion import hybrid
+    from pflash_proxy.compress.links import Linked
+
+    return Linked(hybrid(parts.attention))
+
+
+def _head(parts: ScorerParts) -> Any:
+    from pflash_proxy.drafter.head import HeadScorer
+
+    return HeadScorer(parts.taps, parts.head, parts.request)
+
+
+def _head_attention(parts: ScorerParts) -> Any:
+    from pflash_proxy.compress.links import Linked
+    from pflash_proxy.drafter.joint import HeadAttentionScorer
+
+    return Linked(HeadAttentionScorer(parts.attention, parts.head, parts.request))
+
+
+# The registry: a new scorer is one entry here plus its own module.
+SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
+    ScorerEntry("lexical", "BM25, model-free", _lexical, drafter=False),
+    ScorerEntry("attention", "the drafter's retrieval heads, training-free; needs --drafter", _attention,
+                attention=True),
+    ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid, attention=True),
+    ScorerEntry("head", "trained probe files: shipped for gemma-3-270m, or from `pflash-proxy train`", _head,
+                head=True, taps=True),
+    ScorerEntry("head-attention", "the head and attention fused, from one drafter pass", _head_attention,
+                head=True, attention=True),
+)}
+SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
+DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.drafter)  # need a --drafter
+
+
+def scorer_help() -> str:
+    """The ``--scorer`` help text, from the registry."""
+    names = "; ".join(f"{e.name} ({e.help})" for e in SCORERS.values())
+    return (f"unit relevance: {names}; default lexical, or with --drafter and no --scorer the bench's winner, "
+            "head-attention (attention for a drafter without a shipped or given head)")
 
 
 class DrafterSetupError(Exception):
@@ -35,7 +120,7 @@ class DrafterSetupError(Exception):
 
 
 @dataclass
-class BuiltStages:
+class Scoring:
     segmenter: Any = None  # None → the heuristic UnitSegmenter
     scorer: Any = None  # None → LexicalScorer
     drafter: Any = None
@@ -55,12 +140,13 @@ class BuiltStages:
         return out
 
 
-def build_stages(settings: Settings) -> BuiltStages:
-    wants_drafter = settings.scorer != "lexical" or settings.segmenter != "heuristic"
+def build_scorer(settings: Settings) -> Scoring:
+    """The segmenter and scorer the settings ask for, with the drafter they read (``Scoring.close`` closes it)."""
+    wants_drafter = SCORERS[settings.scorer].drafter or settings.segmenter != "heuristic"
     if not wants_drafter:
         if settings.drafter is not None:
             log.info("--drafter given but --scorer lexical and --segmenter heuristic need no drafter; not loading it")
-        return BuiltStages()
+        return Scoring()
     if settings.drafter is None:
         raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
                                 f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
@@ -76,8 +162,9 @@ def build_stages(settings: Settings) -> BuiltStages:
                           cache_mb=settings.drafter_cache_mb)
     except DrafterError as exc:
         raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
-    built = BuiltStages(drafter=drafter)
+    built = Scoring(drafter=drafter)
     settings = _default_scorer_for_this_drafter(settings)  # after the load: a drafter that cannot load is one line
+    entry = SCORERS[settings.scorer]
     try:
         probe = head = request = None
         try:
@@ -86,7 +173,7 @@ def build_stages(settings: Settings) -> BuiltStages:
                     raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
                                             "(PFLASH_SEGMENT_PROBE_GGUF)")
                 probe = load_segment_probe(settings.segment_probe, settings.drafter, hash_cache=hash_cache)
-            if settings.scorer in ("head", "head-attention"):
+            if entry.head:
                 if settings.scoring_head is None:
                     raise DrafterSetupError(f"scoring_head: --scorer {settings.scorer} needs --scoring-head PATH "
                                             "(PFLASH_SCORING_HEAD_GGUF)")
@@ -97,13 +184,13 @@ def build_stages(settings: Settings) -> BuiltStages:
             raise DrafterSetupError(str(exc)) from exc
         # the segment probe and --scorer head read the tap block through ProbeStages; head-attention reads its
         # taps in its own pass
-        reader = probe if probe is not None else head if settings.scorer == "head" else None
+        reader = probe if probe is not None else head if entry.taps else None
         stages = ProbeStages(drafter, reader.meta.tap_block) if reader is not None else None
         if probe is not None:
             built.segmenter = DrafterSegmenter(stages, probe)
-        if settings.scorer in DRAFTER_SCORERS:
-            attention = None if settings.scorer == "head" else _attention_scorer(settings, drafter, hash_cache)
-            built.scorer = drafter_scorer(settings.scorer, attention, head, request, stages)
+        if entry.drafter:
+            attention = _attention_scorer(settings, drafter, hash_cache) if entry.attention else None
+            built.scorer = entry.build(ScorerParts(attention, head, request, stages))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc
@@ -112,31 +199,17 @@ def build_stages(settings: Settings) -> BuiltStages:
 
 
 def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, stages: Any = None) -> Any:
-    """The scorer ``--scorer NAME`` serves, from its parts: ``attention`` (an ``AttentionScorer``, calibrated or
-    not), the scorer ``head`` and ``request`` probe, the ``ProbeStages`` that ``head`` reads through. One place,
-    so ``bench quality`` measures exactly what the proxy serves (reference hops included)."""
-    if name == "head":
-        from pflash_proxy.drafter.head import HeadScorer
-
-        return HeadScorer(stages, head, request)
-    from pflash_proxy.compress.links import Linked
-
-    if name == "attention":
-        return Linked(attention)
-    if name == "head-attention":
-        from pflash_proxy.drafter.joint import HeadAttentionScorer
-
-        return Linked(HeadAttentionScorer(attention, head, request))
-    if name == "hybrid":
-        from pflash_proxy.compress.fusion import hybrid
-
-        return Linked(hybrid(attention))
-    raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
+    """The scorer ``--scorer NAME`` serves, from its parts (``ScorerParts``). One place, so ``bench quality``
+    measures exactly what the proxy serves (reference hops included)."""
+    entry = SCORERS.get(name)
+    if entry is None or not entry.drafter:
+        raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
+    return entry.build(ScorerParts(attention, head, request, stages))
 
 
 def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
     """Fill unset probe paths from the set shipped for this very drafter (``drafter/trained``), if any."""
-    heads = settings.scorer in ("head", "head-attention")
+    heads = SCORERS[settings.scorer].head
     wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": heads, "request_probe": heads}
     missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
     if any(getattr(settings, k) is not None for k in wanted):

@@ -21,7 +21,7 @@ from aiohttp.test_utils import make_mocked_request
 from pflash_proxy.inspector.routes import allowed, is_loopback
 from pflash_proxy.server.app import create_app
 from tests.conftest import make_settings
-from tests.test_compress_real import CURVE, SAMPLING, TOPICS, document
+from tests.stages.test_compress_real import CURVE, SAMPLING, TOPICS, document
 
 QUESTION = "What was the name of the silver eagle, the prize bird?"
 
@@ -187,7 +187,7 @@ def test_every_page_file_is_package_data():
     import tomllib
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
         "pflash_proxy.inspector"]
     files = [p.relative_to(root / "pflash_proxy" / "inspector").as_posix()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_settings
-from tests.test_compress_real import SAMPLING, document, served_message
+from tests.stages.test_compress_real import SAMPLING, document, served_message
 
 pytestmark = pytest.mark.llama
 

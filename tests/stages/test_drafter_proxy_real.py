@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.drafter_setup import DrafterSetupError, build_stages
+from pflash_proxy.stages.scorers import DrafterSetupError, build_scorer
 from pflash_proxy.server.app import create_app
 from tests.conftest import make_settings
-from tests.test_compress_real import CURVE, ask, document, served_message
+from tests.stages.test_compress_real import CURVE, ask, document, served_message
 
 pytestmark = [pytest.mark.llama, pytest.mark.drafter]
 pytest.importorskip("llama_cpp")
@@ -81,7 +81,7 @@ def test_mismatched_probe_refuses_to_start_with_both_hashes(tmp_path, gemma_mode
     settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024, scorer="head",
                              scoring_head=probe_files["wrong"])
     with pytest.raises(DrafterSetupError) as exc:
-        build_stages(settings)
+        build_scorer(settings)
     msg = str(exc.value)
     assert "\n" not in msg and file_sha256(gemma_model) in msg
     assert "cedf89af31c9041b601fa58303285bc46d99c51baee1b13f5e919626ca526ee5" in msg
@@ -89,9 +89,9 @@ def test_mismatched_probe_refuses_to_start_with_both_hashes(tmp_path, gemma_mode
 
 def test_drafter_scorers_need_a_drafter(tmp_path):
     with pytest.raises(DrafterSetupError, match="need --drafter"):
-        build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention"))
+        build_scorer(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention"))
     with pytest.raises(DrafterSetupError, match="drafter: cannot load"):
-        build_stages(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention", drafter=tmp_path / "no.gguf"))
+        build_scorer(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention", drafter=tmp_path / "no.gguf"))
 
 
 def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trained_head(tmp_path, gemma_model,
@@ -102,14 +102,14 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
     settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
                              attention_heads="all")
     assert settings.scorer == "head-attention"  # no --scorer: the bench's winner
-    built = build_stages(settings)  # gemma: the head shipped in the package
+    built = build_scorer(settings)  # gemma: the head shipped in the package
     try:
         assert built.scorer.name == "head-attention" and isinstance(built.scorer, Linked)  # with reference hops
     finally:
         built.close()
     monkeypatch.setattr(trained, "for_drafter", lambda sha: None)  # a drafter nobody has trained a head for
     with caplog.at_level("WARNING", logger="pflash_proxy.drafter"):
-        built = build_stages(settings)
+        built = build_scorer(settings)
     try:
         assert built.scorer.name == "attention" and "pflash-proxy train --drafter" in caplog.text
         assert isinstance(built.scorer, Linked)
@@ -118,13 +118,13 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
     explicit = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
                              attention_heads="all", scorer="head-attention")
     with pytest.raises(DrafterSetupError, match="needs --scoring-head"):  # asked for by name: no substitute
-        build_stages(explicit)
+        build_scorer(explicit)
 
 
 def test_the_bench_and_the_proxy_build_drafter_scorers_in_one_place(monkeypatch):
     # bench quality's rows come from drafter_setup.drafter_scorer: what it measures is what --scorer NAME serves
     import pflash_proxy.bench.quality as quality
-    import pflash_proxy.drafter_setup as setup
+    import pflash_proxy.stages.scorers as setup
     from pflash_proxy.compress.links import Linked
 
     made = []

@@ -1,7 +1,7 @@
 """``previous_response_id`` for the Responses API, which llama-server refuses (400 "does not support").
 
 A client that chains responses sends only the new items and the id of the previous response. The proxy keeps
-each response it relayed under its own id (``SessionStore.put_response``), so an id stands for exactly the items
+each response it relayed under its own id (``SessionIndex.put_response``), so an id stands for exactly the items
 of its own chain, whoever else's conversation shares its beginning (two conversations that start alike share a
 session record until they diverge; their responses never do):
 1. ``on_request`` (before the session stage): a ``previous_response_id`` recorded for the request's own owner
@@ -27,10 +27,9 @@ import json
 import logging
 from typing import Any
 
-from pflash_proxy.server.pipeline import ProxyRequest, Stage
-from pflash_proxy.server.relay import RelayResult
+from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
 from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.store import SessionStore, StoreError
+from pflash_proxy.sessions.index import SessionIndex, StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -98,7 +97,7 @@ class ResponseChainStage(Stage):
                 "previous_response_unknown": self.counters["unknown"]}
 
 
-def expand(store: SessionStore, rid: str, owner: str | None) -> list[dict] | None:
+def expand(store: SessionIndex, rid: str, owner: str | None) -> list[dict] | None:
     """The items response ``rid`` stands for (its chain's inputs and outputs, in order), or None when the proxy
     did not record it for ``owner`` (or a link of its chain is gone)."""
     parts: list[list[dict]] = []
@@ -114,7 +113,7 @@ def expand(store: SessionStore, rid: str, owner: str | None) -> list[dict] | Non
     return [item for part in reversed(parts) for item in part]
 
 
-def record(store: SessionStore, rid: str, sid: str, owner: str | None, items: list[dict],
+def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: list[dict],
            parent: tuple[str, int] | None) -> None:
     """Record response ``rid`` of session ``sid``: ``items`` is its whole chain; ``parent`` the expanded
     ``previous_response_id`` and how many of ``items`` it stands for."""

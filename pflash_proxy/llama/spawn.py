@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Callable
 
 from pflash_proxy.config import Settings, private_dir
-from pflash_proxy.extras import install_hint
-from pflash_proxy.upstream import Upstream
+from pflash_proxy.llama.extras import install_hint
+from pflash_proxy.llama.upstream import Upstream
 
-log = logging.getLogger("pflash_proxy.spawn")
+log = logging.getLogger("pflash_proxy.llama.spawn")
 
 LOG_ROTATE_BYTES = 32 * 2**20
 

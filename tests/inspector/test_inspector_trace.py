@@ -37,7 +37,7 @@ def test_a_compressed_trace_holds_units_scores_request_span_and_the_original():
     assert outcome.mode == "compressed"
     rec = SessionRecord(id="a" * 32, seed="s")
     tr.record_compression(rec, 0, messages[0], tt, request, outcome, tt.total_tokens, tt.total_tokens, stage, 123)
-    (t,) = rec.extra[tr.TRACES_KEY]
+    (t,) = rec.traces
     assert t["turn"] == 1 and t["message"] == 0 and t["mode"] == "compressed" and t["scorer"] == "lexical"
     assert t["budget"] == outcome.budget_tokens and t["served_tokens"] == 123
     v = view(t)
@@ -47,7 +47,7 @@ def test_a_compressed_trace_holds_units_scores_request_span_and_the_original():
     a, b = v["request"]["lines"]
     assert v["lines"][a:b] == ["How many visitors did the apiary records list?"]
     assert v["units"][-1]["pinned"]
-    totals = rec.extra[tr.TOTALS_KEY]
+    totals = rec.trace_totals
     assert totals["compressed"] == 1 and totals["tokens_in"] == tt.total_tokens and totals["tokens_served"] == 123
     pickle.loads(pickle.dumps(rec))  # plain data: the record still pickles (diskcache)
     assert all(type(x).__module__ == "builtins" for x in (t["units"]["score"][0], t["units"]["start"][0]))
@@ -66,11 +66,11 @@ def test_a_flat_message_served_whole_keeps_its_scores_and_reason():
     stage = SimpleNamespace(scorer=comp.scorer, compressor=comp)
     tr.record_compression(rec, 0, {"role": "user"}, tt, request, outcome, tt.total_tokens, tt.total_tokens, stage,
                           tt.total_tokens)
-    v = view(rec.extra[tr.TRACES_KEY][0])
+    v = view(rec.traces[0])
     assert v["mode"] == "full-flat" and "too flat" in v["reason"] and v["spread"] > 0.11
     assert v["units"] and all(u["kept"] for u in v["units"])  # served whole, with the scores that were flat
     assert v["lines"][slice(*v["request"]["lines"])] == ["List every invoice."]
-    assert rec.extra[tr.TOTALS_KEY]["served_whole"] == 1
+    assert rec.trace_totals["served_whole"] == 1
 
 
 def test_traces_are_bounded_in_number_and_text(monkeypatch):
@@ -81,15 +81,15 @@ def test_traces_are_bounded_in_number_and_text(monkeypatch):
     for turn in range(5):
         rec.turns = turn
         tr.record_compression(rec, 0, messages[0], tt, request, outcome, 1, 1, stage, 1)
-    traces = rec.extra[tr.TRACES_KEY]
+    traces = rec.traces
     assert [t["turn"] for t in traces] == [3, 4, 5]  # the newest MAX_TRACES
     assert [t["text"] is not None for t in traces] == [False, True, True]  # the oldest lost its text
     assert view(traces[0])["lines"] is None and view(traces[0])["text_dropped"] and view(traces[0])["units"]
-    assert rec.extra[tr.TOTALS_KEY]["compressed"] == 5  # totals outlive dropped traces
+    assert rec.trace_totals["compressed"] == 5  # totals outlive dropped traces
 
 
 def test_recording_never_raises():
     rec = SessionRecord(id="d" * 32, seed="s")
     tr.record_compression(rec, 0, {}, None, None, None, 0, 0, None, 0)  # garbage in: logged, skipped
     tr.record_recall(rec, 0, None)
-    assert tr.TRACES_KEY not in rec.extra
+    assert not rec.traces

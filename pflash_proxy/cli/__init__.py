@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from pflash_proxy import __version__
 from pflash_proxy.config import ConfigError, Settings, format_host, load_settings, private_dir
+from pflash_proxy.stages.scorers import scorer_help
 
 _HELP = {
     "host": "addresses to listen on, comma-separated like llama-server's --host (e.g. 127.0.0.1,::1; a path "
@@ -37,11 +38,7 @@ _HELP = {
     "threshold": "act only on a new message of at least this many tokens",
     "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
     "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
-    "scorer": "unit relevance: lexical (BM25, model-free), attention or hybrid (need --drafter), head (trained "
-              "probe files: shipped for gemma-3-270m, or from `pflash-proxy train`), head-attention (the head "
-              "and attention fused, from one drafter pass); default lexical, or with "
-              "--drafter and no --scorer the bench's winner, head-attention (attention for a drafter without a "
-              "shipped or given head)",
+    "scorer": scorer_help(),  # from the scorer registry (stages/scorers.py)
     "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
                        "once, cached in the state directory), 'all' (every head of the global layers) or "
                        "LAYER.HEAD,... (default auto)",
@@ -123,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
     warm.add_argument("--config")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
-    from pflash_proxy.inspector.show import add_parser as add_show_parser
+    from pflash_proxy.cli.show import add_parser as add_show_parser
 
     add_show_parser(sub)
     from pflash_proxy.bench import add_parser as add_bench_parser
@@ -159,10 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(settings)
         settings = _loose_settings(args)
         if args.command == "show":
-            from pflash_proxy.inspector.show import main as show_main
+            from pflash_proxy.cli.show import main as show_main
 
             return show_main(args, settings)
-        from pflash_proxy import admin
+        from pflash_proxy.cli import admin
 
         return admin.run(args, settings)
     except ConfigError as exc:
@@ -185,8 +182,8 @@ def serve(settings: Settings) -> int:
 
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
-    from pflash_proxy.drafter_setup import DrafterSetupError
-    from pflash_proxy.spawn import SpawnError
+    from pflash_proxy.stages.scorers import DrafterSetupError
+    from pflash_proxy.llama.spawn import SpawnError
 
     setup_logging(settings.log_level, settings.log_json)
     private_dir(settings.home)

@@ -19,9 +19,9 @@ import uuid
 import pytest
 
 from pflash_proxy.server.app import create_app
-from pflash_proxy.spawn import free_port
+from pflash_proxy.llama.spawn import free_port
 from tests.conftest import make_settings
-from tests.test_gate import SPELLINGS, _raw
+from tests.server.test_gate import SPELLINGS, _raw
 
 pytestmark = pytest.mark.llama
 

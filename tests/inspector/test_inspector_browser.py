@@ -17,12 +17,12 @@ import pytest
 
 from pflash_proxy.server.app import create_app
 from tests.conftest import make_settings
-from tests.test_compress_real import CURVE, SAMPLING, document
+from tests.stages.test_compress_real import CURVE, SAMPLING, document
 
 pytestmark = pytest.mark.llama
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-REPORTED = Path(__file__).resolve().parent.parent / "benchmarks" / "reported" / "inspector"
+REPORTED = Path(__file__).resolve().parents[2] / "benchmarks" / "reported" / "inspector"
 KEEP = bool(os.environ.get("INSPECTOR_SCREENSHOTS"))  # read at import: conftest clears PFLASH_* per test
 
 

@@ -1,0 +1,3 @@
+from pflash_proxy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""The contract between the HTTP server and the stages: ``ProxyRequest``, ``RelayResult``, ``Stage``, ``Pipeline``.
+
+This module is the bottom of the proxy: it imports nothing of the project's upper layers (``server``, ``stages``,
+``sessions``, ``compress``, ``inspector``); they all import it.  A stage is an addon (mitmproxy's word): an object
+with hooks that the server calls, in the order the stage list gives (``stages.default_stages``).
+
+1. The route handler parses the body into a typed model and builds a ``ProxyRequest``.
+2. Each stage's ``on_request`` runs in order; a stage may rewrite the body (``set_body``), add response headers,
+   or short-circuit with an error.  When no stage changes the body the client's original bytes are forwarded.
+3. The response is relayed; then each stage's ``on_response`` sees the ``RelayResult`` (final timings, usage).
+4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
+   slot, unlock a session).  Stage failures here are logged, never raised to the client.
+Besides the per-request hooks a stage declares what the application calls on it: ``bind`` (the app's hooks,
+before start-up), ``start``/``stop`` (its resources, in stage order / reverse order), ``save_all`` (``POST
+/pflash/save``), ``stats`` (``/pflash/stats`` under the stage's ``name``), ``slot_guard`` (a client's slot
+action) and ``sessions_view`` (the read-only view of sessions and slots the inspector is handed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from pflash_proxy.dialects import Conversation, Dialect
+    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
+
+log = logging.getLogger("pflash_proxy.pipeline")
+
+RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
+
+
+@dataclass
+class RelayResult:
+    """What relaying the upstream's answer produced (``server.relay``), for the stages' ``on_response``."""
+
+    status: int
+    bytes_out: int = 0
+    completed: bool = False  # upstream body fully relayed
+    client_gone: bool = False
+    upstream_failed: str | None = None
+    final_json: dict[str, Any] | None = None  # last JSON object seen (final SSE chunk or whole body)
+    chunks: int = 0
+    first_chunk_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProxyRequest:
+    kind: RouteKind
+    method: str
+    path_qs: str
+    headers: Mapping[str, str]
+    raw_body: bytes
+    body: dict[str, Any]
+    model: Any  # ChatCompletionRequest | CompletionRequest | None (pydantic models of ``models``)
+    received_at: float = field(default_factory=time.monotonic)
+    changed: bool = False
+    response_headers: dict[str, str] = field(default_factory=dict)
+    log_fields: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
+    progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
+    # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
+    added_fields: dict[str, Any] = field(default_factory=dict)
+    # The conversation routes (chat, Anthropic Messages, Responses): the dialect that translates the body, and
+    # the internal conversation the stages work on (see ``pflash_proxy.dialects``).
+    dialect: Dialect | None = None
+    conversation: Conversation | None = None
+    conversation_base: dict[str, Any] = field(default_factory=dict)  # the body the conversation was parsed from
+    served_messages: list[dict[str, Any]] | None = None  # what set_messages last served (None: the client's own)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        if self.served_messages is not None:
+            return self.served_messages
+        return self.conversation.messages if self.conversation is not None else []
+
+    def set_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Serve ``messages`` (only their content may differ), written back into the client's own dialect.
+
+        Always from the body as parsed, with the whole list: a write-back that merges text blocks shifts the
+        positions later messages were parsed at, so changes are never stacked on an already rewritten body.
+        Keys other stages set meanwhile (``id_slot``) are kept."""
+        if messages == self.messages:
+            return
+        if self.dialect is None or self.conversation is None:
+            raise ValueError("set_messages on a request without a conversation")
+        rewritten = self.dialect.write_back(self.conversation_base, self.conversation, messages)
+        body = dict(self.body)
+        body.update({k: v for k, v in rewritten.items() if self.conversation_base.get(k) is not v})
+        self.set_body(body)
+        self.served_messages = list(messages)
+
+    def chat_body(self) -> dict[str, Any]:
+        """The conversation as a chat-completions body (exact token counts for any dialect)."""
+        if self.dialect is None:
+            raise ValueError("chat_body on a request without a conversation")
+        return self.dialect.chat_body(self.body, self.messages)
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    def set_body(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.changed = True
+
+    def set_field(self, key: str, value: Any) -> None:
+        if key in self.body and self.body[key] == value:
+            return
+        new = dict(self.body)
+        new[key] = value
+        if key in self.body or self.changed:
+            self.set_body(new)
+        else:
+            self.body = new
+            self.added_fields[key] = value
+
+    def forward_bytes(self) -> bytes:
+        if self.changed:
+            return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        if not self.added_fields:
+            return self.raw_body
+        # Keep the client's bytes (key order, escapes, spacing) and splice the new keys in after the "{".
+        start = self.raw_body.index(b"{") + 1
+        rest = self.raw_body[start:]
+        added = json.dumps(self.added_fields, separators=(",", ":")).encode()[1:-1]
+        sep = b"" if rest.strip() == b"}" else b","
+        return self.raw_body[:start] + added + sep + rest
+
+
+# Read-only views: what the inspector (and anything else outside the stages) may see of sessions and slots ----
+class SlotView(Protocol):
+    """One llama-server slot as the slot table knows it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def session(self) -> str | None: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def known(self) -> bool: ...
+    @property
+    def snapshot_current(self) -> bool: ...
+
+
+class SessionsView(Protocol):
+    """The sessions and slots, read only (``sessions.view.ManagerView``). Index reads block: run them off the
+    event loop."""
+
+    @property
+    def model_identity(self) -> str: ...
+    @property
+    def identity_info(self) -> dict[str, Any]: ...
+    @property
+    def queued(self) -> int: ...
+    def slots(self) -> Sequence[SlotView]: ...
+    def resident_slot(self, sid: str) -> int | None: ...
+    def last_uses(self) -> dict[str, float]: ...
+    def session(self, sid: str) -> SessionRecord | None: ...
+    def snapshot(self, sid: str) -> SnapshotRecord | None: ...
+
+
+@dataclass
+class StageHooks:
+    """What the application hands every stage before start-up (``Stage.bind``)."""
+
+    on_snapshot_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
+
+
+class Stage:
+    """Base class: override what you need."""
+
+    name = "stage"
+
+    # Per request --------------------------------------------------------------------------------------------
+    async def on_request(self, req: ProxyRequest) -> None:
+        return None
+
+    async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        return None
+
+    async def on_finish(self, req: ProxyRequest) -> None:
+        return None
+
+    # What the application calls ------------------------------------------------------------------------------
+    def bind(self, hooks: StageHooks) -> None:
+        """Take the application's hooks (metrics), before ``start``."""
+        return None
+
+    async def start(self) -> None:
+        """Open what the stage owns (an index, a drafter, background tasks); stages start in order."""
+        return None
+
+    async def stop(self) -> None:
+        """Close it again; stages stop in reverse order, also when a later one failed to start."""
+        return None
+
+    async def save_all(self) -> int:
+        """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def slot_guard(self, slot_id: int) -> AbstractAsyncContextManager[None] | None:
+        """The stage that owns the slots holds slot ``slot_id`` around a client's slot action; others: None."""
+        return None
+
+    def sessions_view(self) -> SessionsView | None:
+        """The stage that owns the sessions: its read-only view; others: None."""
+        return None
+
+
+class Pipeline:
+    """The ordered stages of the running app and the three hook runs of one request."""
+
+    def __init__(self, stages: Sequence[Stage] | None = None):
+        self.stages: list[Stage] = list(stages or [])
+
+    def sessions_view(self) -> SessionsView | None:
+        return next((v for s in self.stages if (v := s.sessions_view()) is not None), None)
+
+    async def run_request(self, req: ProxyRequest) -> list[Stage]:
+        """Run ``on_request`` in order; returns the stages that ran (for ``finish``), even on error."""
+        ran: list[Stage] = []
+        req.state["_ran"] = ran
+        for stage in self.stages:
+            ran.append(stage)
+            await stage.on_request(req)
+        return ran
+
+    async def run_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        for stage in req.state.get("_ran", []):
+            try:
+                await stage.on_response(req, result)
+            except Exception:
+                log.exception("stage %s failed in on_response", stage.name)
+
+    async def finish(self, req: ProxyRequest) -> None:
+        for stage in reversed(req.state.get("_ran", [])):
+            try:
+                await stage.on_finish(req)
+            except Exception:
+                log.exception("stage %s failed in on_finish", stage.name)

@@ -1,0 +1,119 @@
+"""The session index seam: the records it keeps and the ``SessionIndex`` protocol every backend implements.
+
+The embedded backend is ``store.SessionStore`` (one diskcache/SQLite directory per proxy); a shared backend (for
+several proxies in front of one pool of llama-servers) implements the same protocol. Callers never see the layer
+below: every backend raises ``StoreError`` for a failure of it (disk full, a damaged file, a lock timeout, a
+lost connection), which callers treat as "serve without the index", never as a failed request. Calls block:
+callers on the event loop run them in an executor.
+
+A session record is typed per feature: the served history (``sessions``), the recall sources compression keeps
+for later turns (``recall_sources``, ``stages/compress.py``) and the inspector's traces and totals (``traces``,
+``trace_totals``, ``inspector/trace.py``). Records written before these fields existed carried them in one
+``extra`` dict; ``SessionRecord.from_stored`` reads both.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.recall import RecallSource
+
+
+class StoreError(Exception):
+    """The session index could not be read or written (disk full, damaged file, lock timeout)."""
+
+
+# the keys of the per-feature data in records written before the typed fields
+_LEGACY_EXTRA = {"pflash_recall": "recall_sources", "pflash_inspector": "traces",
+                 "pflash_inspector_totals": "trace_totals"}
+
+
+@dataclass
+class SessionRecord:
+    id: str
+    seed: str
+    client_hashes: list[str] = field(default_factory=list)
+    served: list[dict[str, Any]] = field(default_factory=list)
+    explicit: bool = False
+    owner: str | None = None  # the credential's hash (identity.credential); None: requests without one
+    created: float = field(default_factory=time.time)
+    last_use: float = field(default_factory=time.time)
+    turns: int = 0
+    # compression: the omitted units of compressed messages, recalled on a later short question
+    recall_sources: list[RecallSource] = field(default_factory=list)
+    # the inspector: one plain-data trace per compressed message or recall (newest last), and running totals
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    trace_totals: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> SessionRecord:
+        """A record from what an index stored (``stored``), including records that kept ``extra``."""
+        data = dict(data)
+        extra = data.pop("extra", None) or {}
+        for old, new in _LEGACY_EXTRA.items():
+            if old in extra and new not in data:
+                data[new] = extra[old]
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def stored(self) -> dict[str, Any]:
+        """The record as plain fields (objects in them kept as they are: an index may pickle them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class SnapshotRecord:
+    session: str
+    file: str
+    tokens: int
+    served_hashes: list[str]
+    model_identity: str
+    size: int
+    created: float = field(default_factory=time.time)
+    last_use: float = field(default_factory=time.time)
+    hits: int = 0
+    checksum: str = ""  # "crc32:…" of the file when saved ("" in records written before checksums)
+
+
+class SessionIndex(Protocol):
+    """What the proxy keeps about sessions, responses and snapshots (``store.SessionStore`` documents each key)."""
+
+    salt: str  # the random salt owners' credentials are hashed with; the same across restarts
+
+    def close(self) -> None: ...
+
+    # sessions
+    def lookup(self, seed: str, messages: list[dict[str, Any]]) -> tuple[SessionRecord | None, int, list[str]]: ...
+    def get(self, sid: str) -> SessionRecord | None: ...
+    def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
+                    owner: str | None = None) -> SessionRecord: ...
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None: ...
+    def update_record(self, rec: SessionRecord) -> None: ...
+    def prune(self, *, older_than: float | None, max_sessions: int,
+              keep: set[str] | frozenset[str] = frozenset()) -> list[str]: ...
+    def last_uses(self) -> dict[str, float]: ...
+    def count_sessions(self) -> int: ...
+    def sessions(self) -> list[SessionRecord]: ...
+    def volume(self) -> int: ...
+
+    # responses (stages/chains.py)
+    def response(self, rid: str) -> dict[str, Any] | None: ...
+    def last_response(self, sid: str) -> str | None: ...
+    def put_response(self, rid: str, entry: dict[str, Any]) -> bool: ...
+
+    # snapshots (sessions/snapshots.py)
+    def snapshot(self, sid: str) -> SnapshotRecord | None: ...
+    def put_snapshot(self, rec: SnapshotRecord) -> None: ...
+    def drop_snapshot(self, sid: str) -> SnapshotRecord | None: ...
+    def snapshots(self) -> list[SnapshotRecord]: ...
+
+
+def open_index(home: Path) -> SessionIndex:
+    """The session index of the state directory ``home`` (the embedded diskcache one)."""
+    from pflash_proxy.sessions.store import SessionStore
+
+    return SessionStore(home / "sessions")

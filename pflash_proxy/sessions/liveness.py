@@ -1,0 +1,161 @@
+"""``UpstreamWatch``: whether the llama-server behind the proxy is the one the slot table describes.
+
+1. ``ensure_ready``: once per upstream incarnation, read ``/props`` (slot count, per-slot context, model path) into
+   a *model identity* (snapshots never restore across it), hand the slot count to the owner of the table
+   (``on_ready``: it sizes the ``SlotTable`` or marks it empty), and check the configuration (warn once, with the
+   exact flags, when the attached server cannot show the ones the proxy relies on).
+2. Restart detection: the spawn supervisor notifies the ``Upstream`` directly; for an attached server a monitor
+   polls ``/health`` every second, and a failure followed by recovery is reported the same way. Every restart
+   calls ``on_restart`` (the table is emptied) and the next request reads ``/props`` again.
+3. ``slot_lost``: before a cache ``hit`` is announced, llama-server's own ``/slots`` record of that slot must agree
+   with the table, so a restart quicker than the poll cannot be missed either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pflash_proxy.config import Settings
+from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.llama.upstream import Upstream
+from pflash_proxy.sessions.slots import Slot
+
+log = logging.getLogger("pflash_proxy.sessions")
+
+
+class UpstreamWatch:
+    def __init__(self, settings: Settings, upstream: Upstream, on_ready: Callable[[int], None],
+                 on_restart: Callable[[str], None]):
+        self.settings = settings
+        self.upstream = upstream
+        self.model_identity = ""
+        self.identity_info: dict[str, Any] = {}
+        self.n_slots = 1
+        self._on_ready = on_ready
+        self._on_restart_cb = on_restart
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+        self._monitor: asyncio.Task[None] | None = None
+        self._warned = False
+        self._slots_route: bool | None = None  # GET /slots answers (None: not asked yet)
+        upstream.add_restart_listener(self._on_restart)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def start(self) -> None:
+        """Poll ``/health`` of an attached server (a spawned one is watched by its supervisor)."""
+        if not self.settings.spawn:
+            self._monitor = asyncio.create_task(self._health_monitor())
+
+    def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+
+    async def ensure_ready(self, wait: bool = True) -> None:
+        """Read the server's slots and identity once (again after a restart); ``wait=False``: do not wait for a
+        server that is down or starting (``--upstream-wait-s``), fail at once."""
+        if self._ready:
+            return
+        async with self._ready_lock:
+            if self._ready:
+                return
+            props = await self.upstream.props(wait=wait)
+            if not props:
+                raise UpstreamNotReady("upstream /props unavailable")
+            n_slots = int(props.get("total_slots") or 1)
+            gen = props.get("default_generation_settings") or {}
+            info = {"model_path": props.get("model_path"), "n_ctx": gen.get("n_ctx"), "total_slots": n_slots,
+                    "model_alias": props.get("model_alias")}
+            identity = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+            if self.model_identity and identity != self.model_identity:
+                log.warning("upstream identity changed (%s → %s): all slots considered empty", self.identity_info, info)
+            self._on_ready(n_slots)
+            self.n_slots = n_slots
+            self.model_identity, self.identity_info = identity, info
+            await self._check_flags(props)
+            self._ready = True
+            log.info("upstream has %d slots (n_ctx %s per slot), model identity %s", n_slots, info["n_ctx"], identity)
+
+    async def _check_flags(self, props: dict) -> None:
+        """Warn once about what the attached server's API shows (or cannot show) of the flags we rely on.
+
+        b11434's ``/props`` reports neither ``--cache-idle-slots`` nor ``-sps``; whether slots can be saved is
+        probed with a save request carrying an invalid filename (400 = enabled, 501 = no --slot-save-path),
+        which the server rejects before it touches any slot.
+        """
+        if self._warned or self.settings.spawn:
+            return
+        self._warned = True
+        notes = []
+        try:
+            status, _ = await self.upstream.call("POST", "/slots/0?action=save", {"filename": "../pflash-probe"},
+                                                 timeout_s=5)
+        except (UpstreamUnavailable, UpstreamTimeout):
+            status = None
+        if status == 501:
+            notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
+        if props.get("endpoint_slots") is False:
+            notes.append("/slots is disabled")
+        flags = (f"-np {self.n_slots} --no-cache-idle-slots -sps 0 --swa-full (sliding-window models) "
+                 f"--slot-save-path {self.settings.effective_slot_save_path}")
+        log.warning("llama-server at %s: %sthe proxy cannot verify from /props that it runs with %s; without them "
+                    "idle slots can be cleared or mixed and every turn is re-prefilled (the proxy checks cache_n "
+                    "after each response and counts mismatches in /pflash/stats)", self.upstream.base_url,
+                    ("; ".join(notes) + "; ") if notes else "", flags)
+
+    def _on_restart(self, reason: str) -> None:
+        self._ready = False
+        self._on_restart_cb(reason)
+
+    async def _health_monitor(self) -> None:
+        was_down = False
+        while True:
+            await asyncio.sleep(1.0)
+            ok = await self.upstream.health(timeout_s=2)
+            if not ok and not was_down:
+                was_down = True
+                log.warning("upstream %s is not healthy", self.upstream.base_url)
+            elif ok and was_down:
+                was_down = False
+                self.upstream.notify_restart("upstream came back after being unreachable")
+
+    async def slot_lost(self, slot: Slot) -> str | None:
+        """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
+
+        A hit is announced only after this check (one ``GET /slots``, about a millisecond): a llama-server that
+        restarted between two polls of the health monitor (systemd restarts it in well under a second) has no
+        task on the slot, or its last task there had another prompt length than the proxy's last request. Then
+        the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
+        """
+        if self._slots_route is False:
+            return None
+        try:
+            data = await self.upstream.slots()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+            return None  # the request itself will fail or wait; nothing to conclude here
+        if data is None:
+            self._slots_route = False  # --no-slots: rely on cache_n checks after the response
+            log.info("llama-server does not serve /slots; restarts are detected by the health monitor only")
+            return None
+        self._slots_route = True
+        info = next((s for s in data if isinstance(s, dict) and s.get("id") == slot.id), None)
+        if info is None:
+            return f"slot {slot.id} is gone"
+        if not isinstance(info.get("id_task"), int) or info["id_task"] < 0:
+            return "no task has run on it since llama-server started"
+        if info["id_task"] < slot.task_seen:
+            return f"its task ids went back from {slot.task_seen} to {info['id_task']}"
+        n = info.get("n_prompt_tokens")
+        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt, by more
+        slack = max(16, slot.prompt_tokens // 10)
+        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > slack:
+            return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
+        slot.task_seen = info["id_task"]
+        return None
