@@ -1,9 +1,10 @@
 # The two commands: `make run` and `make test`. Both set everything up first (idempotent, see scripts/setup.sh).
+# `make test` runs the static checks first (ruff, mypy: configured in pyproject.toml), then the whole suite.
 VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean install-systemd
+.PHONY: setup run test lint bench clean install-systemd
 
 setup:
 	@bash scripts/setup.sh
@@ -11,8 +12,12 @@ setup:
 run: setup
 	$(VENV)/bin/pflash-proxy serve --spawn $(ARGS)
 
-test: setup
+test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check pflash_proxy tests benchmarks scripts
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_proxy.py

@@ -308,6 +308,7 @@ def _warn_unknown(key: str) -> None:
 def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     """``PFLASH_*`` variables → {field: (raw value, source label)}; unknown ones are warned about once."""
     out: dict[str, tuple[Any, str]] = {}
+    value: Any  # a string, or the list a list-valued field is split into
     for key, value in environ.items():
         if not key.startswith("PFLASH_") or key in NON_SETTING_ENV:
             continue

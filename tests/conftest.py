@@ -7,7 +7,6 @@ use aiohttp fakes instead.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import time

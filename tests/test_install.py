@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import threading
 import urllib.request
 import zipfile

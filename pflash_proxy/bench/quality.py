@@ -84,6 +84,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             if name == "head":
                 from pflash_proxy.drafter.stages import ProbeStages
 
+                assert head is not None  # loaded above for the head scorers
                 out[name] = drafter_scorer(name, None, head, req, ProbeStages(drafter, head.meta.tap_block))
                 continue
             from pflash_proxy.drafter.attention import AttentionScorer
@@ -158,8 +159,9 @@ def _baselines(case: Case, served: list[dict], seed: int) -> list[dict]:
         out.append(_record("full prefill", case, turn, msgs, "full"))
         shortened = budget is not None and budget < full_size
         mode = "truncated" if shortened else "full"
-        ht = shorten_longest(msgs, lambda t: head_tail_truncate(t, budget)) if shortened else msgs
-        ru = shorten_longest(msgs, lambda t: random_units(t, budget, seed)) if shortened else msgs
+        cut = budget if budget is not None else 0  # used only when shortened (budget given)
+        ht = shorten_longest(msgs, lambda t: head_tail_truncate(t, cut)) if shortened else msgs
+        ru = shorten_longest(msgs, lambda t: random_units(t, cut, seed)) if shortened else msgs
         out += [_record("head+tail", case, turn, ht, mode, budget=budget),
                 _record("random units", case, turn, ru, mode, budget=budget)]
     return out
@@ -237,7 +239,8 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
                lambda r: r["turn"] == 0 and r["negative_control"]),
               ("Multi-turn follow-ups (gold of each later question; PFlash rows include recall)",
                lambda r: r["turn"] > 0)]
-    out, chart_series = [], {}
+    out: list[Any] = []
+    chart_series: dict[str, Any] = {}
     for title, pick in groups:
         body = []
         for row in rows:

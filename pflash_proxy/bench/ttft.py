@@ -73,7 +73,8 @@ def _step(bar: Progress | None, note: str, n: int = 1) -> None:
 
 
 async def _lengths(a: Arms, opts, replay: list[dict], bar: Progress | None = None) -> list[dict]:
-    out, http, arms = [], a.http, {"full": a.full, "pflash": a.pflash}
+    out: list[dict[str, Any]] = []
+    http, arms = a.http, {"full": a.full, "pflash": a.pflash}
     for n in opts.lengths:
         for i in range(opts.prompts):
             fam = PROMPT_FAMILIES[i % len(PROMPT_FAMILIES)]
@@ -206,7 +207,7 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
         arm_stats = {}
         for arm in ("full", "pflash"):
             sel = [r for r in data["runs"] if r["length"] == n and r["arm"] == arm]
-            st = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
+            st: dict[str, Any] = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
                   "tokens": mean([r["prompt_tokens"] for r in sel]), "pflash_ms": mean([r["pflash_ms"] for r in sel]),
                   "modes": ",".join(sorted({r["mode"] for r in sel})), "cache_n": max((r["cache_n"] or 0) for r in sel)}
             arm_stats[arm] = st

@@ -13,7 +13,6 @@ import asyncio
 import json
 import sys
 import typing
-from pathlib import Path
 from typing import Any, Sequence
 
 from pflash_proxy import __version__
@@ -195,6 +194,7 @@ def serve(settings: Settings) -> int:
     def announce(_: str) -> None:
         print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)
 
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop  # ~25 % less per-request overhead than the default loop (measured, benchmarks/)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -61,7 +61,7 @@ _TEMPLATE = rb"`[^`\\]*(?:\\.[^`\\]*)*`"
 _MULTI, _LINE, _SHORT = 0, 1, 2  # a failed attempt scans to the end / to its body's stop / a few bytes
 
 
-def _alt(opener: bytes, pattern: bytes, scan: int) -> tuple[bytes, re.Pattern, re.Pattern | None, int]:
+def _alt(opener: bytes, pattern: bytes, scan: int) -> tuple[bytes, re.Pattern[bytes], re.Pattern[bytes] | None, int]:
     body = re.compile(pattern, re.S) if scan == _LINE else None
     return opener, re.compile(pattern + (opener[:1] if scan == _LINE else b""), re.S), body, scan
 
@@ -208,13 +208,18 @@ def _literal_spans(data: bytes, arr: np.ndarray, python: bool, fences: Sequence[
                 flat.append(p)
                 flat.append(end)
                 break
-            stop = n if scan == _MULTI else body.match(data, p).end() if scan == _LINE else min(n, p + 6)
+            stop = n if scan == _MULTI else _body_end(body, data, p) if scan == _LINE else min(n, p + 6)
             scanned += stop - p
             if scan != _SHORT:
                 dead[opener] = n + 1 if scan == _MULTI else stop
     if work is not None:
         work[0] += scanned
     return flat
+
+
+def _body_end(body: re.Pattern[bytes] | None, data: bytes, p: int) -> int:
+    """Where a ``_LINE`` alternative's body (``_alt`` compiles one for every such alternative) stops."""
+    return cast(re.Match[bytes], cast(re.Pattern[bytes], body).match(data, p)).end()
 
 
 def _clamped_depth(run: np.ndarray, at_line: np.ndarray, resets: np.ndarray) -> np.ndarray:
@@ -228,7 +233,8 @@ def _clamped_depth(run: np.ndarray, at_line: np.ndarray, resets: np.ndarray) -> 
     v = run - run[bounds][seg]
     big = 3 * (len(run) + 1)
     seg_min = np.minimum.accumulate(v - seg * big) + seg * big
-    return (v - np.minimum(seg_min, 0))[at_line]
+    depth: np.ndarray = (v - np.minimum(seg_min, 0))[at_line]
+    return depth
 
 
 def code_features(t: LineTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -349,8 +355,13 @@ def _diff_starts(t: LineTable) -> np.ndarray:
     minus = t.startswith((b"--- ",)) & at0
     plus = t.startswith((b"+++ ",)) & at0
     hunk = t.startswith((b"@@ ",)) & at0
-    prev = lambda m: np.concatenate(([False], m[:-1]))  # noqa: E731
-    nxt = lambda m: np.concatenate((m[1:], [False]))  # noqa: E731
+
+    def prev(m: np.ndarray) -> np.ndarray:
+        return np.concatenate(([False], m[:-1]))
+
+    def nxt(m: np.ndarray) -> np.ndarray:
+        return np.concatenate((m[1:], [False]))
+
     cand = t.startswith((b"diff ",)) & at0
     cand |= minus & nxt(plus) & ~prev(hdr)
     cand |= hunk & ~prev(plus)
@@ -380,4 +391,5 @@ def split_priority(t: LineTable, kind: ContentKind) -> np.ndarray:
         sentence_end = np.isin(prev_last, np.frombuffer(b".!?:;\"')]", dtype=np.uint8))
         pri = np.where(prev_blank, 0, np.where(sentence_end, 1, 2)).astype(np.int64)
     pri[t.blank] += 5000
-    return pri[:n]
+    out: np.ndarray = pri[:n]
+    return out

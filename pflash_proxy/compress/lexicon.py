@@ -122,7 +122,6 @@ def span_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, 
     pos = _part_boundaries(arr)
     parts = (np.insert(arr, pos, 32).tobytes() if len(pos) else data).translate(_TABLE)
     starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
-    ends = np.fromiter((e for _, e in spans), dtype=np.int64, count=len(spans))
     h, ts, tl = hash_tokens(parts)
     pa = np.frombuffer(parts, dtype=np.uint8)
     single = (tl == 1) & (pa[ts] >= 97) & (pa[ts] <= 122)
@@ -322,4 +321,5 @@ def _span_term_ids_slow(data: bytes, starts: np.ndarray, drop: np.ndarray
 
 def _sorted_isin(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     k = np.minimum(np.searchsorted(sorted_set, x), len(sorted_set) - 1)
-    return sorted_set[k] == x
+    found: np.ndarray = sorted_set[k] == x
+    return found

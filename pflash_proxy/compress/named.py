@@ -54,9 +54,9 @@ def named_units(tt: TokenizedText, units: Sequence[Unit], request: str) -> set[i
     starts = [u.start_line for u in units]
     out: set[int] = set()
     for n in names:
-        for line in where[n]:
-            end = _block_end(tt.lines, line)
-            first, last = bisect_right(starts, line) - 1, bisect_right(starts, end - 1) - 1
+        for at in where[n]:
+            end = _block_end(tt.lines, at)
+            first, last = bisect_right(starts, at) - 1, bisect_right(starts, end - 1) - 1
             out.update(range(first, min(last, first + MAX_UNITS - 1) + 1))
     return out
 

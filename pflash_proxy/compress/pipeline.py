@@ -164,12 +164,10 @@ class Compressor:
         m_tok = tt.total_tokens
         gutter: str | None = None if analysis is None else analysis.gutter
 
-        def full(mode: Mode, reason: str, **kw) -> CompressionOutcome:
-            base = dict(budget_tokens=0, units_in=0, units_kept=0, spread=None, analysis=None)
-            base.update(kw)
-            return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, base["budget_tokens"], m_tok, 0,
-                                      base["units_in"], base["units_in"], None, ms, reason, base["spread"],
-                                      base["analysis"], gutter)
+        def full(mode: Mode, reason: str, *, budget_tokens: int = 0, units_in: int = 0, spread: float | None = None,
+                 analysis: Analysis | None = None) -> CompressionOutcome:
+            return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, budget_tokens, m_tok, 0, units_in,
+                                      units_in, None, ms, reason, spread, analysis, gutter)
 
         try:
             t = time.perf_counter()
@@ -250,6 +248,7 @@ class Compressor:
             if new == overhead:
                 break
             overhead = new
+        assert best is not None  # the loop runs at least once
         return best[1]
 
     def _select(self, units: list[Unit], dens: np.ndarray, budget: int, pinned: set[int],

@@ -97,14 +97,15 @@ class RecallGate:
         for m in sorted(chosen):  # step 5
             src = sources[m]
             group: list[int] = []
-            for u in sorted(chosen[m]) + [None]:
-                if group and (u is None or u != group[-1] + 1):
+            ends: list[int | None] = [*sorted(chosen[m]), None]
+            for unit in ends:
+                if group and (unit is None or unit != group[-1] + 1):
                     text = "".join(src.omitted_texts[g] for g in group)
                     excerpts.append(Excerpt(src.label, src.unit_lines[group[0]][0], src.unit_lines[group[-1]][1],
                                             text, sum(src.unit_tokens[g] for g in group), tuple(group)))
                     group = []
-                if u is not None:
-                    group.append(u)
+                if unit is not None:
+                    group.append(unit)
         return RecallDecision(excerpts, share)
 
 

@@ -109,7 +109,8 @@ def marker_tokens_arrays(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     n = end - start
 
     def digits(x: np.ndarray) -> np.ndarray:
-        return np.floor(np.log10(np.maximum(x, 1))).astype(np.int64) + 1
+        out: np.ndarray = np.floor(np.log10(np.maximum(x, 1))).astype(np.int64) + 1
+        return out
 
     many = len("[…  lines omitted: lines – …]".encode()) + digits(n) + (digits(n) - 1) // 3 + digits(start + 1) \
         + digits(end)

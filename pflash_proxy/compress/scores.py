@@ -63,7 +63,8 @@ class UnitReps:
 
 @runtime_checkable
 class Scorer(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps: ...
 
@@ -196,7 +197,8 @@ def _known(vocab: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     k = np.searchsorted(vocab, hashes)
     ok = k < len(vocab)
     k, hashes = k[ok], hashes[ok]
-    return k[vocab[k] == hashes].astype(np.int64)
+    known: np.ndarray = k[vocab[k] == hashes].astype(np.int64)
+    return known
 
 
 @dataclass(frozen=True)

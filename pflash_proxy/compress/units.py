@@ -25,7 +25,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class Unit(NamedTuple):
     which matters with thousands of record units per message.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # the unit's position; shadows tuple.index (unused on units)
     start_line: int
     end_line: int
     tokens: int
@@ -116,7 +116,7 @@ class UnitSegmenter:
         out.append(n)
         return out
 
-    def _split(self, bounds: list[int], off: np.ndarray, priority_fn) -> list[int]:
+    def _split(self, bounds: list[int], off: np.ndarray, priority_fn: Callable[[], np.ndarray]) -> list[int]:
         """Step 5: split units over ``max_segment`` at the cheapest line starts."""
         hi, lo = self.max_segment, self.min_segment
         sizes = np.diff(off[bounds])

@@ -89,7 +89,8 @@ _ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentic
 
 def anthropic_error(err: dict) -> dict:
     """An OpenAI-shaped error body in Anthropic's shape."""
-    inner = err.get("error") if isinstance(err.get("error"), dict) else {}
+    raw = err.get("error")
+    inner = raw if isinstance(raw, dict) else {}
     return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(str(inner.get("type")), "api_error"),
                                        "message": str(inner.get("message", "error"))}}
 
@@ -101,7 +102,8 @@ class AnthropicStream(StreamStyle):
 
 class ResponsesStream(StreamStyle):
     def error_event(self, err: dict) -> bytes:
-        inner = err.get("error") if isinstance(err.get("error"), dict) else {}
+        raw = err.get("error")
+        inner = raw if isinstance(raw, dict) else {}
         event = {"type": "error", "code": str(inner.get("code", "error")), "message": str(inner.get("message", "")),
                  "param": None}
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"

@@ -134,7 +134,7 @@ def _reasoning(body: dict, result: dict) -> None:
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind in ("enabled", "adaptive", "disabled"):
         kwargs.setdefault("enable_thinking", kind != "disabled")  # the client's own kwargs win
-        if kind == "enabled":
+        if kind == "enabled" and isinstance(thinking, dict):  # a kind is read from a dict only
             result["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
     elif thinking is not None:
         log.debug("anthropic: thinking %r has no llama-server equivalent; dropped", kind)
@@ -160,8 +160,9 @@ def _reasoning(body: dict, result: dict) -> None:
 
 
 def _usage(final: dict) -> dict:
-    timings = final.get("timings") if isinstance(final.get("timings"), dict) else {}
-    usage = final.get("usage") if isinstance(final.get("usage"), dict) else {}
+    raw_timings, raw_usage = final.get("timings"), final.get("usage")
+    timings = raw_timings if isinstance(raw_timings, dict) else {}
+    usage = raw_usage if isinstance(raw_usage, dict) else {}
     cached = int(timings.get("cache_n", 0) or (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0)
     prompt = int(timings["prompt_n"]) if "prompt_n" in timings else max(0, int(usage.get("prompt_tokens", 0)) - cached)
     output = int(usage.get("completion_tokens", timings.get("predicted_n", 0)) or 0)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -126,7 +126,7 @@ def head_attention(q: np.ndarray, k: np.ndarray, scale: float, sink: int = SINK,
     return out
 
 
-def token_relevance(per_layer: dict[int, np.ndarray], heads: Sequence[Head] | None) -> np.ndarray:
+def token_relevance(per_layer: dict[int, np.ndarray], heads: Collection[Head] | None) -> np.ndarray:
     """Max over the selected heads (all of them when ``heads`` is None) of ``head_attention`` rows."""
     rows = [a[h] for L, a in per_layer.items() for h in range(a.shape[0]) if heads is None or (L, h) in heads]
     if not rows:

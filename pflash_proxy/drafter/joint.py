@@ -92,14 +92,14 @@ class HeadAttentionScorer:
             tap = rows[self.tap]
             if p["head"] is None:
                 p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
-            a = token_relevance(a, att.heads)
-            return self._head(reps, tap[n:]), peak_mass(a, p["starts"], p["ends"])
+            rel = token_relevance(a, att.heads)
+            return self._head(reps, tap[n:]), peak_mass(rel, p["starts"], p["ends"])
         a, r = att.read(content, qt, session, tail, taps=(self.tap,), cold=p["head"] is None)
         tap = r.taps[self.tap]
         if r.start == 0:  # the content was read in this pass
             p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
-        a = token_relevance(a, att.heads)
-        return self._head(reps, tap[n - r.start:]), peak_mass(a, p["starts"], p["ends"])
+        rel = token_relevance(a, att.heads)
+        return self._head(reps, tap[n - r.start:]), peak_mass(rel, p["starts"], p["ends"])
 
     def _head(self, reps: Any, qtap: np.ndarray) -> np.ndarray:
         """Step 3, the head's half: per unit, its relevance in (0, 1) times its tokens."""

@@ -21,6 +21,8 @@ Long inputs are processed in row chunks (``CHUNK`` tokens) so the temporaries of
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 F32 = np.float32
@@ -75,7 +77,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"gelu": gelu, "gelu_erf": gelu, "gelu_tanh": gelu_tanh}
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray | np.floating[Any], bias: np.ndarray | np.floating[Any], eps: float
+               ) -> np.ndarray:
     """LayerNorm over the last axis (biased variance), float32."""
     x = np.asarray(x, dtype=F32)
     mu = x.mean(axis=-1, keepdims=True, dtype=F32)

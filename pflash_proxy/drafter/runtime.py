@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import time
@@ -84,6 +85,23 @@ class _Session:
 def _rows(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     """Per-ubatch ``(tokens, heads, dim)`` pieces joined; empty when no token of the call was kept."""
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, 0, 0), dtype)
+
+
+# What a pass keeps of each tensor it reads (``Drafter._run``'s reducers), from the first kept row on.
+def _out_rows(x: np.ndarray, lo: int) -> Any:
+    return x[0, 0, lo:]
+
+
+def _attention_mass(x: np.ndarray, q0: int) -> Any:
+    return x[0, :, q0:, :].sum(axis=(0, 1))
+
+
+def _key_rows(x: np.ndarray, lo: int) -> Any:
+    return x[0, lo:].astype(np.float16)
+
+
+def _query_rows(x: np.ndarray, q0: int) -> Any:
+    return x[0, q0:].copy()
 
 
 class Drafter:
@@ -218,7 +236,7 @@ class Drafter:
             raise DrafterError(f"tokenizer needs {-n} slots")
         return np.ctypeslib.as_array(buf)[:n].astype(np.int32)
 
-    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+    def pieces(self, tokens: Sequence[int] | np.ndarray) -> list[bytes]:
         import llama_cpp as L
         buf = ctypes.create_string_buffer(256)
         out = []
@@ -342,17 +360,17 @@ class Drafter:
             if lo < m:
                 for name in got:
                     if name.startswith("l_out-"):
-                        red[name] = lambda x, lo=max(lo, 0): x[0, 0, lo:]
+                        red[name] = functools.partial(_out_rows, lo=max(lo, 0))
             if attn_layers and attend_from is not None and attend_from - start < m:
                 for Lr in attn_layers:
-                    red[f"kq_soft_max-{Lr}"] = lambda x, q0=max(attend_from - start, 0): x[0, :, q0:, :].sum(axis=(0, 1))
+                    red[f"kq_soft_max-{Lr}"] = functools.partial(_attention_mass, q0=max(attend_from - start, 0))
             last: set[str] = set()
             for name in got:  # post-RoPE rows (tokens, heads, dim): keys of kept tokens, queries from attend_from
                 if name.startswith("Kcur-") and lo < m:
-                    red[name] = lambda x, lo=max(lo, 0): x[0, lo:].astype(np.float16)
+                    red[name] = functools.partial(_key_rows, lo=max(lo, 0))
                     last.add(name)
                 elif name.startswith("Qcur-") and attend_from is not None and attend_from - start < m:
-                    red[name] = lambda x, q0=max(attend_from - start, 0): x[0, q0:].copy()
+                    red[name] = functools.partial(_query_rows, q0=max(attend_from - start, 0))
                     last.add(name)
             self.capture.want(red, last)
             rc = L.llama_decode(ctx, bt)

@@ -42,10 +42,10 @@ class ProbeUnit:
     kind: str
 
 
-def make_unit(index: int, start_line: int, end_line: int, tokens: int, kind: str) -> Any:
+def make_unit(index: int, start_line: int, end_line: int, tokens: int, kind: Any) -> Any:
     """Build the pipeline's ``Unit`` if importable, else a ``ProbeUnit`` with the same fields."""
     try:
-        from pflash_proxy.compress.units import Unit  # type: ignore[import-not-found]
+        from pflash_proxy.compress.units import Unit
         return Unit(index=index, start_line=start_line, end_line=end_line, tokens=tokens, kind=kind)
     except (ImportError, TypeError):
         return ProbeUnit(index, start_line, end_line, tokens, kind)

@@ -36,9 +36,9 @@ class _LocalUnitReps:
 
 def make_reps(scorer: str, unit_tokens: Sequence[int], payload: Any) -> Any:
     try:
-        from pflash_proxy.compress.scores import UnitReps  # type: ignore[import-not-found]
+        from pflash_proxy.compress.scores import UnitReps
     except ImportError:
-        UnitReps = _LocalUnitReps  # noqa: N806
+        UnitReps = _LocalUnitReps  # type: ignore[misc,assignment]  # noqa: N806
     arr = np.asarray(unit_tokens, dtype=np.int64)
     return UnitReps(scorer=scorer, n_units=len(arr), unit_tokens=arr, payload=payload)
 
@@ -123,8 +123,8 @@ class DrafterSegmenter:
                            kind if kind is not None else u.kind) for u in raw]
         if len(units) < 2:
             try:
-                from pflash_proxy.compress.units import CannotSegment  # type: ignore[import-not-found]
+                from pflash_proxy.compress.units import CannotSegment
             except ImportError:
-                CannotSegment = ValueError  # noqa: N806
+                CannotSegment = ValueError  # type: ignore[misc,assignment]  # noqa: N806
             raise CannotSegment(f"segment probe found one unit in {len(tt.lines)} lines")
         return units

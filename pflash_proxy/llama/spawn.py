@@ -150,7 +150,9 @@ class LlamaServerSupervisor:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         binary = find_llama_server(self.settings.llama_server)
-        model = self.settings.model or await loop.run_in_executor(None, default_model, self.settings.home)
+        model = self.settings.model
+        if model is None:
+            model = await loop.run_in_executor(None, default_model, self.settings.home)
         if not Path(model).is_file():
             raise SpawnError(f"model: {model} does not exist")
         self.model = Path(model)

@@ -78,8 +78,10 @@ async def _end_streams_before_the_deadline(app: web.Application) -> None:
     """SIGTERM: aiohttp waits ``--shutdown-save-timeout-s`` for requests in flight, then closes their
     connections. Half a second before that, streams still running are cancelled while their clients are still
     connected, so each ends with an error event of its dialect instead of a cut connection."""
+    streams = app[STREAMS]
+
     def cancel() -> None:
-        for task in list(app[STREAMS]):
+        for task in list(streams):
             task.cancel()
     asyncio.get_running_loop().call_later(max(0.0, app[SETTINGS].shutdown_save_timeout_s - 0.5), cancel)
 

@@ -20,7 +20,6 @@ import asyncio
 import time
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -106,7 +105,6 @@ async def relay(
     body_parts: list[bytes] = []
     held = b""  # SSE: bytes after the last complete event, written once the event is complete
 
-    loop = asyncio.get_running_loop()
     watcher = asyncio.create_task(_watch_client(request, upstream))
     streams = request.app.get(STREAMS) if is_sse else None  # the shutdown ends these before its deadline
     task = asyncio.current_task()

@@ -32,7 +32,7 @@ from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, Valida
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
-from pflash_proxy.contract import ProxyRequest, RelayResult
+from pflash_proxy.contract import ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import relay, write_stream_error
 from pflash_proxy.llama.upstream import forwardable_headers
 
@@ -200,7 +200,7 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     check_strings(body)
-    kind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
+    kind: RouteKind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
     model: Any = None
     try:
         if dialect is not None and dialect.name == "chat":

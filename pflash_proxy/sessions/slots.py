@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal, overload
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -98,13 +99,13 @@ class SlotTable:
             slot.known, slot.snapshot_current, slot.busy = False, False, True
             self._busy_sessions.add(session)
             return Lease(slot, session, resident=False, evicted=evicted)
-        slot = self.resident(session)
-        if slot is not None and not slot.busy:
-            slot.busy = True
+        held = self.resident(session)
+        if held is not None and not held.busy:
+            held.busy = True
             self._busy_sessions.add(session)
-            return Lease(slot, session, resident=True)
+            return Lease(held, session, resident=True)
         if resident_only:
-            return None if slot is not None else False
+            return None if held is not None else False
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
@@ -116,6 +117,11 @@ class SlotTable:
         pick.known, pick.snapshot_current, pick.busy = True, False, True
         self._busy_sessions.add(session)
         return Lease(pick, session, resident=False, evicted=evicted)
+
+    @overload
+    async def acquire(self, session: str, resident_only: Literal[False] = False) -> Lease: ...
+    @overload
+    async def acquire(self, session: str, resident_only: bool) -> Lease | None: ...
 
     async def acquire(self, session: str, resident_only: bool = False) -> Lease | None:
         """A lease on the session's slot, or on another one (displacing its holder, ``Lease.evicted``).

@@ -76,7 +76,8 @@ class ResponseChainStage(Stage):
         pending = req.state.get(self.name)
         ctx = req.state.get("sessions")
         final = result.final_json or {}
-        response = final.get("response") if isinstance(final.get("response"), dict) else final
+        inner = final.get("response")
+        response: dict[str, Any] = inner if isinstance(inner, dict) else final
         if pending is None or ctx is None or ctx.record is None or result.status != 200 or \
                 req.body.get("store") is False or \
                 not isinstance(response.get("id"), str) or not isinstance(response.get("output"), list):
@@ -125,7 +126,7 @@ def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: li
     if base is None and (last := store.last_response(sid)) is not None and last != rid:
         entry = store.response(last)  # a client that sends its whole history: the session's last answer
         n = entry.get("n") if entry is not None else None
-        if isinstance(n, int) and 0 < n <= len(items) and entry.get("owner") == owner \
+        if entry is not None and isinstance(n, int) and 0 < n <= len(items) and entry.get("owner") == owner \
                 and entry.get("digest") == digest(items[:n]):
             base = (last, n)
     start = base[1] if base is not None else 0

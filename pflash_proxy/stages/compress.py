@@ -26,14 +26,17 @@ Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
 
 from pflash_proxy.compress import (
+    BudgetCurve,
     CompressionSettings, Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
     TokenizedText, UnitSegmenter, format_recall_block,
 )
+from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
@@ -65,10 +68,10 @@ class CompressStage(Stage):
         self.resources = resources  # owns the drafter, if any (closed on stop)
         self.upstream = upstream
         self.csettings = CompressionSettings(
-            threshold=settings.threshold, curve=settings.prefill_curve, query_pin=settings.query_pin,
+            threshold=settings.threshold, curve=BudgetCurve.parse(settings.prefill_curve), query_pin=settings.query_pin,
             fallback_spread=settings.fallback_spread, theta=settings.theta, recall_budget=settings.recall_budget,
             min_segment=settings.min_segment, max_segment=settings.max_segment)
-        self.scorer = scorer or LexicalScorer()
+        self.scorer: Scorer = scorer or LexicalScorer()
         self.compressor = Compressor(self.csettings, segmenter or UnitSegmenter(settings.min_segment,
                                                                                settings.max_segment), self.scorer)
         self.finder = RequestFinder(query_pin=settings.query_pin)
@@ -178,7 +181,7 @@ class CompressStage(Stage):
                         tt: TokenizedText, prompt_tokens: int) -> tuple[str, int, int]:
         loop = asyncio.get_running_loop()
         msg = messages[idx]
-        source = "tool" if msg.get("role") in ("tool", "function") else "paste"
+        source: Source = "tool" if msg.get("role") in ("tool", "function") else "paste"
         label = str(idx + 1)
         request = self.finder.find(messages, idx, tt)
         uncached = max(prompt_tokens - ctx.expected_cached, tt.total_tokens)
@@ -189,8 +192,8 @@ class CompressStage(Stage):
         in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
         req.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
-        outcome = await loop.run_in_executor(None, self.compressor.compress, tt, request, uncached,
-                                             in_conversation, source, label)
+        outcome = await loop.run_in_executor(None, functools.partial(
+            self.compressor.compress, tt, request, uncached, in_conversation, source, label))
         budget = outcome.budget_tokens  # the message's budget; a corrected re-run selects against budget - error
         if outcome.mode == "compressed":
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
@@ -216,6 +219,7 @@ class CompressStage(Stage):
         req.log_fields.update(fields)
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
+            assert ctx.record is not None  # on_request admits only requests with a session record
             ctx.record.recall_sources = [*ctx.record.recall_sources, outcome.recall]
         self.tokens_in += tt.total_tokens
         self.tokens_kept += served_tokens
@@ -263,12 +267,13 @@ class CompressStage(Stage):
     # Recall ----------------------------------------------------------------------------------------------
     async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
                       text: str) -> tuple[str, int, int] | None:
+        assert ctx.record is not None  # on_request admits only requests with a session record
         sources: list[RecallSource] = ctx.record.recall_sources
         msg = messages[idx]
         if not self.settings.chat_recall or not sources or msg.get("role") != "user" or not text.strip():
             return None
         loop = asyncio.get_running_loop()
-        decision = await loop.run_in_executor(None, self.gate.decide, sources, text, self.scorer)
+        decision = await loop.run_in_executor(None, functools.partial(self.gate.decide, sources, text, self.scorer))
         req.log_fields["recall_share"] = round(decision.share, 4)
         if not decision.recall:
             return None

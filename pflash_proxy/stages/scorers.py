@@ -156,6 +156,7 @@ def build_scorer(settings: Settings) -> Scoring:
 
     hash_cache = settings.home / "drafter-hashes.json"
     settings = _with_packaged_probes(settings, hash_cache)
+    assert settings.drafter is not None  # checked above; the packaged probes never unset it
     try:
         drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
                           n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
@@ -187,6 +188,7 @@ def build_scorer(settings: Settings) -> Scoring:
         reader = probe if probe is not None else head if entry.taps else None
         stages = ProbeStages(drafter, reader.meta.tap_block) if reader is not None else None
         if probe is not None:
+            assert stages is not None  # the probe is the reader
             built.segmenter = DrafterSegmenter(stages, probe)
         if entry.drafter:
             attention = _attention_scorer(settings, drafter, hash_cache) if entry.attention else None

@@ -100,8 +100,10 @@ class SessionStage(Stage):
         if req.kind != "chat":
             await self._anonymous(req)
             return
+        # a header, else the name the client's dialect carries in the body (Anthropic metadata.user_id, Responses
+        # prompt_cache_key)
         explicit = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None) \
-            or req.dialect.session_name(req.body)  # Anthropic metadata.user_id, Responses prompt_cache_key
+            or (req.dialect.session_name(req.body) if req.dialect is not None else None)
         messages = list(req.messages)
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"

@@ -96,7 +96,7 @@ def _docstring_lines(node: ast.AST) -> set[int]:
     for sub in ast.walk(node):
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.body:
             first = sub.body[0]
-            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
                     and isinstance(first.value.value, str) and len(sub.body) > 1:
                 drop.update(range(first.lineno - 1, first.end_lineno or first.lineno))
     return drop

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pflash_proxy.compress.scores import LexicalScorer
+from pflash_proxy.compress.kinds import ContentKind
 from pflash_proxy.compress.text import TokenizedText, split_lines
 from pflash_proxy.compress.units import CannotSegment, Unit, UnitSegmenter
 from pflash_proxy.drafter import head as H
@@ -125,7 +126,7 @@ def report(files: dict[str, Path], va: list[Features], budget: float, seed: int,
         qtap = np.asarray(f.qtap, np.float32)
         idx = H.select_request(len(qtap), req.forward(qtap), req.threshold, req.query_tokens)
         p_head = H.relevance(head, reps, H.query_rep(head, qtap[idx]))
-        units = [Unit(j, int(s), int(e), int(t), "prose") for j, (s, e, t) in
+        units = [Unit(j, int(s), int(e), int(t), ContentKind.PROSE) for j, (s, e, t) in
                  enumerate(zip(f.meta["units"], f.meta["units"][1:] + [len(ex.doc.lines)], tokens))]
         bm = lex.score(lex.represent(tt, units), ex.query) / np.maximum(tokens, 1)
         gold = set(f.meta["gold"])

@@ -165,7 +165,7 @@ def train_probe(train: ProbeData, valid: ProbeData, rows: list[str], pos_weight:
         order = rng.permutation(len(train.bounds))
         batch: list[int] = []
         tot = 0
-        for k in list(order) + [None]:  # type: ignore[list-item]
+        for k in list(order) + [None]:
             if k is not None:
                 batch.append(k)
                 tot += train.bounds[k][1] - train.bounds[k][0]
@@ -211,13 +211,13 @@ def _head_logits(p: dict[str, np.ndarray], ex: HeadExample, r: int) -> tuple[np.
 
 def head_loss(p: dict[str, np.ndarray], ex: HeadExample, r: int, bce_weight: float
               ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-    l, u, q = _head_logits(p, ex, r)
-    sm = np.exp(l - l.max())
+    logits, u, q = _head_logits(p, ex, r)
+    sm = np.exp(logits - logits.max())
     sm /= sm.sum()
     pg = sm[ex.gold].sum()
     y = ex.gold.astype(F32)
-    loss = -math.log(max(pg, 1e-12)) + bce_weight * float(np.mean(_softplus(l) - y * l))
-    dl = sm - np.where(ex.gold, sm / max(pg, 1e-12), 0) + bce_weight * (nn.sigmoid(l) - y) / len(l)
+    loss = -math.log(max(pg, 1e-12)) + bce_weight * float(np.mean(_softplus(logits) - y * logits))
+    dl = sm - np.where(ex.gold, sm / max(pg, 1e-12), 0) + bce_weight * (nn.sigmoid(logits) - y) / len(logits)
     return loss, dl.astype(F32), u, q
 
 

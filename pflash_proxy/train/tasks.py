@@ -145,7 +145,7 @@ def _tagged_counts() -> dict[str, int]:
                 if line.startswith(" "):
                     continue
                 f = line.split()
-                n_syn, n_ptr = int(f[2]), int(f[3])
+                n_ptr = int(f[3])
                 out[f[0].replace("_", " ")] = int(f[5 + n_ptr])
     except (OSError, IndexError, ValueError):
         return {}
@@ -219,7 +219,7 @@ def build(index: int, seed: int, lo: int = 3000, hi: int = 9000) -> Example:
         name = rng.choice(NAMES)
         needle = rng.choice(NEEDLES).format(name=name, word=word)
         for _ in range(10):
-            desc = rng.choice([f"some kind of {hyper}", article(gloss) if not gloss[:2] in ("a ", "an") else gloss,
+            desc = rng.choice([f"some kind of {hyper}", article(gloss) if gloss[:2] not in ("a ", "an") else gloss,
                                f"{article(hyper)}"])
             q = rng.choice(LATENT_Q).format(desc=desc)
             if not (words(q) & words(needle)):

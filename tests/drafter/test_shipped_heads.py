@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import pytest
 
 from pflash_proxy.drafter import calibrate, trained
 from pflash_proxy.drafter.hashing import file_sha256

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 from aiohttp import web
 
 from pflash_proxy.server.app import create_app

@@ -124,7 +124,7 @@ def agent_log(ctx: _Ctx, wrap: Callable[[str, str, str], list[dict[str, Any]]]) 
 
     ctx_ms: list[int] = []
     dummy = "X" * width
-    fixed = ctx.count(messages_text(wrap(task, path, "\n".join(l.replace(TS, dummy) for b in blocks for l in b))))
+    fixed = ctx.count(messages_text(wrap(task, path, "\n".join(line.replace(TS, dummy) for b in blocks for line in b))))
     routine, used = [], 0
     while used < ctx.target - fixed:
         line = _routine(ctx, routine_tenants)
