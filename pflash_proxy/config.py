@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pflash_proxy.compress.budget import DEFAULT_CURVE
+from pflash_proxy.compress.pipeline import CompressionSettings
 from pflash_proxy.stages.scorers import SCORER_NAMES  # the one list of scorers
 
 if TYPE_CHECKING:
     ScorerName = str
 else:
     ScorerName = Literal[SCORER_NAMES]  # the values --scorer accepts: the registry's names
+_COMPRESSION = CompressionSettings()  # the compression defaults, written once (compress/pipeline.py)
 DRAFTER_DEFAULT_SCORER = "head-attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.
@@ -147,19 +149,19 @@ class Settings(BaseModel):
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
     queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
 
-    # --- compression (seed defaults) ---
+    # --- compression (seed defaults: the compress package's own, ``CompressionSettings``) ---
     pflash: bool = True
-    threshold: int = Field(16384, ge=1)
+    threshold: int = Field(_COMPRESSION.threshold, ge=1)
     prefill_curve: str = DEFAULT_CURVE
-    query_pin: int = Field(512, ge=0)
-    fallback_spread: float = Field(0.11, ge=0, le=1)
+    query_pin: int = Field(_COMPRESSION.query_pin, ge=0)
+    fallback_spread: float = Field(_COMPRESSION.fallback_spread, ge=0, le=1)
     chat_recall: bool = True
-    theta: float = Field(0.075, ge=0, le=1)
-    recall_budget: int = Field(2048, ge=0)
+    theta: float = Field(_COMPRESSION.theta, ge=0, le=1)
+    recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0)
     max_prompt_tokens: int = Field(225280, ge=1)
     cold_history: Literal["raw"] = "raw"
-    min_segment: int = Field(32, ge=1)
-    max_segment: int = Field(512, ge=2)
+    min_segment: int = Field(_COMPRESSION.min_segment, ge=1)
+    max_segment: int = Field(_COMPRESSION.max_segment, ge=2)
     scorer: ScorerName = "lexical"
     segmenter: Literal["heuristic", "probe"] = "heuristic"
 

@@ -1,0 +1,57 @@
+"""The session index seam (``sessions/index.py``): typed per-feature fields of a record, records written before
+them (one ``extra`` dict) still read, and the read-only view the inspector is handed."""
+
+from __future__ import annotations
+
+import pickle
+
+from pflash_proxy.llama.upstream import Upstream
+from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
+from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.store import SessionStore
+from tests.conftest import make_settings
+
+
+def test_a_record_written_with_extra_reads_into_the_typed_fields(tmp_path):
+    store = SessionStore(tmp_path / "idx")
+    old = {"id": "a" * 32, "seed": "s", "client_hashes": ["h"], "served": [{"role": "user", "content": "x"}],
+           "explicit": False, "owner": None, "created": 1.0, "last_use": 2.0, "turns": 1,
+           "extra": {"pflash_recall": ["a source"], "pflash_inspector": [{"kind": "recall"}],
+                     "pflash_inspector_totals": {"recalls": 1}, "something-else": 3}}
+    store.cache.set(("session", old["id"]), old)
+    rec = store.get(old["id"])
+    assert rec is not None and rec.served == old["served"] and rec.turns == 1
+    assert rec.recall_sources == ["a source"] and rec.traces == [{"kind": "recall"}]
+    assert rec.trace_totals == {"recalls": 1}
+    rec.trace_totals["recalls"] = 2
+    store.update_record(rec)
+    stored = store.cache.get(("session", rec.id))
+    assert "extra" not in stored and stored["trace_totals"] == {"recalls": 2}
+    again = store.get(rec.id)
+    assert again == rec and pickle.loads(pickle.dumps(again)) == again
+    store.close()
+
+
+def test_the_embedded_index_is_a_session_index(tmp_path):
+    index: SessionIndex = open_index(tmp_path)
+    assert isinstance(index, SessionStore) and (tmp_path / "sessions").is_dir()
+    rec = index.new_session("seed", False)
+    index.save_session(rec, ["h1"], [{"role": "user", "content": "hi"}])
+    assert index.get(rec.id) == SessionRecord.from_stored(rec.stored())
+    index.close()
+
+
+async def test_the_managers_view_reads_without_changing(tmp_path):
+    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), Upstream("http://127.0.0.1:9"))
+    view = mgr.view()
+    lease = await mgr.table.acquire("s1")
+    lease.slot.tokens, lease.slot.served_hashes = 10, ["h"]
+    (slot,) = view.slots()
+    assert slot.session == "s1" and slot.tokens == 10 and slot.busy and view.queued == 0
+    slot.tokens = 0
+    slot.served_hashes.append("x")
+    assert mgr.table.slots[0].tokens == 10 and mgr.table.slots[0].served_hashes == ["h"]  # a copy
+    assert view.resident_slot("s1") == 0 and view.resident_slot("nobody") is None
+    assert view.session("nobody") is None and view.snapshot("nobody") is None and view.last_uses() == {}
+    mgr.table.release(lease)
+    mgr.store.close()
