@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -133,7 +133,7 @@ def _make(name: str, shp: tuple[int, ...], fmt: str, seed: int, index: int) -> n
     spread = 1.0 / np.sqrt(cols)  # a weight's spread: unit-scale outputs for unit-scale inputs
     if fmt == "F16":
         return (spread * rng.standard_normal((rows, cols), dtype=np.float32)).astype(np.float16)
-    per, size, scale_at, ints = _BLOCKS[fmt]
+    _, size, scale_at, ints = _BLOCKS[fmt]
     nbytes = _nbytes(fmt, rows, cols)
     raw = rng.bit_generator.random_raw((nbytes + 7) // 8).view(np.uint8)[:nbytes]  # GIL released
     blocks = raw.reshape(-1, size)
@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     path = write_target(a.out, a.shape, a.quant, a.template_from, a.seed, a.layers)
     size = path.stat().st_size
-    print(f"wrote {path} ({size / 1e9:.2f} GB, {a.shape} {a.quant}, ~{n_params(SHAPES[a.shape]) / 1e9:.2f}B "
+    spec = SHAPES[a.shape] if a.layers is None else Shape(**{**SHAPES[a.shape].__dict__, "layers": a.layers})
+    print(f"wrote {path} ({size / 1e9:.2f} GB, {a.shape} {a.quant}, ~{n_params(spec) / 1e9:.2f}B "
           f"parameters, random weights: answers are noise) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
