@@ -52,8 +52,9 @@ CASES: list[Case] = [
          "What does trimcoef raise when tol is negative, and what does it return when every coefficient is small?"),
     Case("numpy/polynomial/polyutils.py", "mapdomain", "described",
          "Which function applies the linear map that sends one interval onto another to an array of points?"),
-    Case("numpy/polynomial/polyutils.py", "getdomain", "named",
-         "What does getdomain return for complex abscissae?"),
+    Case("numpy/polynomial/polyutils.py", "getdomain", "described",
+         "Which function works out the smallest interval that holds all the given points, and what does it give "
+         "back when the points are complex numbers?"),
     Case("numpy/lib/_shape_base_impl.py", "array_split", "named",
          "How does array_split share out the extra elements when the array does not divide equally?"),
     Case("numpy/lib/_shape_base_impl.py", "column_stack", "described",

@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,8 +228,13 @@ async def run(args: argparse.Namespace) -> dict:
                      drafter_timeout_s=1800, drafter_ctx=args.ctx)
     settings = Settings(upstream=f"http://127.0.0.1:{fport}", home=work / "home", slot_save_path=server.slot_dir,
                         threshold=args.threshold, log_level="warning", **extra)
-    runner = web.AppRunner(create_app(settings))
+    app = create_app(settings)
+    runner = web.AppRunner(app)
     await runner.setup()
+    current: dict[str, str] = {}
+    recorded: list[dict] = []
+    if args.dump:
+        record_analyses(app, current, recorded)
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     proxy = f"http://127.0.0.1:{port}"
@@ -251,6 +257,7 @@ async def run(args: argparse.Namespace) -> dict:
                     key = f"bench-{client}-{uuid.uuid4().hex[:8]}"
                     real = ci < args.cache_cases
                     front.cheap = not real
+                    current.update(client=client, case=case.name)
                     front.seen.clear()
                     path, body = request(client, case, tool_text, key, None, "")
                     t0 = time.perf_counter()
@@ -277,8 +284,47 @@ async def run(args: argparse.Namespace) -> dict:
         if front.session is not None:
             await front.session.close()
         server.stop()
+    if args.dump:
+        import pickle
+
+        Path(args.dump).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.dump, "wb") as f:
+            pickle.dump(recorded, f)
     return {"threshold": args.threshold, "scorer": args.scorer, "clients": list(args.clients),
             "cases": len(cases), "rows": rows}
+
+
+def record_analyses(app: web.Application, current: dict[str, str], sink: list[dict]) -> None:
+    """``--dump``: what the compression stage saw and decided on each cold call (``study.py`` replays other
+    scores on it), with the drafter scorer's parts (head-attention: the head's and attention's unit scores)."""
+    from pflash_proxy.server.app import PIPELINE
+
+    stage = next(st for st in app[PIPELINE].stages if hasattr(st, "compressor"))
+    comp, inner_scorer = stage.compressor, getattr(stage.compressor.scorer, "scorer", None)
+    parts: dict[str, object] = {}
+    if inner_scorer is not None and hasattr(inner_scorer, "unit_scores"):
+        unit_scores = inner_scorer.unit_scores
+
+        def wrapped(reps, query):
+            head, attention = unit_scores(reps, query)
+            parts.update(head=np.asarray(head), attention=np.asarray(attention))
+            return head, attention
+
+        inner_scorer.unit_scores = wrapped
+    compress = comp.compress
+
+    def recording(tt, request, prompt_tokens, in_conversation, source, label="", budget_adjust=0, analysis=None):
+        parts.clear()
+        out = compress(tt, request, prompt_tokens, in_conversation, source, label, budget_adjust, analysis)
+        if analysis is None and out.analysis is not None:
+            a = out.analysis
+            sink.append({**current, "tt": tt, "request": request, "prompt_tokens": prompt_tokens,
+                         "in_conversation": in_conversation, "source": source, "label": label,
+                         "units": list(a.units), "pinned": set(a.pinned), "named": a.named, "gutter": a.gutter,
+                         "scores": np.asarray(a.scores), "mode": out.mode, "settings": comp.settings, **parts})
+        return out
+
+    comp.compress = recording
 
 
 async def turn_two(s, proxy, llama, client, case, tool_text, key, resp1, h1) -> dict:
@@ -355,6 +401,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only these functions' cases (comma-separated names)")
     ap.add_argument("--cache-cases", type=int, default=3, help="cases per client run for real with a turn 2")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--dump", default="", help="pickle what compression saw and decided per case (study.py)")
     args = ap.parse_args()
     report = asyncio.run(run(args))
     out = Path(args.out)

@@ -26,6 +26,10 @@ the message; both read the same forward, so this scorer asks the drafter for bot
    slice of the content and the whole question per window) gives attention and the head's taps alike; before,
    the head read a windowed tap pass of its own, which doubled the cost of a message longer than the context
    (a 34K-token tool output: 1,209 s against ~390 s for a 32K one that fit; 317 s in one pass).
+6. The same text scored again for another request (another session reading the same file, a client's retry):
+   the reps are new, but the content's head taps are kept per message key (``taps``, an LRU bounded in bytes
+   like the attention's ``KeyCache``) beside its keys and KV state, so the pass reads only the question. Before,
+   every new request's reps made the pass cold and re-read the whole content.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import numpy as np
 
 from pflash_proxy.compress.fusion import shares
 
-from .attention import QUERY_SEP, AttentionScorer, last_paragraph, peak_mass, request_tail, token_relevance
+from .attention import (QUERY_SEP, AttentionScorer, KeyCache, last_paragraph, peak_mass, request_tail,
+                        token_relevance)
 from .head import relevance, request_vector, unit_reps
 from .probes import RequestProbe, ScorerHeadWeights
 from .runtime import DrafterError
@@ -50,7 +55,7 @@ class HeadAttentionScorer:
     name = "head-attention"
 
     def __init__(self, attention: AttentionScorer, head: ScorerHeadWeights, request: RequestProbe | None = None,
-                 weight: float = HEAD_WEIGHT, query_tokens: int = 128) -> None:
+                 weight: float = HEAD_WEIGHT, query_tokens: int = 128, taps: KeyCache | None = None) -> None:
         d = attention.drafter
         for p in (head, request):
             if p is not None and (p.meta.d != d.n_embd or not 0 <= p.meta.tap_block < d.n_layer - 1):
@@ -62,6 +67,7 @@ class HeadAttentionScorer:
         if not 0.0 <= weight <= 1.0:
             raise ValueError("weight must be in [0, 1]")
         self.attention, self.head, self.request, self.weight = attention, head, request, weight
+        self.taps = taps if taps is not None else KeyCache()  # step 6: content taps per message key
         self.tap = head.meta.tap_block
         self.query_tokens = request.query_tokens if request is not None else query_tokens
 
@@ -94,10 +100,15 @@ class HeadAttentionScorer:
                 p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
             rel = token_relevance(a, att.heads)
             return self._head(reps, tap[n:]), peak_mass(rel, p["starts"], p["ends"])
+        if p["head"] is None:  # step 6: the same text read before (another request): its taps are kept
+            kept = self.taps.get(f"{session}:tap{self.tap}")
+            if kept is not None and len(kept[self.tap]) == n:
+                p["head"] = unit_reps(self.head, kept[self.tap], p["starts"], p["ends"])
         a, r = att.read(content, qt, session, tail, taps=(self.tap,), cold=p["head"] is None)
         tap = r.taps[self.tap]
         if r.start == 0:  # the content was read in this pass
             p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
+            self.taps.put(f"{session}:tap{self.tap}", {self.tap: tap[:n].copy()})
         rel = token_relevance(a, att.heads)
         return self._head(reps, tap[n - r.start:]), peak_mass(rel, p["starts"], p["ends"])
 

@@ -396,6 +396,39 @@ def test_head_attention_reads_the_message_once_and_equals_both_scorers(gemma, tm
         d.close()
 
 
+def test_head_attention_reads_the_same_text_once_across_requests(gemma, tmp: Path) -> None:
+    """Another request with the same text (another session reading the same file, a retry) gets new reps; the
+    content's head taps, keys and KV state are kept per message key, so only the question is read, and the
+    scores are those of a cold read (before: every new request's reps re-read the whole content)."""
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.hashing import file_sha256
+    from pflash_proxy.drafter.joint import HeadAttentionScorer
+    from pflash_proxy.drafter.probe_writer import random_head_weights, write_scorer_head
+    from pflash_proxy.drafter.probes import load_scorer_head
+    from pflash_proxy.drafter.runtime import Drafter
+    write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
+                      drafter_sha256=file_sha256(gemma))
+    w = load_scorer_head(tmp / "h.gguf", gemma)
+    d = Drafter(gemma, n_ctx=2048, n_batch=64)
+    try:
+        text, q = doc(45, seed=4), "Which clerk audited warehouse 3?"
+        units = _units(text, 3)
+        joint = HeadAttentionScorer(AttentionScorer(d), w)
+        first = joint.unit_scores(joint.represent(tt_of(text), units), q)
+        tokens = d.stats["tokens"]
+        again = joint.unit_scores(joint.represent(tt_of(text), units), q)  # new reps: another request
+        assert d.stats["tokens"] - tokens < 64 + 20
+        for a, b in zip(first, again):
+            np.testing.assert_allclose(b, a, rtol=2e-3, atol=1e-6)
+        cold = HeadAttentionScorer(AttentionScorer(d), w)  # nothing kept: the whole content is read
+        tokens = d.stats["tokens"]
+        d.forget(joint.represent(tt_of(text), units).payload["session"])
+        cold.unit_scores(cold.represent(tt_of(text), units), q)
+        assert d.stats["tokens"] - tokens > len(d.tokenize(text))
+    finally:
+        d.close()
+
+
 def test_head_attention_reads_a_message_longer_than_the_context_in_one_windowed_pass(gemma, tmp: Path) -> None:
     """Longer than one context: the attention's windows carry the head's taps, so the message is read once
     (before, the head made a windowed tap pass of its own: twice the drafter time)."""
