@@ -80,7 +80,7 @@ def bench_attention(path: str, lengths: list[int], runs: int) -> list[dict]:
     from pflash_proxy.compress.units import UnitSegmenter
     from pflash_proxy.drafter.attention import QUERY_SEP, AttentionScorer
     from pflash_proxy.drafter.runtime import Drafter
-    from pflash_proxy.drafter.stages import text_key
+    from pflash_proxy.drafter.taps import text_key
     rows = []
     question = "Which ledger entry names the copper vault and the harbor clerk?"
     for n in lengths:

@@ -82,10 +82,10 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
             from pflash_proxy.stages.scorers import drafter_scorer
 
             if name == "head":
-                from pflash_proxy.drafter.stages import ProbeStages
+                from pflash_proxy.drafter.taps import ProbeTaps
 
                 assert head is not None  # loaded above for the head scorers
-                out[name] = drafter_scorer(name, None, head, req, ProbeStages(drafter, head.meta.tap_block))
+                out[name] = drafter_scorer(name, None, head, req, ProbeTaps(drafter, head.meta.tap_block))
                 continue
             from pflash_proxy.drafter.attention import AttentionScorer
 

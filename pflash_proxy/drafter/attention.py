@@ -52,7 +52,7 @@ import numpy as np
 
 from .runtime import DraftPass, Drafter, DrafterError
 from .segment import token_lines, unit_token_spans
-from .stages import make_reps, text_key
+from .taps import make_reps, text_key
 
 QUERY_SEP = "\n\n"
 BUILTIN_SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}  # llama.cpp set_swa_pattern defaults

@@ -26,7 +26,7 @@ from . import nn
 from .probes import RequestProbe, ScorerHeadWeights
 from .runtime import DrafterError
 from .segment import unit_token_spans
-from .stages import ProbeStages, make_reps
+from .taps import ProbeTaps, make_reps
 
 QUERY_SEP = "\n\n"
 
@@ -89,17 +89,17 @@ class HeadScorer:
 
     name = "head"
 
-    def __init__(self, stages: ProbeStages, head: ScorerHeadWeights, request: RequestProbe | None = None,
+    def __init__(self, taps: ProbeTaps, head: ScorerHeadWeights, request: RequestProbe | None = None,
                  query_tokens: int = 128) -> None:
         for p in (head, request):
-            if p is not None and (p.meta.tap_block != stages.tap_block or p.meta.d != stages.drafter.n_embd):
+            if p is not None and (p.meta.tap_block != taps.tap_block or p.meta.d != taps.drafter.n_embd):
                 raise DrafterError(f"{p.meta.path} reads block {p.meta.tap_block} width {p.meta.d}, drafter taps "
-                                   f"block {stages.tap_block} width {stages.drafter.n_embd}")
-        self.stages, self.head, self.request = stages, head, request
+                                   f"block {taps.tap_block} width {taps.drafter.n_embd}")
+        self.taps, self.head, self.request = taps, head, request
         self.query_tokens = request.query_tokens if request is not None else query_tokens
 
     def represent(self, tt: Any, units: Sequence[Any]) -> Any:
-        d = self.stages.draft(tt.text)
+        d = self.taps.draft(tt.text)
         s, e = unit_token_spans(d.token_line, units)
         reps = unit_reps(self.head, d.tap, s, e)
         return make_reps(self.name, [u.tokens for u in units], {"reps": reps, "session": d.session,
@@ -107,10 +107,10 @@ class HeadScorer:
 
     def query_vector(self, reps: Any, query: str) -> np.ndarray:
         p = reps.payload
-        qt = self.stages.drafter.tokenize(QUERY_SEP + query)
+        qt = self.taps.drafter.tokenize(QUERY_SEP + query)
         stream = np.concatenate([p["tokens"], qt])
-        r = self.stages.drafter.trace(stream, session=p["session"], taps=(self.stages.tap_block,), save=False)
-        tap = r.taps[self.stages.tap_block][len(p["tokens"]) - r.start:]
+        r = self.taps.drafter.trace(stream, session=p["session"], taps=(self.taps.tap_block,), save=False)
+        tap = r.taps[self.taps.tap_block][len(p["tokens"]) - r.start:]
         return request_vector(self.head, self.request, tap, self.query_tokens)
 
     def score(self, reps: Any, query: str) -> np.ndarray:

@@ -42,7 +42,7 @@ log = logging.getLogger("pflash_proxy.drafter")
 @dataclass
 class ScorerParts:
     """What a drafter scorer is built from: ``attention`` (an ``AttentionScorer``, calibrated or not), the scorer
-    ``head`` and ``request`` probe, the ``ProbeStages`` (tap reader) that ``head`` reads through."""
+    ``head`` and ``request`` probe, the ``ProbeTaps`` (tap reader) that ``head`` reads through."""
 
     attention: Any = None
     head: Any = None
@@ -58,7 +58,7 @@ class ScorerEntry:
     drafter: bool = True  # needs --drafter
     head: bool = False  # reads the trained scorer head (--scoring-head, or the set shipped for the drafter)
     attention: bool = False  # reads the attention scorer (--attention-heads)
-    taps: bool = False  # reads the head through the probe taps (ProbeStages), not in its own pass
+    taps: bool = False  # reads the head through the probe taps (ProbeTaps), not in its own pass
 
 
 def _lexical(parts: ScorerParts) -> Any:
@@ -152,7 +152,7 @@ def build_scorer(settings: Settings) -> Scoring:
                                 f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
     from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
-    from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
+    from pflash_proxy.drafter.taps import DrafterSegmenter, ProbeTaps
 
     hash_cache = settings.home / "drafter-hashes.json"
     settings = _with_packaged_probes(settings, hash_cache)
@@ -183,30 +183,30 @@ def build_scorer(settings: Settings) -> Scoring:
                     request = load_request_probe(settings.request_probe, settings.drafter, hash_cache=hash_cache)
         except ProbeError as exc:
             raise DrafterSetupError(str(exc)) from exc
-        # the segment probe and --scorer head read the tap block through ProbeStages; head-attention reads its
+        # the segment probe and --scorer head read the tap block through ProbeTaps; head-attention reads its
         # taps in its own pass
         reader = probe if probe is not None else head if entry.taps else None
-        stages = ProbeStages(drafter, reader.meta.tap_block) if reader is not None else None
+        taps = ProbeTaps(drafter, reader.meta.tap_block) if reader is not None else None
         if probe is not None:
-            assert stages is not None  # the probe is the reader
-            built.segmenter = DrafterSegmenter(stages, probe)
+            assert taps is not None  # the probe is the reader
+            built.segmenter = DrafterSegmenter(taps, probe)
         if entry.drafter:
             attention = _attention_scorer(settings, drafter, hash_cache) if entry.attention else None
-            built.scorer = entry.build(ScorerParts(attention, head, request, stages))
+            built.scorer = entry.build(ScorerParts(attention, head, request, taps))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc
-    log.info("compression stages: %s", built.describe())
+    log.info("scorer and segmenter: %s", built.describe())
     return built
 
 
-def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, stages: Any = None) -> Any:
+def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, taps: Any = None) -> Any:
     """The scorer ``--scorer NAME`` serves, from its parts (``ScorerParts``). One place, so ``bench quality``
     measures exactly what the proxy serves (reference hops included)."""
     entry = SCORERS.get(name)
     if entry is None or not entry.drafter:
         raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
-    return entry.build(ScorerParts(attention, head, request, stages))
+    return entry.build(ScorerParts(attention, head, request, taps))
 
 
 def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:

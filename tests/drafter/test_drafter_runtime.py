@@ -146,13 +146,13 @@ def test_head_scorer_followup_equals_cold(drafter, gemma, tmp: Path) -> None:
     from pflash_proxy.drafter.probes import load_scorer_head
     from pflash_proxy.drafter.segment import token_lines, unit_token_spans
     from pflash_proxy.drafter.head import HeadScorer
-    from pflash_proxy.drafter.stages import ProbeStages
+    from pflash_proxy.drafter.taps import ProbeTaps
     write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
                       drafter_sha256=file_sha256(gemma))
     w = load_scorer_head(tmp / "h.gguf", gemma)
     text, q = doc(12, seed=5), "Which clerk audited warehouse 7?"
     units = _units(text, 3)
-    scorer = HeadScorer(ProbeStages(drafter, TAP), w)
+    scorer = HeadScorer(ProbeTaps(drafter, TAP), w)
     reps = scorer.represent(tt_of(text), units)
     warm = scorer.score(reps, q)
     # cold: one pass over message + question, nothing cached
@@ -246,7 +246,7 @@ def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
     from pflash_proxy.drafter.hashing import file_sha256
     from pflash_proxy.drafter.probe_writer import random_segment_weights, write_segment_probe
     from pflash_proxy.drafter.probes import ProbeMismatch, SEED_DRAFTER_SHA256, load_segment_probe
-    from pflash_proxy.drafter.stages import DrafterSegmenter, ProbeStages
+    from pflash_proxy.drafter.taps import DrafterSegmenter, ProbeTaps
     sha = file_sha256(gemma)
     write_segment_probe(tmp / "seed.gguf", random_segment_weights(640), tap_block=TAP)
     with pytest.raises(ProbeMismatch) as e:  # a file for the seed's Qwen3.5 drafter refuses gemma
@@ -256,7 +256,7 @@ def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
                         {"min_segment": 16, "max_segment": 100}, tap_block=TAP, drafter_sha256=sha)
     probe = load_segment_probe(tmp / "s.gguf", gemma)
     text = doc(20, seed=6)
-    stages = ProbeStages(drafter, TAP)
+    stages = ProbeTaps(drafter, TAP)
     d = stages.draft(text)
     counts = np.bincount(d.token_line, minlength=d.n_lines)
     lines = text.splitlines(keepends=True)
@@ -361,7 +361,7 @@ def test_head_attention_reads_the_message_once_and_equals_both_scorers(gemma, tm
     from pflash_proxy.drafter.probe_writer import random_head_weights, write_scorer_head
     from pflash_proxy.drafter.probes import load_scorer_head
     from pflash_proxy.drafter.runtime import Drafter
-    from pflash_proxy.drafter.stages import ProbeStages
+    from pflash_proxy.drafter.taps import ProbeTaps
     write_scorer_head(tmp / "h.gguf", random_head_weights(640, 32), tap_block=TAP,
                       drafter_sha256=file_sha256(gemma))
     w = load_scorer_head(tmp / "h.gguf", gemma)
@@ -376,7 +376,7 @@ def test_head_attention_reads_the_message_once_and_equals_both_scorers(gemma, tm
         head1, att1 = joint.unit_scores(reps, q1)
         n = len(reps.payload["tokens"])
         assert d.stats["passes"] == passes + 1 and d.stats["tokens"] - tokens > n  # content and question, once
-        alone_head = HeadScorer(ProbeStages(d, TAP), w).score(HeadScorer(ProbeStages(d, TAP), w).represent(
+        alone_head = HeadScorer(ProbeTaps(d, TAP), w).score(HeadScorer(ProbeTaps(d, TAP), w).represent(
             tt_of(text), units), q1)
         alone_att = AttentionScorer(d).score(AttentionScorer(d).represent(tt_of(text), units), q1)
         np.testing.assert_allclose(head1, alone_head, rtol=2e-3, atol=1e-6)

@@ -1,6 +1,6 @@
-"""Glue between the drafter and the pipeline's stage interfaces (``Segmenter``, ``Scorer``).
+"""The drafter's probe taps and the glue to the compression interfaces (``Segmenter``, ``Scorer``).
 
-1. ``ProbeStages.draft(text)`` tokenizes a message with the drafter, maps every drafter token to the message's
+1. ``ProbeTaps.draft(text)`` tokenizes a message with the drafter, maps every drafter token to the message's
    line (``segment.token_lines`` on the pieces' byte offsets) and runs ONE pass that yields the tap of block K
    for every token. The pass uses a session key (sha1 of the text unless given), so the drafter keeps its KV
    state for follow-ups; the taps of the last few messages are memoised here (``keep`` entries), so the
@@ -57,7 +57,7 @@ def text_key(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-class ProbeStages:
+class ProbeTaps:
     """Owns the per-message drafter pass shared by the probe segmenter and the head/attention scorers."""
 
     def __init__(self, drafter: Drafter, tap_block: int, keep: int = 2) -> None:
@@ -106,16 +106,16 @@ class DrafterSegmenter:
 
     name = "probe"
 
-    def __init__(self, stages: ProbeStages, probe: SegmentProbe) -> None:
-        if probe.meta.tap_block != stages.tap_block or probe.meta.d != stages.drafter.n_embd:
+    def __init__(self, taps: ProbeTaps, probe: SegmentProbe) -> None:
+        if probe.meta.tap_block != taps.tap_block or probe.meta.d != taps.drafter.n_embd:
             raise DrafterError(f"segment probe reads block {probe.meta.tap_block} width {probe.meta.d}, drafter "
-                               f"taps block {stages.tap_block} width {stages.drafter.n_embd}")
-        self.stages, self.probe = stages, probe
+                               f"taps block {taps.tap_block} width {taps.drafter.n_embd}")
+        self.taps, self.probe = taps, probe
         self.segmenter = ProbeSegmenter.from_probe(probe)
 
     def segment(self, tt: Any, kind: Any = None) -> list[Any]:
         from .segment import make_unit
-        d = self.stages.draft(tt.text)
+        d = self.taps.draft(tt.text)
         logits = self.probe.forward(d.tap)
         raw = self.segmenter.units(logits.unit, logits.subunit, d.token_line, len(tt.lines))
         off = np.asarray(tt.token_offsets)
