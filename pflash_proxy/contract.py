@@ -26,6 +26,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
@@ -58,7 +60,7 @@ class ProxyRequest:
     headers: Mapping[str, str]
     raw_body: bytes
     body: dict[str, Any]
-    model: Any  # ChatCompletionRequest | CompletionRequest | None (pydantic models of ``models``)
+    model: BaseModel | None  # the typed body (``models.ChatCompletionRequest`` / ``CompletionRequest``), if any
     received_at: float = field(default_factory=time.monotonic)
     changed: bool = False
     response_headers: dict[str, str] = field(default_factory=dict)

@@ -15,8 +15,8 @@ history. What a trace holds:
    of the inspector wants to see.
 
 Bounds per session: the newest ``MAX_TRACES`` traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the
-oldest traces lose their text (their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps the session's
-running totals (messages compressed, tokens in, tokens served), which outlive dropped traces.
+oldest traces lose their text (their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps
+the session's running totals (messages compressed, tokens in, tokens served), which outlive dropped traces.
 
 Recording never fails a request: an error is logged and the trace skipped.
 """

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.dialects.registry import dialect_paths
@@ -201,7 +202,7 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     check_strings(body)
     kind: RouteKind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
-    model: Any = None
+    model: BaseModel | None = None
     try:
         if dialect is not None and dialect.name == "chat":
             model = ChatCompletionRequest.model_validate(body)
