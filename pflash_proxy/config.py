@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
@@ -149,6 +150,12 @@ class Settings(BaseModel):
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
     queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
 
+    # --- several nodes (docs/scale-out.md) ---
+    index: str = "embedded"  # the session index: "embedded" (diskcache in --home) or redis://HOST:PORT/DB (shared)
+    node_id: str | None = None  # this node's name in a shared index (default HOSTNAME:PORT)
+    advertise_url: str | None = None  # the URL other nodes forward turns to (default http://HOST:PORT)
+    heartbeat_s: float = Field(2, gt=0)  # a node renews its heartbeat this often; it expires after 3 of them
+
     # --- compression (seed defaults: the compress package's own, ``CompressionSettings``) ---
     pflash: bool = True
     threshold: int = Field(_COMPRESSION.threshold, ge=1)
@@ -185,6 +192,21 @@ class Settings(BaseModel):
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError("must be an http:// or https:// URL")
         return v.rstrip("/")
+
+    @field_validator("index")
+    @classmethod
+    def _index(cls, v: str) -> str:
+        v = v.strip()
+        if v != "embedded" and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected 'embedded' or a redis://HOST:PORT/DB URL")
+        return v
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") if v else v
 
     @field_validator("host")
     @classmethod
@@ -274,6 +296,21 @@ class Settings(BaseModel):
         address (a wildcard address through the loopback of its family)."""
         host = (self.tcp_hosts or ["127.0.0.1"])[0]
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        return f"http://{format_host(host)}:{self.port}"
+
+    @property
+    def effective_node_id(self) -> str:
+        return self.node_id or f"{socket.gethostname()}:{self.port}"
+
+    @property
+    def effective_advertise_url(self) -> str:
+        """The URL other nodes reach this one at: ``--advertise-url``, else the first TCP address (a wildcard
+        address named by the host name)."""
+        if self.advertise_url:
+            return self.advertise_url
+        host = (self.tcp_hosts or ["127.0.0.1"])[0]
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
         return f"http://{format_host(host)}:{self.port}"
 
     @property

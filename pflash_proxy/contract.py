@@ -6,7 +6,8 @@ with hooks that the server calls, in the order the stage list gives (``stages.de
 
 1. The route handler parses the body into a typed model and builds a ``ProxyRequest``.
 2. Each stage's ``on_request`` runs in order; a stage may rewrite the body (``set_body``), add response headers,
-   or short-circuit with an error.  When no stage changes the body the client's original bytes are forwarded.
+   short-circuit with an error, or hand the request to another proxy node (``forward_to``: the later stages
+   do not run here).  When no stage changes the body the client's original bytes are forwarded.
 3. The response is relayed; then each stage's ``on_response`` sees the ``RelayResult`` (final timings, usage).
 4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
    slot, unlock a session).  Stage failures here are logged, never raised to the client.
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
 
 log = logging.getLogger("pflash_proxy.pipeline")
+
+FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to another: the node it came from
+VIA_HEADER = "X-PFlash-Via"  # on the answer to a forwarded turn: the node that received it and forwarded it
 
 RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
 
@@ -75,6 +79,11 @@ class ProxyRequest:
     conversation: Conversation | None = None
     conversation_base: dict[str, Any] = field(default_factory=dict)  # the body the conversation was parsed from
     served_messages: list[dict[str, Any]] | None = None  # what set_messages last served (None: the client's own)
+    # Another proxy node that serves this request (several nodes, ``sessions/cluster.py``): a stage that sets it
+    # ends the stage run; the server sends the client's own request there, untouched, and relays its answer.
+    # ``forward_failed``: the URL that could not be reached, set by the server before it runs the stages again.
+    forward_to: str | None = None
+    forward_failed: str | None = None
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -240,6 +249,8 @@ class Pipeline:
         for stage in self.stages:
             ran.append(stage)
             await stage.on_request(req)
+            if req.forward_to is not None:  # served by another node: the later stages run there
+                break
         return ran
 
     async def run_response(self, req: ProxyRequest, result: RelayResult) -> None:

@@ -1,7 +1,8 @@
 """Command line: ``pflash-proxy serve|ls|rm|stats|warm|show|bench|train``.
 
 ``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
-``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML.  Flags default to
+``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML (one flag has an alias:
+``--snapshot-every-turn`` for ``--save-every-turn``).  Flags default to
 "not given" so that only what the user typed overrides the environment and the file.  Anything after ``--``
 goes to the spawned llama-server.
 """
@@ -67,6 +68,15 @@ _HELP = {
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "
                        "default 600)",
+    "index": "the session index: 'embedded' (diskcache in --home, the default) or redis://HOST:PORT/DB shared by "
+             "several nodes, which then forward a session's turns to the node that holds it and take over the "
+             "sessions of a node whose heartbeat expired (docs/scale-out.md)",
+    "node_id": "this node's name in a shared --index (default HOSTNAME:PORT)",
+    "advertise_url": "the URL other nodes forward this node's sessions to (default http://HOST:PORT)",
+    "heartbeat_s": "with a shared --index: renew this node's heartbeat this often; other nodes take its sessions "
+                   "over 3 periods after its last one (default 2)",
+    "save_every_turn": "also snapshot a session after each turn, in the background, once its slot is idle "
+                       "(--snapshot-every-turn: with several nodes, losing one costs a restore, not a prefill)",
     "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
     "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, "
                     "if any)",
@@ -75,20 +85,24 @@ _HELP = {
 }
 
 
+_ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name issue 28 and docs/scale-out.md use
+
+
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         if name == "llama_server_args":
             continue
         flag = "--" + name.replace("_", "-")
+        flags = [flag, *_ALIASES.get(name, ())]
         ann = field.annotation
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _HELP.get(name, f"(default: {field.default})"
                                                                                 if field.default is not None else None)}
         if ann is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
         elif typing.get_origin(ann) is list:  # repeatable: --public-host a --public-host b
             parser.add_argument(flag, action="append", metavar="NAME", **kwargs)
         else:
-            parser.add_argument(flag, metavar=_metavar(ann), **kwargs)
+            parser.add_argument(*flags, metavar=_metavar(ann), **kwargs)
 
 
 def _metavar(ann: Any) -> str:

@@ -1,6 +1,7 @@
 """Admin commands: ``ls``, ``rm``, ``stats``, ``warm``.
 
-``ls``/``rm`` read the snapshot index directly (diskcache is safe to share with a running proxy);
+``ls``/``rm`` read the snapshot index directly (diskcache is safe to share with a running proxy; a shared
+``--index redis://`` is read the same way, and ``ls`` then names each session's node and the live nodes);
 ``stats``/``warm`` talk to the running proxy over HTTP.
 """
 
@@ -26,22 +27,33 @@ def _store_and_snapshots(settings: Settings):
     from pflash_proxy.sessions.index import open_index
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
-    store = open_index(settings.home)
+    store = open_index(settings.home, settings.index)
     return store, SnapshotManager(store, Upstream(None), settings.effective_slot_save_path, 0)
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
+    from pflash_proxy.sessions.index import is_cluster
+
     store, _ = _store_and_snapshots(settings)
     snaps = sorted(store.snapshots(), key=lambda r: -r.last_use)
+    # a shared index (--index redis://) also says which node holds each session and which nodes are alive
+    holders: dict[str, str] = store.holders() if is_cluster(store) else {}
+    nodes: dict[str, str] = store.nodes() if is_cluster(store) else {}
     store.close()
     if args.json:
-        print(json.dumps([s.__dict__ for s in snaps], indent=2))
+        print(json.dumps([{**s.__dict__, **({"node": holders.get(s.session)} if nodes or holders else {})}
+                          for s in snaps], indent=2))
         return 0
-    print(f"{'SESSION':<34} {'TOKENS':>8} {'SIZE':>10} {'AGE':>8} {'HITS':>5}")
+    node_col = f" {'NODE':<24}" if holders or nodes else ""
+    print(f"{'SESSION':<34} {'TOKENS':>8} {'SIZE':>10} {'AGE':>8} {'HITS':>5}{node_col}")
     now = time.time()
     for s in snaps:
-        print(f"{s.session:<34} {s.tokens:>8} {s.size / 1e6:>8.1f}MB {_age(now - s.last_use):>8} {s.hits:>5}")
+        node = f" {holders.get(s.session, '-'):<24}" if node_col else ""
+        print(f"{s.session:<34} {s.tokens:>8} {s.size / 1e6:>8.1f}MB {_age(now - s.last_use):>8} {s.hits:>5}{node}")
     print(f"{len(snaps)} snapshots, {sum(s.size for s in snaps) / 1e6:.1f} MB in {settings.effective_slot_save_path}")
+    if node_col:
+        alive = ", ".join(f"{n} ({u})" for n, u in sorted(nodes.items())) or "none"
+        print(f"{len(holders)} sessions held; nodes alive: {alive}")
     return 0
 
 

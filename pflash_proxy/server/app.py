@@ -28,9 +28,9 @@ from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.server.bodies import BodyBudget
 from pflash_proxy.server.control import collect_stats
 from pflash_proxy.server.gate import gate_middleware_factory
-from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
 from pflash_proxy.server.metrics import Metrics
-from pflash_proxy.server.routes import add_routes, error_middleware_factory
+from pflash_proxy.server.routes import add_routes, close_peers, error_middleware_factory
 from pflash_proxy.stages import default_stages
 
 log = logging.getLogger("pflash_proxy.app")
@@ -49,6 +49,8 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app[SUPERVISOR] = None
     app[BODIES] = BodyBudget(int(settings.max_pending_mb * 2**20))
     app[STREAMS] = set()
+    app[PEERS] = {}
+    app.on_cleanup.append(close_peers)
     app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
     steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]

@@ -22,3 +22,4 @@ METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
 SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor")
 BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")
 STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers relaying a stream now
+PEERS: web.AppKey["dict[str, Upstream]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)

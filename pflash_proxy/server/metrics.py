@@ -82,6 +82,9 @@ class StatsCollector:
             busy = GaugeMetricFamily("pflash_slots_busy", "Slots leased to a running request")
             busy.add_metric([], float(sum(1 for t in sess.get("table", []) if t.get("busy"))))
             yield busy
+            cluster = sess.get("cluster")
+            if cluster:
+                yield from _cluster_metrics(cluster)
         comp = s.get("pflash")
         if comp:
             c = CounterMetricFamily("pflash_messages", "New messages by what compression did", labels=["mode"])
@@ -91,6 +94,34 @@ class StatsCollector:
             yield _counter("compressed_tokens_in", "Tokens of the messages that were compressed",
                            comp.get("tokens_in", 0))
             yield _counter("compressed_tokens_kept", "Tokens kept of those messages", comp.get("tokens_kept", 0))
+
+
+CLUSTER_COUNTERS = {
+    "forwarded_out": "Turns of sessions another node holds, forwarded there by this node",
+    "forwarded_in": "Turns another node forwarded to this one (this node held the session)",
+    "forward_failures": "Forwards that found the holding node unreachable (the turn was then served here)",
+    "takeovers": "Sessions this node took over from a node that was gone",
+    "turn_waits": "Turns that waited for the session's turn lease held by another node",
+    "heartbeat_failures": "Heartbeats this node could not write to the shared index",
+}
+
+
+def _cluster_metrics(cluster: dict[str, Any]) -> Iterator[Metric]:
+    """A node of several sharing one index (``sessions/cluster.py``): its name, the live nodes, its forwards and
+    takeovers, and what the slot held on a takeover turn (restored from the shared directory, or cold)."""
+    info = GaugeMetricFamily("pflash_node_info", "This proxy's node name in the shared session index",
+                             labels=["node"])
+    info.add_metric([str(cluster.get("node", ""))], 1.0)
+    yield info
+    alive = GaugeMetricFamily("pflash_nodes_alive", "Nodes whose heartbeat lasted at this node's last beat")
+    alive.add_metric([], float(cluster.get("nodes_alive", 0)))
+    yield alive
+    for key, help_ in CLUSTER_COUNTERS.items():
+        yield _counter(key, help_, cluster.get(key, 0))
+    c = CounterMetricFamily("pflash_takeover_turns", "Takeover turns by what the slot held", labels=["cache"])
+    for key, label in (("takeover_hit", "hit"), ("takeover_restored", "restored"), ("takeover_miss", "miss")):
+        c.add_metric([label], float(cluster.get(key, 0)))
+    yield c
 
 
 def _counter(name: str, help_: str, value: Any) -> CounterMetricFamily:

@@ -27,15 +27,16 @@ from pydantic import BaseModel
 
 from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
 from pflash_proxy.dialects.registry import dialect_paths
-from pflash_proxy.errors import BadRequest, ProxyError, error_body, error_response
+from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
+                                 error_body, error_response)
 from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
-from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, SETTINGS, UPSTREAM
-from pflash_proxy.contract import ProxyRequest, RelayResult, RouteKind
+from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import relay, write_stream_error
-from pflash_proxy.llama.upstream import forwardable_headers
+from pflash_proxy.llama.upstream import Upstream, forwardable_headers
 
 log = logging.getLogger("pflash_proxy.access")
 
@@ -112,7 +113,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: A
     if not req.stream or interval <= 0:
         await task
         return None
-    resp: web.StreamResponse | None = None
+    resp: web.StreamResponse | None = req.state.get(PROGRESS_STARTED)  # a second run (a forward that failed)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=min(2.0, interval) if resp is None else interval)
@@ -152,6 +153,14 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             req = parse_request(request, raw, dialect, app[SETTINGS])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
+            if req.forward_to is not None:  # another node holds the session (sessions/cluster.py)
+                forwarded = await forward_to_node(request, req, style, prepared)
+                if forwarded is not None:
+                    resp, result = forwarded
+                    status = result.status
+                    return resp
+                await pipeline.finish(req)  # that node is gone: the stages run again and serve it here
+                prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
         except ProxyError as exc:
             if req.state.get(PROGRESS_STARTED) is None:
                 raise
@@ -187,6 +196,41 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             await pipeline.finish(req)
         _observe(request, status, started, result, req.log_fields if req is not None else {})
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
+
+
+async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, prepared: web.StreamResponse | None
+                          ) -> tuple[web.StreamResponse, RelayResult] | None:
+    """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward_to`` and
+    relay its answer; None when that node could not be reached (``req.forward_failed`` says which, and
+    ``forward_to`` is cleared so that the stages serve the request here)."""
+    url = req.forward_to or ""
+    peers = request.app[PEERS]
+    peer = peers.get(url)
+    if peer is None:
+        settings = request.app[SETTINGS]
+        peer = Upstream(url, read_timeout_s=settings.upstream_timeout_s + settings.queue_timeout_s,
+                        connect_timeout_s=5, wait_s=0)
+        await peer.start()
+        peers[url] = peer
+    via = req.response_headers.get(VIA_HEADER, "")
+    headers = [*forwardable_headers(request.headers), (FORWARDED_HEADER, via or "1")]
+    t0 = time.monotonic()
+    try:
+        up = await peer.open(request.method, req.path_qs, headers, req.raw_body, wait=False)
+    except (UpstreamUnavailable, UpstreamTimeout, UpstreamNotReady) as exc:
+        log.warning("node %s unreachable for a forwarded turn (%s); serving it here", url, exc)
+        req.forward_failed, req.forward_to = url, None
+        return None
+    req.log_fields["forwarded_to"] = url
+    resp, result = await relay(request, up, extra_headers={VIA_HEADER: via} if via else None, style=style,
+                               prepared=prepared)
+    result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+    return resp, result
+
+
+async def close_peers(app: web.Application) -> None:
+    for peer in app[PEERS].values():
+        await peer.close()
 
 
 def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Any) -> ProxyRequest:

@@ -8,7 +8,8 @@
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
 4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced the watch checks llama-server's own
    ``/slots`` record of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored.
-5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
+5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``; with a
+   shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
    their snapshots (never one that holds a slot or is in flight).
@@ -27,7 +28,9 @@ from pflash_proxy.dialects import cache_counts
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.contract import RelayResult
 from pflash_proxy.sessions.identity import credential
-from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index
+from pflash_proxy.sessions.cluster import ClusterNode
+from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, is_cluster,
+                                         open_index)
 from pflash_proxy.sessions.liveness import UpstreamWatch
 from pflash_proxy.sessions.slots import Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager
@@ -45,9 +48,12 @@ class SessionManager:
     def __init__(self, settings: Settings, upstream: Upstream, index: SessionIndex | None = None):
         self.settings = settings
         self.upstream = upstream
-        self.store: SessionIndex = index if index is not None else open_index(settings.home)
+        self.store: SessionIndex = index if index is not None else open_index(settings.home, settings.index)
+        # several nodes sharing the index (--index redis://): holders, turn leases, heartbeats (cluster.py)
+        self.cluster = ClusterNode(settings, self.store) if is_cluster(self.store) else None  # type: ignore[arg-type]
         self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
-                                         int(settings.max_cache_gb * 1024**3))
+                                         int(settings.max_cache_gb * 1024**3),
+                                         temp_tag=self.cluster.tag if self.cluster is not None else "")
         self.table = self._new_table(1)
         self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
         self._pruner: asyncio.Task | None = None
@@ -115,6 +121,8 @@ class SessionManager:
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.snapshots.reconcile)
+        if self.cluster is not None:
+            await self.cluster.start()
         self._pruner = asyncio.create_task(self._prune_loop())
         self.watch.start()
         try:
@@ -130,6 +138,8 @@ class SessionManager:
             await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
         except asyncio.TimeoutError:
             log.error("shutdown snapshot save timed out after %.0fs", self.settings.shutdown_save_timeout_s)
+        if self.cluster is not None:  # saved: other nodes may take this node's sessions over at once
+            await self.cluster.stop()
         for task in list(self._background):
             task.cancel()
         self.store.close()
@@ -328,7 +338,8 @@ class SessionManager:
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
-                "table": self.table.describe()}
+                "table": self.table.describe(),
+                **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
 
 
 def _is_prefix(prefix: list[str], full: list[str]) -> bool:

@@ -13,7 +13,8 @@
    save cancelled while llama-server still wrote the file leaves one behind, after the cleanup ran) count
    against the limit and are removed first.
 4. ``reconcile()`` at start-up: temp files and files without an index entry are removed, entries without a
-   file are dropped.
+   file are dropped. Nodes that share the directory (``cluster.py``) name their temporary files with their own
+   tag, and each removes only its own.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ SUFFIX = ".bin"
 
 
 class SnapshotManager:
-    def __init__(self, store: SessionIndex, upstream: Upstream, directory: Path, max_bytes: int):
+    def __init__(self, store: SessionIndex, upstream: Upstream, directory: Path, max_bytes: int,
+                 temp_tag: str = ""):
         self.store = store
+        # several nodes share the directory (cluster.py): each names its temporary files with its own tag and
+        # removes only those (another node's may be in the middle of a save)
+        self.temp_prefix = f"{PREFIX}tmp-{temp_tag}-" if temp_tag else f"{PREFIX}tmp-"
         self.upstream = upstream
         self.dir = directory
         self.max_bytes = max_bytes
@@ -52,7 +57,7 @@ class SnapshotManager:
         return f"{PREFIX}{sid}{SUFFIX}"
 
     async def save(self, slot: int, sid: str, tokens: int, served_hashes: list[str], model_identity: str) -> SnapshotRecord:
-        tmp = f"{PREFIX}tmp-{uuid.uuid4().hex}{SUFFIX}"
+        tmp = f"{self.temp_prefix}{uuid.uuid4().hex}{SUFFIX}"
         final = self.filename(sid)
         t0 = time.monotonic()
         self._writing.add(tmp)
@@ -163,7 +168,7 @@ class SnapshotManager:
     def _stray_temp_bytes(self) -> int:
         """Remove temporary files no save is writing; returns the bytes of those that could not be removed."""
         left = 0
-        for path in self.dir.glob(f"{PREFIX}tmp-*{SUFFIX}"):
+        for path in self.dir.glob(f"{self.temp_prefix}*{SUFFIX}"):
             if path.name in self._writing:
                 continue
             size = 0
@@ -195,6 +200,8 @@ class SnapshotManager:
         indexed = {r.file: r for r in self.store.snapshots()}
         removed_files = dropped = 0
         for path in self.dir.glob(f"{PREFIX}*{SUFFIX}"):
+            if path.name.startswith(f"{PREFIX}tmp-") and not path.name.startswith(self.temp_prefix):
+                continue  # another node's save in flight
             if path.name not in indexed:
                 path.unlink(missing_ok=True)
                 removed_files += 1

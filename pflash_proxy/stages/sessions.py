@@ -12,6 +12,12 @@
    slot content has no current snapshot, save it first.  If this session is not resident but has a snapshot
    for this model identity, restore it; a failed restore deletes the snapshot and falls back to full prefill.
 4. Pin the request with ``id_slot`` and add ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers.
+With a shared index (``--index redis://``, ``sessions/cluster.py``), between 1 and 3: a session another live node
+holds is not leased here: ``req.forward_to`` names that node and the server forwards the client's request there
+(``X-PFlash-Via`` on the answer); a request forwarded to this node (``X-PFlash-Forwarded-By``) is always served
+here. Otherwise the session's turn lease in the index is taken with the slot's, this node claims the session
+(``X-PFlash-Node``; ``X-PFlash-Takeover`` names the node it held before: step 3 then restores the snapshot that
+node left in the shared directory, or prefills cold), and ``on_finish`` frees the turn lease.
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) writes
 the served history to disk before the request is forwarded.
 ``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
@@ -34,7 +40,9 @@ from typing import Any
 import contextlib
 from collections.abc import AsyncIterator
 
-from pflash_proxy.contract import ProxyRequest, RelayResult, SessionsView, Stage, StageHooks
+from pflash_proxy.contract import (FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, SessionsView, Stage,
+                                   StageHooks)
+from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.slots import Lease
@@ -45,7 +53,10 @@ log = logging.getLogger("pflash_proxy.sessions")
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
 # the conversation's name, when the client gives one: ours first, then what agents send on their own
-SESSION_HEADERS = (SESSION_HEADER, "x-session-affinity", "session_id", "session-id")
+SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
+
+
+TURN_KEY = "sessions-turn"  # req.state: the session's turn lease in a shared index (cluster.py)
 
 
 @dataclass
@@ -108,14 +119,36 @@ class SessionStage(Stage):
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"
         owner = mgr.owner(req.headers)
+        cluster = mgr.cluster
+        forwarded_by = req.headers.get(FORWARDED_HEADER)
+        if cluster is not None and req.forward_failed is not None:  # the holder did not answer: take over here
+            cluster.peer_failed(req.state.pop("_forward_node", req.forward_failed))
         try:
             seed = await self._seed(explicit, owner)
-            record, matched, hashes, lease = await self._lease_session(seed, explicit, owner, messages)
+            record, matched, hashes, lease = await self._lease_session(seed, explicit, owner, messages, req,
+                                                                       forwarded_by)
         except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
             mgr.store_failed("looking up the session", exc)
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; served without a session"
             await self._anonymous(req)
             return
+        if lease is None:  # another live node holds the session (its slot is warm): the server forwards the turn
+            assert cluster is not None
+            req.response_headers[VIA_HEADER] = cluster.node_id
+            cluster.counters["forwarded_out"] += 1
+            req.log_fields.update({"session": record.id[:8], "forwarded_to": req.forward_to})
+            return
+        taken_from = None
+        if cluster is not None:
+            if forwarded_by:
+                cluster.counters["forwarded_in"] += 1
+            try:
+                taken_from = await cluster.claim(record.id)
+            except StoreError as exc:
+                mgr.store_failed("claiming the session", exc)
+            req.response_headers[NODE_HEADER] = cluster.node_id
+            if taken_from is not None:
+                req.response_headers[TAKEOVER_HEADER] = taken_from
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
@@ -123,6 +156,8 @@ class SessionStage(Stage):
         served_hashes = [message_hash(m) for m in served]
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
+        if taken_from is not None and cluster is not None:  # restored from the shared directory, or cold
+            cluster.counters[f"takeover_{ctx.cache}"] += 1
         if served[:matched] != messages[:matched]:
             req.set_messages(served)
         req.set_field("id_slot", lease.slot.id)
@@ -172,8 +207,9 @@ class SessionStage(Stage):
         req.set_field("id_slot", lease.slot.id)
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
-    async def _lease_session(self, seed: str, explicit: str | None, owner: str | None, messages: list[dict]
-                             ) -> tuple[SessionRecord, int, list[str], Lease]:
+    async def _lease_session(self, seed: str, explicit: str | None, owner: str | None, messages: list[dict],
+                             req: ProxyRequest | None = None, forwarded_by: str | None = None
+                             ) -> tuple[SessionRecord, int, list[str], Lease | None]:
         """Find (or start, or fork) the session and lease its slot, reading its record again under the lease.
 
         The lease serialises a session's requests, but the first read happens before the wait: a request that
@@ -181,13 +217,19 @@ class SessionStage(Stage):
         record, overwriting the other request's served history and recall sources. So the lookup is repeated
         once the lease is held; when the answer changed (the other request served more), the lease is returned
         and the decision taken again on the fresh record.
+
+        With several nodes (``sessions/cluster.py``): a session that another live node holds is not leased here
+        (the lease is None and ``req.forward_to`` names that node); otherwise the session's turn lease in the
+        shared index is taken with the slot's (``req.state[TURN_KEY]``, freed in ``on_finish``), before the record is read again, so a
+        turn another node ran meanwhile is seen too.
         """
         mgr = self.manager
+        cluster = mgr.cluster
         loop = asyncio.get_running_loop()
 
         def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
             return loop.run_in_executor(None, mgr.store.lookup, seed, messages)
-        for _ in range(8):
+        for attempt in range(9):
             found, matched, hashes = await lookup()
             key = _lookup_key(found, matched)
             if found is not None and found.owner != owner:  # a seed is never shared across owners: belt and braces
@@ -199,16 +241,30 @@ class SessionStage(Stage):
                 record = mgr.store.new_session(seed, explicit is not None, parent=found, upto=matched, owner=owner)
             else:
                 record = found
+            if cluster is not None and req is not None and record is found and req.forward_failed is None:
+                target = await cluster.place(record.id, forwarded_by)
+                if target is not None:
+                    req.state["_forward_node"], req.forward_to = target
+                    return record, matched, hashes, None
             lease = await mgr.table.acquire(record.id)
             try:
+                if cluster is not None and req is not None:
+                    req.state[TURN_KEY] = await cluster.begin_turn(record.id)
                 again, matched2, _ = await lookup()
-            except (StoreError, asyncio.CancelledError):
+            except BaseException:
+                await self._end_turn(req)
                 mgr.table.release(lease)
                 raise
-            if _lookup_key(again, matched2) == key:
+            if _lookup_key(again, matched2) == key or attempt == 8:
                 return record, matched, hashes, lease
+            await self._end_turn(req)
             mgr.table.release(lease)  # another request of this session saved meanwhile: decide again
-        return record, matched, hashes, await mgr.table.acquire(record.id)
+        raise AssertionError("unreachable")
+
+    async def _end_turn(self, req: ProxyRequest | None) -> None:
+        turn = req.state.pop(TURN_KEY, None) if req is not None else None
+        if turn is not None and self.manager.cluster is not None:
+            await self.manager.cluster.end_turn(turn)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         ctx: SessionContext | None = req.state.get(self.name)
@@ -219,6 +275,7 @@ class SessionStage(Stage):
         self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
 
     async def on_finish(self, req: ProxyRequest) -> None:
+        await self._end_turn(req)
         ctx: SessionContext | None = req.state.get(self.name)
         if ctx is None:
             return

@@ -1,0 +1,171 @@
+"""``ClusterNode``: this proxy as one node of several that share a ``ClusterIndex`` (``--index redis://``).
+
+Nodes run the same model and slot layout and share the snapshot directory (``--slot-save-path``); a load balancer
+spreads requests over them (``configs/``). Per node:
+
+1. Heartbeat: at start and every ``--heartbeat-s`` the node writes its advertised URL under its id, expiring after
+   three periods (``HEARTBEAT_PERIODS``); the same loop reads the list of live nodes. A node that stops cleanly
+   removes its heartbeat after its resident sessions were saved.
+2. ``place(sid, forwarded_by)``: where a turn of a known session runs. The index names no holder, or this node →
+   here. Another node whose heartbeat lasts, and the request was not itself forwarded → that node's URL: the server
+   sends the client's request there untouched (``ProxyRequest.forward_to``), where the session's slot is warm.
+   A holder whose heartbeat expired, or that could not be reached (``peer_failed``: it is then passed over until
+   its heartbeat would have expired) → here: a takeover.
+3. ``begin_turn(sid)``: the session's turn lease in the index (``SET NX PX``, expiring after three heartbeat
+   periods, renewed every period while the turn runs, freed by compare-and-delete at its end), so a session's
+   turn runs on one node at a time even while two nodes disagree about its holder; a lease held by another node
+   is waited for (polled) up to ``--queue-timeout-s``. Then ``claim``: this node becomes the holder
+   (compare-and-set on the holder it saw); a previous holder that was another node makes the turn a takeover,
+   served from the session's last snapshot in the shared directory (checksum-verified, ``snapshots.py``) or by a
+   cold prefill.
+Index calls block (Redis round trips): they run in the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pflash_proxy.config import Settings
+from pflash_proxy.errors import QueueTimeout
+from pflash_proxy.sessions.index import ClusterIndex, StoreError
+
+log = logging.getLogger("pflash_proxy.cluster")
+
+HEARTBEAT_PERIODS = 3  # a heartbeat (and a turn lease) expires this many periods after it was last renewed
+TURN_POLL_S = 0.05
+FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # set by the node that forwards a turn: the receiver serves it itself
+NODE_HEADER = "X-PFlash-Node"  # the node that served the turn
+VIA_HEADER = "X-PFlash-Via"  # the node that received the turn and forwarded it
+TAKEOVER_HEADER = "X-PFlash-Takeover"  # the node that held the session before this turn took it over
+
+
+@dataclass
+class Turn:
+    sid: str
+    token: str
+    renew: asyncio.Task[None] | None = None
+
+
+class ClusterNode:
+    def __init__(self, settings: Settings, index: ClusterIndex):
+        self.settings = settings
+        self.index = index
+        self.node_id = settings.effective_node_id
+        self.url = settings.effective_advertise_url
+        self.period = settings.heartbeat_s
+        self.ttl_ms = int(settings.heartbeat_s * HEARTBEAT_PERIODS * 1000)
+        self.tag = re.sub(r"[^A-Za-z0-9]", "_", self.node_id)[:40]  # this node's temporary snapshot names
+        self.live: dict[str, str] = {}  # the nodes whose heartbeat lasted at the last beat
+        self._suspect: dict[str, float] = {}  # node -> monotonic time until which it is passed over
+        self._beat: asyncio.Task[None] | None = None
+        self.counters = {"forwarded_out": 0, "forwarded_in": 0, "forward_failures": 0, "takeovers": 0,
+                         "takeover_hit": 0, "takeover_restored": 0, "takeover_miss": 0, "turn_waits": 0,
+                         "heartbeat_failures": 0}
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    # 1. Heartbeat -------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._run(self.index.heartbeat, self.node_id, self.url, self.ttl_ms)
+        self.live = await self._run(self.index.nodes)
+        self._beat = asyncio.create_task(self._beat_loop())
+        log.info("node %s (%s) joined the shared index %s; %d node(s) alive", self.node_id, self.url,
+                 self.index.describe(), len(self.live))
+
+    async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        try:
+            await self._run(self.index.leave, self.node_id)
+        except StoreError as exc:
+            log.warning("could not remove node %s's heartbeat: %s", self.node_id, exc)
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                await self._run(self.index.heartbeat, self.node_id, self.url, self.ttl_ms)
+                self.live = await self._run(self.index.nodes)
+            except StoreError as exc:
+                self.counters["heartbeat_failures"] += 1
+                log.warning("heartbeat of node %s failed: %s", self.node_id, exc)
+
+    # 2. Placement -------------------------------------------------------------------------------------------
+    async def place(self, sid: str, forwarded_by: str | None) -> tuple[str, str] | None:
+        """(node, URL) of the live node that holds ``sid``, or None to serve the turn here (module docstring, 2)."""
+        if forwarded_by:
+            return None
+        holder = await self._run(self.index.holder, sid)
+        if holder is None or holder == self.node_id:
+            return None
+        if self._suspect.get(holder, 0.0) > time.monotonic():
+            return None
+        url: str | None = await self._run(self.index.node_url, holder)
+        if url is None or url.rstrip("/") == self.url:
+            return None
+        return holder, url
+
+    def peer_failed(self, node: str) -> None:
+        """A forward to ``node`` found no one there: it is passed over until its heartbeat would have expired."""
+        self.counters["forward_failures"] += 1
+        self._suspect[node] = time.monotonic() + self.ttl_ms / 1000
+        log.warning("node %s did not take a forwarded turn; its sessions are taken over here", node)
+
+    # 3. Turns -----------------------------------------------------------------------------------------------
+    async def begin_turn(self, sid: str) -> Turn:
+        """Hold the session's turn lease (waiting while another node holds it), renewed until ``end_turn``."""
+        token = f"{self.node_id}/{uuid.uuid4().hex[:12]}"
+        timeout = self.settings.queue_timeout_s or float("inf")
+        deadline = time.monotonic() + timeout
+        waited = False
+        while not await self._run(self.index.acquire_turn, sid, token, self.ttl_ms):
+            if not waited:
+                waited = True
+                self.counters["turn_waits"] += 1
+            if time.monotonic() > deadline:
+                raise QueueTimeout(f"session {sid[:8]}'s turn is held by another node; retry later", retry_after=2)
+            await asyncio.sleep(TURN_POLL_S)
+        turn = Turn(sid, token)
+        turn.renew = asyncio.create_task(self._renew(turn))
+        return turn
+
+    async def _renew(self, turn: Turn) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                if not await self._run(self.index.renew_turn, turn.sid, turn.token, self.ttl_ms):
+                    log.warning("session %s's turn lease was lost (expired)", turn.sid[:8])
+                    return
+            except StoreError as exc:
+                log.warning("could not renew session %s's turn lease: %s", turn.sid[:8], exc)
+
+    async def end_turn(self, turn: Turn) -> None:
+        if turn.renew is not None:
+            turn.renew.cancel()
+        try:
+            await self._run(self.index.release_turn, turn.sid, turn.token)
+        except StoreError as exc:  # it expires by itself
+            log.warning("could not release session %s's turn lease: %s", turn.sid[:8], exc)
+
+    async def claim(self, sid: str) -> str | None:
+        """Make this node the session's holder; returns the node it was taken over from (None: no takeover)."""
+        seen = await self._run(self.index.holder, sid)
+        if seen == self.node_id:
+            return None
+        await self._run(self.index.claim, sid, self.node_id, seen)
+        if seen is None:
+            return None
+        self.counters["takeovers"] += 1
+        log.info("session %s taken over from node %s", sid[:8], seen)
+        return seen
+
+    def stats(self) -> dict[str, Any]:
+        return {"node": self.node_id, "url": self.url, "index": self.index.describe(),
+                "nodes_alive": len(self.live), "nodes": dict(self.live), **self.counters}

@@ -1,0 +1,305 @@
+"""The shared ``SessionIndex``: one Redis database that several proxy nodes read and write (``--index redis://``).
+
+Keys (all under ``pflash:``; values of records are pickled, as the embedded index pickles them too):
+1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
+2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, recall sources, traces);
+   ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
+3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (JSON: file, tokens, covered hashes, model identity, size,
+   checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
+   node shares (``--slot-save-path``);
+4. ``response:<rid>`` → one Responses answer; ``responses:<sid>`` (a list) → the ids a session recorded;
+5. ``salt`` → the salt credentials are hashed with (``SET NX``: the first node writes it, all read it);
+6. what only a cluster has (``ClusterIndex``): ``holder:<sid>`` → the node whose slot holds the session;
+   ``turn:<sid>`` → the node running the session's turn now, a lease with expiry (``SET NX PX``, renewed and
+   released by compare-and-set Lua scripts, so a node never renews or frees another node's lease);
+   ``node:<id>`` → a node's advertised URL, with expiry: its heartbeat (absent = the node is gone).
+
+Every write that must stay consistent (a record with its chain entries and last use; a session and its
+responses) is one ``MULTI``/``EXEC`` transaction or one Lua script. A failure of Redis (refused connection,
+timeout, an unreadable value) is raised as ``StoreError``, which callers treat as "serve without the index".
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import secrets
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlparse
+
+from pflash_proxy.sessions.identity import chain, message_hash
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError
+
+T = TypeVar("T")
+PREFIX = "pflash:"
+
+# KEYS[1]=lease key, ARGV[1]=token, ARGV[2]=ttl ms: extend only our own lease
+_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+# KEYS[1]=lease key, ARGV[1]=token: free only our own lease
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# KEYS[1]=holder key, ARGV[1]=new node, ARGV[2]=the holder the caller saw ('' = none): set only if unchanged;
+# returns the holder now
+_CLAIM = ("local h = redis.call('GET', KEYS[1]) if (not h) or h == ARGV[2] or h == ARGV[1] then "
+          "redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1] end return h")
+# KEYS[1]=chain key, ARGV[1]=sid: delete a chain entry only while it still points at the session
+_DEL_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> T:
+        import redis
+
+        try:
+            return fn(*args, **kw)
+        except (redis.RedisError, OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+            raise StoreError(f"session index (redis): {type(exc).__name__}: {exc}") from exc
+    return wrapper
+
+
+def _text(v: Any) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class RedisIndex:
+    """``SessionIndex`` and ``ClusterIndex`` in one Redis database (module docstring)."""
+
+    def __init__(self, url: str, *, prefix: str = PREFIX, timeout_s: float = 5.0):
+        try:
+            import redis
+        except ImportError as exc:  # the optional dependency: pip install 'pflash-proxy[cluster]'
+            raise StoreError("--index redis:// needs the redis client (pip install 'pflash-proxy[cluster]')") from exc
+        parsed = urlparse(url)
+        if parsed.scheme not in ("redis", "rediss", "unix"):
+            raise StoreError(f"--index {url!r}: not a redis:// URL")
+        self.url = url
+        self.p = prefix
+        self.r: Any = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                      health_check_interval=30)
+        self._renew = self.r.register_script(_RENEW)
+        self._release = self.r.register_script(_RELEASE)
+        self._claim = self.r.register_script(_CLAIM)
+        self._del_if = self.r.register_script(_DEL_IF)
+        self.salt = self._salt()
+
+    @_guarded
+    def _salt(self) -> str:
+        self.r.set(self.p + "salt", secrets.token_hex(16), nx=True)
+        return _text(self.r.get(self.p + "salt")) or ""
+
+    def close(self) -> None:
+        self.r.close()
+
+    def describe(self) -> str:
+        """Where the index is, without credentials."""
+        u = urlparse(self.url)
+        return f"{u.scheme}://{u.hostname}:{u.port or 6379}{u.path or '/0'}"
+
+    # Sessions -----------------------------------------------------------------------------------------------
+    @_guarded
+    def lookup(self, seed: str, messages: list[dict[str, Any]]) -> tuple[SessionRecord | None, int, list[str]]:
+        """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
+        hashes = [message_hash(m) for m in messages]
+        values = chain(seed, hashes)
+        if not values:
+            return None, 0, hashes
+        sids = self.r.mget([f"{self.p}chain:{h}" for h in values])
+        for i in range(len(values) - 1, -1, -1):
+            sid = _text(sids[i])
+            if sid is None:
+                continue
+            rec = self.get(sid)
+            if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
+                return rec, i + 1, hashes
+        return None, 0, hashes
+
+    @_guarded
+    def get(self, sid: str) -> SessionRecord | None:
+        data = self.r.get(f"{self.p}session:{sid}")
+        return SessionRecord.from_stored(pickle.loads(data)) if data else None
+
+    def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
+                    owner: str | None = None) -> SessionRecord:
+        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit, owner=owner)
+        if parent is not None and upto and parent.owner == owner:
+            rec.client_hashes = parent.client_hashes[:upto]
+            rec.served = parent.served[:upto]
+        return rec
+
+    @_guarded
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None:
+        rec.client_hashes = list(client_hashes)
+        rec.served = list(served)
+        rec.last_use = time.time()
+        rec.turns += 1
+        pipe = self.r.pipeline(transaction=True)
+        self._put(pipe, rec)
+        entries = {f"{self.p}chain:{h}": rec.id for h in chain(rec.seed, client_hashes)}
+        if entries:
+            pipe.mset(entries)
+        pipe.execute()
+
+    @_guarded
+    def update_record(self, rec: SessionRecord) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        self._put(pipe, rec)
+        pipe.execute()
+
+    def _put(self, pipe: Any, rec: SessionRecord) -> None:
+        pipe.set(f"{self.p}session:{rec.id}", pickle.dumps(rec.stored(), protocol=pickle.HIGHEST_PROTOCOL))
+        pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
+
+    @_guarded
+    def prune(self, *, older_than: float | None, max_sessions: int,
+              keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """As ``SessionStore.prune``: sessions last used before ``older_than``, then the least recently used beyond
+        ``max_sessions``, never one in ``keep``; with their chain entries, responses, holder and turn lease."""
+        ranked = [(_text(sid) or "", t) for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)]
+        excess = len(ranked) - max_sessions
+        victims: list[str] = []
+        for sid, last_use in ranked:
+            if sid in keep:
+                continue
+            if (older_than is not None and last_use < older_than) or len(victims) < excess:
+                victims.append(sid)
+        for sid in victims:
+            rec = self.get(sid)
+            rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
+            pipe = self.r.pipeline(transaction=True)
+            pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}")
+            pipe.zrem(f"{self.p}used", sid)
+            for rid in rids:
+                pipe.delete(f"{self.p}response:{rid}")
+            pipe.execute()
+            for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
+                self._del_if(keys=[f"{self.p}chain:{h}"], args=[sid])
+        return victims
+
+    @_guarded
+    def last_uses(self) -> dict[str, float]:
+        return {_text(sid) or "": t for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)}
+
+    @_guarded
+    def count_sessions(self) -> int:
+        return int(self.r.zcard(f"{self.p}used"))
+
+    @_guarded
+    def sessions(self) -> list[SessionRecord]:
+        ids = [_text(s) for s in self.r.zrange(f"{self.p}used", 0, -1)]
+        values = self.r.mget([f"{self.p}session:{sid}" for sid in ids]) if ids else []
+        return [SessionRecord.from_stored(pickle.loads(v)) for v in values if v]
+
+    @_guarded
+    def volume(self) -> int:
+        """Bytes Redis holds (the whole database's memory: give the index a Redis of its own)."""
+        return int(self.r.info("memory").get("used_memory", 0))
+
+    # Responses ----------------------------------------------------------------------------------------------
+    @_guarded
+    def response(self, rid: str) -> dict[str, Any] | None:
+        data = self.r.get(f"{self.p}response:{rid}")
+        entry = pickle.loads(data) if data else None
+        return entry if isinstance(entry, dict) else None
+
+    @_guarded
+    def last_response(self, sid: str) -> str | None:
+        return _text(self.r.lindex(f"{self.p}responses:{sid}", -1))
+
+    @_guarded
+    def put_response(self, rid: str, entry: dict[str, Any]) -> bool:
+        sid = entry["session"]
+        if not self.r.exists(f"{self.p}session:{sid}"):
+            return False
+        pipe = self.r.pipeline(transaction=True)
+        pipe.lrem(f"{self.p}responses:{sid}", 0, rid)
+        pipe.rpush(f"{self.p}responses:{sid}", rid)
+        pipe.set(f"{self.p}response:{rid}", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+        pipe.execute()
+        return True
+
+    # Snapshots ----------------------------------------------------------------------------------------------
+    @_guarded
+    def snapshot(self, sid: str) -> SnapshotRecord | None:
+        data = self.r.get(f"{self.p}snapshot:{sid}")
+        return SnapshotRecord(**json.loads(data)) if data else None
+
+    @_guarded
+    def put_snapshot(self, rec: SnapshotRecord) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(f"{self.p}snapshot:{rec.session}", json.dumps(asdict(rec)))
+        pipe.sadd(f"{self.p}snapshots", rec.session)
+        pipe.execute()
+
+    @_guarded
+    def drop_snapshot(self, sid: str) -> SnapshotRecord | None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.getdel(f"{self.p}snapshot:{sid}")
+        pipe.srem(f"{self.p}snapshots", sid)
+        data, _ = pipe.execute()
+        return SnapshotRecord(**json.loads(data)) if data else None
+
+    @_guarded
+    def snapshots(self) -> list[SnapshotRecord]:
+        ids = [_text(s) for s in self.r.smembers(f"{self.p}snapshots")]
+        values = self.r.mget([f"{self.p}snapshot:{sid}" for sid in ids]) if ids else []
+        return [SnapshotRecord(**json.loads(v)) for v in values if v]
+
+    # Cluster: holders, turn leases, heartbeats ----------------------------------------------------------------
+    @_guarded
+    def holder(self, sid: str) -> str | None:
+        return _text(self.r.get(f"{self.p}holder:{sid}"))
+
+    @_guarded
+    def claim(self, sid: str, node: str, seen: str | None) -> str:
+        """Make ``node`` the session's holder if the holder is still ``seen`` (or there is none now); returns the
+        holder now (``node`` when the claim took, else the node that claimed it meanwhile)."""
+        return _text(self._claim(keys=[f"{self.p}holder:{sid}"], args=[node, seen or ""])) or ""
+
+    @_guarded
+    def acquire_turn(self, sid: str, token: str, ttl_ms: int) -> bool:
+        """The session's turn lease for ``token`` if no one holds it (``SET NX PX``)."""
+        return bool(self.r.set(f"{self.p}turn:{sid}", token, nx=True, px=ttl_ms))
+
+    @_guarded
+    def renew_turn(self, sid: str, token: str, ttl_ms: int) -> bool:
+        return bool(self._renew(keys=[f"{self.p}turn:{sid}"], args=[token, ttl_ms]))
+
+    @_guarded
+    def release_turn(self, sid: str, token: str) -> bool:
+        return bool(self._release(keys=[f"{self.p}turn:{sid}"], args=[token]))
+
+    @_guarded
+    def turn_holder(self, sid: str) -> str | None:
+        return _text(self.r.get(f"{self.p}turn:{sid}"))
+
+    @_guarded
+    def heartbeat(self, node: str, url: str, ttl_ms: int) -> None:
+        self.r.set(f"{self.p}node:{node}", url, px=ttl_ms)
+
+    @_guarded
+    def node_url(self, node: str) -> str | None:
+        """The node's advertised URL while its heartbeat lasts; None once it expired (the node is gone)."""
+        return _text(self.r.get(f"{self.p}node:{node}"))
+
+    @_guarded
+    def nodes(self) -> dict[str, str]:
+        keys = list(self.r.scan_iter(match=f"{self.p}node:*", count=100))
+        values = self.r.mget(keys) if keys else []
+        return {(_text(k) or "")[len(self.p) + 5:]: _text(v) or "" for k, v in zip(keys, values) if v}
+
+    @_guarded
+    def leave(self, node: str) -> None:
+        """A node stopping cleanly: its heartbeat goes at once (its sessions' snapshots are saved by then)."""
+        self.r.delete(f"{self.p}node:{node}")
+
+    @_guarded
+    def holders(self) -> dict[str, str]:
+        """Every session's holder (``pflash-proxy ls``)."""
+        keys = list(self.r.scan_iter(match=f"{self.p}holder:*", count=500))
+        values = self.r.mget(keys) if keys else []
+        return {(_text(k) or "")[len(self.p) + 7:]: _text(v) or "" for k, v in zip(keys, values) if v}

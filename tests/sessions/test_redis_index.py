@@ -1,0 +1,170 @@
+"""The shared session index (``sessions/redis_index.py``) against a real ``redis-server`` the test starts itself.
+
+1. The same ``SessionIndex`` contract as the embedded diskcache index (each test runs on both): records with their
+   chain entries, the longest-prefix lookup, forks, pruning, responses, snapshot records.
+2. Two nodes (two clients) see each other's writes and share one salt.
+3. What only a cluster has: the turn lease is atomic (of many concurrent takers exactly one wins), only its
+   holder renews or frees it, and it expires; heartbeats expire; a holder claim is compare-and-set.
+4. A Redis that is gone raises ``StoreError`` (served without the index, never a failed request).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, is_cluster, open_index
+from pflash_proxy.sessions.redis_index import RedisIndex
+from pflash_proxy.sessions.store import SessionStore
+from tests.redis_server import RedisServer, binary
+
+pytestmark = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer.start(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def index(request, tmp_path):
+    if request.param == "embedded":
+        idx: SessionIndex = open_index(tmp_path)
+        assert isinstance(idx, SessionStore)
+    else:
+        server = RedisServer.start(tmp_path / "redis")
+        request.addfinalizer(server.stop)
+        idx = open_index(tmp_path, server.url)
+        assert isinstance(idx, RedisIndex) and is_cluster(idx)
+    yield idx
+    idx.close()
+
+
+def msgs(*texts: str) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+
+
+def test_lookup_finds_the_longest_served_prefix_and_forks_keep_their_parent(index):
+    rec = index.new_session("seed", True, owner="o")
+    served = msgs("hello", "hi", "more")
+    _, _, hashes = index.lookup("seed", served)
+    index.save_session(rec, hashes, served)
+    found, matched, _ = index.lookup("seed", msgs("hello", "hi", "more", "answer", "next"))
+    assert found is not None and found.id == rec.id and matched == 3 and found.turns == 1
+    assert found.served == served and found.owner == "o"
+    assert index.lookup("other seed", served)[0] is None  # namespaces never meet
+    found2, matched2, _ = index.lookup("seed", msgs("hello", "hi", "different"))
+    assert found2 is not None and found2.id == rec.id and matched2 == 2  # a fork point
+    fork = index.new_session("seed", True, parent=found2, upto=2, owner="o")
+    assert fork.served == served[:2] and fork.id != rec.id
+    found2.traces.append({"kind": "recall"})
+    found2.trace_totals["recalls"] = 1
+    index.update_record(found2)
+    again = index.get(rec.id)
+    assert again is not None and again.traces == [{"kind": "recall"}] and again.trace_totals == {"recalls": 1}
+    assert index.count_sessions() == 1 and set(index.last_uses()) == {rec.id}
+    assert [r.id for r in index.sessions()] == [rec.id]
+
+
+def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(index):
+    ids = []
+    for i in range(4):
+        rec = index.new_session("seed", False)
+        served = msgs(f"conversation {i}")
+        index.save_session(rec, index.lookup("seed", served)[2], served)
+        ids.append(rec.id)
+        time.sleep(0.01)
+    assert index.put_response("resp-0", {"session": ids[0], "items": [1]})
+    assert not index.put_response("resp-x", {"session": "no such session"})
+    assert index.last_response(ids[0]) == "resp-0" and index.response("resp-0") == {"session": ids[0], "items": [1]}
+    gone = index.prune(older_than=None, max_sessions=2, keep={ids[1]})
+    assert gone == [ids[0], ids[2]]
+    assert index.get(ids[0]) is None and index.response("resp-0") is None
+    assert index.lookup("seed", msgs("conversation 0"))[0] is None
+    assert index.lookup("seed", msgs("conversation 3"))[0].id == ids[3]
+    assert index.count_sessions() == 2
+
+
+def test_snapshot_records_round_trip(index):
+    rec = SnapshotRecord(session="s1", file="pf-s1.bin", tokens=120, served_hashes=["a", "b"], model_identity="m",
+                         size=4096, checksum="crc32:0000abcd")
+    index.put_snapshot(rec)
+    assert index.snapshot("s1") == rec and index.snapshots() == [rec]
+    assert index.drop_snapshot("s1") == rec
+    assert index.snapshot("s1") is None and index.snapshots() == [] and index.drop_snapshot("s1") is None
+
+
+def test_two_nodes_share_records_and_salt(redis_server, tmp_path):
+    a, b = RedisIndex(redis_server.url), RedisIndex(redis_server.url)
+    assert a.salt and a.salt == b.salt
+    rec = a.new_session("seed", False)
+    served = msgs("shared")
+    a.save_session(rec, a.lookup("seed", served)[2], served)
+    seen = b.lookup("seed", msgs("shared", "answer"))[0]
+    assert seen is not None and seen.id == rec.id
+    assert b.claim(rec.id, "node-b", None) == "node-b" and a.holder(rec.id) == "node-b"
+    assert a.claim(rec.id, "node-a", None) == "node-b"  # a saw no holder, but b claimed it meanwhile
+    assert a.claim(rec.id, "node-a", "node-b") == "node-a" and b.holder(rec.id) == "node-a"
+    assert a.holders() == {rec.id: "node-a"}
+    a.close()
+    b.close()
+
+
+def test_the_turn_lease_is_atomic_owned_and_expires(redis_server):
+    nodes = [RedisIndex(redis_server.url) for _ in range(4)]
+    for round_ in range(20):
+        sid = f"session-{round_}"
+        won: list[str] = []
+        start = threading.Barrier(len(nodes) * 2)
+
+        def take(idx: RedisIndex, token: str) -> None:
+            start.wait()
+            if idx.acquire_turn(sid, token, 5000):
+                won.append(token)
+        threads = [threading.Thread(target=take, args=(n, f"n{i}/{j}")) for i, n in enumerate(nodes) for j in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, won
+        other = next(f"n{i}/{j}" for i in range(4) for j in range(2) if f"n{i}/{j}" not in won)
+        assert not nodes[1].release_turn(sid, other) and not nodes[1].renew_turn(sid, other, 5000)
+        assert nodes[0].turn_holder(sid) == won[0]
+        assert nodes[2].release_turn(sid, won[0]) and nodes[0].turn_holder(sid) is None
+    a = nodes[0]
+    assert a.acquire_turn("short", "x", 200) and not a.acquire_turn("short", "y", 200)
+    assert a.renew_turn("short", "x", 600)
+    time.sleep(0.3)
+    assert not a.acquire_turn("short", "y", 200)  # renewed: still held
+    time.sleep(0.5)
+    assert a.acquire_turn("short", "y", 200)  # expired: free again
+    for n in nodes:
+        n.close()
+
+
+def test_heartbeats_expire_and_a_leaving_node_is_gone_at_once(redis_server):
+    idx = RedisIndex(redis_server.url)
+    idx.heartbeat("n1", "http://127.0.0.1:1", 300)
+    idx.heartbeat("n2", "http://127.0.0.1:2", 5000)
+    assert idx.nodes() == {"n1": "http://127.0.0.1:1", "n2": "http://127.0.0.1:2"}
+    time.sleep(0.45)
+    assert idx.node_url("n1") is None and idx.node_url("n2") == "http://127.0.0.1:2"
+    idx.leave("n2")
+    assert idx.nodes() == {}
+    idx.close()
+
+
+def test_a_redis_that_is_gone_raises_store_error(tmp_path):
+    server = RedisServer.start(tmp_path / "redis")
+    idx = RedisIndex(server.url, timeout_s=1)
+    server.stop()
+    for call in (lambda: idx.get("x"), lambda: idx.lookup("seed", msgs("a")), lambda: idx.acquire_turn("x", "t", 10),
+                 lambda: idx.snapshots(), lambda: idx.heartbeat("n", "http://x", 10)):
+        with pytest.raises(StoreError):
+            call()
+    with pytest.raises(StoreError):
+        RedisIndex(server.url, timeout_s=1)
