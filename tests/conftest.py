@@ -75,12 +75,14 @@ class LlamaServer:
 
 
 def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_slot: int = 4096,
-                       extra: list[str] | None = None) -> LlamaServer:
+                       extra: list[str] | None = None, slot_dir: Path | None = None) -> LlamaServer:
+    """``slot_dir``: its ``--slot-save-path`` (default ``workdir/slots``; several nodes share one in tests/cluster)."""
     from pflash_proxy.llama.spawn import SAFE_FLAGS, find_llama_server, free_port
 
     binary = find_llama_server(None)
     port = free_port()
-    slot_dir = workdir / "slots"
+    workdir.mkdir(parents=True, exist_ok=True)
+    slot_dir = slot_dir or workdir / "slots"
     slot_dir.mkdir(parents=True, exist_ok=True)
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
             "-c", str(ctx_per_slot * parallel), *SAFE_FLAGS, "--swa-full", "--slot-save-path", str(slot_dir),
