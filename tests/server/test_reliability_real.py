@@ -247,12 +247,13 @@ async def test_echoing_the_session_header_continues_the_session(make_proxy):
     assert r.headers["X-PFlash-Session"] == h["X-PFlash-Session"] and r.headers["X-PFlash-Cache"] == "hit"
 
 
-async def test_an_agents_own_session_header_names_the_conversation(make_proxy):
+@pytest.mark.parametrize("header", ["x-session-affinity", "X-Claude-Code-Session-Id"])  # opencode, Claude Code
+async def test_an_agents_own_session_header_names_the_conversation(make_proxy, header):
     proxy = await make_proxy()
     msgs = [{"role": "user", "content": "Same words, two agents."}]
     r1 = await proxy.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **GEN},
-                          headers={"x-session-affinity": "agent-one"})
+                          headers={header: "agent-one"})
     r2 = await proxy.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **GEN},
-                          headers={"x-session-affinity": "agent-two"})
+                          headers={header: "agent-two"})
     assert r1.status == r2.status == 200
     assert r1.headers["X-PFlash-Session"] != r2.headers["X-PFlash-Session"]  # two names, two sessions
