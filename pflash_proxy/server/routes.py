@@ -220,6 +220,7 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, p
     except (UpstreamUnavailable, UpstreamTimeout, UpstreamNotReady) as exc:
         log.warning("node %s unreachable for a forwarded turn (%s); serving it here", url, exc)
         req.forward_failed, req.forward_to = url, None
+        req.response_headers.pop(VIA_HEADER, None)  # served here after all
         return None
     req.log_fields["forwarded_to"] = url
     resp, result = await relay(request, up, extra_headers={VIA_HEADER: via} if via else None, style=style,

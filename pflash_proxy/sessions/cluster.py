@@ -115,6 +115,7 @@ class ClusterNode:
     def peer_failed(self, node: str) -> None:
         """A forward to ``node`` found no one there: it is passed over until its heartbeat would have expired."""
         self.counters["forward_failures"] += 1
+        self.counters["forwarded_out"] -= 1  # counted when the forward was decided; it did not happen
         self._suspect[node] = time.monotonic() + self.ttl_ms / 1000
         log.warning("node %s did not take a forwarded turn; its sessions are taken over here", node)
 

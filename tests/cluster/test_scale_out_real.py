@@ -132,7 +132,7 @@ async def test_any_node_continues_any_session(gemma_model, tmp_path):
             cluster.node("node0").kill()
             for c in convs:
                 got = await turn(http, balancer.url, c)
-                assert got["node"] == "node1" and len(got["tried"]) <= 2, got
+                assert got["node"] == "node1" and got["via"] is None and len(got["tried"]) <= 2, got
                 if held[c.k] == "node0":
                     assert (got["takeover"], got["cache"]) == ("node0", "restored"), got
                 else:
