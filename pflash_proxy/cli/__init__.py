@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("ids", nargs="*")
     rm.add_argument("--all", action="store_true")
     rm.add_argument("--config")
+    for p in (sub.choices["ls"], rm):  # a shared index is read where it is (default: the configuration's)
+        p.add_argument("--index", help="the session index: 'embedded' or redis://HOST:PORT/DB (also PFLASH_INDEX)")
     warm = sub.add_parser("warm", help="pre-read a document into a session snapshot")
     warm.add_argument("file")
     warm.add_argument("--url", help="proxy URL (default from the configuration)")
@@ -187,7 +189,8 @@ def _loose_settings(args: argparse.Namespace) -> Settings:
     env = dict(os.environ)
     if not env.get("PFLASH_UPSTREAM") and not env.get("PFLASH_SPAWN"):
         env["PFLASH_UPSTREAM"] = "http://127.0.0.1:8080"
-    return load_settings({}, environ=env, config_file=getattr(args, "config", None))
+    cli = {"index": args.index} if getattr(args, "index", None) else {}
+    return load_settings(cli, environ=env, config_file=getattr(args, "config", None))
 
 
 def serve(settings: Settings) -> int:

@@ -2,8 +2,9 @@
 upstream, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
-   sessions (last use, turns, tokens in / served / saved by compression, snapshot), totals and the live counters
-   of ``/pflash/stats``.
+   sessions (last use, turns, tokens in / served / saved by compression, snapshot, and with a shared index the
+   node holding it), totals and the live counters of ``/pflash/stats``; with a shared index also this node, the
+   live nodes, its forwarded turns, takeovers and what they restored.
    The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
    kept until its last use changes, so the page can refresh every few seconds.
 2. ``session``: one session by its full id — every served message, and for each trace (``inspector.trace``) the
@@ -85,6 +86,11 @@ class InspectorData:
             "snapshots": (stats.get("sessions") or {}).get("snapshots", 0),
             "snapshot_bytes": (stats.get("sessions") or {}).get("snapshot_bytes", 0),
         }
+        cluster = (stats.get("sessions") or {}).get("cluster")
+        if cluster:  # one node of several sharing an index (sessions/cluster.py)
+            out["node"] = {k: cluster.get(k) for k in ("node", "url", "index", "nodes", "nodes_alive", "forwarded_out",
+                                                       "forwarded_in", "forward_failures", "takeovers",
+                                                       "takeover_hit", "takeover_restored", "takeover_miss")}
         out["counters"] = stats
         return out
 
@@ -121,7 +127,7 @@ class InspectorData:
         if sessions is None:
             return {"slot": None, "snapshot": None}
         snap = sessions.snapshot(sid)
-        return {"slot": sessions.resident_slot(sid),
+        return {"slot": sessions.resident_slot(sid), "node": sessions.holder(sid),
                 "snapshot": None if snap is None else {"tokens": snap.tokens, "bytes": snap.size,
                                                         "last_use": snap.last_use, "hits": snap.hits}}
 

@@ -379,3 +379,7 @@ class ManagerView:
 
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         return self._m.store.snapshot(sid)
+
+    def holder(self, sid: str) -> str | None:
+        cluster = self._m.cluster
+        return cluster.index.holder(sid) if cluster is not None else None

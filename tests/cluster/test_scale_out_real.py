@@ -9,13 +9,14 @@ and the shipped nginx config in front (``tests/cluster/nodes.py``, ``balancers.p
    ``restored`` (six sessions share a node's two slots, so a session's slot may have been saved for another); each conversation keeps one session id, no two share one, and the served history the shared
    index holds for each is exactly what its client sent (no crossed answers). Each answer names its node.
 2. The second turn of every unnamed session is sent straight to the node that does NOT hold it: it is forwarded
-   to the holder (``X-PFlash-Via`` the receiving node, ``X-PFlash-Node`` the holder) and is a hit there; the
+   to the holder (``X-PFlash-Via`` the receiving node, ``X-PFlash-Node`` the holder), a hit or restore there; the
    nodes' ``/pflash/stats`` count the forwards.
 3. Once every session's last turn is snapshotted in the shared directory, node0 is killed (proxy and
    llama-server, SIGKILL). The next turn of every session through nginx is answered by node1 (after at most one
    retry by nginx); node0's sessions are taken over (``X-PFlash-Takeover: node0``) and restored from the shared
-   directory, node1's own are hits or restores as before; node1's stats and ``/pflash/metrics`` count the takeovers and restores, and the
-   shared index names node1 as every session's holder.
+   directory, node1's own are hits or restores as before; node1's stats, ``/pflash/metrics`` and inspector
+   count the takeovers and restores; the shared index (and the inspector's session list) names node1 as every
+   session's holder.
 """
 
 from __future__ import annotations
@@ -146,6 +147,13 @@ async def test_any_node_continues_any_session(gemma_model, tmp_path):
             assert f"pflash_takeovers_total {float(len(moved))}" in metrics
             assert f'pflash_takeover_turns_total{{cache="restored"}} {float(len(moved))}' in metrics
             assert 'pflash_node_info{node="node1"} 1.0' in metrics
+            async with http.get(cluster.node("node1").url + "/pflash/api/overview") as r:
+                overview = await r.json()
+            assert overview["node"]["node"] == "node1" and overview["node"]["takeovers"] == len(moved)
+            assert overview["node"]["takeover_restored"] == len(moved)
+            async with http.get(cluster.node("node1").url + "/pflash/api/sessions") as r:
+                listed = (await r.json())["sessions"]
+            assert {s["id"]: s["node"] for s in listed} == {c.sid: "node1" for c in convs}
         finally:
             index.close()
             if balancer is not None:

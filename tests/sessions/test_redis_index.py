@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -168,3 +169,20 @@ def test_a_redis_that_is_gone_raises_store_error(tmp_path):
             call()
     with pytest.raises(StoreError):
         RedisIndex(server.url, timeout_s=1)
+
+
+def test_ls_reads_the_shared_index_with_each_sessions_node(redis_server, capsys):
+    from pflash_proxy.cli import main
+
+    idx = RedisIndex(redis_server.url)
+    idx.put_snapshot(SnapshotRecord(session="a" * 32, file="pf-a.bin", tokens=77, served_hashes=["h"],
+                                    model_identity="m", size=2048))
+    idx.claim("a" * 32, "gpu1", None)
+    idx.heartbeat("gpu1", "http://10.0.0.11:8090", 5000)
+    assert main(["ls", "--index", redis_server.url, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["session"] == "a" * 32 and row["tokens"] == 77 and row["node"] == "gpu1"
+    assert main(["ls", "--index", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "gpu1" in out and "nodes alive: gpu1 (http://10.0.0.11:8090)" in out
+    idx.close()

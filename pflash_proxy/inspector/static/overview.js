@@ -22,6 +22,20 @@ function renderUpstream(u) {
     u.not_ready_reason ? el("span", {class: "bad", text: u.not_ready_reason}) : null));
 }
 
+function renderNode(n) {  // one node of several sharing an index (--index redis://)
+  const box = document.getElementById("node");
+  if (!n) { box.replaceChildren(); return; }
+  const alive = Object.entries(n.nodes || {}).map(([name, url]) => `${name} (${url})`).join(", ");
+  box.replaceChildren(el("div", {class: "kv"},
+    el("span", {class: "badge ok", text: "node " + n.node}),
+    el("span", {class: "muted", text: `${fmtInt(n.nodes_alive)} nodes alive: ${alive || "–"}`}),
+    el("span", {text: `forwarded out ${fmtInt(n.forwarded_out)} · in ${fmtInt(n.forwarded_in)}`
+                      + (n.forward_failures ? ` · ${fmtInt(n.forward_failures)} to a node gone` : "")}),
+    el("span", {text: `takeovers ${fmtInt(n.takeovers)} (restored ${fmtInt(n.takeover_restored)}, `
+                      + `cold ${fmtInt(n.takeover_miss)}, hit ${fmtInt(n.takeover_hit)})`}),
+    el("code", {class: "muted", text: n.index || ""})));
+}
+
 function renderTotals(t) {
   document.getElementById("totals").replaceChildren(
     card("requests", fmtInt(t.requests)),
@@ -48,10 +62,10 @@ function renderSessions(list, total) {
     total > list.length ? `(${list.length} most recent of ${fmtInt(total)})` : `(${fmtInt(total)})`;
   const table = document.getElementById("sessions");
   table.replaceChildren(row(["session", "last use", "turns", "messages", "compressed", "tokens in", "served",
-                             "saved", "recalls", "slot", "snapshot"], true),
+                             "saved", "recalls", "slot", "node", "snapshot"], true),
     ...list.map(s => row([sessionLink(s.id), ago(s.last_use), fmtInt(s.turns), fmtInt(s.messages),
                           fmtInt(s.compressed), fmtInt(s.tokens_in), fmtInt(s.tokens_served), fmtInt(s.tokens_saved),
-                          fmtInt(s.recalls), s.slot === null ? "–" : String(s.slot),
+                          fmtInt(s.recalls), s.slot === null ? "–" : String(s.slot), s.node || "–",
                           s.snapshot ? `${fmtInt(s.snapshot.tokens)} tok · ${fmtBytes(s.snapshot.bytes)}` : "–"])));
 }
 
@@ -59,6 +73,7 @@ async function refresh() {
   try {
     const data = await fetchJSON("/pflash/api/overview");
     renderUpstream(data.upstream);
+    renderNode(data.node);
     renderTotals(data.totals);
     renderSlots(data.slots, data.queued);
     renderSessions(data.sessions, data.sessions_total);
