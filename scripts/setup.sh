@@ -17,6 +17,8 @@
 #    one), when apt-get can install it (root); without it that one test is skipped and says why.
 # 6. The real agent CLIs for tests/agents (Claude Code, Codex, opencode from npm; aider from PyPI into its own venv),
 #    pinned in tests/agents/pins.txt; without npm or a registry those tests skip and say why.
+# 7. Debian's nginx, haproxy and redis-server for tests/cluster (binaries only: no service is started or left
+#    enabled); without apt-get as root those tests skip and say why.
 # A stamp keyed by pyproject.toml + flags makes a second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +69,39 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1)) || \
     echo "setup: chromium not installed; the inspector's browser test will be skipped"
 fi
+
+# 7. Debian's nginx, haproxy and redis-server for the cluster tests (tests/cluster), binaries only: the tests run
+#    their own processes on loopback ports with config files in a temp dir. A policy-rc.d that answers 101 keeps
+#    the packages' scripts from starting a service (one is put in place only for this install when the machine
+#    has none), and on a machine booted with systemd the units this step installed are disabled again.
+cluster_tools() {
+  local missing=() pkg bin
+  for pkg in nginx haproxy redis-server; do
+    bin=$pkg; [ -x "/usr/sbin/$bin" ] || [ -x "/usr/bin/$bin" ] || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+    echo "setup: ${missing[*]} not installed (needs apt-get as root); the cluster tests will be skipped"
+    return 0
+  fi
+  echo "setup: installing Debian ${missing[*]} (the cluster tests run their own on loopback; no service is started)..."
+  local policy=/usr/sbin/policy-rc.d own_policy=0 ok=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
+  fi
+  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || \
+    (apt-get update -qq >/dev/null 2>&1 && \
+     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1)) \
+    && ok=1
+  [ "$own_policy" = 0 ] || rm -f "$policy"
+  if [ "$ok" = 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    for pkg in "${missing[@]}"; do
+      systemctl disable --now "$pkg.service" >/dev/null 2>&1 || true
+    done
+  fi
+  [ "$ok" = 1 ] || echo "setup: ${missing[*]} not installed; the cluster tests will be skipped"
+}
+cluster_tools
 
 # 6. The real agent CLIs of tests/agents (pinned in tests/agents/pins.txt): Claude Code, Codex CLI and opencode
 #    from npm into ~/.cache/pflash-proxy/agents-<hash of the npm pins>/, aider from PyPI into its own venv
