@@ -230,7 +230,7 @@ class Server:
 
     def __init__(self, binary: Path, model: Path, work: Path, ctx: int, extra: list[str]):
         from pflash_proxy.config import Settings
-        from pflash_proxy.spawn import free_port, gguf_sliding_window, server_args
+        from pflash_proxy.llama.spawn import free_port, gguf_sliding_window, server_args
 
         self.slot_dir = work / "slots"
         self.slot_dir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +320,7 @@ class DrafterBench:
         from pflash_proxy.drafter.probes import load_scorer_head
         from pflash_proxy.drafter.runtime import Drafter
         from pflash_proxy.drafter.trained import sets
-        from pflash_proxy.drafter_setup import drafter_scorer
+        from pflash_proxy.stages.scorers import drafter_scorer
 
         self.path = path
         self.drafter = Drafter(str(path), n_ctx=n_ctx, n_threads=2, n_gpu_layers=gpu_layers, timeout=600,
@@ -352,7 +352,7 @@ class DrafterBench:
     def cold_pass(self, text: str) -> dict[str, Any]:
         from pflash_proxy.compress.text import TokenizedText
         from pflash_proxy.compress.units import UnitSegmenter
-        from pflash_proxy.drafter.stages import text_key
+        from pflash_proxy.drafter.taps import text_key
 
         tt = TokenizedText.from_text(text)
         units = UnitSegmenter(32, 512).segment(tt, None)

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pflash_proxy.spawn import free_port
+from pflash_proxy.llama.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = {"nginx": ROOT / "configs" / "nginx" / "pflash-proxy.conf",

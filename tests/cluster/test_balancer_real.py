@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pflash_proxy.spawn import free_port
+from pflash_proxy.llama.spawn import free_port
 from tests.cluster.balancers import Balancer, binary
 from tests.conftest import start_llama_server
 
