@@ -165,8 +165,8 @@ def render(d: dict[str, Any]) -> str:
               f"context {p['ctx']}, the proxy's spawn flags); drafter: {model_name(dr)} through llama-cpp-python "
               f"0.3.36's bindings on the same build (context {p['drafter_ctx']}, batch 512, 2 threads, "
               f"{'every layer on the GPU' if p['gpu_layers'] else 'CPU'})",
-              f"- kept tokens: the proxy's default prefill curve; PFlash first-token estimate = drafter pass + "
-              f"prefill of the kept tokens (compression glue outside the drafter is in the proxy turn below)",
+              "- kept tokens: the proxy's default prefill curve; PFlash first-token estimate = drafter pass + "
+              "prefill of the kept tokens (compression glue outside the drafter is in the proxy turn below)",
               f"- build: {json.dumps(env.get('build')) if env.get('build') else 'kept from an earlier command'}", ""]
     lines += ["| tokens | full prefill s | full tok/s | kept tokens | kept prefill s | drafter pass s | "
               "PFlash est. s | speed-up |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -320,7 +320,7 @@ class DrafterBench:
         from pflash_proxy.drafter.probes import load_scorer_head
         from pflash_proxy.drafter.runtime import Drafter
         from pflash_proxy.drafter.trained import sets
-        from pflash_proxy.drafter_setup import drafter_scorer
+        from pflash_proxy.stages.scorers import drafter_scorer
 
         self.path = path
         self.drafter = Drafter(str(path), n_ctx=n_ctx, n_threads=2, n_gpu_layers=gpu_layers, timeout=600,
@@ -352,7 +352,7 @@ class DrafterBench:
     def cold_pass(self, text: str) -> dict[str, Any]:
         from pflash_proxy.compress.text import TokenizedText
         from pflash_proxy.compress.units import UnitSegmenter
-        from pflash_proxy.drafter.stages import text_key
+        from pflash_proxy.drafter.taps import text_key
 
         tt = TokenizedText.from_text(text)
         units = UnitSegmenter(32, 512).segment(tt, None)
