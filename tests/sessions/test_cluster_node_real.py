@@ -1,0 +1,110 @@
+"""One node of a cluster (``sessions/cluster.py``) in-process, against a real llama-server and a real redis-server.
+
+1. A session whose recorded holder is another node with a live heartbeat but nobody listening at its URL: the
+   forward is refused, the turn is served here as a takeover (``X-PFlash-Takeover``, no ``X-PFlash-Via``), the
+   node is counted as a failed forward, and this node is the holder afterwards.
+2. A session whose turn lease another node holds: the turn waits (it is not answered before the lease is freed),
+   then runs; ``turn_waits`` counts it, and the lease is free again after the turn.
+3. A turn forwarded to this node (``X-PFlash-Forwarded-By``) is served here even though the index names another
+   live node as the holder (no forwarding loop), and counted as forwarded in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pflash_proxy.llama.spawn import free_port
+from pflash_proxy.server.app import create_app
+from pflash_proxy.sessions.redis_index import RedisIndex
+from tests.conftest import make_settings
+from tests.redis_server import RedisServer, binary
+
+pytestmark = [pytest.mark.llama, pytest.mark.skipif(binary() is None, reason="redis-server not installed")]
+
+GEN = {"max_tokens": 2, "temperature": 0}
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer.start(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+async def make_node(aiohttp_client, llama_server, tmp_path, redis_url):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, index=redis_url,
+                             node_id="here", heartbeat_s=0.5)
+    app = create_app(settings)
+    client = await aiohttp_client(app)
+    return client, app
+
+
+def stats_of(app) -> dict:
+    from pflash_proxy.server.control import collect_stats
+
+    return collect_stats(app)["sessions"]["cluster"]
+
+
+async def test_a_holder_that_does_not_answer_is_taken_over(aiohttp_client, llama_server, tmp_path, redis_server):
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    index = RedisIndex(redis_server.url)
+    msgs = [{"role": "user", "content": "Count the apples in the orchard, please."}]
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
+    assert r.status == 200 and r.headers["X-PFlash-Node"] == "here"
+    sid = r.headers["X-PFlash-Session"]
+    assert index.holder(sid) == "here"
+    msgs += [(await r.json())["choices"][0]["message"], {"role": "user", "content": "And the pears?"}]
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    index.heartbeat("ghost", dead, 60_000)
+    assert index.claim(sid, "ghost", "here") == "ghost"
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
+    assert r.status == 200, await r.text()
+    assert r.headers["X-PFlash-Takeover"] == "ghost" and r.headers["X-PFlash-Node"] == "here"
+    assert "X-PFlash-Via" not in r.headers and r.headers["X-PFlash-Session"] == sid
+    assert r.headers["X-PFlash-Cache"] in ("hit", "restored")  # its slot here still held it
+    s = stats_of(app)
+    assert (s["forward_failures"], s["forwarded_out"], s["takeovers"]) == (1, 0, 1)
+    assert index.holder(sid) == "here"
+    index.close()
+
+
+async def test_a_turn_waits_for_the_lease_another_node_holds(aiohttp_client, llama_server, tmp_path, redis_server):
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    index = RedisIndex(redis_server.url)
+    msgs = [{"role": "user", "content": "Which river runs through the valley?"}]
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
+    sid = r.headers["X-PFlash-Session"]
+    msgs += [(await r.json())["choices"][0]["message"], {"role": "user", "content": "How long is it?"}]
+    assert index.acquire_turn(sid, "elsewhere/1", 60_000)
+    task = asyncio.create_task(client.post("/v1/chat/completions", json={"messages": msgs, **GEN}))
+    await asyncio.sleep(1.5)
+    assert not task.done(), "the turn ran while another node held the session's turn"
+    assert index.release_turn(sid, "elsewhere/1")
+    r = await asyncio.wait_for(task, 120)
+    assert r.status == 200 and r.headers["X-PFlash-Session"] == sid
+    assert stats_of(app)["turn_waits"] == 1
+    for _ in range(50):  # freed in on_finish, just after the answer
+        if index.turn_holder(sid) is None:
+            break
+        await asyncio.sleep(0.1)
+    assert index.turn_holder(sid) is None
+    index.close()
+
+
+async def test_a_forwarded_turn_is_served_here(aiohttp_client, llama_server, tmp_path, redis_server):
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    index = RedisIndex(redis_server.url)
+    msgs = [{"role": "user", "content": "Name the tallest tower in the old town."}]
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
+    sid = r.headers["X-PFlash-Session"]
+    msgs += [(await r.json())["choices"][0]["message"], {"role": "user", "content": "Who built it?"}]
+    index.heartbeat("other", f"http://127.0.0.1:{free_port()}", 60_000)
+    index.claim(sid, "other", "here")
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN},
+                          headers={"X-PFlash-Forwarded-By": "other"})
+    assert r.status == 200 and r.headers["X-PFlash-Node"] == "here" and r.headers["X-PFlash-Takeover"] == "other"
+    s = stats_of(app)
+    assert (s["forwarded_in"], s["forwarded_out"], s["forward_failures"]) == (1, 0, 0)
+    index.close()
