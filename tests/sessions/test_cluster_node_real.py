@@ -6,7 +6,8 @@
 2. A session whose turn lease another node holds: the turn waits (it is not answered before the lease is freed),
    then runs; ``turn_waits`` counts it, and the lease is free again after the turn.
 3. A turn forwarded to this node (``X-PFlash-Forwarded-By``) is served here even though the index names another
-   live node as the holder (no forwarding loop), and counted as forwarded in.
+   live node as the holder (no forwarding loop), and counted as forwarded in. A clean stop saves the session and
+   removes the node's heartbeat at once.
 """
 
 from __future__ import annotations
@@ -107,4 +108,7 @@ async def test_a_forwarded_turn_is_served_here(aiohttp_client, llama_server, tmp
     assert r.status == 200 and r.headers["X-PFlash-Node"] == "here" and r.headers["X-PFlash-Takeover"] == "other"
     s = stats_of(app)
     assert (s["forwarded_in"], s["forwarded_out"], s["forward_failures"]) == (1, 0, 0)
+    assert "here" in index.nodes()
+    await client.close()  # a clean stop: resident sessions saved, then the heartbeat removed at once
+    assert "here" not in index.nodes() and index.snapshot(sid) is not None
     index.close()
