@@ -220,8 +220,8 @@ class SessionStage(Stage):
 
         With several nodes (``sessions/cluster.py``): a session that another live node holds is not leased here
         (the lease is None and ``req.forward_to`` names that node); otherwise the session's turn lease in the
-        shared index is taken with the slot's (``req.state[TURN_KEY]``, freed in ``on_finish``), before the record is read again, so a
-        turn another node ran meanwhile is seen too.
+        shared index is taken with the slot's (``req.state[TURN_KEY]``, freed in ``on_finish``) before the record
+        is read again, so a turn another node ran meanwhile is seen too.
         """
         mgr = self.manager
         cluster = mgr.cluster

@@ -6,8 +6,9 @@ and the shipped nginx config in front (``tests/cluster/nodes.py``, ``balancers.p
 
 1. Twelve sessions, four named by ``X-PFlash-Session``, four by Claude Code's ``X-Claude-Code-Session-Id``, four
    unnamed, take three turns through nginx. Every turn is answered; every follow-up is a cache ``hit`` or
-   ``restored`` (six sessions share a node's two slots, so a session's slot may have been saved for another); each conversation keeps one session id, no two share one, and the served history the shared
-   index holds for each is exactly what its client sent (no crossed answers). Each answer names its node.
+   ``restored`` (six sessions share a node's two slots, so a session's slot may have been saved for another);
+   each conversation keeps one session id, no two share one, and the served history the shared index holds for
+   each is exactly what its client sent (no crossed answers). Each answer names its node.
 2. The second turn of every unnamed session is sent straight to the node that does NOT hold it: it is forwarded
    to the holder (``X-PFlash-Via`` the receiving node, ``X-PFlash-Node`` the holder), a hit or restore there; the
    nodes' ``/pflash/stats`` count the forwards.
