@@ -2,7 +2,9 @@
 
 1. Save: ``POST /slots/{id}?action=save`` to a temporary name, then ``os.replace`` onto ``pf-<safe id>.bin``
    (never a client string), ``chmod 0600``, and only then the index entry: a crash leaves an orphan temp file,
-   never an index entry pointing at half a file.
+   never an index entry pointing at half a file. In a directory several nodes share, each save has a name of its
+   own (``pf-<id>.<random>.bin``) and the previous file is removed once the index names the new one: a node
+   killed in between leaves an orphan, and the index still names the previous, whole snapshot.
 2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
    llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
    snapshot; the caller serves the request by full prefill.  Before a restore the file is checked against the
@@ -45,6 +47,9 @@ class SnapshotManager:
         # several nodes share the directory (cluster.py): each names its temporary files with its own tag and
         # removes only those (another node's may be in the middle of a save)
         self.temp_prefix = f"{PREFIX}tmp-{temp_tag}-" if temp_tag else f"{PREFIX}tmp-"
+        # and each save gets a name of its own (step 1): a node killed between the rename and the index write
+        # leaves an orphan, while the session's previous snapshot stays whole for the node that takes it over
+        self.versioned = bool(temp_tag)
         self.upstream = upstream
         self.dir = directory
         self.max_bytes = max_bytes
@@ -54,6 +59,8 @@ class SnapshotManager:
                       "stray_temp_removed": 0, "save_ms_total": 0.0, "restore_ms_total": 0.0}
 
     def filename(self, sid: str) -> str:
+        if self.versioned:
+            return f"{PREFIX}{sid}.{uuid.uuid4().hex[:12]}{SUFFIX}"
         return f"{PREFIX}{sid}{SUFFIX}"
 
     async def save(self, slot: int, sid: str, tokens: int, served_hashes: list[str], model_identity: str) -> SnapshotRecord:
@@ -84,6 +91,8 @@ class SnapshotManager:
         except StoreError:  # an unindexed file would never be restored nor counted: do not keep it
             (self.dir / final).unlink(missing_ok=True)
             raise
+        if prev is not None and prev.file != final:  # a versioned name: the previous file is not indexed any more
+            (self.dir / prev.file).unlink(missing_ok=True)
         self.stats["saves"] += 1
         self.stats["save_ms_total"] += (time.monotonic() - t0) * 1000
         if self.on_timing is not None:
@@ -96,7 +105,13 @@ class SnapshotManager:
     def on_disk(self, sid: str) -> bool:
         """The session's snapshot file exists (a slot's ``snapshot_current`` is only true while it does: LRU
         eviction, pruning, a failed restore or ``pflash-proxy rm`` from another process delete it)."""
-        return (self.dir / self.filename(sid)).is_file()
+        if not self.versioned:
+            return (self.dir / self.filename(sid)).is_file()
+        try:
+            rec = self.store.snapshot(sid)
+        except StoreError:
+            return False  # saved again: harmless
+        return rec is not None and (self.dir / rec.file).is_file()
 
     def restorable(self, sid: str, model_identity: str) -> SnapshotRecord | None:
         rec = self.store.snapshot(sid)

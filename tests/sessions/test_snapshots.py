@@ -85,3 +85,31 @@ async def test_a_temp_file_left_by_a_cancelled_save_is_removed_and_counted(mgr):
     await mgr.save(0, "a" * 32, 10, [], "m")
     assert not stray.exists() and mgr.stats["stray_temp_removed"] == 1
     assert (mgr.dir / f"pf-{'a' * 32}.bin").exists()
+
+
+async def test_a_shared_directory_keeps_the_previous_snapshot_until_the_new_one_is_indexed(tmp_path):
+    """Several nodes (``temp_tag``): a node killed between the rename of a new snapshot and its index entry must
+    leave the previous snapshot whole for the node that takes the session over (same-name files were replaced)."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    store = SessionStore(tmp_path / "idx")
+    mgr = SnapshotManager(store, FakeUpstream(slots), slots, max_bytes=10_000, temp_tag="node0")
+    sid = "f" * 32
+    first = await mgr.save(0, sid, 10, ["h1"], "m")
+    assert first.file.startswith(f"pf-{sid}.") and mgr.on_disk(sid)
+    assert mgr.upstream.calls[-1][2].startswith("pf-tmp-node0-")
+
+    def killed(rec):
+        raise KeyboardInterrupt  # the process dies between the rename and the index write
+    store.put_snapshot, put = killed, store.put_snapshot
+    mgr.upstream.size = 1500
+    with pytest.raises(KeyboardInterrupt):
+        await mgr.save(0, sid, 20, ["h1", "h2"], "m")
+    store.put_snapshot = put
+    rec = mgr.restorable(sid, "m")
+    assert rec == first and await mgr.restore(1, rec)  # whole: size and checksum as recorded
+    second = await mgr.save(0, sid, 20, ["h1", "h2"], "m")
+    assert second.file != first.file and not (slots / first.file).exists()
+    mgr.reconcile()  # the orphan of the killed save goes
+    assert sorted(p.name for p in slots.glob("pf-*.bin")) == [second.file]
+    store.close()
