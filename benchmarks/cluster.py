@@ -3,19 +3,21 @@
 Each *run* starts a fresh loopback cluster (``tests/cluster/nodes.py``: a real redis-server, N llama-servers with
 gemma-3-270m at one thread each sharing one ``--slot-save-path``, one ``pflash-proxy serve --index redis://``
 each, ``--snapshot-every-turn``) and the shipped nginx config in front (``tests/cluster/balancers.py``), then:
-1. S sessions (each opens with its own ~300-token document) take ``--turns`` turns, round by round, at most
-   ``--concurrency`` turns in flight; every turn goes through nginx. ``affinity``: each session sends
-   ``X-PFlash-Session`` (nginx hashes it to one node); ``round-robin``: no header (nginx least-connections, which
-   alternates; the proxies forward each turn to the node that holds the session).
-2. ``--kill-after R``: while round R+1 is in flight, node0 (proxy and llama-server) is SIGKILLed; the remaining
-   rounds run on the survivors. A turn nginx could not complete even after its one retry is retried once by the
-   client and counted.
+1. S sessions (each opens with its own ~250-token document) take ``--turns`` turns each; every turn goes through
+   nginx. ``affinity``: each session sends ``X-PFlash-Session`` (nginx hashes it to one node); ``least-conn``: no
+   header, the shipped config (least connections); ``round-robin``: no header, the shipped config with plain
+   round-robin instead. Without affinity the proxies forward a turn that reaches the wrong node to the holder. Schedules: ``sessions``, as agents: each session takes its turns back to back, ``--concurrency``
+   sessions at a time; ``rounds``: every session's turn r before any session's turn r+1, ``--concurrency`` turns
+   in flight (with more sessions than slots, a session's slot is always taken by others between its turns).
+2. ``--kill-at F``: once that share of all turns was answered, node0 (proxy and llama-server) is SIGKILLed; the
+   remaining turns run on the survivor. A turn nginx could not complete even after its one retry is retried once
+   by the client and counted.
 3. Per turn: what the slot held (``X-PFlash-Cache``: hit / restored / miss = cold prefill), the node, whether it
    was forwarded (``X-PFlash-Via``) or a takeover (``X-PFlash-Takeover``), its latency. At the end: each
    conversation kept one session id, no two shared one, and the served history in the shared index equals what
    its client sent (``crossed`` counts the ones that do not); the nodes' own counters (node0's read just before the
    kill).
-Throughput (turns/s over the rounds before any kill) is compared between a 1-node and a 2-node cluster on the same
+Throughput (turns/s, before the kill where there is one) is compared between a 1-node and a 2-node cluster on the same
 session mix. All nodes share this machine's cores (2 here): the comparison says what the proxies' coordination
 costs, not what a second GPU host would add.
 
@@ -29,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -48,7 +51,7 @@ WORDS = ("harbour ledger orchard lantern copper meadow signal quarry tapestry gl
          "compass furnace beacon archive").split()
 
 
-def document(k: int, n_records: int = 14) -> str:
+def document(k: int, n_records: int = 8) -> str:
     return "\n".join(f"Record {k}-{i}: the {WORDS[(k + i) % 16]} registry moved item {(k * 37 + i * 11) % 1000} to "
                      f"shelf {(k + i) % 97} on day {(k * 5 + i) % 365}." for i in range(n_records))
 
@@ -69,7 +72,26 @@ class Conv:
         return self.messages
 
 
-async def one_turn(http: aiohttp.ClientSession, url: str, conv: Conv, round_: int) -> dict:
+SNAPSHOT_KEYS = ("snap_damaged", "snap_restore_failures", "save_failures", "cache_mismatches", "snap_saves",
+                 "snap_restores")
+
+
+def round_robin(text: str) -> str:
+    """The shipped nginx file with plain round-robin for requests without a session header."""
+    out, n = re.subn(r"(?m)^\s*least_conn;\n", "", text)
+    assert n == 1, "nginx template: no least_conn line"
+    return out
+
+
+class Clock:
+    """When node0 was killed (None: not yet), and how many turns were answered before."""
+
+    def __init__(self) -> None:
+        self.killed_at: float | None = None
+        self.answered = 0
+
+
+async def one_turn(http: aiohttp.ClientSession, url: str, conv: Conv, round_: int, clock: Clock) -> dict:
     body = {"messages": conv.ask(), "max_tokens": 8, "temperature": 0}
     t0 = time.perf_counter()
     got: dict = {"round": round_, "client_retries": 0}
@@ -92,6 +114,9 @@ async def one_turn(http: aiohttp.ClientSession, url: str, conv: Conv, round_: in
     else:
         conv.messages.pop()  # not answered: the question is asked again next round
     got["seconds"] = round(time.perf_counter() - t0, 3)
+    got["after_kill"] = clock.killed_at is not None
+    if got.get("status") == 200 and clock.killed_at is None:
+        clock.answered += 1
     if got.get("session"):
         conv.sids.add(got["session"])
         conv.sid = got["session"]
@@ -99,12 +124,28 @@ async def one_turn(http: aiohttp.ClientSession, url: str, conv: Conv, round_: in
     return got
 
 
-async def run_round(http: aiohttp.ClientSession, url: str, convs: list[Conv], round_: int, limit: int) -> None:
+async def run_rounds(http: aiohttp.ClientSession, url: str, convs: list[Conv], turns: int, limit: int,
+                     clock: Clock) -> None:
+    """Round by round: every session's turn r before any session's turn r+1 (each session's slot is taken by
+    others between its turns once sessions outnumber slots)."""
+    for r in range(1, turns + 1):
+        sem = asyncio.Semaphore(limit)
+
+        async def go(c: Conv, r: int = r) -> None:
+            async with sem:
+                await one_turn(http, url, c, r, clock)
+        await asyncio.gather(*(go(c) for c in convs))
+
+
+async def run_sessions(http: aiohttp.ClientSession, url: str, convs: list[Conv], turns: int, limit: int,
+                       clock: Clock) -> None:
+    """As agents: each session takes its turns back to back; ``limit`` sessions at a time."""
     sem = asyncio.Semaphore(limit)
 
     async def go(c: Conv) -> None:
         async with sem:
-            await one_turn(http, url, c, round_)
+            for r in range(1, turns + 1):
+                await one_turn(http, url, c, r, clock)
     await asyncio.gather(*(go(c) for c in convs))
 
 
@@ -113,14 +154,16 @@ async def node_stats(http: aiohttp.ClientSession, cluster: Cluster) -> dict[str,
     for node in cluster.nodes:
         if node.proc.poll() is None:
             try:
-                out[node.name] = (await node.stats(http))["sessions"]["cluster"]
+                sess = (await node.stats(http))["sessions"]
+                out[node.name] = {**sess["cluster"], **{k: sess.get(k, 0) for k in SNAPSHOT_KEYS}}
             except (aiohttp.ClientError, AssertionError):
                 pass
     return out
 
 
-async def one_run(model: Path, workdir: Path, *, mode: str, nodes: int, sessions: int, turns: int,
-                  kill_after: int | None, concurrency: int, slots: int) -> dict:
+async def one_run(model: Path, workdir: Path, *, mode: str, schedule: str, nodes: int, sessions: int, turns: int,
+                  kill_at: float | None, concurrency: int, slots: int) -> dict:
+    """``kill_at``: kill node0 once this share of all turns was answered (None: no kill)."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         cluster = await Cluster.start(http, model, workdir, nodes, heartbeat_s=1.0, ctx_per_slot=2048,
@@ -128,22 +171,25 @@ async def one_run(model: Path, workdir: Path, *, mode: str, nodes: int, sessions
         balancer = None
         index = RedisIndex(cluster.redis_url)
         try:
-            balancer = Balancer.start("nginx", [n.addr for n in cluster.nodes], workdir / "nginx")
+            balancer = Balancer.start("nginx", [n.addr for n in cluster.nodes], workdir / "nginx",
+                                      edit=round_robin if mode == "round-robin" else None)
             await wait_balancer(http, balancer.url, balancer.proc, balancer.log)
-            convs = [Conv(k, mode == "affinity") for k in range(sessions)]
+            convs = [Conv(k, mode == "affinity") for k in range(sessions)]  # least-conn, round-robin: no header
             before_kill: dict[str, dict] = {}
+            clock = Clock()
             t0 = time.perf_counter()
             pre_seconds = None
-            for r in range(1, turns + 1):
-                if kill_after is not None and r == kill_after + 1:
-                    pre_seconds = time.perf_counter() - t0
-                    before_kill = await node_stats(http, cluster)
-                    task = asyncio.create_task(run_round(http, balancer.url, convs, r, concurrency))
-                    await asyncio.sleep(1.0)  # the round is in flight
-                    cluster.node("node0").kill()
-                    await task
-                else:
-                    await run_round(http, balancer.url, convs, r, concurrency)
+            run = (run_rounds if schedule == "rounds" else run_sessions)(http, balancer.url, convs, turns,
+                                                                          concurrency, clock)
+            work = asyncio.ensure_future(run)
+            if kill_at is not None:
+                while not work.done() and clock.answered < kill_at * sessions * turns:
+                    await asyncio.sleep(0.05)
+                pre_seconds = time.perf_counter() - t0
+                before_kill = await node_stats(http, cluster)
+                cluster.node("node0").kill()
+                clock.killed_at = time.perf_counter()
+            await work
             total_seconds = time.perf_counter() - t0
             after = await node_stats(http, cluster)
             crossed = 0
@@ -163,20 +209,24 @@ async def one_run(model: Path, workdir: Path, *, mode: str, nodes: int, sessions
     counters: Counter[str] = Counter()
     for name in set(before_kill) | set(after):  # a survivor's counters are cumulative; the killed node's last read
         for key, v in after.get(name, before_kill.get(name, {})).items():
-            if isinstance(v, int):
+            if isinstance(v, int) and key != "nodes_alive":
                 counters[key] += v
-    pre_turns = sessions * kill_after if kill_after is not None else len(all_turns)
+    pre_turns = clock.answered if kill_at is not None else len(all_turns)
     return {
-        "mode": mode, "nodes": nodes, "slots_per_node": slots, "sessions": sessions, "turns": turns, "kill_after_round": kill_after,
+        "mode": mode, "schedule": schedule, "nodes": nodes, "slots_per_node": slots, "sessions": sessions,
+        "turns": turns, "kill_at": kill_at,
         "turns_total": len(all_turns), "answered": sum(1 for t in all_turns if t.get("status") == 200),
         "failed": sum(1 for t in all_turns if t.get("status") != 200),
         "client_retries": sum(1 for t in all_turns if t["client_retries"] > 0 and t.get("status") == 200),
         "balancer_retries": sum(1 for t in all_turns if (t.get("tried") or 0) > 1),
         "follow_ups": len(follow), "follow_up_cache": dict(Counter(t.get("cache") for t in follow)),
-        "after_kill_cache": dict(Counter(t.get("cache") for t in follow if kill_after and t["round"] > kill_after)),
+        "after_kill_cache": dict(Counter(t.get("cache") for t in follow if t["after_kill"])),
         "forwarded_turns": sum(1 for t in all_turns if t.get("via")),
         "takeover_turns": sum(1 for t in all_turns if t.get("takeover")),
         "crossed": crossed, "one_session_per_conversation": distinct,
+        "cold_follow_ups": [{"conversation": c.k, "turn": i + 1, **{k: t.get(k) for k in ("node", "takeover", "via",
+                                                                                           "after_kill", "tried")}}
+                            for c in convs for i, t in enumerate(c.turns) if i and t.get("cache") == "miss"],
         "node_counters": dict(counters),
         "seconds_total": round(total_seconds, 2),
         "seconds_before_kill": round(pre_seconds, 2) if pre_seconds is not None else round(total_seconds, 2),
@@ -203,7 +253,8 @@ def markdown(runs: list[dict], command: str) -> str:
         n = r["follow_ups"]
         fc = r["follow_up_cache"]
         nc = r["node_counters"]
-        name = r["mode"] + (f", node0 killed in round {r['kill_after_round'] + 1}" if r["kill_after_round"] else "")
+        name = f"{r['mode']}, {r['schedule']}" + (f", node0 killed at {100 * r['kill_at']:.0f}% of turns"
+                                                  if r["kill_at"] else "")
         lines.append(
             f"| {name} | {r['nodes']} | {r['turns_total']} | {r['answered']} | {share(fc, 'hit', n)} | "
             f"{share(fc, 'restored', n)} | {share(fc, 'miss', n)} | {r['forwarded_turns']} | "
@@ -222,7 +273,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=32)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--kill-after", type=int, default=2, help="kill node0 during the round after this one")
+    ap.add_argument("--kill-at", type=float, default=0.5, help="kill node0 once this share of turns was answered")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--slots", type=int, default=4, help="slots per llama-server (-np)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cluster")
@@ -236,15 +287,17 @@ async def main() -> None:
     model = args.model
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/cluster.py " + " ".join(sys.argv[1:])
-    plan = [("affinity", 2, args.kill_after), ("round-robin", 2, args.kill_after), ("affinity", 1, None),
-            ("affinity", 2, None)]
+    plan = [("affinity", "sessions", 2, args.kill_at), ("least-conn", "sessions", 2, args.kill_at),
+            ("round-robin", "sessions", 2, args.kill_at), ("affinity", "sessions", 1, None),
+            ("affinity", "sessions", 2, None), ("round-robin", "sessions", 2, None),
+            ("affinity", "rounds", 2, args.kill_at)]
     runs = []
-    for mode, nodes, kill in plan:
+    for mode, schedule, nodes, kill in plan:
         with tempfile.TemporaryDirectory(prefix="pflash-cluster-") as tmp:
-            print(f"run: {mode}, {nodes} node(s), kill after round {kill}", flush=True)
-            result = await one_run(model, Path(tmp), mode=mode, nodes=nodes, sessions=args.sessions,
-                                   turns=args.turns, kill_after=kill, concurrency=args.concurrency,
-                                   slots=args.slots)
+            print(f"run: {mode}, {schedule}, {nodes} node(s), kill at {kill}", flush=True)
+            result = await one_run(model, Path(tmp), mode=mode, schedule=schedule, nodes=nodes,
+                                   sessions=args.sessions, turns=args.turns, kill_at=kill,
+                                   concurrency=args.concurrency, slots=args.slots)
             print(json.dumps(result), flush=True)
             runs.append(result)
             (args.out / "cluster.json").write_text(json.dumps({"command": command, "runs": runs}, indent=2))

@@ -4,7 +4,7 @@
    block, the example server lines with one line per node (the block's first line with its address and ``node1``
    name changed), the listen port with a loopback one, and the access log path with one under ``workdir``.
    Every replacement must happen, so a template that no longer has the expected shape fails here, loudly.
-2. ``Balancer.start(kind, nodes, workdir)`` writes the rendered file (nginx: inside a minimal main config whose
+2. ``Balancer.start(kind, nodes, workdir)`` writes the rendered file (``edit``: changed first, for a variant) (nginx: inside a minimal main config whose
    pid, error log and temp paths are under ``workdir``), checks it with ``nginx -t`` / ``haproxy -c`` and starts
    the binary in the foreground on a free loopback port; ``stop()`` ends it.
 3. ``binary(kind)`` finds nginx or haproxy on PATH or in /usr/sbin (Debian's place, not on a non-root PATH).
@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,15 @@ class Balancer:
     log: Path
 
     @classmethod
-    def start(cls, kind: str, nodes: list[str], workdir: Path) -> Balancer:
+    def start(cls, kind: str, nodes: list[str], workdir: Path, edit: Callable[[str], str] | None = None
+              ) -> Balancer:
         exe = binary(kind)
         assert exe, f"{kind} not installed"
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         text = render(kind, nodes, port, workdir)
+        if edit is not None:  # a variant of the shipped file (benchmarks/cluster.py: plain round-robin)
+            text = edit(text)
         log = workdir / f"{kind}.log"
         if kind == "nginx":
             (workdir / "pflash-proxy.conf").write_text(text)
