@@ -3,7 +3,9 @@
 1. ``ensure_ready``: the ``UpstreamWatch`` (``liveness.py``) reads the server's identity and slot count once per
    upstream incarnation; the manager sizes the ``SlotTable`` from it (or marks it empty).
 2. ``prepare_slot``: save a displaced session (unless its snapshot is current), restore this session's
-   snapshot when it is not resident; report ``hit``/``restored``/``miss`` and the tokens expected from cache.
+   snapshot when it is not resident (after any save of it that is still running: a session displaced a moment
+   ago may come back while its slot is being saved); report ``hit``/``restored``/``miss`` and the tokens
+   expected from cache.
 3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
 4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced the watch checks llama-server's own
@@ -226,22 +228,23 @@ class SessionManager:
             self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
-        try:
-            snap = self.snapshots.restorable(lease.session, self.model_identity)
-        except StoreError as exc:
-            self.store_failed("reading the snapshot index", exc)
-            snap = None
-        if snap is not None and _is_prefix(snap.served_hashes, served_hashes):
+        async with self.snapshots.lock(lease.session):  # after a save of this session still running (evicted)
             try:
-                ok = await self.snapshots.restore(slot.id, snap)
-            except (UpstreamUnavailable, UpstreamTimeout) as exc:
-                log.warning("restore failed: %s", exc)
-                ok = False
-            if ok:
-                self.counters["restored"] += 1
-                slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
-                slot.snapshot_current, slot.known = True, True
-                return "restored", snap.tokens
+                snap = self.snapshots.restorable(lease.session, self.model_identity)
+            except StoreError as exc:
+                self.store_failed("reading the snapshot index", exc)
+                snap = None
+            if snap is not None and _is_prefix(snap.served_hashes, served_hashes):
+                try:
+                    ok = await self.snapshots.restore(slot.id, snap)
+                except (UpstreamUnavailable, UpstreamTimeout) as exc:
+                    log.warning("restore failed: %s", exc)
+                    ok = False
+                if ok:
+                    self.counters["restored"] += 1
+                    slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
+                    slot.snapshot_current, slot.known = True, True
+                    return "restored", snap.tokens
         self.counters["misses"] += 1
         return "miss", 0
 

@@ -22,12 +22,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import uuid
 import zlib
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Callable
 
 from pflash_proxy.config import private_dir
@@ -55,8 +57,23 @@ class SnapshotManager:
         self.max_bytes = max_bytes
         self._writing: set[str] = set()  # temporary names of saves in flight
         self.on_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
+        # per session: a save and a restore of it never overlap (the lock, and how many hold or wait for it)
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "damaged": 0, "evictions": 0,
                       "stray_temp_removed": 0, "save_ms_total": 0.0, "restore_ms_total": 0.0}
+
+    @contextlib.asynccontextmanager
+    async def lock(self, sid: str) -> AsyncIterator[None]:
+        """Saves and restores of one session run one at a time (a restore reads the index after the save)."""
+        entry = self._locks.setdefault(sid, (asyncio.Lock(), [0]))
+        entry[1][0] += 1  # holders and waiters: the entry goes with the last of them
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1][0] -= 1
+            if not entry[1][0] and self._locks.get(sid) is entry:
+                del self._locks[sid]
 
     def filename(self, sid: str) -> str:
         if self.versioned:
@@ -64,6 +81,11 @@ class SnapshotManager:
         return f"{PREFIX}{sid}{SUFFIX}"
 
     async def save(self, slot: int, sid: str, tokens: int, served_hashes: list[str], model_identity: str) -> SnapshotRecord:
+        async with self.lock(sid):
+            return await self._save(slot, sid, tokens, served_hashes, model_identity)
+
+    async def _save(self, slot: int, sid: str, tokens: int, served_hashes: list[str], model_identity: str
+                    ) -> SnapshotRecord:
         tmp = f"{self.temp_prefix}{uuid.uuid4().hex}{SUFFIX}"
         final = self.filename(sid)
         t0 = time.monotonic()

@@ -113,3 +113,41 @@ async def test_a_shared_directory_keeps_the_previous_snapshot_until_the_new_one_
     mgr.reconcile()  # the orphan of the killed save goes
     assert sorted(p.name for p in slots.glob("pf-*.bin")) == [second.file]
     store.close()
+
+
+async def test_a_restore_waits_for_a_save_of_the_same_session(tmp_path):
+    """A session displaced a moment ago may come back while its slot is still being saved: the restore waits and
+    reads the index after the save (before, it restored the previous file or found it replaced)."""
+    import asyncio
+
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    store = SessionStore(tmp_path / "idx")
+    up = FakeUpstream(slots)
+    mgr = SnapshotManager(store, up, slots, max_bytes=10_000, temp_tag="n")
+    sid = "g" * 32
+    await mgr.save(0, sid, 10, ["h1"], "m")
+    gate = asyncio.Event()
+    plain = up.slot_action
+
+    async def slow(slot, action, filename=None, timeout_s=120):
+        if action == "save":
+            await gate.wait()
+        return await plain(slot, action, filename, timeout_s)
+    up.slot_action = slow
+    saving = asyncio.create_task(mgr.save(0, sid, 20, ["h1", "h2"], "m"))
+    await asyncio.sleep(0.05)
+
+    async def restore_latest():
+        async with mgr.lock(sid):
+            rec = mgr.restorable(sid, "m")
+            return rec, await mgr.restore(1, rec)
+    restoring = asyncio.create_task(restore_latest())
+    await asyncio.sleep(0.05)
+    assert not restoring.done()  # waits for the save
+    gate.set()
+    second = await saving
+    rec, ok = await restoring
+    assert ok and rec.file == second.file and rec.served_hashes == ["h1", "h2"]
+    assert mgr._locks == {}
+    store.close()
