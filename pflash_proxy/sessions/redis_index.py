@@ -118,6 +118,13 @@ class RedisIndex:
                 return rec, i + 1, hashes
         return None, 0, hashes
 
+    def write_mark(self) -> int | None:
+        """Other nodes write this index too: no mark can vouch that a lookup would read the same again."""
+        return None
+
+    def unchanged_since(self, mark: int | None) -> bool:
+        return False  # always look up again under the lease (and the session's turn lease)
+
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         data = self.r.get(f"{self.p}session:{sid}")
