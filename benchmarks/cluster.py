@@ -273,7 +273,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=32)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--kill-at", type=float, default=0.5, help="kill node0 once this share of turns was answered")
+    ap.add_argument("--kill-at", type=float, default=0.4,
+                    help="kill node0 once this share of turns was answered (0.5 fell between two batches of sessions)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--slots", type=int, default=4, help="slots per llama-server (-np)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cluster")
