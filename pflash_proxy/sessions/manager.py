@@ -11,7 +11,8 @@
    ``/health`` every second, and a failure followed by recovery (or a changed identity) empties the table.
    A restart quicker than the poll cannot be missed either: before a ``hit`` is announced, llama-server's own
    ``/slots`` record of that slot must agree with the table (``_slot_lost``), else the table is emptied and the
-   session's snapshot restored.
+   session's snapshot restored. When a hit is likely, that ``/slots`` answer is asked before the lease, beside
+   the session lookup (``prefetch_slots``), and used only if no other lease of the slot came between.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
@@ -68,6 +69,7 @@ class SessionManager:
         self._store_down = False
         self._writes = 0
         self._bound: asyncio.Task | None = None
+        self._slot_seeds: dict[int, tuple[str, str]] = {}  # slot id -> (session, its seed), as last leased
         upstream.add_restart_listener(self._on_restart)
 
     def owner(self, headers: Any) -> str | None:
@@ -257,6 +259,32 @@ class SessionManager:
                 self.upstream.notify_restart("upstream came back after being unreachable")
 
     # Per request -------------------------------------------------------------------------------------------
+    def note_seed(self, lease: Lease, seed: str) -> None:
+        """Remember the namespace of the session that ``lease`` holds (``prefetch_slots`` predicts hits by it)."""
+        self._slot_seeds[lease.slot.id] = (lease.session, seed)
+
+    def prefetch_slots(self, seed: str) -> SlotsPrefetch | None:
+        """Ask ``GET /slots`` now, while the session is looked up and leased, when a hit is likely: an idle slot
+        holds a known prefix of a session of this very namespace (``seed``). ``_slot_lost`` uses the answer only
+        for a slot that nobody else leased since it was asked (``SlotsPrefetch.covers``); otherwise, or when it
+        failed, it asks again."""
+        if self._slots_route is False or not self._ready:
+            return None
+        idle = [s for s in self.table.slots if not s.busy]
+        if not any(s.known and s.served_hashes and s.session is not None
+                   and self._slot_seeds.get(s.id) == (s.session, seed) for s in idle):
+            return None
+        task = asyncio.ensure_future(self._fetch_slots())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.counters["upstream_restarts"])
+
+    async def _fetch_slots(self) -> tuple[bool, list[dict] | None]:
+        try:
+            return True, await self.upstream.slots()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+            return False, None
+
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
@@ -267,7 +295,7 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            lost = await self._slot_lost(slot)
+            lost = await self._slot_lost(slot, lease.prefetched)
             if lost is None:
                 self.counters["hits"] += 1
                 return "hit", slot.prompt_tokens
@@ -344,20 +372,27 @@ class SessionManager:
         lease.slot.served_hashes = []
         self.table.release(lease)
 
-    async def _slot_lost(self, slot: Any) -> str | None:
+    async def _slot_lost(self, slot: Any, prefetched: SlotsPrefetch | None = None) -> str | None:
         """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
 
         A hit is announced only after this check (one ``GET /slots``, about a millisecond): a llama-server that
         restarted between two polls of the health monitor (systemd restarts it in well under a second) has no
         task on the slot, or its last task there had another prompt length than the proxy's last request. Then
         the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
+        The answer of ``prefetch_slots``, asked while the session was looked up, serves when it covers the slot
+        (no other lease of it, no restart noticed since it was asked), so the check costs no round trip of its
+        own on the request's path.
         """
         if self._slots_route is False:
             return None
-        try:
-            data = await self.upstream.slots()
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
-            return None  # the request itself will fail or wait; nothing to conclude here
+        ok, data = False, None
+        if prefetched is not None and prefetched.covers(slot, self.table, self.counters["upstream_restarts"]):
+            ok, data = await prefetched.task
+        if not ok:
+            try:
+                data = await self.upstream.slots()
+            except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+                return None  # the request itself will fail or wait; nothing to conclude here
         if data is None:
             self._slots_route = False  # --no-slots: rely on cache_n checks after the response
             log.info("llama-server does not serve /slots; restarts are detected by the health monitor only")
@@ -422,6 +457,20 @@ class SessionManager:
                 "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe()}
+
+
+class SlotsPrefetch:
+    """A ``GET /slots`` asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    the grant count of every idle slot, the table itself and the restarts noticed so far."""
+
+    def __init__(self, task: asyncio.Future, table: SlotTable, grants: dict[int, int], restarts: int):
+        self.task, self.table, self.grants, self.restarts = task, table, grants, restarts
+
+    def covers(self, slot: Any, table: SlotTable, restarts: int) -> bool:
+        """The answer speaks for ``slot`` as it is under the current lease: the slot was idle when it was asked,
+        exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
+        return (table is self.table and restarts == self.restarts and slot.id in self.grants
+                and slot.grants == self.grants[slot.id] + 1)
 
 
 def _is_prefix(prefix: list[str], full: list[str]) -> bool:
