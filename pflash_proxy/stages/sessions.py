@@ -108,8 +108,10 @@ class SessionStage(Stage):
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"
         owner = mgr.owner(req.headers)
+        prefetched = None
         try:
             seed = await self._seed(explicit, owner)
+            prefetched = mgr.prefetch_slots(seed)  # a likely hit's /slots check, asked while the lookup runs
             record, matched, hashes, lease = await self._lease_session(seed, explicit, owner, messages)
         except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
             mgr.store_failed("looking up the session", exc)
@@ -120,8 +122,11 @@ class SessionStage(Stage):
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
+        mgr.note_seed(lease, seed)
         served_hashes = [message_hash(m) for m in served]
+        ctx.extra["hashed"] = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
+        lease.prefetched = prefetched
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
         if served[:matched] != messages[:matched]:
             req.set_messages(served)
@@ -180,7 +185,9 @@ class SessionStage(Stage):
         waited behind another one of the same session would otherwise decide (and later save) on a stale
         record, overwriting the other request's served history and recall sources. So the lookup is repeated
         once the lease is held; when the answer changed (the other request served more), the lease is returned
-        and the decision taken again on the fresh record.
+        and the decision taken again on the fresh record. The second lookup is skipped when no write that can
+        change its answer (``save_session``, ``prune``) began or ended since the first one started
+        (``SessionStore.write_mark``): it would read what the first one read.
         """
         mgr = self.manager
         loop = asyncio.get_running_loop()
@@ -188,6 +195,7 @@ class SessionStage(Stage):
         def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
             return loop.run_in_executor(None, mgr.store.lookup, seed, messages)
         for _ in range(8):
+            mark = mgr.store.write_mark()
             found, matched, hashes = await lookup()
             key = _lookup_key(found, matched)
             if found is not None and found.owner != owner:  # a seed is never shared across owners: belt and braces
@@ -200,6 +208,8 @@ class SessionStage(Stage):
             else:
                 record = found
             lease = await mgr.table.acquire(record.id)
+            if mgr.store.unchanged_since(mark):
+                return record, matched, hashes, lease
             try:
                 again, matched2, _ = await lookup()
             except (StoreError, asyncio.CancelledError):
@@ -215,7 +225,7 @@ class SessionStage(Stage):
         if ctx is None or "batch" in ctx.extra:
             return
         ctx.extra["settled"] = result.completed and not result.client_gone
-        served_hashes = [message_hash(m) for m in ctx.served]
+        served_hashes = _hashes(ctx.served, *ctx.extra.get("hashed", ([], [])))
         self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
 
     async def on_finish(self, req: ProxyRequest) -> None:
@@ -254,6 +264,13 @@ def served_version(client: dict, stored: dict) -> dict:
     if client == stored or stored.get("content") == client.get("content"):
         return client
     return {**client, "content": stored.get("content")}
+
+
+def _hashes(messages: list[dict], before: list[dict], hashes: list[str]) -> list[str]:
+    """``message_hash`` of each message, taken from ``hashes`` where the message equals the one at its position
+    in ``before`` (the served history hashed before compression, most of which compression leaves alone)."""
+    return [hashes[i] if i < len(before) and (m is before[i] or m == before[i]) else message_hash(m)
+            for i, m in enumerate(messages)]
 
 
 def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int, int]:
