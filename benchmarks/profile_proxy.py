@@ -195,12 +195,13 @@ def report(out: Path, n: int, top: int, unit: str = "turn") -> str:
     handler, upstream = spans.get("parsed", []), spans.get("Upstream.open", [])
     if unit == "parsed turn" and handler and len(handler) == len(upstream):  # one upstream request per turn
         own = sorted(h - u for h, u in zip(handler, upstream))
-        lines += ["", f"The proxy's own time per turn (handler minus its upstream request, turn by turn): p50 "
-                  f"{own[len(own) // 2]:.3f} ms, p90 {own[int(len(own) * 0.9)]:.3f} ms, p99 "
-                  f"{own[min(len(own) - 1, int(len(own) * 0.99))]:.3f} ms"]
+        lines += ["", (f"The proxy's own time per turn (handler minus its upstream request, turn by turn): p50 "
+                       f"{own[len(own) // 2]:.3f} ms, p90 {own[int(len(own) * 0.9)]:.3f} ms, p99 "
+                       f"{own[min(len(own) - 1, int(len(own) * 0.99))]:.3f} ms")]
     cpu = json.loads((out / "cpu.json").read_text()) if (out / "cpu.json").exists() else None
-    lines += [] if cpu is None else ["", f"On-CPU time of the event-loop thread per {unit} (profiled, so inflated; "
-                                         f"everything it ran, background polls included): {cpu['loop_ns'] / 1e6 / n:.3f} ms"]
+    lines += [] if cpu is None else ["", (f"On-CPU time of the event-loop thread per {unit} (profiled, so inflated; "
+                                          f"everything it ran, background polls included): "
+                                          f"{cpu['loop_ns'] / 1e6 / n:.3f} ms")]
     s = io.StringIO()
     st = pstats.Stats(str(out / "proxy.prof"), stream=s)
     st.sort_stats("tottime").print_stats(top)

@@ -2,8 +2,10 @@
 
 Reads ``ab/{before,after}-{1,2,3}.json`` (as ``benchmarks/bench_proxy.py`` wrote them) and prints markdown.
 """
-import json, statistics, sys
+import json
+import statistics
 from pathlib import Path
+
 d = Path(__file__).resolve().parent / "ab"
 rows = []
 C = "POST /v1/chat/completions (1 token)"
