@@ -18,8 +18,9 @@ The drafter is the real gemma-3-270m GGUF with its shipped scoring head and retr
    ``represent`` + ``score`` ms) and the whole compression (``pflash_ms``); the rest of TTFT is token counting
    (``/tokenize``), the proxy and the first decoded token.
 5. After every run the report (``e2e.json``, ``e2e.md``) is written again, so a run cut short keeps what it
-   measured (``--render E2E.JSON`` writes it again from the JSON).  The "why" table gives the costs per token: target prefill at the full length, drafter pass, and
-   the best speed-up the two allow at the kept fraction measured.
+   measured (``--render E2E.JSON`` writes it again from the JSON).  The "why" table gives the costs per token:
+   the target's prefill at the full length and the drafter's pass, and the speed-up they give if prefill cost
+   were linear in length (the kept tokens' real prefill is cheaper per token: attention grows with length).
 
 Threads: the drafter and the target never run at the same time (the proxy waits for the drafter's scores
 before it forwards), so each gets the same cores one after the other.
@@ -133,7 +134,8 @@ def tables(data: dict[str, Any]) -> list[Table]:
     if why:
         out.append(Table("Why: cost per token (target prefill at the full length vs the drafter's pass)",
                          ["length", "tokens", "target ms/token", "drafter ms/token", "target/drafter",
-                          "kept fraction (head-attention)", "best speed-up these allow"], why))
+                          "kept fraction (head-attention)",
+                          "speed-up if prefill were linear: 1 / (kept + drafter/target)"], why))
     return out
 
 
@@ -150,13 +152,15 @@ def report(data: dict[str, Any], out_dir: Path):
              (f"threads: target llama-server `-t {data['target_threads']}`, drafter n_threads "
               f"{data['drafter_threads']}; they run one after the other (the proxy waits for the scores before "
               f"it forwards); machine: {data['cpus']} CPU cores shared with other sessions' jobs, load average "
-              f"{_load(data.get('load_start'))} at the start and {_load(data.get('load_end'))} at the end"),
+              f"{_load(data.get('load_start'))} at the start"
+              + (f" and {_load(data['load_end'])} at the end" if data.get("load_end") is not None else "")),
              (f"case family {data['family']}, one case per length, sized in the target's tokens; threshold "
               f"{data['threshold']}; arm order rotates per length; every run salted (cache_n shows no reuse)"),
              ("TTFT = client time to the first streamed content chunk; target prefill = llama-server's "
               "timings.prompt_ms; drafter pass = represent + score; rest = TTFT - target prefill - whole "
               "compression (token counting via /tokenize, proxy, first decoded token)"),
-             f"run took {data.get('seconds', '?')} s"]
+             (f"run took {data['seconds']} s" if "seconds" in data else
+              "the run was stopped before it ended: lengths without rows were not measured")]
     return write_report(out_dir, "e2e", "PFlash end to end: gemma-3-270m drafter in front of a synthetic "
                         f"{data['shape']} target", data, tables(data), notes)
 

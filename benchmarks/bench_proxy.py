@@ -8,7 +8,10 @@
    session lookup, slot lease, history commit).  p50/p99 of each arm; added = proxied − direct.
 3. Streamed completions: the proxy's upstream is a timestamping TCP tap in front of llama-server; the direct
    arm also streams through the tap.  Per SSE event: client arrival − tap hand-off; added = proxied − direct.
-4. The proxy's RSS (VmRSS, VmHWM) after all of it.
+4. The proxy's CPU time per proxied request of each case (every thread's ``/proc/<pid>/task/*/schedstat``
+   on-CPU nanoseconds, read before and after the case): on a shared machine it moves far less with the
+   neighbours' load than wall-clock differences do.
+5. The proxy's RSS (VmRSS, VmHWM) after all of it.
 Prints a markdown table and writes JSON to benchmarks/results/proxy.json.
 """
 
@@ -98,7 +101,20 @@ async def stream_events(session: aiohttp.ClientSession, url: str, body: dict) ->
     return times
 
 
-async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int) -> dict:
+def cpu_ns(pid: int | None) -> int:
+    """On-CPU nanoseconds of every thread of ``pid`` so far (0 without a pid or /proc)."""
+    if pid is None:
+        return 0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy_pid: int | None = None) -> dict:
     tap_url = direct
     out: dict = {}
     conn = aiohttp.TCPConnector(limit=4)
@@ -115,17 +131,20 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int) -> di
                 for _ in range(10):
                     await timed(s, method, base + path, **kw)
             d, p = [], []
+            cpu0 = cpu_ns(proxy_pid)
             for i in range(count):
                 pair = [(direct, d), (proxied, p)] if i % 2 == 0 else [(proxied, p), (direct, d)]
                 for base, sink in pair:
                     sink.append(await timed(s, method, base + path, **kw))
             out[name] = {"n": count, "direct_p50": pct(d, 50), "direct_p99": pct(d, 99), "proxied_p50": pct(p, 50),
                          "proxied_p99": pct(p, 99), "added_p50": pct(p, 50) - pct(d, 50),
-                         "added_p99": pct(p, 99) - pct(d, 99)}
+                         "added_p99": pct(p, 99) - pct(d, 99),
+                         "proxy_cpu_ms_per_request": (cpu_ns(proxy_pid) - cpu0) / 1e6 / count}
         # Streaming: both arms reach llama-server through the tap; per event, client arrival − tap hand-off.
         body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 64, "temperature": 0,
                 "stream": True, "seed": 1, "ignore_eos": True}
         lat: dict[str, list[float]] = {"direct": [], "proxied": []}
+        cpu0 = cpu_ns(proxy_pid)
         for i in range(streams):
             for arm, base in (("direct", tap_url), ("proxied", proxied)):
                 before = {k: len(v) for k, v in tap.events.items()}
@@ -137,7 +156,8 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int) -> di
                          "direct_ms_per_event_p50": pct(lat["direct"], 50),
                          "proxied_ms_per_event_p50": pct(lat["proxied"], 50),
                          "added_ms_per_event_p50": pct(lat["proxied"], 50) - pct(lat["direct"], 50),
-                         "added_ms_per_event_p99": pct(lat["proxied"], 99) - pct(lat["direct"], 99)}
+                         "added_ms_per_event_p99": pct(lat["proxied"], 99) - pct(lat["direct"], 99),
+                         "proxy_cpu_ms_per_event": (cpu_ns(proxy_pid) - cpu0) / 1e6 / max(1, len(lat["proxied"]))}
     return out
 
 
@@ -164,7 +184,7 @@ async def with_proxy(server, work: Path, requests: int, streams: int) -> dict:
         while b"listening on" not in (await proxy.stdout.readline() or b"listening on"):
             pass
         # Both arms go through the tap, so "added" is the proxy alone.
-        results = await run(tap_url, f"http://127.0.0.1:{port}", tap, requests, streams)
+        results = await run(tap_url, f"http://127.0.0.1:{port}", tap, requests, streams, proxy.pid)
         results["proxy_rss_kb"] = rss_kb(proxy.pid)
     finally:
         proxy.terminate()
@@ -188,17 +208,18 @@ def main() -> None:
         server.stop()
     (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "benchmarks" / "results" / "proxy.json").write_text(json.dumps(results, indent=2))
-    print("| request | n | direct p50 | proxied p50 | added p50 | direct p99 | proxied p99 | added p99 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| request | n | direct p50 | proxied p50 | added p50 | direct p99 | proxied p99 | added p99 | proxy CPU |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         if isinstance(r, dict) and "direct_p50" in r:
             print(f"| {name} | {r['n']} | {r['direct_p50']:.2f} ms | {r['proxied_p50']:.2f} ms | "
                   f"{r['added_p50']:.2f} ms | {r['direct_p99']:.2f} ms | {r['proxied_p99']:.2f} ms | "
-                  f"{r['added_p99']:.2f} ms |")
+                  f"{r['added_p99']:.2f} ms | {r['proxy_cpu_ms_per_request']:.2f} ms |")
     st = results["stream"]
     print(f"\nstreamed /completion ({st['events']} events): tap → client {st['direct_ms_per_event_p50']:.3f} ms "
           f"direct, {st['proxied_ms_per_event_p50']:.3f} ms proxied: added {st['added_ms_per_event_p50']:.3f} ms "
-          f"per event (p50), {st['added_ms_per_event_p99']:.3f} ms (p99)")
+          f"per event (p50), {st['added_ms_per_event_p99']:.3f} ms (p99); proxy CPU {st['proxy_cpu_ms_per_event']:.3f} ms "
+          f"per event")
     rss = results["proxy_rss_kb"]
     print(f"proxy RSS {rss['VmRSS'] / 1024:.1f} MB (peak {rss['VmHWM'] / 1024:.1f} MB)")
 

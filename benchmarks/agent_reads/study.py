@@ -40,6 +40,7 @@ from run import gold_block  # noqa: E402
 from pflash_proxy.compress.fusion import HYBRID_LEXICAL_WEIGHT, hybrid_lexical, shares  # noqa: E402
 from pflash_proxy.compress.gutter import bare_text, find_gutter  # noqa: E402
 from pflash_proxy.compress.links import ReferenceLinks, propagate  # noqa: E402
+from pflash_proxy.compress.named import definition_blocks  # noqa: E402
 from pflash_proxy.compress.pipeline import Analysis, Compressor  # noqa: E402
 from pflash_proxy.compress.scores import LexicalScorer  # noqa: E402
 
@@ -84,18 +85,33 @@ def candidates() -> dict[str, Callable[[dict], np.ndarray]]:
 def replay(r: dict, scores: np.ndarray, text: str, span: tuple[int, int]) -> tuple[str, bool, float]:
     """Step 3: (mode, function whole, kept fraction) of the pipeline with these scores."""
     comp = Compressor(r["settings"])
+    g = find_gutter(r["tt"].lines)
+    work = r["tt"] if g is None else bare_text(r["tt"], g)
+    blocks = tuple(definition_blocks(work, r["units"], 2 * r["settings"].max_segment))  # as the pipeline's step 2
     analysis = Analysis(r["units"], r["pinned"], None, np.asarray(scores, np.float64), {},  # type: ignore[arg-type]
-                        r["gutter"], r["named"])
+                        r["gutter"], r["named"], blocks)
     out = comp.compress(r["tt"], r["request"], r["prompt_tokens"], r["in_conversation"], r["source"], r["label"],
                         analysis=analysis)
     kept = out.served_message_tokens / max(out.message_tokens, 1) if out.mode == "compressed" else 1.0
     return out.mode, gold_block(text, span, r["client"]) in out.text, kept
 
 
+def why(r: dict, scores: np.ndarray, span: tuple[int, int]) -> str:
+    """The units overlapping the function (1-based inclusive lines ``span``): rank by density, tokens."""
+    toks = np.asarray([u.tokens for u in r["units"]], np.float64)
+    dens = np.asarray(scores, np.float64) / np.maximum(toks, 1)
+    rank = np.empty(len(dens), int)
+    rank[np.argsort(-dens, kind="stable")] = np.arange(1, len(dens) + 1)
+    mine = [u for u in r["units"] if u.start_line < span[1] and u.end_line > span[0] - 1]
+    return (f"{len(r['units'])} units, function in " + ", ".join(f"#{rank[u.index]}/{u.tokens}t" for u in mine)
+            + (", named" if any(u.index in r["named"] for u in mine) else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dump", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--why", action="store_true", help="list the misses with the function's units' ranks")
     args = ap.parse_args()
     records = pickle.loads(args.dump.read_bytes())
     cases = {c.name: c for c in CASES}
@@ -103,6 +119,7 @@ def main() -> None:
     cands = candidates()
     rows: dict[tuple[str, str], list[tuple[str, bool, float]]] = defaultdict(list)
     agree = disagree = 0
+    misses: list[str] = []
     for r in records:
         case = cases[r["case"]]
         text, span = loaded[r["case"]]  # type: ignore[misc]
@@ -116,6 +133,8 @@ def main() -> None:
                 print(f"warning: {r['client']} {r['case']}: head-attention rebuilt differs from the recorded scores")
             mode, gold, kept = replay(r, s, text, span)
             rows[(r["client"], name)].append((case.style, gold, kept))
+            if not gold and args.why:
+                misses.append(f"- {r['client']} {case.function} ({case.style}), {name}: {why(r, s, span)}")
     clients = sorted({c for c, _ in rows})
     out = [f"- records: {len(records)} from `{args.dump.name}`; replays of the recorded scores agreeing with the "
            f"live mode: {agree}/{agree + disagree}\n",
@@ -129,6 +148,8 @@ def main() -> None:
             out.append(f"| {client} | {name} | {whole}/{len(rs)} ({100 * whole / max(len(rs), 1):.0f} %) | "
                        f"{sum(named)}/{len(named)} | {sum(desc)}/{len(desc)} | "
                        f"{statistics.median(k for *_, k in rs):.3f} |")
+    if misses:
+        out += ["", "Function not whole (its units: rank by density of the candidate's scores / tokens):", *misses]
     md = "\n".join(out) + "\n"
     print(md)
     if args.out:

@@ -349,13 +349,15 @@ class DrafterBench:
     def tokenize(self, text: str):
         return self.drafter.tokenize(text)
 
-    def cold_pass(self, text: str) -> dict[str, Any]:
+    def cold_pass(self, text: str, timeout: float) -> dict[str, Any]:
+        """One cold represent + score of ``text``; a drafter call past ``timeout`` seconds is aborted."""
         from pflash_proxy.compress.text import TokenizedText
         from pflash_proxy.compress.units import UnitSegmenter
         from pflash_proxy.drafter.taps import text_key
 
         tt = TokenizedText.from_text(text)
         units = UnitSegmenter(32, 512).segment(tt, None)
+        self.drafter.timeout = max(5.0, timeout)
         self.attention.keys.clear()  # cold: no kept keys, no kept drafter state
         self.drafter.forget("attn:" + text_key(text))
         before = self.drafter.stats["seconds"]
@@ -500,7 +502,7 @@ async def run(a: argparse.Namespace) -> int:
                 if first is not None and rep.fits(f"drafter {dkey(dspec)} {n}", scale_drafter * f ** 1.2):
                     t0 = time.perf_counter()
                     try:
-                        r = first.cold_pass(texts[n])
+                        r = first.cold_pass(texts[n], timeout=rep.left())
                         row.update(drafter_s=r["total_s"], drafter=r)
                         rep.data["drafters"].setdefault(dkey(dspec), {})[str(n)] = r
                         scale_drafter = max(scale_drafter * 0.3, r["total_s"] / f ** 1.2)
@@ -514,6 +516,7 @@ async def run(a: argparse.Namespace) -> int:
             guess = est["proxy"] * f + scale_prefill * f ** 1.3 + scale_drafter * f ** 1.2
             if first is not None and rep.fits("proxy turn", guess):
                 t0 = time.perf_counter()
+                first.drafter.timeout = max(5.0, rep.left())
                 try:
                     r = await proxy_turn(server.url, server.slot_dir, work, first.scorer,
                                          texts.get(n) or text_with_tokens(tok, n, seed=n), plan["threshold"],
@@ -547,7 +550,8 @@ async def run(a: argparse.Namespace) -> int:
                     break
                 t0 = time.perf_counter()
                 try:
-                    r = drafters[name].cold_pass(texts.get(n) or text_with_tokens(drafters[name].tokenize, n, n))
+                    r = drafters[name].cold_pass(texts.get(n) or text_with_tokens(drafters[name].tokenize, n, n),
+                                                 timeout=rep.left())
                     rep.data["drafters"].setdefault(name, {})[str(n)] = r
                     rep.step(f"drafter {name} {n}", time.perf_counter() - t0, **r)
                 except Exception as exc:  # noqa: BLE001

@@ -13,6 +13,11 @@ Algorithm (``named_units``):
 4. A definition's block runs from its line to its last non-blank line before the next non-blank line indented no deeper
    (a closing ``}``/``)``/``]`` at its indentation still belongs to it); the units overlapping the block are
    returned, at most ``MAX_UNITS`` of them per definition (the first ones: signature and docstring).
+
+``definition_blocks(tt, units, max_tokens)``: every definition (step 1's lines, any name) whose block (step 4)
+spans more than one unit and at most ``max_tokens`` tokens, as the tuple of its units; the innermost first when
+blocks nest. A definition longer than the cutter's largest unit is cut inside; the pipeline keeps the rest of such
+a block with the part it chose, when the rest is small (``pipeline`` step 4).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Sequence
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["named_units"]
+__all__ = ["definition_blocks", "named_units"]
 
 MAX_DEFINITIONS = 2
 MAX_NAMES = 3
@@ -75,3 +80,20 @@ def _block_end(lines: Sequence[str], start: int) -> int:
         if text:
             last = k  # trailing blank lines belong to nothing
     return last + 1
+
+
+def definition_blocks(tt: TokenizedText, units: Sequence[Unit], max_tokens: int) -> list[tuple[int, ...]]:
+    """Multi-unit definition blocks of at most ``max_tokens`` tokens (module docstring), innermost first."""
+    if len(units) < 2:
+        return []
+    starts = [u.start_line for u in units]
+    out: list[tuple[int, int, tuple[int, ...]]] = []
+    for i, line in enumerate(tt.lines):
+        m = _DEF.match(line)
+        if not m:
+            continue
+        end = _block_end(tt.lines, i)
+        first, last = bisect_right(starts, i) - 1, bisect_right(starts, end - 1) - 1
+        if last > first and sum(units[k].tokens for k in range(first, last + 1)) <= max_tokens:
+            out.append((end - i, first, tuple(range(first, last + 1))))
+    return [b for _, _, b in sorted(out)]

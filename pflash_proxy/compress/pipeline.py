@@ -23,7 +23,11 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    passed only when those alone exceed it, and then by at most that unit's tokens.
    The note and marker lines cost tokens too: the selection is rerun with the budget
    lowered by their estimated size (``approx_tokens``) so the served message lands on
-   budget.
+   budget.  A definition the cutter had to cut (longer than its largest unit,
+   ``named.definition_blocks``: at most ``2 * max_segment`` tokens) is not served in part
+   when the rest is small: the selection's partly kept blocks, most relevant first, get
+   their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
+   all such additions stay within ``CLOSE_BUDGET`` of the budget.
 5. spread: ``relevance_spread`` over the non-pinned units; flat on a cold request -> ``full-flat`` (original
    text); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
@@ -48,7 +52,7 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
-from .named import named_units
+from .named import definition_blocks, named_units
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
@@ -96,6 +100,7 @@ class Analysis:
     stage_ms: dict[str, float]  # what stages 1-3 cost, reported again by every outcome built on them
     gutter: str | None = None  # step 0: the form of the line-number gutter stages 1-3 looked behind
     named: frozenset[int] = frozenset()  # step 2: units of the definitions the request names (kept, not pinned)
+    blocks: tuple[tuple[int, ...], ...] = ()  # step 4: definitions cut into several units (kept whole when small)
 
 
 @dataclass(frozen=True)
@@ -183,11 +188,12 @@ class Compressor:
                 t = _lap(ms, "segment", t)
                 pinned = pinned_units(work, units, request.pinned_tail_tokens)
                 named = frozenset(named_units(work, units, request.text))
+                blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -198,7 +204,7 @@ class Compressor:
             budget = max(1, budget - budget_adjust)
             kept = self._select_with_overhead(units, toks, dens, budget,
                                               pinned | analysis.named | first_choice(scores, pinned),
-                                              source, label, len(tt.lines))
+                                              source, label, len(tt.lines), analysis.blocks)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
             # score and would dominate the measure: spread is over the units the budget actually chooses.
@@ -227,7 +233,8 @@ class Compressor:
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
-                              pinned: set[int], source: Source, label: str, n_lines: int) -> list[int]:
+                              pinned: set[int], source: Source, label: str, n_lines: int,
+                              blocks: tuple[tuple[int, ...], ...] = ()) -> list[int]:
         """Step 4: select so that kept units plus note/marker lines land on the budget.
 
         Reselects with ``budget - overhead`` until the overhead estimate stops changing
@@ -240,7 +247,8 @@ class Compressor:
         starts = np.fromiter(map(_START, units), dtype=np.int64, count=n)
         ends = np.fromiter(map(_END, units), dtype=np.int64, count=n)
         for _ in range(4):
-            kept = self._select(units, dens, max(budget - overhead, 1), pinned, toks)
+            kept = close_blocks(self._select(units, dens, max(budget - overhead, 1), pinned, toks), blocks,
+                                toks, dens, budget)
             new = self._overhead(starts, ends, kept, source, label, n_lines)
             served = int(toks[kept].sum()) + new
             if best is None or abs(served - budget) < best[0]:
@@ -269,6 +277,34 @@ class Compressor:
         a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
         shown = n_lines - int((b - a).sum())
         return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())
+
+
+CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added
+CLOSE_BUDGET = 0.10  # ... and all such additions together at most this share of the budget
+
+
+def close_blocks(kept: list[int], blocks: tuple[tuple[int, ...], ...], toks: np.ndarray, dens: np.ndarray,
+                 budget: int) -> list[int]:
+    """Step 4: the selection with the small missing parts of its partly kept definitions (sorted)."""
+    if not blocks:
+        return kept
+    have = set(kept)
+    partial = []
+    for b in blocks:
+        missing = [k for k in b if k not in have]
+        if missing and len(missing) < len(b):
+            size = int(toks[list(b)].sum())
+            add = int(toks[missing].sum())
+            if add <= CLOSE_SHARE * size:
+                partial.append((-float(max(dens[k] for k in b if k in have)), add, missing))
+    room = CLOSE_BUDGET * budget
+    for _, add, missing in sorted(partial, key=lambda x: (x[0], x[1])):
+        missing = [k for k in missing if k not in have]
+        add = int(toks[missing].sum()) if missing else 0
+        if missing and add <= room:
+            have.update(missing)
+            room -= add
+    return sorted(have)
 
 
 def _check_units(units: list[Unit], tt: TokenizedText) -> None:

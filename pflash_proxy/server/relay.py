@@ -49,6 +49,8 @@ class _SSETail:
         self.last: dict | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if not self._buf and chunk.endswith(b"\n\n") and b'"timings"' not in chunk and b'"usage"' not in chunk:
+            return  # whole events, none of them one to keep (most of a stream): nothing to split or parse
         self._buf += chunk
         if b"\n\n" not in self._buf:
             if len(self._buf) > _MAX_SNIFF_BYTES:  # pathological: an event without an end
@@ -117,7 +119,7 @@ async def relay(
                 if result.first_chunk_at is None:
                     result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
                 if is_sse:  # only whole events reach the client, so an error event never follows half of one
-                    chunk, held = _complete_events(held + chunk)
+                    chunk, held = _complete_events(held + chunk if held else chunk)
                 if tail is not None:
                     tail.feed(chunk)
                 out = translate.stream(chunk) if translate is not None and chunk else chunk

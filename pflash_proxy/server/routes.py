@@ -109,10 +109,10 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: A
     SSE comment lines (``: pflash compressing 12,345 tokens``) every ``interval`` seconds, so agents with read
     timeouts keep waiting. Returns the already started stream (status 200, the headers known so far), or None
     when the stages finished before the first comment was due (the usual case: nothing changes)."""
-    task = asyncio.ensure_future(pipeline.run_request(req))
-    if not req.stream or interval <= 0:
-        await task
+    if not req.stream or interval <= 0:  # nobody to keep alive: the stages run in this task
+        await pipeline.run_request(req)
         return None
+    task = asyncio.ensure_future(pipeline.run_request(req))
     resp: web.StreamResponse | None = req.state.get(PROGRESS_STARTED)  # a second run (a forward that failed)
     try:
         while True:

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pflash_proxy.config import Settings
@@ -48,6 +48,11 @@ class UpstreamWatch:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def slots_route(self) -> bool | None:
+        """Whether llama-server serves ``GET /slots`` (None: not asked yet)."""
+        return self._slots_route
 
     def start(self) -> None:
         """Poll ``/health`` of an attached server (a spawned one is watched by its supervisor)."""
@@ -126,20 +131,28 @@ class UpstreamWatch:
                 was_down = False
                 self.upstream.notify_restart("upstream came back after being unreachable")
 
-    async def slot_lost(self, slot: Slot) -> str | None:
+    async def slot_lost(self, slot: Slot,
+                        prefetched: Awaitable[tuple[bool, list[dict[str, Any]] | None]] | None = None) -> str | None:
         """Why llama-server's own record of ``slot`` contradicts the table, or None when it agrees.
 
         A hit is announced only after this check (one ``GET /slots``, about a millisecond): a llama-server that
         restarted between two polls of the health monitor (systemd restarts it in well under a second) has no
         task on the slot, or its last task there had another prompt length than the proxy's last request. Then
         the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
+        ``prefetched``: the answer of ``SessionManager.prefetch_slots``, asked while the session was looked up,
+        given only when it covers the slot (no other lease of it, no restart noticed since it was asked), so the
+        check costs no round trip of its own on the request's path; ``(False, None)`` when it failed.
         """
         if self._slots_route is False:
             return None
-        try:
-            data = await self.upstream.slots()
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
-            return None  # the request itself will fail or wait; nothing to conclude here
+        ok, data = False, None
+        if prefetched is not None:
+            ok, data = await prefetched
+        if not ok:
+            try:
+                data = await self.upstream.slots()
+            except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+                return None  # the request itself will fail or wait; nothing to conclude here
         if data is None:
             self._slots_route = False  # --no-slots: rely on cache_n checks after the response
             log.info("llama-server does not serve /slots; restarts are detected by the health monitor only")

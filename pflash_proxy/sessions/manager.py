@@ -10,6 +10,8 @@
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
 4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced the watch checks llama-server's own
    ``/slots`` record of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored.
+   When a hit is likely, that ``/slots`` answer is asked before the lease, beside the session lookup
+   (``prefetch_slots``), and used only if no other lease of the slot came between.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``; with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
@@ -66,6 +68,7 @@ class SessionManager:
         self._store_down = False
         self._writes = 0
         self._bound: asyncio.Task | None = None
+        self._slot_seeds: dict[int, tuple[str, str]] = {}  # slot id -> (session, its seed), as last leased
 
     @property
     def model_identity(self) -> str:
@@ -210,6 +213,32 @@ class SessionManager:
             await asyncio.sleep(PRUNE_EVERY_S)
 
     # Per request -------------------------------------------------------------------------------------------
+    def note_seed(self, lease: Lease, seed: str) -> None:
+        """Remember the namespace of the session that ``lease`` holds (``prefetch_slots`` predicts hits by it)."""
+        self._slot_seeds[lease.slot.id] = (lease.session, seed)
+
+    def prefetch_slots(self, seed: str) -> SlotsPrefetch | None:
+        """Ask ``GET /slots`` now, while the session is looked up and leased, when a hit is likely: an idle slot
+        holds a known prefix of a session of this very namespace (``seed``). ``slot_lost`` uses the answer only
+        for a slot that nobody else leased since it was asked (``SlotsPrefetch.covers``); otherwise, or when it
+        failed, it asks again."""
+        if self.watch.slots_route is False or not self.watch.ready:
+            return None
+        idle = [s for s in self.table.slots if not s.busy]
+        if not any(s.known and s.served_hashes and s.session is not None
+                   and self._slot_seeds.get(s.id) == (s.session, seed) for s in idle):
+            return None
+        task = asyncio.ensure_future(self._fetch_slots())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.counters["upstream_restarts"])
+
+    async def _fetch_slots(self) -> tuple[bool, list[dict] | None]:
+        try:
+            return True, await self.upstream.slots()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+            return False, None
+
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
@@ -220,7 +249,9 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            lost = await self.watch.slot_lost(slot)
+            prefetched = lease.prefetched
+            covered = prefetched is not None and prefetched.covers(slot, self.table, self.counters["upstream_restarts"])
+            lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
             if lost is None:
                 self.counters["hits"] += 1
                 return "hit", slot.prompt_tokens
@@ -343,6 +374,20 @@ class SessionManager:
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
+
+
+class SlotsPrefetch:
+    """A ``GET /slots`` asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    the grant count of every idle slot, the table itself and the restarts noticed so far."""
+
+    def __init__(self, task: asyncio.Future, table: SlotTable, grants: dict[int, int], restarts: int):
+        self.task, self.table, self.grants, self.restarts = task, table, grants, restarts
+
+    def covers(self, slot: Any, table: SlotTable, restarts: int) -> bool:
+        """The answer speaks for ``slot`` as it is under the current lease: the slot was idle when it was asked,
+        exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
+        return (table is self.table and restarts == self.restarts and slot.id in self.grants
+                and slot.grants == self.grants[slot.id] + 1)
 
 
 def _is_prefix(prefix: list[str], full: list[str]) -> bool:

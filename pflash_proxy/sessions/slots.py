@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal, overload
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, Literal, overload
 
 from pflash_proxy.errors import QueueFull, QueueTimeout
 
@@ -39,6 +39,8 @@ class Slot:
     snapshot_current: bool = False
     last_used: float = 0.0
     task_seen: int = -1  # the highest llama-server task id seen on this slot (/slots): it only grows per process
+    grants: int = 0  # leases granted on this slot so far (a /slots answer read before a lease tells whether any
+    # other lease came between: ``SessionManager.prefetch_slots``)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Lease:
     resident: bool  # the slot already held this session's prefix
     evicted: Evicted | None = None
     released: bool = False
+    prefetched: Any = None  # a GET /slots asked while the lease was sought (``SessionManager.prefetch_slots``)
 
 
 class SlotTable:
@@ -97,11 +100,13 @@ class SlotTable:
                 if slot.session is not None else None
             slot.session, slot.tokens, slot.prompt_tokens, slot.served_hashes = session, 0, 0, []
             slot.known, slot.snapshot_current, slot.busy = False, False, True
+            slot.grants += 1
             self._busy_sessions.add(session)
             return Lease(slot, session, resident=False, evicted=evicted)
         held = self.resident(session)
         if held is not None and not held.busy:
             held.busy = True
+            held.grants += 1
             self._busy_sessions.add(session)
             return Lease(held, session, resident=True)
         if resident_only:
@@ -115,6 +120,7 @@ class SlotTable:
             evicted = Evicted(pick.session, pick.tokens, pick.served_hashes, pick.snapshot_current, pick.known)
         pick.session, pick.tokens, pick.prompt_tokens, pick.served_hashes = session, 0, 0, []
         pick.known, pick.snapshot_current, pick.busy = True, False, True
+        pick.grants += 1
         self._busy_sessions.add(session)
         return Lease(pick, session, resident=False, evicted=evicted)
 

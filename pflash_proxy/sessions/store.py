@@ -18,6 +18,9 @@ response keys of indexes written before responses had their own, in the same swe
 ``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
 upstream holding a prefix the proxy does not know how to replay.
 
+``write_mark``/``unchanged_since`` tell a caller whether a write that can change a ``lookup``'s answer
+(``save_session``, ``prune``) began or ended in this process since a mark was taken.
+
 Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
 this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
 An index that cannot even be opened at start-up is moved aside (``cache.db.corrupt-<time>``) and a fresh one is
@@ -86,11 +89,34 @@ class SessionStore:
         self._snaps_lock = threading.RLock()  # pruning runs in the executor, requests on the loop
         self.cache.add(("salt",), secrets.token_hex(16))  # only if absent: owners' hashes survive a restart
         self.salt: str = self.cache.get(("salt",))
+        # writes that can change what ``lookup`` answers (``save_session``, ``prune``): begun and ended, so a
+        # caller can tell that none ran since a mark (``write_mark``/``unchanged_since``)
+        self._writes_lock = threading.Lock()
+        self._writes_running = 0
+        self._writes_done = 0
 
     def close(self) -> None:
         self.cache.close()
 
     # Sessions -----------------------------------------------------------------------------------------------
+    def write_mark(self) -> int | None:
+        """Taken before a ``lookup``: None while a write that can change its answer runs, else a mark that
+        ``unchanged_since`` compares. Counts this process's writes only (the session records and chain entries
+        are written by the proxy that serves them; ``pflash-proxy rm`` touches snapshots alone)."""
+        with self._writes_lock:
+            return None if self._writes_running else self._writes_done
+
+    def unchanged_since(self, mark: int | None) -> bool:
+        """True when no write that can change a ``lookup``'s answer began or ended since ``mark`` was taken."""
+        with self._writes_lock:
+            return mark is not None and not self._writes_running and self._writes_done == mark
+
+    def _writing(self, delta: int) -> None:
+        with self._writes_lock:
+            self._writes_running += delta
+            if delta < 0:
+                self._writes_done += 1
+
     @_guarded
     def lookup(self, seed: str, messages: list[dict]) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
@@ -139,10 +165,14 @@ class SessionStore:
         rec.served = list(served)
         rec.last_use = time.time()
         rec.turns += 1
-        with self.cache.transact():
-            self._put(rec)
-            for h in chain(rec.seed, client_hashes):
-                self.cache.set(("chain", h), rec.id)
+        self._writing(+1)
+        try:
+            with self.cache.transact():
+                self._put(rec)
+                for h in chain(rec.seed, client_hashes):
+                    self.cache.set(("chain", h), rec.id)
+        finally:
+            self._writing(-1)
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
@@ -169,6 +199,13 @@ class SessionStore:
         recently used beyond ``max_sessions``; never one in ``keep`` (resident or busy).  Removes the record and
         the chain entries that still point at it (a fork that took over a shared prefix keeps it).  Returns the
         removed ids; their snapshots are the caller's to delete."""
+        self._writing(+1)
+        try:
+            return self._prune(older_than, max_sessions, keep)
+        finally:
+            self._writing(-1)
+
+    def _prune(self, older_than: float | None, max_sessions: int, keep: set[str] | frozenset[str]) -> list[str]:
         keys = list(self.cache.iterkeys())
         self._drop_legacy_responses(keys)
         ranked = sorted(self._last_uses(keys).items(), key=lambda kv: kv[1])

@@ -123,8 +123,10 @@ class SessionStage(Stage):
         forwarded_by = req.headers.get(FORWARDED_HEADER)
         if cluster is not None and req.forward_failed is not None:  # the holder did not answer: take over here
             cluster.peer_failed(req.state.pop("_forward_node", req.forward_failed))
+        prefetched = None
         try:
             seed = await self._seed(explicit, owner)
+            prefetched = mgr.prefetch_slots(seed)  # a likely hit's /slots check, asked while the lookup runs
             record, matched, hashes, lease = await self._lease_session(seed, explicit, owner, messages, req,
                                                                        forwarded_by)
         except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
@@ -153,8 +155,11 @@ class SessionStage(Stage):
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
+        mgr.note_seed(lease, seed)
         served_hashes = [message_hash(m) for m in served]
+        ctx.extra["hashed"] = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
+        lease.prefetched = prefetched
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
         if taken_from is not None and cluster is not None:  # restored from the shared directory, or cold
             cluster.counters[f"takeover_{ctx.cache}"] += 1
@@ -216,12 +221,15 @@ class SessionStage(Stage):
         waited behind another one of the same session would otherwise decide (and later save) on a stale
         record, overwriting the other request's served history and recall sources. So the lookup is repeated
         once the lease is held; when the answer changed (the other request served more), the lease is returned
-        and the decision taken again on the fresh record.
+        and the decision taken again on the fresh record. The second lookup is skipped when no write that can
+        change its answer (``save_session``, ``prune``) began or ended since the first one started
+        (``SessionStore.write_mark``): it would read what the first one read.
 
         With several nodes (``sessions/cluster.py``): a session that another live node holds is not leased here
         (the lease is None and ``req.forward_to`` names that node); otherwise the session's turn lease in the
         shared index is taken with the slot's (``req.state[TURN_KEY]``, freed in ``on_finish``) before the record
-        is read again, so a turn another node ran meanwhile is seen too.
+        is read again, so a turn another node ran meanwhile is seen too (the shared index never vouches that
+        nothing changed: ``RedisIndex.unchanged_since``).
         """
         mgr = self.manager
         cluster = mgr.cluster
@@ -230,6 +238,7 @@ class SessionStage(Stage):
         def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
             return loop.run_in_executor(None, mgr.store.lookup, seed, messages)
         for attempt in range(9):
+            mark = mgr.store.write_mark()
             found, matched, hashes = await lookup()
             key = _lookup_key(found, matched)
             if found is not None and found.owner != owner:  # a seed is never shared across owners: belt and braces
@@ -250,6 +259,8 @@ class SessionStage(Stage):
             try:
                 if cluster is not None and req is not None:
                     req.state[TURN_KEY] = await cluster.begin_turn(record.id)
+                if mgr.store.unchanged_since(mark):
+                    return record, matched, hashes, lease
                 again, matched2, _ = await lookup()
             except BaseException:
                 await self._end_turn(req)
@@ -271,7 +282,7 @@ class SessionStage(Stage):
         if ctx is None or "batch" in ctx.extra:
             return
         ctx.extra["settled"] = result.completed and not result.client_gone
-        served_hashes = [message_hash(m) for m in ctx.served]
+        served_hashes = _hashes(ctx.served, *ctx.extra.get("hashed", ([], [])))
         self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
 
     async def on_finish(self, req: ProxyRequest) -> None:
@@ -311,6 +322,13 @@ def served_version(client: dict, stored: dict) -> dict:
     if client == stored or stored.get("content") == client.get("content"):
         return client
     return {**client, "content": stored.get("content")}
+
+
+def _hashes(messages: list[dict], before: list[dict], hashes: list[str]) -> list[str]:
+    """``message_hash`` of each message, taken from ``hashes`` where the message equals the one at its position
+    in ``before`` (the served history hashed before compression, most of which compression leaves alone)."""
+    return [hashes[i] if i < len(before) and (m is before[i] or m == before[i]) else message_hash(m)
+            for i, m in enumerate(messages)]
 
 
 def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash_proxy.compress.pipeline import CompressionSettings, Compressor, first_choice
+from pflash_proxy.compress.pipeline import CLOSE_BUDGET, CompressionSettings, Compressor, first_choice
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.text import TokenizedText
 
@@ -99,8 +99,10 @@ def test_top_ranked_unit_survives_a_pin_that_grew_into_a_large_unit():
     assert pin_tokens > 800 and pin_tokens + units[top].tokens > out.budget_tokens > pin_tokens
     assert out.mode == "compressed"
     assert PLANT in out.text and tt.range_text(units[top].start_line, units[top].end_line) in out.text
-    # the budget stretched by at most the top unit: nothing else was added beyond it
-    assert out.kept_tokens == pin_tokens + units[top].tokens <= out.budget_tokens + units[top].tokens
+    # the budget stretched by at most the top unit: nothing else was added beyond it but the small rest of a
+    # definition the cutter had cut (kept whole, within CLOSE_BUDGET of the budget)
+    assert pin_tokens + units[top].tokens <= out.kept_tokens <= pin_tokens + units[top].tokens + \
+        CLOSE_BUDGET * out.budget_tokens
     # the re-run with the analysis (the proxy's landing on budget) keeps it too, whatever the adjustment
     again = Compressor(settings, scorer=PlantedFirst()).compress(tt, request, tt.total_tokens, False, "paste",
                                                                  budget_adjust=300, analysis=a)

@@ -1,0 +1,130 @@
+"""The parsed turn's session bookkeeping without round trips it does not need (issue 29, item 4).
+
+Unit parts: the index's write marks, the /slots prefetch's coverage rule, the served-hash reuse. The real part
+(gemma-3-270m llama-server): a follow-up turn asks one lookup and one ``GET /slots``, asked while the lookup runs,
+and is still a verified hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import PIPELINE
+from pflash_proxy.sessions.identity import message_hash
+from pflash_proxy.sessions.manager import SlotsPrefetch
+from pflash_proxy.sessions.slots import SlotTable
+from pflash_proxy.stages.sessions import _hashes
+from pflash_proxy.sessions.store import SessionStore
+from tests.conftest import make_settings
+
+MSGS = [{"role": "user", "content": "Hi"}]
+
+
+def test_a_write_mark_holds_until_a_write_that_changes_lookups_begins_or_ends(tmp_path):
+    store = SessionStore(tmp_path / "s")
+    rec = store.new_session("seed", False)
+    mark = store.write_mark()
+    assert store.unchanged_since(mark)
+    store.lookup("seed", MSGS)  # reads change nothing
+    assert store.unchanged_since(mark)
+    store.save_session(rec, [message_hash(m) for m in MSGS], MSGS)
+    assert not store.unchanged_since(mark)
+    mark = store.write_mark()
+    store.prune(older_than=None, max_sessions=10)
+    assert not store.unchanged_since(mark), "a prune may forget the session a lookup found"
+
+
+def test_no_mark_is_given_while_a_write_runs_and_it_ends_changed(tmp_path):
+    store = SessionStore(tmp_path / "s")
+    rec = store.new_session("seed", False)
+    inside, go_on = threading.Event(), threading.Event()
+    put = store._put
+
+    def slow_put(r):  # the write is held inside its transaction
+        inside.set()
+        go_on.wait(10)
+        put(r)
+    store._put = slow_put
+    t = threading.Thread(target=store.save_session, args=(rec, [message_hash(MSGS[0])], MSGS))
+    t.start()
+    assert inside.wait(10)
+    before = store.write_mark()
+    assert before is None and not store.unchanged_since(before), "a lookup now may read before the commit"
+    go_on.set()
+    t.join(10)
+    assert store.write_mark() is not None
+
+
+def test_a_prefetched_slots_answer_covers_a_slot_only_when_no_other_lease_came_between():
+    table = SlotTable(2)
+
+    async def scenario():
+        done = asyncio.get_running_loop().create_future()
+        first = await table.acquire("a")  # session a takes slot 0
+        table.release(first)
+        idle = {s.id: s.grants for s in table.slots if not s.busy}
+        pf = SlotsPrefetch(done, table, idle, restarts=0)
+        lease = await table.acquire("a")
+        assert pf.covers(lease.slot, table, 0)
+        assert not pf.covers(lease.slot, table, 1), "a restart noticed since: ask again"
+        assert not pf.covers(lease.slot, SlotTable(2), 0), "a resized table: ask again"
+        table.release(lease)
+        other = await table.acquire("anon-slot-0")  # a slot action leased it meanwhile
+        table.release(other)
+        again = await table.acquire("x")
+        table.release(again)
+        lease = await table.acquire("a")
+        assert not pf.covers(lease.slot, table, 0)
+        table.release(lease)
+        busy = await table.acquire("b")  # a slot busy when asked is not covered
+        pf2 = SlotsPrefetch(done, table, {s.id: s.grants for s in table.slots if not s.busy}, restarts=0)
+        table.release(busy)
+        lease = await table.acquire("b")
+        assert lease.slot.id == busy.slot.id and not pf2.covers(lease.slot, table, 0)
+    asyncio.run(scenario())
+
+
+def test_served_hashes_are_reused_only_for_unchanged_messages():
+    before = [{"role": "system", "content": "S"}, {"role": "user", "content": "long text " * 50}]
+    hashes = [message_hash(m) for m in before]
+    after = [before[0], {"role": "user", "content": "long text (shortened)"}, {"role": "user", "content": "more"}]
+    assert _hashes(after, before, hashes) == [message_hash(m) for m in after]
+    assert _hashes(list(before), before, hashes) == hashes
+    assert _hashes([dict(before[0]), before[1]], before, hashes) == hashes  # equal dicts, not the same objects
+
+
+@pytest.mark.llama
+async def test_a_follow_up_hit_asks_one_lookup_and_one_slots_check_started_before_the_lease(
+        aiohttp_client, llama_server, tmp_path):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
+    proxy = await aiohttp_client(create_app(settings))
+    manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    r = await proxy.post("/v1/chat/completions", json=body)
+    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
+    events: list[str] = []
+    lookup, slots, acquire = manager.store.lookup, manager.upstream.slots, manager.table.acquire
+
+    def spy_lookup(*a):
+        events.append("lookup")
+        return lookup(*a)
+
+    async def spy_slots():
+        events.append("slots")
+        return await slots()
+
+    async def spy_acquire(*a, **kw):
+        events.append("lease")
+        return await acquire(*a, **kw)
+    manager.store.lookup, manager.upstream.slots, manager.table.acquire = spy_lookup, spy_slots, spy_acquire
+    r = await proxy.post("/v1/chat/completions", json=body)
+    assert r.status == 200
+    assert r.headers["X-PFlash-Cache"] == "hit"
+    # one of each, and the /slots check was asked before the lease, so it ran beside the lookup
+    assert sorted(events[:2]) == ["lookup", "slots"] and events[2:] == ["lease"], events
+    assert (await (await proxy.get("/pflash/stats")).json())["sessions"]["hits"] == 1
+
