@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 else:
     ScorerName = Literal[SCORER_NAMES]  # the values --scorer accepts: the registry's names
 _COMPRESSION = CompressionSettings()  # the compression defaults, written once (compress/pipeline.py)
-DRAFTER_DEFAULT_SCORER = "head-attention"  # --scorer with --drafter and no --scorer: the bench winner (README)
+DRAFTER_DEFAULT_SCORER = "auto"  # --scorer with --drafter and no --scorer: code by lexical, else head-attention (README)
 
 # Names used by the PFlash seed (model card "Using it") that map onto our fields.
 SEED_ENV_ALIASES: dict[str, str] = {

@@ -18,7 +18,9 @@ in its own module.
    for the embedded default).
    ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
    ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``);
-   the default with a drafter, it falls back to ``attention`` when no head exists for the drafter (a log line).
+   ``--scorer auto``, the default with a drafter, scores a message that is mostly code with ``lexical`` (no
+   drafter pass) and everything else with ``head-attention`` (``compress/routed.py``); defaulted, it falls back to
+   ``attention`` when no head exists for the drafter (a log line).
    The three drafter scorers (attention, hybrid, head-attention) follow reference hops from their top units
    (``compress/links.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
@@ -93,6 +95,13 @@ def _head_attention(parts: ScorerParts) -> Any:
     return Linked(HeadAttentionScorer(parts.attention, parts.head, parts.request))
 
 
+def _auto(parts: ScorerParts) -> Any:
+    from pflash_proxy.compress import LexicalScorer
+    from pflash_proxy.compress.routed import RoutedScorer
+
+    return RoutedScorer(LexicalScorer(), _head_attention(parts))
+
+
 # The registry: a new scorer is one entry here plus its own module.
 SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
     ScorerEntry("lexical", "BM25, model-free", _lexical, drafter=False),
@@ -103,6 +112,8 @@ SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
                 head=True, taps=True),
     ScorerEntry("head-attention", "the head and attention fused, from one drafter pass", _head_attention,
                 head=True, attention=True),
+    ScorerEntry("auto", "code by lexical (no drafter pass), everything else by head-attention", _auto,
+                head=True, attention=True),
 )}
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.drafter)  # need a --drafter
@@ -112,7 +123,7 @@ def scorer_help() -> str:
     """The ``--scorer`` help text, from the registry."""
     names = "; ".join(f"{e.name} ({e.help})" for e in SCORERS.values())
     return (f"unit relevance: {names}; default lexical, or with --drafter and no --scorer the bench's winner, "
-            "head-attention (attention for a drafter without a shipped or given head)")
+            "auto (attention for a drafter without a shipped or given head)")
 
 
 class DrafterSetupError(Exception):
@@ -228,10 +239,10 @@ def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
 
 
 def _default_scorer_for_this_drafter(settings: Settings) -> Settings:
-    """The default drafter scorer (head-attention) needs a scorer head trained for this drafter. With none
-    given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit ``--scorer
-    head-attention`` still stops at the missing file."""
-    if settings.scorer != "head-attention" or "scorer" in settings.model_fields_set \
+    """The default drafter scorer (auto: head-attention for everything but code) needs a scorer head trained for
+    this drafter. With none given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit
+    ``--scorer auto`` or ``head-attention`` still stops at the missing file."""
+    if settings.scorer != "auto" or "scorer" in settings.model_fields_set \
             or settings.scoring_head is not None:
         return settings
     log.warning("no scorer head is shipped or given for this drafter (%s): scoring with --scorer attention; "

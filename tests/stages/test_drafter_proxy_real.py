@@ -94,6 +94,29 @@ def test_drafter_scorers_need_a_drafter(tmp_path):
         build_scorer(make_settings("http://127.0.0.1:1", tmp_path, scorer="attention", drafter=tmp_path / "no.gguf"))
 
 
+async def test_auto_reads_code_without_the_drafter_and_prose_with_it(aiohttp_client, llama_server, tmp_path,
+                                                                      gemma_model):
+    """The default with a drafter: a file read (code) is scored by BM25 with no drafter pass and keeps the asked-
+    about function; a prose document goes through the drafter (head-attention)."""
+    import inspect
+    import textwrap
+
+    settings = drafter_settings(llama_server, tmp_path, gemma_model)
+    assert settings.scorer == "auto"
+    proxy = await aiohttp_client(create_app(settings))
+    source = inspect.getsource(textwrap)
+    h, _ = await ask(proxy, [{"role": "user", "content": source + "\n\nWhat does indent do with its predicate?"}])
+    assert h["X-PFlash-Mode"] == "compressed"
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["pflash"]["scorer"] == "auto" and stats["pflash"]["drafter"]["passes"] == 0
+    assert inspect.getsource(textwrap.indent).rstrip("\n") in served_message(proxy, h["X-PFlash-Session"], 0)
+    h, _ = await ask(proxy, [{"role": "user", "content": document() + "\n\nWhat was the name of the silver eagle, "
+                                                        "the prize bird?"}])
+    assert h["X-PFlash-Mode"] == "compressed"
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["pflash"]["drafter"]["passes"] >= 1
+
+
 def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trained_head(tmp_path, gemma_model,
                                                                                           monkeypatch, caplog):
     import pflash_proxy.drafter.trained as trained
@@ -101,10 +124,11 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
 
     settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
                              attention_heads="all")
-    assert settings.scorer == "head-attention"  # no --scorer: the bench's winner
+    assert settings.scorer == "auto"  # no --scorer: code by lexical, the rest by head-attention
     built = build_scorer(settings)  # gemma: the head shipped in the package
     try:
-        assert built.scorer.name == "head-attention" and isinstance(built.scorer, Linked)  # with reference hops
+        assert built.scorer.name == "auto" and built.scorer.code.name == "lexical"
+        assert built.scorer.other.name == "head-attention" and isinstance(built.scorer.other, Linked)  # hops
     finally:
         built.close()
     monkeypatch.setattr(trained, "for_drafter", lambda sha: None)  # a drafter nobody has trained a head for
