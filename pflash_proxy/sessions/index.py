@@ -15,6 +15,7 @@ for later turns (``recall_sources``, ``stages/compress.py``) and the inspector's
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,6 +49,17 @@ class SessionRecord:
     # the inspector: one plain-data trace per compressed message or recall (newest last), and running totals
     traces: list[dict[str, Any]] = field(default_factory=list)
     trace_totals: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
+            owner: str | None = None) -> SessionRecord:
+        """A fresh record (not yet stored); a branch of ``parent`` (same owner) starts with its first ``upto``
+        turns."""
+        rec = cls(id=uuid.uuid4().hex, seed=seed, explicit=explicit, owner=owner)
+        if parent is not None and upto and parent.owner == owner:
+            rec.client_hashes = parent.client_hashes[:upto]
+            rec.served = parent.served[:upto]
+        return rec
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> SessionRecord:

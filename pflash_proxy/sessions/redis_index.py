@@ -25,7 +25,6 @@ import json
 import pickle
 import secrets
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
@@ -132,11 +131,7 @@ class RedisIndex:
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord:
-        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit, owner=owner)
-        if parent is not None and upto and parent.owner == owner:
-            rec.client_hashes = parent.client_hashes[:upto]
-            rec.served = parent.served[:upto]
-        return rec
+        return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None:

@@ -35,7 +35,6 @@ import secrets
 import sqlite3
 import threading
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -153,11 +152,7 @@ class SessionStore:
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord:
-        rec = SessionRecord(id=uuid.uuid4().hex, seed=seed, explicit=explicit, owner=owner)
-        if parent is not None and upto and parent.owner == owner:
-            rec.client_hashes = parent.client_hashes[:upto]
-            rec.served = parent.served[:upto]
-        return rec
+        return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict]) -> None:
