@@ -38,6 +38,17 @@ def gemma_model(tmp_path_factory) -> Path:
     return Path(assemble(cache / MODEL_NAME))
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``: how the servers the tests start (llama-server, redis, balancers) stop."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class LlamaServer:
     def __init__(self, url: str, proc: subprocess.Popen, args: list[str], slot_dir: Path, log: Path):
         self.url, self.proc, self.args, self.slot_dir, self.log = url, proc, args, slot_dir, log
@@ -59,13 +70,7 @@ class LlamaServer:
         raise RuntimeError("llama-server did not become healthy")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def restart(self) -> None:
         self.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pflash_proxy.llama.spawn import free_port
+from tests.conftest import stop_process
 
 
 def binary() -> str | None:
@@ -61,10 +62,4 @@ class RedisServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pflash_proxy.llama.spawn import free_port
+from tests.conftest import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = {"nginx": ROOT / "configs" / "nginx" / "pflash-proxy.conf",
@@ -100,10 +101,4 @@ class Balancer:
         return cls(kind, f"http://127.0.0.1:{port}", proc, log)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
