@@ -77,6 +77,20 @@ class SessionRecord:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def prune_victims(ranked: list[tuple[str, float]], older_than: float | None, max_sessions: int,
+                  keep: set[str] | frozenset[str]) -> list[str]:
+    """What an index prunes, from ``(session id, last use)`` oldest first: sessions last used before
+    ``older_than``, then the least recently used beyond ``max_sessions``, never one in ``keep``."""
+    excess = len(ranked) - max_sessions
+    victims: list[str] = []
+    for sid, last_use in ranked:
+        if sid in keep:
+            continue
+        if (older_than is not None and last_use < older_than) or len(victims) < excess:
+            victims.append(sid)
+    return victims
+
+
 @dataclass
 class SnapshotRecord:
     session: str

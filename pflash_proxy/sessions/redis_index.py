@@ -30,7 +30,7 @@ from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
 
 T = TypeVar("T")
 PREFIX = "pflash:"
@@ -162,13 +162,7 @@ class RedisIndex:
         """As ``SessionStore.prune``: sessions last used before ``older_than``, then the least recently used beyond
         ``max_sessions``, never one in ``keep``; with their chain entries, responses, holder and turn lease."""
         ranked = [(_text(sid) or "", t) for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)]
-        excess = len(ranked) - max_sessions
-        victims: list[str] = []
-        for sid, last_use in ranked:
-            if sid in keep:
-                continue
-            if (older_than is not None and last_use < older_than) or len(victims) < excess:
-                victims.append(sid)
+        victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
             rec = self.get(sid)
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]

@@ -43,7 +43,7 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -204,13 +204,7 @@ class SessionStore:
         keys = list(self.cache.iterkeys())
         self._drop_legacy_responses(keys)
         ranked = sorted(self._last_uses(keys).items(), key=lambda kv: kv[1])
-        excess = len(ranked) - max_sessions
-        victims: list[str] = []
-        for sid, last_use in ranked:
-            if sid in keep:
-                continue
-            if (older_than is not None and last_use < older_than) or len(victims) < excess:
-                victims.append(sid)
+        victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
             rec = self.get(sid)
             with self.cache.transact():
