@@ -35,6 +35,7 @@ import pytest
 
 from pflash_proxy.llama.spawn import free_port
 from tests.cluster.balancers import Balancer, binary
+from tests.cluster.nodes import wait_balancer
 from tests.conftest import start_llama_server
 
 pytestmark = pytest.mark.llama
@@ -132,17 +133,7 @@ async def chat(http: aiohttp.ClientSession, balancer: Balancer, messages: list[d
 
 
 async def wait_served(http: aiohttp.ClientSession, balancer: Balancer) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        assert balancer.proc.poll() is None, f"{balancer.kind} exited: {balancer.log.read_text()[-3000:]}"
-        try:
-            async with http.get(balancer.url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        assert time.monotonic() < deadline, f"{balancer.kind} does not serve: {balancer.log.read_text()[-3000:]}"
-        await asyncio.sleep(0.2)
+    await wait_balancer(http, balancer.url, balancer.proc, balancer.log)
 
 
 async def turns_counted(http: aiohttp.ClientSession, node: Node) -> int:
