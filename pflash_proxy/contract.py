@@ -8,7 +8,9 @@ with hooks that the server calls, in the order the stage list gives (``stages.de
 2. Each stage's ``on_request`` runs in order; a stage may rewrite the body (``set_body``), add response headers,
    short-circuit with an error, or hand the request to another proxy node (``forward_to``: the later stages
    do not run here).  When no stage changes the body the client's original bytes are forwarded.
-3. The response is relayed; then each stage's ``on_response`` sees the ``RelayResult`` (final timings, usage).
+3. The upstream request is sent; work a stage started beside it (``beside_upstream``: the history commit) is
+   awaited before the answer's headers go out; the response is relayed; then each stage's ``on_response`` sees
+   the ``RelayResult`` (final timings, usage).
 4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
    slot, unlock a session).  Stage failures here are logged, never raised to the client.
 Besides the per-request hooks a stage declares what the application calls on it: ``bind`` (the app's hooks,
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -84,6 +86,14 @@ class ProxyRequest:
     # ``forward_failed``: the URL that could not be reached, set by the server before it runs the stages again.
     forward_to: str | None = None
     forward_failed: str | None = None
+    # Work a stage started that runs while the upstream works (the history commit): ``settle`` awaits it before
+    # the answer's headers go out, and ``Pipeline.finish`` before any ``on_finish`` (a lease is released after it).
+    beside_upstream: list[Awaitable[None]] = field(default_factory=list)
+
+    async def settle(self) -> None:
+        """Await the work started beside the upstream request (``beside_upstream``), each piece once."""
+        while self.beside_upstream:
+            await self.beside_upstream.pop(0)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -262,6 +272,10 @@ class Pipeline:
                 log.exception("stage %s failed in on_response", stage.name)
 
     async def finish(self, req: ProxyRequest) -> None:
+        try:
+            await req.settle()
+        except Exception:
+            log.exception("work beside the upstream request failed")
         for stage in reversed(req.state.get("_ran", [])):
             try:
                 await stage.on_finish(req)

@@ -12,6 +12,8 @@
    input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
    authenticate (a client's own ``Authorization`` travels only with its own requests).
 5. JSON answers of 1 MiB or more (``/tokenize`` with pieces of a long message) are parsed in a worker thread.
+6. ``sentinel`` (``sentinel.py``): one kept-alive connection to a loopback llama-server that vouches the server
+   process has not changed since an epoch; ``notify_restart`` ends the epoch too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable, Mapping
 import aiohttp
 
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.llama.sentinel import Sentinel
 
 log = logging.getLogger("pflash_proxy.llama.upstream")
 
@@ -68,6 +71,7 @@ class Upstream:
         self._ready = asyncio.Event()
         self._ready.set()
         self._restart_listeners: list[Callable[[str], Any]] = []
+        self.sentinel = Sentinel(lambda: self.base_url, self._auth)  # started by whoever relies on it
 
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -80,6 +84,7 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        await self.sentinel.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -100,6 +105,7 @@ class Upstream:
 
     def notify_restart(self, reason: str) -> None:
         log.warning("upstream state lost: %s", reason)
+        self.sentinel.end_epoch()
         for fn in self._restart_listeners:
             try:
                 fn(reason)

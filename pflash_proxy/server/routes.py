@@ -175,6 +175,11 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             payload = json.dumps(dialect.to_upstream(req.body, req.messages), ensure_ascii=False).encode()
         t0 = time.monotonic()
         up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
+        try:
+            await req.settle()  # the history commit ran beside the upstream request; its header goes out too
+        except BaseException:
+            up.release()
+            raise
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
                                    translate=translate)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)

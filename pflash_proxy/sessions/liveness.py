@@ -8,7 +8,9 @@
    polls ``/health`` every second, and a failure followed by recovery is reported the same way. Every restart
    calls ``on_restart`` (the table is emptied) and the next request reads ``/props`` again.
 3. ``slot_lost``: before a cache ``hit`` is announced, llama-server's own ``/slots`` record of that slot must agree
-   with the table, so a restart quicker than the poll cannot be missed either.
+   with the table, so a restart quicker than the poll cannot be missed either, unless the upstream's sentinel
+   (``llama/sentinel.py``: one connection to a loopback llama-server, held open since the slot's content was
+   learnt) vouches that no restart happened: a restart closes that connection at once.
 """
 
 from __future__ import annotations
@@ -55,13 +57,16 @@ class UpstreamWatch:
         return self._slots_route
 
     def start(self) -> None:
-        """Poll ``/health`` of an attached server (a spawned one is watched by its supervisor)."""
+        """Poll ``/health`` of an attached server (a spawned one is watched by its supervisor); hold the
+        upstream's sentinel connection either way (step 3)."""
         if not self.settings.spawn:
             self._monitor = asyncio.create_task(self._health_monitor())
+        self.upstream.sentinel.start()
 
     def stop(self) -> None:
         if self._monitor is not None:
             self._monitor.cancel()
+        self.upstream.sentinel.cancel()
 
     async def ensure_ready(self, wait: bool = True) -> None:
         """Read the server's slots and identity once (again after a restart); ``wait=False``: do not wait for a

@@ -8,9 +8,11 @@
    expected from cache.
 3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
    slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
-4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced the watch checks llama-server's own
-   ``/slots`` record of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored.
-   When a hit is likely, that ``/slots`` answer is asked before the lease, beside the session lookup
+4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced either the upstream's sentinel
+   (``llama/sentinel.py``) vouches that llama-server's process is the one that answered when the slot's content was
+   last learnt (``Slot.epoch``: no ``/slots`` call at all), or the watch checks llama-server's own ``/slots`` record
+   of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored. When a hit is
+   likely and not vouched for, that ``/slots`` answer is asked before the lease, beside the session lookup
    (``prefetch_slots``), and used only if no other lease of the slot came between.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``; with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
@@ -64,7 +66,7 @@ class SessionManager:
         self._background: set[asyncio.Task] = set()
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
-                         "slots_lost": 0}
+                         "slots_lost": 0, "hits_vouched": 0}
         self._store_down = False
         self._writes = 0
         self._bound: asyncio.Task | None = None
@@ -225,9 +227,10 @@ class SessionManager:
         if self.watch.slots_route is False or not self.watch.ready:
             return None
         idle = [s for s in self.table.slots if not s.busy]
-        if not any(s.known and s.served_hashes and s.session is not None
-                   and self._slot_seeds.get(s.id) == (s.session, seed) for s in idle):
-            return None
+        likely = [s for s in idle if s.known and s.served_hashes and s.session is not None
+                  and self._slot_seeds.get(s.id) == (s.session, seed)]
+        if not likely or all(self.upstream.sentinel.vouches(s.epoch) for s in likely):
+            return None  # no hit likely, or the sentinel vouches for every likely one: no check will be asked
         task = asyncio.ensure_future(self._fetch_slots())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -240,6 +243,7 @@ class SessionManager:
             return False, None
 
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
+        lease.epoch = self.upstream.sentinel.current()  # before any call: a break from now on ends it
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and self.snapshots.on_disk(ev.session)):
@@ -249,11 +253,16 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
+            if self.upstream.sentinel.vouches(slot.epoch):  # the same server process since it was learnt
+                self.counters["hits"] += 1
+                self.counters["hits_vouched"] += 1
+                return "hit", slot.prompt_tokens
             prefetched = lease.prefetched
             covered = prefetched is not None and prefetched.covers(slot, self.table, self.counters["upstream_restarts"])
             lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
             if lost is None:
                 self.counters["hits"] += 1
+                slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
             self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
@@ -274,7 +283,7 @@ class SessionManager:
                 if ok:
                     self.counters["restored"] += 1
                     slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
-                    slot.snapshot_current, slot.known = True, True
+                    slot.snapshot_current, slot.known, slot.epoch = True, True, lease.epoch
                     return "restored", snap.tokens
         self.counters["misses"] += 1
         return "miss", 0
@@ -355,6 +364,7 @@ class SessionManager:
         slot.tokens = cache_n + prompt_n + predicted_n
         slot.served_hashes = served_hashes
         slot.known = True
+        slot.epoch = lease.epoch  # what the server said in that epoch; a break since then is not vouched for
         slot.snapshot_current = False
 
     def save_in_background(self, sid: str) -> None:

@@ -41,6 +41,8 @@ class Slot:
     task_seen: int = -1  # the highest llama-server task id seen on this slot (/slots): it only grows per process
     grants: int = 0  # leases granted on this slot so far (a /slots answer read before a lease tells whether any
     # other lease came between: ``SessionManager.prefetch_slots``)
+    epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
+    # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Lease:
     evicted: Evicted | None = None
     released: bool = False
     prefetched: Any = None  # a GET /slots asked while the lease was sought (``SessionManager.prefetch_slots``)
+    epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
 
 
 class SlotTable:

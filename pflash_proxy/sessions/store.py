@@ -15,8 +15,9 @@ Keys:
 (least recently used first) are forgotten with their chain entries and their responses (and the per-session
 response keys of indexes written before responses had their own, in the same sweep).
 
-``ServedHistory`` is written *before* a request is forwarded, so a crash mid-response can never leave the
-upstream holding a prefix the proxy does not know how to replay.
+The served history (``save_session``) is written while a request is forwarded, and committed before the answer's
+first byte goes to the client (``stages/sessions.py``), so a client never holds an answer to a served prefix the
+proxy does not know how to replay.
 
 ``write_mark``/``unchanged_since`` tell a caller whether a write that can change a ``lookup``'s answer
 (``save_session``, ``prune``) began or ended in this process since a mark was taken.

@@ -4,7 +4,8 @@
 2. ``sessions.SessionStage``: identity, served history, slot lease, restore.
 3. ``compress.CompressStage`` (PFlash, when ``--pflash``): the newest long message shortened, recall; its scorer
    and segmenter come from ``scorers.build_scorer`` (the registry ``scorers.SCORERS`` names every scorer).
-4. ``sessions.SessionCommitStage``: the served history is written before the request is forwarded.
+4. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
+   the answer's headers go out.
 The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``.
 Imports are lazy: ``config`` reads the scorer registry from this package at import time.
 """

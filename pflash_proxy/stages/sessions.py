@@ -18,8 +18,9 @@ holds is not leased here: ``req.forward_to`` names that node and the server forw
 here. Otherwise the session's turn lease in the index is taken with the slot's, this node claims the session
 (``X-PFlash-Node``; ``X-PFlash-Takeover`` names the node it held before: step 3 then restores the snapshot that
 node left in the shared directory, or prefills cold), and ``on_finish`` frees the turn lease.
-``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) writes
-the served history to disk before the request is forwarded.
+``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) starts
+writing the served history to disk as the request is forwarded; the answer's headers wait for the write
+(``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it.
 ``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
 the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
 idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
@@ -56,6 +57,9 @@ DEGRADED_HEADER = "X-PFlash-Degraded"
 SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
 
 
+# a request body below this is looked up in the embedded index on the event loop (hashing it and a few SQLite
+# reads: well under a millisecond, less than the hop to a worker thread and back)
+INLINE_LOOKUP_BYTES = 32 * 1024
 TURN_KEY = "sessions-turn"  # req.state: the session's turn lease in a shared index (cluster.py)
 
 
@@ -235,8 +239,13 @@ class SessionStage(Stage):
         cluster = mgr.cluster
         loop = asyncio.get_running_loop()
 
-        def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
-            return loop.run_in_executor(None, mgr.store.lookup, seed, messages)
+        # the embedded index only: a shared one (Redis) answers over the network
+        inline = cluster is None and req is not None and len(req.raw_body) < INLINE_LOOKUP_BYTES
+
+        async def lookup() -> Any:  # hashing a long history and SQLite reads: off the event loop
+            if inline:  # a short history costs less than the hop to a worker thread and back
+                return mgr.store.lookup(seed, messages)
+            return await loop.run_in_executor(None, mgr.store.lookup, seed, messages)
         for attempt in range(9):
             mark = mgr.store.write_mark()
             found, matched, hashes = await lookup()
@@ -337,7 +346,8 @@ def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int,
 
 
 class SessionCommitStage(Stage):
-    """Persist the served history (after every stage that may change it), before forwarding."""
+    """Persist the served history (after every stage that may change it): the write starts before the request is
+    forwarded and runs beside it; the answer's headers, and the lease's release, wait for it."""
 
     name = "sessions-commit"
 
@@ -351,10 +361,14 @@ class SessionCommitStage(Stage):
         if ctx is None or ctx.record is None:
             return
         ctx.served = list(req.messages)
+        # the write starts now and runs while the upstream works; the answer's headers wait for it (``settle``)
+        write = asyncio.get_running_loop().run_in_executor(
+            None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served)
+        req.beside_upstream.append(self._committed(req, write))
+
+    async def _committed(self, req: ProxyRequest, write: asyncio.Future[None]) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served
-            )
+            await write
         except StoreError as exc:  # disk full, damaged index: the request is served, the history not kept
             self.manager.store_failed("saving the served history", exc)
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; this turn was not saved"

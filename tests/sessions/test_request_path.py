@@ -1,8 +1,9 @@
 """The parsed turn's session bookkeeping without round trips it does not need (issue 29, item 4).
 
 Unit parts: the index's write marks, the /slots prefetch's coverage rule, the served-hash reuse. The real part
-(gemma-3-270m llama-server): a follow-up turn asks one lookup and one ``GET /slots``, asked while the lookup runs,
-and is still a verified hit.
+(gemma-3-270m llama-server): a follow-up turn the upstream sentinel vouches for asks one lookup and no
+``GET /slots``; without the sentinel it asks one ``GET /slots`` and is still a verified hit. The history commit runs
+beside the upstream request and lands before the answer.
 """
 
 from __future__ import annotations
@@ -97,15 +98,7 @@ def test_served_hashes_are_reused_only_for_unchanged_messages():
     assert _hashes([dict(before[0]), before[1]], before, hashes) == hashes  # equal dicts, not the same objects
 
 
-@pytest.mark.llama
-async def test_a_follow_up_hit_asks_one_lookup_and_one_slots_check_started_before_the_lease(
-        aiohttp_client, llama_server, tmp_path):
-    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
-    proxy = await aiohttp_client(create_app(settings))
-    manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
-    r = await proxy.post("/v1/chat/completions", json=body)
-    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
+def _spy(manager) -> list[str]:
     events: list[str] = []
     lookup, slots, acquire = manager.store.lookup, manager.upstream.slots, manager.table.acquire
 
@@ -121,10 +114,77 @@ async def test_a_follow_up_hit_asks_one_lookup_and_one_slots_check_started_befor
         events.append("lease")
         return await acquire(*a, **kw)
     manager.store.lookup, manager.upstream.slots, manager.table.acquire = spy_lookup, spy_slots, spy_acquire
+    return events
+
+
+async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
+    proxy = await aiohttp_client(create_app(settings))
+    manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
+    await manager.ensure_ready()
+    for _ in range(100):  # the sentinel connects in the background at start
+        if manager.upstream.sentinel.alive:
+            break
+        await asyncio.sleep(0.05)
+    assert manager.upstream.sentinel.alive
+    r = await proxy.post("/v1/chat/completions", json=body)
+    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
+    return proxy, manager
+
+
+@pytest.mark.llama
+async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(
+        aiohttp_client, llama_server, tmp_path):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    events = _spy(manager)
+    r = await proxy.post("/v1/chat/completions", json=body)
+    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
+    assert events == ["lookup", "lease"], events  # the same server process since turn 1: nothing to ask it
+    stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
+    assert stats["hits"] == 1 and stats["hits_vouched"] == 1
+
+
+@pytest.mark.llama
+async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(
+        aiohttp_client, llama_server, tmp_path):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    manager.upstream.sentinel.cancel()  # what a lost connection leaves: nothing vouches for turn 1's slot
+    events = _spy(manager)
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200
     assert r.headers["X-PFlash-Cache"] == "hit"
-    # one of each, and the /slots check was asked before the lease, so it ran beside the lookup
-    assert sorted(events[:2]) == ["lookup", "slots"] and events[2:] == ["lease"], events
-    assert (await (await proxy.get("/pflash/stats")).json())["sessions"]["hits"] == 1
+    # one of each: the /slots answer asked when the lookup began (it runs beside a lookup in a worker thread; a
+    # short history is looked up on the loop, before the ask leaves) covers the lease, so it is not asked again
+    assert sorted(events) == ["lease", "lookup", "slots"] and events[0] == "lookup", events
+    stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
+    assert stats["hits"] == 1 and stats["hits_vouched"] == 0
 
+
+@pytest.mark.llama
+async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_before_the_answer(
+        aiohttp_client, llama_server, tmp_path):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    events: list[str] = []
+    save, open_ = manager.store.save_session, manager.upstream.open
+
+    def slow_save(*a):  # fault injection: a slow disk
+        events.append("save starts")
+        threading.Event().wait(0.5)
+        save(*a)
+        events.append("save ends")
+
+    async def spy_open(*a, **kw):
+        events.append("forwarded")
+        return await open_(*a, **kw)
+    manager.store.save_session, manager.upstream.open = slow_save, spy_open
+    nxt = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
+                                                   {"role": "user", "content": "Again."}]}
+    r = await proxy.post("/v1/chat/completions", json=nxt)
+    assert r.status == 200
+    # the request went upstream while the history was being written, and the answer waited for the write
+    assert sorted(events[:2]) == ["forwarded", "save starts"] and events[2:] == ["save ends"], events
+    assert [m["content"] for m in manager.store.get(r.headers["X-PFlash-Session"]).served] == \
+        [m["content"] for m in nxt["messages"]]
