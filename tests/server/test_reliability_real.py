@@ -216,6 +216,20 @@ async def test_client_slot_actions_are_refused_by_default_and_leased_when_allowe
     assert h2["X-PFlash-Cache"] != "hit"  # the proxy knows the client erased it
 
 
+async def test_a_slot_action_beyond_the_slot_count_wraps_as_in_llama_server_and_is_leased_there(make_proxy):
+    """llama-server takes ``id_slot`` modulo its slot count (``get_slot_by_id``: "allow id_slot to be out of bounds
+    (wrap around)"); the proxy leases and forgets the slot the action really touches."""
+    proxy = await make_proxy(allow_slot_actions=True)
+    first = [{"role": "user", "content": "Keep this."}]
+    _, h, _ = await _chat(proxy, first)
+    slot = int(h["X-PFlash-Slot"])
+    r = await proxy.post(f"/slots/{slot + 2}?action=erase", json={})  # the test server has 2 slots
+    assert r.status == 200 and (await r.json())["id_slot"] in (slot, slot + 2)
+    _, h2, b2 = await _chat(proxy, first + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And?"}])
+    assert h2["X-PFlash-Cache"] != "hit"  # the erase reached the session's slot, and the proxy knows it
+
+
+
 async def test_a_batch_of_prompts_stays_a_batch(make_proxy, http, llama_server):
     """Issue 12: pinned to one slot, the two completions of [tokens, tokens] differed (llama.cpp's own
     test_completion_with_tokens_input); a batch now runs unpinned, with every slot leased."""
