@@ -108,30 +108,26 @@ class Cluster:
             self.redis.stop()
 
 
-async def _wait_up(http: aiohttp.ClientSession, node: Node) -> None:
-    deadline = time.monotonic() + 120
+async def _answers(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path, what: str,
+                   timeout_s: float) -> None:
+    """Until ``url`` answers 200; fails at once when ``proc`` exited, and after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     while True:
-        assert node.proc.poll() is None, f"pflash-proxy exited: {node.log.read_text()[-3000:]}"
+        assert proc.poll() is None, f"{what} exited: {log.read_text()[-3000:]}"
         try:
-            async with http.get(node.url + "/pflash/stats") as r:
+            async with http.get(url) as r:
                 if r.status == 200:
                     return
         except aiohttp.ClientError:
             pass
-        assert time.monotonic() < deadline, f"pflash-proxy did not start: {node.log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{what} does not serve: {log.read_text()[-3000:]}"
         await asyncio.sleep(0.2)
+
+
+async def _wait_up(http: aiohttp.ClientSession, node: Node) -> None:
+    await _answers(http, node.url + "/pflash/stats", node.proc, node.log, "pflash-proxy", 120)
 
 
 async def wait_balancer(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path) -> None:
     """Until the balancer in front answers ``/health`` (a node's, through it)."""
-    deadline = time.monotonic() + 30
-    while True:
-        assert proc.poll() is None, f"the balancer exited: {log.read_text()[-3000:]}"
-        try:
-            async with http.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        assert time.monotonic() < deadline, f"the balancer does not serve: {log.read_text()[-3000:]}"
-        await asyncio.sleep(0.2)
+    await _answers(http, url + "/health", proc, log, "the balancer", 30)
