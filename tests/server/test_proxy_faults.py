@@ -28,8 +28,9 @@ def echo_app(seen: list) -> web.Application:
 
 
 def client_requests(seen: list) -> list:
-    """What reached the fake upstream, minus the session layer's own start-up probe of slot saving."""
-    return [r for r in seen if r["path_qs"] != "/slots/0?action=save"]
+    """What reached the fake upstream, minus the proxy's own calls: the session layer's start-up probe of slot
+    saving and the upstream sentinel's ``GET /health`` polls (``llama/sentinel.py``)."""
+    return [r for r in seen if r["path_qs"] not in ("/slots/0?action=save", "/health")]
 
 
 async def proxy_for(aiohttp_client, upstream_url: str, tmp_path, **kw):
@@ -45,7 +46,7 @@ async def test_passthrough_forwards_method_path_query_headers_body(aiohttp_serve
                                          "Proxy-Authorization": "secret"})
     assert resp.status == 200
     assert resp.headers["X-Upstream"] == "1"
-    got = seen[-1]
+    got = client_requests(seen)[-1]
     assert got["method"] == "PUT"
     assert got["path_qs"] == "/some/path?a=1&b=%20x"
     assert got["body"] == b"\x00raw bytes"
@@ -63,12 +64,12 @@ async def test_parsed_route_forwards_identical_bytes(aiohttp_server, aiohttp_cli
     assert resp.status == 200
     # The only change is the slot pin, spliced in front of the client's own bytes.
     slot = resp.headers["X-PFlash-Slot"]
-    assert seen[-1]["body"] == b'{"id_slot":' + slot.encode() + b"," + raw[1:]
+    assert client_requests(seen)[-1]["body"] == b'{"id_slot":' + slot.encode() + b"," + raw[1:]
     # Without the session layer the bytes are forwarded untouched.
     plain = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path, sessions=False)
     resp = await plain.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
     assert resp.status == 200
-    assert seen[-1]["body"] == raw
+    assert client_requests(seen)[-1]["body"] == raw
 
 
 async def test_get_on_parsed_path_is_passed_through(aiohttp_server, aiohttp_client, tmp_path):
@@ -77,7 +78,7 @@ async def test_get_on_parsed_path_is_passed_through(aiohttp_server, aiohttp_clie
     client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
     resp = await client.get("/v1/chat/completions?x=1")
     assert resp.status == 200
-    assert seen[-1]["method"] == "GET"
+    assert client_requests(seen)[-1]["method"] == "GET"
 
 
 async def test_malformed_json_gets_400(aiohttp_server, aiohttp_client, tmp_path):
