@@ -91,6 +91,9 @@ class Sentinel:
         """Step 5: the process that served ``epoch`` is still the one behind the open connection."""
         return epoch is not None and self._conn is not None and epoch == self.epoch
 
+    def stats(self) -> dict[str, int | bool]:
+        return {"alive": self.alive, "epoch": self.epoch, "breaks": self.breaks, "rotations": self.rotations}
+
     def end_epoch(self) -> None:
         """What was learnt so far is not vouched for any more (the proxy learnt the server's state was lost)."""
         self.epoch += 1
@@ -126,7 +129,9 @@ class Sentinel:
         self.epoch += 1
         if why is not None:
             self.breaks += 1
-            log.info("llama-server connection lost (%s): the next hit on each slot is checked with /slots", why)
+            # info once: an upstream that ends every connection (not llama-server) would log every POLL_S
+            (log.info if self.breaks == 1 else log.debug)(
+                "llama-server connection lost (%s): the next hit on each slot is checked with /slots", why)
 
     async def _connect(self) -> _Conn | None:
         address = self.address

@@ -30,6 +30,7 @@ SESSION_COUNTERS = {
     "cache_mismatches": "Responses whose cache_n fell short of what the slot table expected",
     "upstream_restarts": "Times the proxy found llama-server restarted (state lost)",
     "slots_lost": "Hits refused because llama-server's /slots no longer showed the session's prompt",
+    "hits_vouched": "Hits announced without a /slots check: the upstream sentinel's connection vouched for them",
     "evicted_saves": "Snapshots written because a session lost its slot to another",
     "save_failures": "Snapshot saves that failed (the session is re-prefilled later)",
     "sessions_pruned": "Sessions forgotten by age, count or the index byte bound",

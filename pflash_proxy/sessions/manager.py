@@ -382,7 +382,7 @@ class SessionManager:
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
-                "table": self.table.describe(),
+                "table": self.table.describe(), "sentinel": self.upstream.sentinel.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
 
 

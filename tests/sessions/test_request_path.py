@@ -143,6 +143,7 @@ async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_s
     assert events == ["lookup", "lease"], events  # the same server process since turn 1: nothing to ask it
     stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
     assert stats["hits"] == 1 and stats["hits_vouched"] == 1
+    assert stats["sentinel"]["alive"] is True and stats["sentinel"]["breaks"] == 0
 
 
 @pytest.mark.llama
