@@ -10,7 +10,9 @@
    arm also streams through the tap.  Per SSE event: client arrival − tap hand-off; added = proxied − direct.
 4. The proxy's CPU time per proxied request of each case (every thread's ``/proc/<pid>/task/*/schedstat``
    on-CPU nanoseconds, read before and after the case): on a shared machine it moves far less with the
-   neighbours' load than wall-clock differences do.
+   neighbours' load than wall-clock differences do.  For the chat turn also the added p50 *net* of llama-server's
+   own time (wall − ``timings.prompt_ms`` − ``predicted_ms``, request by request): a 1-token turn's compute varies
+   by more than the proxy adds, and this removes it from both arms.
 5. The proxy's RSS (VmRSS, VmHWM) after all of it.
 Prints a markdown table and writes JSON to benchmarks/results/proxy.json.
 """
@@ -41,12 +43,19 @@ def pct(values: list[float], p: float) -> float:
     return values[k]
 
 
+SERVER_MS: list[float] = []  # llama-server's own time of each timed answer that reports it (timings)
+
+
 async def timed(session: aiohttp.ClientSession, method: str, url: str, **kw) -> float:
     t0 = time.perf_counter()
     async with session.request(method, url, **kw) as resp:
-        await resp.read()
+        raw = await resp.read()
         assert resp.status == 200, resp.status
-    return (time.perf_counter() - t0) * 1000
+    wall = (time.perf_counter() - t0) * 1000
+    if b'"timings"' in raw:
+        t = json.loads(raw).get("timings") or {}
+        SERVER_MS.append(float(t.get("prompt_ms", 0)) + float(t.get("predicted_ms", 0)))
+    return wall
 
 
 class Tap:
@@ -131,15 +140,21 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
                 for _ in range(10):
                     await timed(s, method, base + path, **kw)
             d, p = [], []
+            nd, np_ = [], []  # wall minus llama-server's own time (its timings), where the answer reports it
             cpu0 = cpu_ns(proxy_pid)
             for i in range(count):
-                pair = [(direct, d), (proxied, p)] if i % 2 == 0 else [(proxied, p), (direct, d)]
-                for base, sink in pair:
+                pair = [(direct, d, nd), (proxied, p, np_)] if i % 2 == 0 else [(proxied, p, np_), (direct, d, nd)]
+                for base, sink, net in pair:
+                    SERVER_MS.clear()
                     sink.append(await timed(s, method, base + path, **kw))
+                    if SERVER_MS:
+                        net.append(sink[-1] - SERVER_MS[0])
             out[name] = {"n": count, "direct_p50": pct(d, 50), "direct_p99": pct(d, 99), "proxied_p50": pct(p, 50),
                          "proxied_p99": pct(p, 99), "added_p50": pct(p, 50) - pct(d, 50),
                          "added_p99": pct(p, 99) - pct(d, 99),
                          "proxy_cpu_ms_per_request": (cpu_ns(proxy_pid) - cpu0) / 1e6 / count}
+            if nd and np_:  # llama-server's own time varies from request to request by more than the proxy adds
+                out[name]["added_net_p50"] = pct(np_, 50) - pct(nd, 50)
         # Streaming: both arms reach llama-server through the tap; per event, client arrival − tap hand-off.
         body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 64, "temperature": 0,
                 "stream": True, "seed": 1, "ignore_eos": True}
@@ -215,6 +230,10 @@ def main() -> None:
             print(f"| {name} | {r['n']} | {r['direct_p50']:.2f} ms | {r['proxied_p50']:.2f} ms | "
                   f"{r['added_p50']:.2f} ms | {r['direct_p99']:.2f} ms | {r['proxied_p99']:.2f} ms | "
                   f"{r['added_p99']:.2f} ms | {r['proxy_cpu_ms_per_request']:.2f} ms |")
+    for name, r in results.items():
+        if isinstance(r, dict) and "added_net_p50" in r:
+            print(f"\n{name}: added p50 net of llama-server's own time (wall − timings.prompt_ms − predicted_ms, per "
+                  f"request): {r['added_net_p50']:.2f} ms")
     st = results["stream"]
     print(f"\nstreamed /completion ({st['events']} events): tap → client {st['direct_ms_per_event_p50']:.3f} ms "
           f"direct, {st['proxied_ms_per_event_p50']:.3f} ms proxied: added {st['added_ms_per_event_p50']:.3f} ms "
