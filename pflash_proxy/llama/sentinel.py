@@ -7,7 +7,8 @@ can be skipped: the check then costs a turn nothing.
 
 1. Only a plain-HTTP upstream on a loopback address is watched this way: an intermediary in front of llama-server
    (a TLS terminator, a balancer) keeps its own connections open across a restart behind it, so for any other
-   upstream ``usable`` is False and every hit is checked with ``/slots`` as before.
+   upstream ``usable`` is False and every hit is checked with ``/slots`` as before. (An intermediary on the same
+   host is not told apart: a restart it hides costs one turn a full prefill, which ``cache_n`` then shows.)
 2. Connect and send ``GET /health`` every ``POLL_S`` (below cpp-httplib's 5 s keep-alive timeout, so the server
    keeps the connection), reading each answer whole; between polls, wait on the socket, so an EOF or a reset (the
    process exited) is seen at once.
