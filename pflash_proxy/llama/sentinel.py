@@ -13,7 +13,8 @@ can be skipped: the check then costs a turn nothing.
    keeps the connection), reading each answer whole; between polls, wait on the socket, so an EOF or a reset (the
    process exited) is seen at once.
 3. ``epoch`` counts breaks: it grows when the open connection is lost (EOF, reset, a failed or non-200 poll) and
-   while no connection is open ``alive`` is False; the next connection is tried every ``POLL_S``.
+   while no connection is open ``alive`` is False; the next connection is tried ``POLL_S`` later (a server that
+   ends every connection, an HTTP/1.0 one, is never held and never reconnected to in a loop).
 4. cpp-httplib ends a connection after 100 requests (``CPPHTTPLIB_KEEPALIVE_MAX_COUNT``): after ``ROTATE_AFTER``
    polls the next connection is opened and answers a poll *while the current one is still open*, then the old one
    is closed; one process answered on both (llama-server listens with ``SO_REUSEPORT`` only when started with
@@ -156,8 +157,8 @@ class Sentinel:
             head = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), _TIMEOUT_S)
             status_line, *fields = head.decode("latin-1").split("\r\n")
             parts = status_line.split(" ", 2)
-            if len(parts) < 2 or parts[1] != "200":
-                return False
+            if len(parts) < 2 or parts[1] != "200" or parts[0] != "HTTP/1.1":
+                return False  # an HTTP/1.0 server closes after each answer: nothing to hold
             length, close = 0, False
             for f in fields:
                 name, _, value = f.partition(":")
@@ -193,6 +194,7 @@ class Sentinel:
                 data = b""
             if data is not None:  # EOF (b""), or bytes nobody asked for: the connection is not trusted any more
                 self._lose("closed by the server" if data == b"" else "unexpected bytes")
+                await asyncio.sleep(POLL_S)  # never a reconnect loop against a server that keeps closing
                 continue
             if conn.polls >= ROTATE_AFTER:  # step 4: the next connection answers while this one is still open
                 nxt = await self._connect()
@@ -205,3 +207,4 @@ class Sentinel:
                     nxt.close()
             if not await self._poll(conn):
                 self._lose("a health poll failed")
+                await asyncio.sleep(POLL_S)

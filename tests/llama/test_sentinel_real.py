@@ -4,6 +4,8 @@ cpp-httplib's keep-alive count without a new epoch, and a restart of the server 
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
 
 import pytest
 
@@ -27,6 +29,40 @@ def test_only_a_plain_http_loopback_upstream_is_watched():
     assert loopback_http("http://10.0.0.5:8080") is None  # another host: it may sit behind a balancer
     assert loopback_http("http://llama.internal:8080") is None
     assert loopback_http("") is None
+
+
+class _Http10Health(http.server.BaseHTTPRequestHandler):  # HTTP/1.0: the server closes after every answer
+    connections = 0
+
+    def setup(self) -> None:
+        type(self).connections += 1
+        super().setup()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+async def test_a_server_that_closes_every_connection_is_never_held_nor_hammered(monkeypatch):
+    """An HTTP/1.0 upstream (the install test's fake) answered each poll and closed: the sentinel reconnected in a
+    tight loop and the proxy could not stop within 30 s."""
+    monkeypatch.setattr(sentinel_mod, "POLL_S", 0.1)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Http10Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    s = Sentinel(lambda: f"http://127.0.0.1:{server.server_port}")
+    s.start()
+    try:
+        await asyncio.sleep(1.0)
+        assert not s.alive
+        assert _Http10Health.connections <= 12  # one try per POLL_S, not thousands
+    finally:
+        await s.stop()
+        server.shutdown()
 
 
 async def _until(cond, s: float = 10.0) -> None:
