@@ -270,7 +270,11 @@ class SessionManager:
             self.table.forget(lease.session)
         async with self.snapshots.lock(lease.session):  # after a save of this session still running (evicted)
             try:
-                snap = self.snapshots.restorable(lease.session, self.model_identity)
+                if self.cluster is None:  # the embedded index keeps snapshot records in memory; a local stat
+                    snap = self.snapshots.restorable(lease.session, self.model_identity)
+                else:  # a shared index answers over the network, and the shared directory may be a remote mount
+                    snap = await asyncio.get_running_loop().run_in_executor(
+                        None, self.snapshots.restorable, lease.session, self.model_identity)
             except StoreError as exc:
                 self.store_failed("reading the snapshot index", exc)
                 snap = None

@@ -8,6 +8,8 @@
 3. A turn forwarded to this node (``X-PFlash-Forwarded-By``) is served here even though the index names another
    live node as the holder (no forwarding loop), and counted as forwarded in. A clean stop saves the session and
    removes the node's heartbeat at once.
+4. A missed session's snapshot record is read from a slow shared index in a worker thread: ``/health``, polled
+   from another thread meanwhile, never waits behind it.
 """
 
 from __future__ import annotations
@@ -112,3 +114,42 @@ async def test_a_forwarded_turn_is_served_here(aiohttp_client, llama_server, tmp
     await client.close()  # a clean stop: resident sessions saved, then the heartbeat removed at once
     assert "here" not in index.nodes() and index.snapshot(sid) is not None
     index.close()
+
+
+async def test_a_slow_shared_index_does_not_stall_the_event_loop_on_a_miss(aiohttp_client, llama_server, tmp_path,
+                                                                           redis_server):
+    """The snapshot record of a missed session is read from the shared index (a network round trip, and a stat on
+    the shared directory) in a worker thread: a slow index delays that turn, not every other request."""
+    import threading
+    import time
+    import urllib.request
+
+    from pflash_proxy.server.keys import PIPELINE
+
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    manager = next(s for s in app[PIPELINE].stages if s.name == "sessions").manager
+    read = manager.store.snapshot
+
+    def slow_snapshot(sid):  # fault injection: an index 0.8 s away
+        time.sleep(0.8)
+        return read(sid)
+    manager.store.snapshot = slow_snapshot
+    health, done, waits = str(client.make_url("/health")), threading.Event(), []
+
+    def poll() -> None:  # from another thread: the test client shares the proxy's loop and would not see a stall
+        while not done.is_set():
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(health, timeout=10) as resp:
+                assert resp.status == 200
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        r = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Name a mountain."}], **GEN})
+    finally:
+        done.set()
+    await asyncio.get_running_loop().run_in_executor(None, poller.join, 10)
+    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
+    assert len(waits) >= 5 and max(waits) < 0.4, f"/health waited {max(waits):.2f} s behind the shared index"
