@@ -43,19 +43,17 @@ def pct(values: list[float], p: float) -> float:
     return values[k]
 
 
-SERVER_MS: list[float] = []  # llama-server's own time of each timed answer that reports it (timings)
-
-
-async def timed(session: aiohttp.ClientSession, method: str, url: str, **kw) -> float:
+async def timed(session: aiohttp.ClientSession, method: str, url: str, **kw) -> tuple[float, float | None]:
+    """Wall ms of one request, and llama-server's own ms for it (its ``timings``) when the answer reports them."""
     t0 = time.perf_counter()
     async with session.request(method, url, **kw) as resp:
         raw = await resp.read()
         assert resp.status == 200, resp.status
     wall = (time.perf_counter() - t0) * 1000
-    if b'"timings"' in raw:
-        t = json.loads(raw).get("timings") or {}
-        SERVER_MS.append(float(t.get("prompt_ms", 0)) + float(t.get("predicted_ms", 0)))
-    return wall
+    if b'"timings"' not in raw:
+        return wall, None
+    t = json.loads(raw).get("timings") or {}
+    return wall, float(t.get("prompt_ms", 0)) + float(t.get("predicted_ms", 0))
 
 
 class Tap:
@@ -145,10 +143,10 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
             for i in range(count):
                 pair = [(direct, d, nd), (proxied, p, np_)] if i % 2 == 0 else [(proxied, p, np_), (direct, d, nd)]
                 for base, sink, net in pair:
-                    SERVER_MS.clear()
-                    sink.append(await timed(s, method, base + path, **kw))
-                    if SERVER_MS:
-                        net.append(sink[-1] - SERVER_MS[0])
+                    wall, server_ms = await timed(s, method, base + path, **kw)
+                    sink.append(wall)
+                    if server_ms is not None:
+                        net.append(wall - server_ms)
             out[name] = {"n": count, "direct_p50": pct(d, 50), "direct_p99": pct(d, 99), "proxied_p50": pct(p, 50),
                          "proxied_p99": pct(p, 99), "added_p50": pct(p, 50) - pct(d, 50),
                          "added_p99": pct(p, 99) - pct(d, 99),

@@ -7,7 +7,7 @@ can be skipped: the check then costs a turn nothing.
 
 1. Only a plain-HTTP upstream on a loopback address is watched this way: an intermediary in front of llama-server
    (a TLS terminator, a balancer) keeps its own connections open across a restart behind it, so for any other
-   upstream ``usable`` is False and every hit is checked with ``/slots`` as before. (An intermediary on the same
+   upstream ``address`` is None, nothing is held, and every hit is checked with ``/slots`` as before. (An intermediary on the same
    host is not told apart: a restart it hides costs one turn a full prefill, which ``cache_n`` then shows.)
 2. Connect and send ``GET /health`` every ``POLL_S`` (below cpp-httplib's 5 s keep-alive timeout, so the server
    keeps the connection), reading each answer whole; between polls, wait on the socket, so an EOF or a reset (the
@@ -78,10 +78,6 @@ class Sentinel:
         return loopback_http(self._base_url())
 
     @property
-    def usable(self) -> bool:
-        return self.address is not None
-
-    @property
     def alive(self) -> bool:
         return self._conn is not None
 
@@ -116,12 +112,12 @@ class Sentinel:
         self._lose(None)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        """``cancel``, then wait for the task to end."""
+        task = self._task
+        self.cancel()
+        if task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-        self._lose(None)
+                await task
 
     def _lose(self, why: str | None) -> None:
         if self._conn is None:

@@ -253,15 +253,16 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            if self.upstream.sentinel.vouches(slot.epoch):  # the same server process since it was learnt
-                self.counters["hits"] += 1
-                self.counters["hits_vouched"] += 1
-                return "hit", slot.prompt_tokens
-            prefetched = lease.prefetched
-            covered = prefetched is not None and prefetched.covers(slot, self.table, self.counters["upstream_restarts"])
-            lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
+            vouched = self.upstream.sentinel.vouches(slot.epoch)  # the same server process since it was learnt
+            lost = None
+            if not vouched:
+                prefetched = lease.prefetched
+                covered = prefetched is not None and prefetched.covers(slot, self.table,
+                                                                       self.counters["upstream_restarts"])
+                lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
             if lost is None:
                 self.counters["hits"] += 1
+                self.counters["hits_vouched"] += int(vouched)
                 slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
