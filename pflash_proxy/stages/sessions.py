@@ -57,8 +57,9 @@ DEGRADED_HEADER = "X-PFlash-Degraded"
 SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
 
 
-# a request body below this is looked up in the embedded index on the event loop (hashing it and a few SQLite
-# reads: well under a millisecond, less than the hop to a worker thread and back)
+# a request body below this is looked up in, and its served history written to, the embedded index on the event
+# loop (hashing it and a few SQLite reads or one write: well under a millisecond, less than the hop to a worker
+# thread and back)
 INLINE_LOOKUP_BYTES = 32 * 1024
 TURN_KEY = "sessions-turn"  # req.state: the session's turn lease in a shared index (cluster.py)
 
@@ -80,6 +81,7 @@ class SessionStage(Stage):
 
     def __init__(self, manager: SessionManager):
         self.manager = manager
+        self._seeds: dict[tuple[str, str | None, str | None], str] = {}  # namespace_seed's answers
 
     def bind(self, hooks: StageHooks) -> None:
         self.manager.snapshots.on_timing = hooks.on_snapshot_timing  # snapshot timings feed the metrics
@@ -160,7 +162,9 @@ class SessionStage(Stage):
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
         mgr.note_seed(lease, seed)
-        served_hashes = [message_hash(m) for m in served]
+        # a message served as the client sent it (the same object) has the hash the lookup computed
+        served_hashes = ([h if m is c else message_hash(m) for m, c, h in zip(served, messages, hashes)]
+                         if len(hashes) == len(served) == len(messages) else [message_hash(m) for m in served])
         ctx.extra["hashed"] = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         lease.prefetched = prefetched
@@ -187,7 +191,13 @@ class SessionStage(Stage):
             rec = await asyncio.get_running_loop().run_in_executor(None, mgr.store.get, explicit)
             if rec is not None and rec.owner == owner:
                 return rec.seed
-        return namespace_seed(mgr.model_identity, explicit, owner)
+        key = (mgr.model_identity, explicit, owner)
+        seed = self._seeds.get(key)
+        if seed is None:
+            if len(self._seeds) >= 4096:  # names and credentials are the clients': bounded
+                self._seeds.clear()
+            seed = self._seeds[key] = namespace_seed(*key)
+        return seed
 
     async def _whole_server(self, req: ProxyRequest) -> None:
         """A batch (``prompt`` holds several prompts) runs one task per prompt on slots llama-server picks, so it
@@ -340,6 +350,10 @@ def _hashes(messages: list[dict], before: list[dict], hashes: list[str]) -> list
             for i, m in enumerate(messages)]
 
 
+async def _call(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
 def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int, int]:
     """What a lookup decided on: the session, how much of the request it covers, its length and turn count."""
     return ("", 0, 0, 0) if rec is None else (rec.id, matched, len(rec.served), rec.turns)
@@ -361,9 +375,16 @@ class SessionCommitStage(Stage):
         if ctx is None or ctx.record is None:
             return
         ctx.served = list(req.messages)
-        # the write starts now and runs while the upstream works; the answer's headers wait for it (``settle``)
-        write = asyncio.get_running_loop().run_in_executor(
-            None, self.manager.store.save_session, ctx.record, ctx.client_hashes, ctx.served)
+        # the write runs while the upstream works; the answer's headers wait for it (``settle``). A short history
+        # in the embedded index is written on the loop, in a task that starts once the handler waits for the
+        # upstream (the request has left by then): less than the hop to a worker thread and back
+        store = self.manager.store
+        write: asyncio.Future[None]
+        if self.manager.cluster is None and len(req.raw_body) < INLINE_LOOKUP_BYTES:
+            write = asyncio.ensure_future(_call(store.save_session, ctx.record, ctx.client_hashes, ctx.served))
+        else:
+            write = asyncio.get_running_loop().run_in_executor(
+                None, store.save_session, ctx.record, ctx.client_hashes, ctx.served)
         req.beside_upstream.append(self._committed(req, write))
 
     async def _committed(self, req: ProxyRequest, write: asyncio.Future[None]) -> None:

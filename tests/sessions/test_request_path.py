@@ -189,3 +189,44 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
     assert sorted(events[:2]) == ["forwarded", "save starts"] and events[2:] == ["save ends"], events
     assert [m["content"] for m in manager.store.get(r.headers["X-PFlash-Session"]).served] == \
         [m["content"] for m in nxt["messages"]]
+
+
+@pytest.mark.llama
+async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_worker_thread(
+        aiohttp_client, llama_server, tmp_path):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    threads: list[str] = []
+    save = manager.store.save_session
+
+    def spy_save(*a):
+        threads.append(threading.current_thread().name)
+        save(*a)
+    manager.store.save_session = spy_save
+    short = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
+                                                     {"role": "user", "content": "Again."}]}
+    long = {**short, "messages": short["messages"] + [{"role": "assistant", "content": "Hi"},
+                                                      {"role": "user", "content": " " * 40_000 + "Bye."}]}  # > 32 KiB, few tokens
+    for b in (short, long):
+        r = await proxy.post("/v1/chat/completions", json={**b, "max_tokens": 1})
+        assert r.status == 200, await r.text()
+        assert len(manager.store.get(r.headers["X-PFlash-Session"]).served) == len(b["messages"])
+    assert threads[0] == threading.main_thread().name and threads[1] != threading.main_thread().name, threads
+
+
+@pytest.mark.llama
+async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, llama_server, tmp_path, monkeypatch):
+    import pflash_proxy.stages.sessions as stage_module
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    calls: list[str] = []
+
+    def counting_hash(m):
+        calls.append(m.get("role"))
+        return message_hash(m)
+    monkeypatch.setattr(stage_module, "message_hash", counting_hash)
+    nxt = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
+                                                   {"role": "user", "content": "Again."}]}
+    r = await proxy.post("/v1/chat/completions", json=nxt)
+    assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
+    assert calls == [], "the lookup already hashed every message the stage serves unchanged"
