@@ -135,6 +135,7 @@ class Metrics:
     def __init__(self) -> None:
         self.by_status: Counter[int] = Counter()  # for the JSON view
         self.counters: Counter[str] = Counter()
+        self._children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}  # the labelled metrics of a route+status
         r = self.registry = CollectorRegistry()
         self.requests = PromCounter("pflash_requests", "Requests answered by the proxy", ["route", "status"],
                                     registry=r)
@@ -160,12 +161,18 @@ class Metrics:
 
     def observe_request(self, path: str, status: int, seconds: float, first_byte_s: float | None,
                         fields: dict[str, Any]) -> None:
-        route = route_label(path)
         self.count_request(status)
-        self.requests.labels(route, str(status)).inc()
-        self.request_seconds.labels(route).observe(seconds)
+        route = route_label(path)
+        children = self._children.get((route, status))
+        if children is None:  # labels() takes a lock and builds its key each time: once per (route, status)
+            children = (self.requests.labels(route, str(status)), self.request_seconds.labels(route),
+                        self.first_byte_seconds.labels(route))
+            self._children[(route, status)] = children
+        requests, request_seconds, first_byte_seconds = children
+        requests.inc()
+        request_seconds.observe(seconds)
         if first_byte_s is not None:
-            self.first_byte_seconds.labels(route).observe(first_byte_s)
+            first_byte_seconds.observe(first_byte_s)
         if "queue_ms" in fields:
             self.queue_wait_seconds.observe(fields["queue_ms"] / 1000)
         if "pflash_ms" in fields:

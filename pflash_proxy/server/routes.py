@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -98,6 +99,19 @@ def check_strings(body: Any) -> None:
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
+
+
+# a lone surrogate reaches a parsed string only through a ``\uD800``-``\uDFFF`` escape or, since ``json.loads``
+# decodes bytes with ``surrogatepass``, as its UTF-8 form (ED A0-BF ..)
+_SURROGATE_SIGN = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def may_hold_surrogate(raw: bytes) -> bool:
+    """False when no string of this UTF-8 body can hold a surrogate (then ``check_strings`` need not walk it);
+    True for anything else, a body in UTF-16/32 (``json.loads`` detects those) included."""
+    if raw[:3] == b"\xef\xbb\xbf" or b"\x00" in raw[:4]:  # a BOM or UTF-16/32: leave it to the walk
+        return True
+    return _SURROGATE_SIGN.search(raw) is not None
 
 
 PROGRESS_STARTED = "_progress_response"
@@ -250,7 +264,8 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
         raise BadRequest("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    check_strings(body)
+    if may_hold_surrogate(raw):
+        check_strings(body)
     kind: RouteKind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
     model: BaseModel | None = None
     try:

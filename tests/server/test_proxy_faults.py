@@ -98,6 +98,9 @@ async def test_malformed_json_gets_400(aiohttp_server, aiohttp_client, tmp_path)
 
 BAD_BODIES = [
     ("lone surrogate", b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "surrogate"),
+    ("lone surrogate as UTF-8 bytes", b'{"messages": [{"role": "user", "content": "hi \xed\xa0\x80"}]}', "surrogate"),
+    ("lone surrogate in a UTF-16 body", '{"messages": [{"role": "user", "content": "hi \ud800"}]}'.encode(
+        "utf-16-le", "surrogatepass"), "surrogate"),
     ("text part is a number", json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
                                           ).encode(), "messages.0.content"),
     ("text part is null", json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}
