@@ -112,8 +112,11 @@ def _tuple_key(key: tuple) -> bytes | None:
 
 
 def _open(directory: Path) -> diskcache.Cache:
+    """The index's cache: nothing in it expires and nothing is evicted by size (``prune`` bounds it), so
+    ``cull_limit=0`` spares every write diskcache's scan for expired keys."""
     try:
-        cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", disk=KeyDisk)
+        cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", cull_limit=0,
+                                disk=KeyDisk)
         cache.get(("probe",))  # a damaged file can open and fail only at the first read
         return cache
     except sqlite3.DatabaseError as exc:
@@ -124,7 +127,8 @@ def _open(directory: Path) -> diskcache.Cache:
             p = Path(str(db) + suffix)
             if p.exists():
                 p.replace(Path(str(aside) + suffix))
-        return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", disk=KeyDisk)
+        return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", cull_limit=0,
+                                disk=KeyDisk)
 
 
 class SessionStore:

@@ -48,3 +48,14 @@ def test_an_index_written_without_the_fast_path_reads_the_same(tmp_path):
     assert ("session", rec.id) in again
     assert again.get(("chain", "c" * 64)) == "sid-1"
     again.close()
+
+
+def test_a_save_runs_no_expiry_scan(tmp_path):
+    store = SessionStore(tmp_path / "idx")
+    statements: list[str] = []
+    store.cache._con.set_trace_callback(statements.append)
+    rec = store.new_session("seed", False)
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    store.save_session(rec, [message_hash(m) for m in msgs], msgs)
+    assert any("INSERT" in s for s in statements)
+    assert not [s for s in statements if "expire_time <" in s], "nothing in the index expires"
