@@ -7,7 +7,7 @@ it waits for), so the bytes held grow with the queue: 256 waiting requests of 64
 Algorithm (``read_body``):
 1. A declared ``Content-Length`` over ``--max-body-mb`` gets 413 before any byte is read; a request without a
    body reads as empty.
-2. The body is read as it arrives, chunk by chunk, with a declared length or chunked alike. Each chunk counts
+2. The body is read as it arrives (at once when it came with the headers), chunk by chunk, with a declared length or chunked alike. Each chunk counts
    against the budget when it arrives (not the declared length up front: a connection that declares 64 MB and
    sends nothing holds nothing) and stays counted until the request ends (``BODY_HELD``, released by the error
    middleware). A body growing past ``--max-body-mb`` gets 413; a chunk that would take the budget beyond its
@@ -71,15 +71,22 @@ async def read_body(request: web.Request, budget: BodyBudget, limit: int, timeou
     if not request.body_exists:
         return b""
     chunks: list[bytes] = []
+
+    def take(chunk: bytes) -> None:
+        held = request.get(BODY_HELD, 0)
+        if held + len(chunk) > limit:
+            raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
+        budget.reserve(len(chunk), held=held)
+        request[BODY_HELD] = held + len(chunk)
+        chunks.append(chunk)
+    content = request.content
     try:
+        if content.is_eof():  # all of it arrived with the headers (a small body, the usual case): no timer
+            take(content.read_nowait(-1))
+            return chunks[0]
         async with asyncio.timeout(timeout_s or None):
-            async for chunk in request.content.iter_any():
-                held = request.get(BODY_HELD, 0)
-                if held + len(chunk) > limit:
-                    raise PayloadTooLarge(f"request body exceeds --max-body-mb ({limit} bytes)")
-                budget.reserve(len(chunk), held=held)
-                request[BODY_HELD] = held + len(chunk)
-                chunks.append(chunk)
+            async for chunk in content.iter_any():
+                take(chunk)
     except TimeoutError:
         declared = "?" if request.content_length is None else f"{request.content_length:,}"
         raise BodyTimeout(f"request body not received in whole within --body-timeout-s ({timeout_s:g} s): "
