@@ -7,7 +7,8 @@
    cProfile is enabled on the event-loop thread.
 2. Send the bench's parsed turn (``POST /v1/chat/completions``, one ``Hi``, ``max_tokens`` 1) ``--requests``
    times on one keep-alive connection, after 10 warm-up turns that are not counted; with ``--stream``, the
-   bench's streamed ``/completion`` (64 events) instead, and the table is per event.
+   bench's streamed ``/completion`` (64 events) instead, and the table is per event; with ``--tokenize``, the
+   passthrough ``POST /tokenize`` (nothing computed between requests).
 3. SIGTERM the proxy: it writes ``spans.json`` (per span: calls, total, mean and p50 ms per turn),
    ``proxy.prof`` (cProfile timed with the loop thread's own CPU clock, ``time.thread_time``: what the event
    loop spent, not time it waited or was preempted; worker-thread work shows as the wall time of its span) and
@@ -45,6 +46,7 @@ _lock = threading.Lock()
 # (module, attribute path) of what is timed; a name that does not exist (any more) is skipped
 TARGETS = [
     ("pflash_proxy.server.routes", "parsed"),
+    ("pflash_proxy.server.routes", "passthrough"),
     ("pflash_proxy.server.routes", "read_body"),
     ("pflash_proxy.server.routes", "parse_request"),
     ("pflash_proxy.server.routes", "run_with_progress"),
@@ -164,12 +166,14 @@ def thread_cpu() -> dict[int, int]:
     return out
 
 
-async def drive(url: str, n: int, proxy_pid: int, stream: bool) -> int:
+async def drive(url: str, n: int, proxy_pid: int, stream: bool, tokenize: bool = False) -> int:
     """Send the turns; returns how many units (turns, or SSE events) were counted."""
     import aiohttp
 
     path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
                                           "temperature": 0}
+    if tokenize:  # the passthrough route, back to back (no computation to wait for)
+        path, body = "/tokenize", {"content": "The quick brown fox jumps."}
     if stream:
         path, body = "/completion", {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": 64,
                                      "temperature": 0, "stream": True, "seed": 1, "ignore_eos": True}
@@ -194,8 +198,8 @@ def report(out: Path, n: int, top: int, unit: str = "turn") -> str:
              f"| span | calls/{unit} | total ms/{unit} | p50 ms/call |", "|---|---|---|---|"]
     for name, vals in sorted(spans.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"| {name} | {len(vals) / n:.2f} | {sum(vals) / n:.3f} | {statistics.median(vals):.3f} |")
-    handler, upstream = spans.get("parsed", []), spans.get("Upstream.open", [])
-    if unit == "parsed turn" and handler and len(handler) == len(upstream):  # one upstream request per turn
+    handler, upstream = spans.get("parsed") or spans.get("passthrough", []), spans.get("Upstream.open", [])
+    if unit in ("parsed turn", "passthrough /tokenize") and handler and len(handler) == len(upstream):  # one upstream request per turn
         own = sorted(h - u for h, u in zip(handler, upstream))
         lines += ["", (f"The proxy's own time per turn (handler minus its upstream request, turn by turn): p50 "
                        f"{own[len(own) // 2]:.3f} ms, p90 {own[int(len(own) * 0.9)]:.3f} ms, p99 "
@@ -229,6 +233,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--stream", action="store_true", help="profile the streamed /completion relay instead")
+    ap.add_argument("--tokenize", action="store_true", help="profile passthrough /tokenize requests instead")
     ap.add_argument("--spans-only", action="store_true",
                     help="no cProfile: the spans' wall clock without its overhead (the cProfile tables stay empty)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "proxy-profile")
@@ -253,12 +258,14 @@ def main() -> None:
     try:
         while b"listening on" not in (proxy.stdout.readline() or b"listening on"):
             pass
-        units = asyncio.run(drive(f"http://127.0.0.1:{port}", args.requests, proxy.pid, args.stream))
+        units = asyncio.run(drive(f"http://127.0.0.1:{port}", args.requests, proxy.pid, args.stream,
+                                  args.tokenize))
     finally:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(timeout=60)
         server.stop()
-    text = report(args.out, units, args.top, "SSE event" if args.stream else "parsed turn")
+    text = report(args.out, units, args.top,
+                  "SSE event" if args.stream else "passthrough /tokenize" if args.tokenize else "parsed turn")
     (args.out / "profile.md").write_text(text)
     print(text)
 
