@@ -48,6 +48,7 @@ CACHE_SLACK = 0.9  # the chat template may re-render the last few tokens of a tu
 PRUNE_EVERY_S = 3600.0
 # release_when_idle's /slots interval: above llama-server's 1 s wait for a result, which any result restarts
 IDLE_POLL_S = 1.5
+SNAPSHOT_TOTALS_S = 5.0  # a shared index's snapshot totals in the stats are at most this old (plus one listing)
 
 
 class SessionManager:
@@ -71,6 +72,10 @@ class SessionManager:
         self._writes = 0
         self._bound: asyncio.Task | None = None
         self._slot_seeds: dict[int, tuple[str, str]] = {}  # slot id -> (session, its seed), as last leased
+        # a shared index's snapshot count and bytes, as last listed in a worker thread (``_snapshot_totals``)
+        self._totals: tuple[int, int] = (0, 0)
+        self._totals_at = -SNAPSHOT_TOTALS_S
+        self._totals_task: asyncio.Future | None = None
 
     @property
     def model_identity(self) -> str:
@@ -236,6 +241,11 @@ class SessionManager:
         task.add_done_callback(self._background.discard)
         return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.counters["upstream_restarts"])
 
+    async def _on_disk(self, sid: str) -> bool:
+        if self.cluster is None:  # a stat of the file (and the in-memory snapshot index)
+            return self.snapshots.on_disk(sid)
+        return await asyncio.get_running_loop().run_in_executor(None, self.snapshots.on_disk, sid)
+
     async def _fetch_slots(self) -> tuple[bool, list[dict] | None]:
         try:
             return True, await self.upstream.slots()
@@ -246,7 +256,7 @@ class SessionManager:
         lease.epoch = self.upstream.sentinel.current()  # before any call: a break from now on ends it
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
-                and not (ev.snapshot_current and self.snapshots.on_disk(ev.session)):
+                and not (ev.snapshot_current and await self._on_disk(ev.session)):
             self.counters["evicted_saves"] += 1
             await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes)
         if served_hashes is None:
@@ -377,15 +387,42 @@ class SessionManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def stats(self) -> dict[str, Any]:
-        try:
-            snaps = self.store.snapshots()
-        except StoreError as exc:
+    def _snapshot_totals(self) -> tuple[int, int]:
+        """(snapshots, bytes) in the index. The embedded index keeps its snapshot records in memory; a shared one
+        lists them over the network (every node's), so that listing runs in a worker thread at most every
+        SNAPSHOT_TOTALS_S and the stats show the last one (a scrape never stalls the loop)."""
+        if self.cluster is None:
+            try:
+                snaps = self.store.snapshots()
+            except StoreError as exc:
+                self.store_failed("listing snapshots", exc)
+                snaps = []
+            return len(snaps), sum(s.size for s in snaps)
+        stale = time.monotonic() - self._totals_at >= SNAPSHOT_TOTALS_S
+        if stale and self._totals_task is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return self._totals
+            self._totals_task = loop.run_in_executor(None, self.store.snapshots)
+            self._totals_task.add_done_callback(self._totals_listed)
+        return self._totals
+
+    def _totals_listed(self, fut: asyncio.Future) -> None:
+        self._totals_task = None
+        self._totals_at = time.monotonic()
+        exc = fut.exception() if not fut.cancelled() else None
+        if isinstance(exc, StoreError):
             self.store_failed("listing snapshots", exc)
-            snaps = []
+        elif exc is None and not fut.cancelled():
+            snaps = fut.result()
+            self._totals = (len(snaps), sum(s.size for s in snaps))
+
+    def stats(self) -> dict[str, Any]:
+        n_snaps, snap_bytes = self._snapshot_totals()
         return {**self.counters, "store_available": not self._store_down, "slots": len(self.table.slots),
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
-                "snapshots": len(snaps), "snapshot_bytes": sum(s.size for s in snaps),
+                "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe(), "sentinel": self.upstream.sentinel.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}

@@ -102,27 +102,40 @@ class SnapshotManager:
             os.chmod(self.dir / final, 0o600)
         except PermissionError:  # written by a llama-server running as another user
             log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
-        size, checksum = await asyncio.get_running_loop().run_in_executor(None, file_checksum, self.dir / final)
+        loop = asyncio.get_running_loop()
+        size, checksum = await loop.run_in_executor(None, file_checksum, self.dir / final)
         tokens = int(data.get("n_saved", tokens) or tokens)
-        try:
-            prev = self.store.snapshot(sid)
-            rec = SnapshotRecord(session=sid, file=final, tokens=tokens, served_hashes=list(served_hashes),
-                                 model_identity=model_identity, size=size, hits=prev.hits if prev else 0,
-                                 checksum=checksum)
-            self.store.put_snapshot(rec)
-        except StoreError:  # an unindexed file would never be restored nor counted: do not keep it
-            (self.dir / final).unlink(missing_ok=True)
-            raise
-        if prev is not None and prev.file != final:  # a versioned name: the previous file is not indexed any more
-            (self.dir / prev.file).unlink(missing_ok=True)
+        # the index (a shared one answers over the network) and the eviction's listing: in a worker thread
+        rec, evicted, stray = await loop.run_in_executor(
+            None, self._index_saved, SnapshotRecord(session=sid, file=final, tokens=tokens,
+                                                    served_hashes=list(served_hashes), model_identity=model_identity,
+                                                    size=size, checksum=checksum))
+        self.stats["evictions"] += evicted
+        self.stats["stray_temp_removed"] += stray
         self.stats["saves"] += 1
         self.stats["save_ms_total"] += (time.monotonic() - t0) * 1000
         if self.on_timing is not None:
             self.on_timing("save", time.monotonic() - t0)
         log.info("saved slot %d (session %s, %d tokens, %.1f MB) in %.0f ms", slot, sid[:8], tokens,
                  size / 1e6, (time.monotonic() - t0) * 1000)
-        self.evict()
         return rec
+
+    def _index_saved(self, rec: SnapshotRecord) -> tuple[SnapshotRecord, int, int]:
+        """Index a saved file (keeping the previous record's hit count), remove the file it replaces, evict
+        beyond the bound. Blocking: run in a worker thread. Returns (record, snapshots evicted, stray temporary
+        files removed)."""
+        try:
+            prev = self.store.snapshot(rec.session)
+            if prev is not None:
+                rec.hits = prev.hits
+            self.store.put_snapshot(rec)
+        except StoreError:  # an unindexed file would never be restored nor counted: do not keep it
+            (self.dir / rec.file).unlink(missing_ok=True)
+            raise
+        if prev is not None and prev.file != rec.file:  # a versioned name: the previous file is not indexed any more
+            (self.dir / prev.file).unlink(missing_ok=True)
+        evicted, stray = self.evict()
+        return rec, evicted, stray
 
     def on_disk(self, sid: str) -> bool:
         """The session's snapshot file exists (a slot's ``snapshot_current`` is only true while it does: LRU
@@ -166,12 +179,13 @@ class SnapshotManager:
     async def restore(self, slot: int, rec: SnapshotRecord) -> bool:
         """Restore into ``slot``; on any failure delete the snapshot and return False (slot is then empty)."""
         t0 = time.monotonic()
-        problem = await asyncio.get_running_loop().run_in_executor(None, self._damage, rec)
+        loop = asyncio.get_running_loop()
+        problem = await loop.run_in_executor(None, self._damage, rec)
         if problem is not None:
             self.stats["damaged"] += 1
             log.warning("snapshot of session %s is %s; dropped without restoring it into slot %d", rec.session[:8],
                         problem, slot)
-            self.delete(rec.session)
+            await loop.run_in_executor(None, self.delete, rec.session)
             return False
         try:
             data = await self.upstream.slot_action(slot, "restore", rec.file)
@@ -179,12 +193,12 @@ class SnapshotManager:
             self.stats["restore_failures"] += 1
             log.warning("restore of session %s into slot %d failed (%s); deleting the snapshot", rec.session[:8],
                         slot, exc)
-            self.delete(rec.session)
+            await loop.run_in_executor(None, self.delete, rec.session)
             return False
         rec.hits += 1
         rec.last_use = time.time()
         try:
-            self.store.put_snapshot(rec)
+            await loop.run_in_executor(None, self.store.put_snapshot, rec)
         except StoreError as exc:  # only the use statistics are lost; the slot was restored
             log.warning("could not record the use of session %s's snapshot: %s", rec.session[:8], exc)
         self.stats["restores"] += 1
@@ -202,9 +216,10 @@ class SnapshotManager:
         (self.dir / rec.file).unlink(missing_ok=True)
         return True
 
-    def _stray_temp_bytes(self) -> int:
-        """Remove temporary files no save is writing; returns the bytes of those that could not be removed."""
-        left = 0
+    def _stray_temp_bytes(self) -> tuple[int, int]:
+        """Remove temporary files no save is writing; returns (bytes of those that could not be removed, files
+        removed)."""
+        left = removed = 0
         for path in self.dir.glob(f"{self.temp_prefix}*{SUFFIX}"):
             if path.name in self._writing:
                 continue
@@ -212,25 +227,30 @@ class SnapshotManager:
             try:
                 size = path.stat().st_size
                 path.unlink()
-                self.stats["stray_temp_removed"] += 1
+                removed += 1
                 log.info("removed a stray temporary snapshot %s (%.1f MB) of a cancelled save", path.name, size / 1e6)
             except FileNotFoundError:
                 continue
             except OSError:
                 left += size
-        return left
+        return left, removed
 
-    def evict(self) -> None:
-        stray = self._stray_temp_bytes()
+    def evict(self) -> tuple[int, int]:
+        """Delete the least recently used snapshots beyond ``max_bytes`` (stray temporary files first). Blocking
+        (the index lists every snapshot record): run in a worker thread. Returns (snapshots evicted, stray
+        temporary files removed); the caller counts them."""
+        stray, removed = self._stray_temp_bytes()
         snaps = sorted(self.store.snapshots(), key=lambda r: r.last_use)
         total = sum(r.size for r in snaps) + stray
+        evicted = 0
         while snaps and total > self.max_bytes:
             victim = snaps.pop(0)
             total -= victim.size
             self.delete(victim.session)
-            self.stats["evictions"] += 1
+            evicted += 1
             log.info("evicted snapshot of session %s (%.1f MB) to stay under the cache limit", victim.session[:8],
                      victim.size / 1e6)
+        return evicted, removed
 
     def reconcile(self) -> dict[str, int]:
         private_dir(self.dir)

@@ -186,3 +186,46 @@ def test_ls_reads_the_shared_index_with_each_sessions_node(redis_server, capsys)
     out = capsys.readouterr().out
     assert "gpu1" in out and "nodes alive: gpu1 (http://10.0.0.11:8090)" in out
     idx.close()
+
+
+async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis_server, tmp_path):
+    """/pflash/stats and every metrics scrape read the snapshot totals: with a shared index that is a listing of
+    every node's records over the network, run at most every few seconds in a worker thread."""
+    import asyncio
+
+    from pflash_proxy.llama.upstream import Upstream
+    from pflash_proxy.sessions import manager as manager_module
+    from pflash_proxy.sessions.manager import SessionManager
+    from tests.conftest import make_settings
+
+    idx = RedisIndex(redis_server.url)
+    for i in range(3):
+        idx.put_snapshot(SnapshotRecord(session=f"{i}" * 32, file=f"pf-{i}.bin", tokens=10, served_hashes=[],
+                                        model_identity="m", size=1000))
+    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), Upstream("http://127.0.0.1:9"), index=idx)
+    threads: list[bool] = []
+    listing = idx.snapshots
+
+    def spy():
+        threads.append(threading.current_thread() is threading.main_thread())
+        return listing()
+    idx.snapshots = spy
+    assert mgr.stats()["snapshots"] == 0  # not listed yet: the listing has only started
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if mgr.stats()["snapshots"] == 3:
+            break
+    stats = mgr.stats()
+    assert stats["snapshots"] == 3 and stats["snapshot_bytes"] == 3000
+    assert threads == [False], threads  # one listing, in a worker thread; later stats reuse it for a while
+    manager_module.SNAPSHOT_TOTALS_S, old = 0.0, manager_module.SNAPSHOT_TOTALS_S
+    try:
+        mgr.stats()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(threads) == 2 and mgr._totals_task is None:
+                break
+        assert threads == [False, False]
+    finally:
+        manager_module.SNAPSHOT_TOTALS_S = old
+    idx.close()

@@ -151,3 +151,30 @@ async def test_a_restore_waits_for_a_save_of_the_same_session(tmp_path):
     assert ok and rec.file == second.file and rec.served_hashes == ["h1", "h2"]
     assert mgr._locks == {}
     store.close()
+
+
+async def test_the_index_is_written_and_listed_off_the_event_loop(mgr):
+    """A shared index answers over the network and the eviction lists every snapshot record: neither may stall
+    the loop while a save or a restore is recorded."""
+    import threading
+
+    on_loop: list[str] = []
+    store = mgr.store
+    for name in ("snapshot", "put_snapshot", "drop_snapshot", "snapshots"):
+        real = getattr(store, name)
+
+        def spy(*a, _real=real, _name=name):
+            if threading.current_thread() is threading.main_thread():
+                on_loop.append(_name)
+            return _real(*a)
+        setattr(store, name, spy)
+    for sid in ("a", "b", "c"):  # the third save evicts the first (2,500-byte bound)
+        await mgr.save(0, sid * 32, 10, [], "m")
+    rec = store.snapshot("c" * 32)
+    on_loop.clear()
+    assert await mgr.restore(1, rec)
+    (mgr.dir / rec.file).write_bytes(b"garbage")  # a damaged file is dropped, off the loop too
+    assert not await mgr.restore(1, rec)
+    await mgr.save(0, "d" * 32, 10, [], "m")
+    assert on_loop == [], on_loop
+    assert mgr.stats["evictions"] >= 1 and mgr.stats["restores"] == 1 and mgr.stats["damaged"] == 1
