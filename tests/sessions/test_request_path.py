@@ -23,6 +23,13 @@ from pflash_proxy.sessions.store import SessionStore
 from tests.conftest import make_settings
 
 MSGS = [{"role": "user", "content": "Hi"}]
+SAY_HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+
+
+def follow_up(body: dict) -> dict:
+    """The next turn of ``body``'s conversation: its messages, an answer and one more question."""
+    return {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
+                                                    {"role": "user", "content": "Again."}]}
 
 
 def test_a_write_mark_holds_until_a_write_that_changes_lookups_begins_or_ends(tmp_path):
@@ -135,7 +142,7 @@ async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
 @pytest.mark.llama
 async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(
         aiohttp_client, llama_server, tmp_path):
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     events = _spy(manager)
     r = await proxy.post("/v1/chat/completions", json=body)
@@ -149,7 +156,7 @@ async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_s
 @pytest.mark.llama
 async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(
         aiohttp_client, llama_server, tmp_path):
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     manager.upstream.sentinel.cancel()  # what a lost connection leaves: nothing vouches for turn 1's slot
     events = _spy(manager)
@@ -166,7 +173,7 @@ async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slot
 @pytest.mark.llama
 async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_before_the_answer(
         aiohttp_client, llama_server, tmp_path):
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     events: list[str] = []
     save, open_ = manager.store.save_session, manager.upstream.open
@@ -181,8 +188,7 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
         events.append("forwarded")
         return await open_(*a, **kw)
     manager.store.save_session, manager.upstream.open = slow_save, spy_open
-    nxt = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
-                                                   {"role": "user", "content": "Again."}]}
+    nxt = follow_up(body)
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200
     # the request went upstream while the history was being written, and the answer waited for the write
@@ -194,7 +200,7 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
 @pytest.mark.llama
 async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_worker_thread(
         aiohttp_client, llama_server, tmp_path):
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     threads: list[str] = []
     save = manager.store.save_session
@@ -203,8 +209,7 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
         threads.append(threading.current_thread().name)
         save(*a)
     manager.store.save_session = spy_save
-    short = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
-                                                     {"role": "user", "content": "Again."}]}
+    short = follow_up(body)
     long = {**short, "messages": short["messages"] + [{"role": "assistant", "content": "Hi"},
                                                       {"role": "user", "content": " " * 40_000 + "Bye."}]}  # > 32 KiB, few tokens
     for b in (short, long):
@@ -217,7 +222,7 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
 @pytest.mark.llama
 async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, llama_server, tmp_path, monkeypatch):
     import pflash_proxy.stages.sessions as stage_module
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+    body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     calls: list[str] = []
 
@@ -225,8 +230,7 @@ async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, ll
         calls.append(m.get("role"))
         return message_hash(m)
     monkeypatch.setattr(stage_module, "message_hash", counting_hash)
-    nxt = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Hello"},
-                                                   {"role": "user", "content": "Again."}]}
+    nxt = follow_up(body)
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
     assert calls == [], "the lookup already hashed every message the stage serves unchanged"
