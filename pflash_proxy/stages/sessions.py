@@ -350,8 +350,13 @@ def _hashes(messages: list[dict], before: list[dict], hashes: list[str]) -> list
             for i, m in enumerate(messages)]
 
 
-async def _call(fn: Any, *args: Any) -> Any:
-    return fn(*args)
+async def _write_inline(store: Any, *args: Any) -> None:
+    """``store.save_session(*args)`` on the loop, unless a write of this process (a long history's save, a
+    prune) is running: SQLite would make the loop wait for its lock, so that one waits in a worker thread."""
+    if store.write_mark() is None:
+        await asyncio.get_running_loop().run_in_executor(None, store.save_session, *args)
+    else:
+        store.save_session(*args)
 
 
 def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int, int]:
@@ -381,7 +386,7 @@ class SessionCommitStage(Stage):
         store = self.manager.store
         write: asyncio.Future[None]
         if self.manager.cluster is None and len(req.raw_body) < INLINE_LOOKUP_BYTES:
-            write = asyncio.ensure_future(_call(store.save_session, ctx.record, ctx.client_hashes, ctx.served))
+            write = asyncio.ensure_future(_write_inline(store, ctx.record, ctx.client_hashes, ctx.served))
         else:
             write = asyncio.get_running_loop().run_in_executor(
                 None, store.save_session, ctx.record, ctx.client_hashes, ctx.served)

@@ -234,3 +234,25 @@ async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, ll
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
     assert calls == [], "the lookup already hashed every message the stage serves unchanged"
+
+
+@pytest.mark.llama
+async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds_the_index(
+        aiohttp_client, llama_server, tmp_path):
+    """SQLite would make the event loop wait for the other writer's lock: the short turn's write waits in a
+    worker thread instead."""
+    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, SAY_HELLO)
+    threads: list[str] = []
+    save = manager.store.save_session
+
+    def spy_save(*a):
+        threads.append(threading.current_thread().name)
+        save(*a)
+    manager.store.save_session = spy_save
+    manager.store._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
+    try:
+        r = await proxy.post("/v1/chat/completions", json={**follow_up(SAY_HELLO), "max_tokens": 1})
+    finally:
+        manager.store._writing(-1)
+    assert r.status == 200
+    assert threads and threads[0] != threading.main_thread().name, threads
