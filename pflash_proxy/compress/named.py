@@ -30,7 +30,7 @@ from typing import Sequence
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["definition_blocks", "named_units"]
+__all__ = ["definition_blocks", "definitions", "named_units"]
 
 MAX_DEFINITIONS = 2
 MAX_NAMES = 3
@@ -41,15 +41,21 @@ _DEF = re.compile(
     re.M)
 
 
-def named_units(tt: TokenizedText, units: Sequence[Unit], request: str) -> set[int]:
+def definitions(tt: TokenizedText) -> list[tuple[int, str]]:
+    """Step 1: (line index, name) of every definition line; both functions below take it, so the lines are
+    matched once per message."""
+    return [(i, m.group(1)) for i, line in enumerate(tt.lines) if (m := _DEF.match(line))]
+
+
+def named_units(tt: TokenizedText, units: Sequence[Unit], request: str,
+                defs: list[tuple[int, str]] | None = None) -> set[int]:
     """Steps 1-4: indices of the units that define a name the request spells out."""
     if not request or not units:
         return set()
     where: dict[str, list[int]] = defaultdict(list)
-    for i, line in enumerate(tt.lines):
-        m = _DEF.match(line)
-        if m and len(m.group(1)) >= 3:
-            where[m.group(1)].append(i)
+    for i, name in definitions(tt) if defs is None else defs:
+        if len(name) >= 3:
+            where[name].append(i)
     if not where:
         return set()
     words = set(re.findall(r"[A-Za-z_$][\w$]*", request))
@@ -82,16 +88,14 @@ def _block_end(lines: Sequence[str], start: int) -> int:
     return last + 1
 
 
-def definition_blocks(tt: TokenizedText, units: Sequence[Unit], max_tokens: int) -> list[tuple[int, ...]]:
+def definition_blocks(tt: TokenizedText, units: Sequence[Unit], max_tokens: int,
+                      defs: list[tuple[int, str]] | None = None) -> list[tuple[int, ...]]:
     """Multi-unit definition blocks of at most ``max_tokens`` tokens (module docstring), innermost first."""
     if len(units) < 2:
         return []
     starts = [u.start_line for u in units]
     out: list[tuple[int, int, tuple[int, ...]]] = []
-    for i, line in enumerate(tt.lines):
-        m = _DEF.match(line)
-        if not m:
-            continue
+    for i, _ in definitions(tt) if defs is None else defs:
         end = _block_end(tt.lines, i)
         first, last = bisect_right(starts, i) - 1, bisect_right(starts, end - 1) - 1
         if last > first and sum(units[k].tokens for k in range(first, last + 1)) <= max_tokens:

@@ -52,7 +52,7 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
-from .named import definition_blocks, named_units
+from .named import definition_blocks, definitions, named_units
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
@@ -187,8 +187,9 @@ class Compressor:
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
                 pinned = pinned_units(work, units, request.pinned_tail_tokens)
-                named = frozenset(named_units(work, units, request.text))
-                blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment))
+                defs = definitions(work)
+                named = frozenset(named_units(work, units, request.text, defs))
+                blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))

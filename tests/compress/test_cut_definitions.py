@@ -73,3 +73,20 @@ def test_a_large_rest_is_not_added():
     assert CLOSE_SHARE < 0.5
     assert out.mode == "compressed"
     assert "def plant_watering_schedule" in out.text and fn.rstrip("\n") not in out.text
+
+
+def test_the_definition_lines_are_matched_once_per_message(monkeypatch):
+    import pflash_proxy.compress.pipeline as pipeline_module
+    from pflash_proxy.compress.named import definitions
+
+    calls: list[int] = []
+
+    def counted(tt):
+        calls.append(len(tt.lines))
+        return definitions(tt)
+    monkeypatch.setattr(pipeline_module, "definitions", counted)
+    tt, out = compress(file_with(long_function(33, 2)))
+    assert len(calls) == 1, "named_units and definition_blocks share one pass over the lines"
+    assert out.mode == "compressed" and "def plant_watering_schedule" in out.text
+    a = out.analysis
+    assert list(a.blocks) == definition_blocks(tt, a.units, 2 * UnitSegmenter().max_segment)  # the same blocks
