@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, wait_for_proxy  # noqa: E402
 
 WORDS = ("the archive of the northern harbour keeps ledgers of every ship that docked between the wars and "
          "the clerks copied each entry twice so that a fire could never take the only record ").split()
@@ -98,15 +98,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        async with aiohttp.ClientSession() as s:
-            for _ in range(150):
-                try:
-                    async with s.get(url + "/pflash/stats") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
+        await wait_for_proxy(url, tries=150)
         for mb in args.sizes:
             row = await one(url, proxy.pid, mb)
             rows.append(row)

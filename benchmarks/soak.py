@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, wait_for_proxy  # noqa: E402
 
 TOKEN_RX = re.compile(r"SOAK-[0-9a-f]{10}")
 QUESTIONS = ["What is the code word in the note?", "Repeat the code word.", "Which shelf is mentioned?",
@@ -184,15 +184,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                              env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(100):
-                try:
-                    async with http.get(url + "/pflash/stats") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
+        await wait_for_proxy(url, tries=100)
         rss0 = rss_kb(proxy.pid)
         soak = Soak(url, args)
 

@@ -7,6 +7,7 @@ use aiohttp fakes instead.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -98,6 +99,19 @@ def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_sl
     server = LlamaServer(f"http://127.0.0.1:{port}", proc, args, slot_dir, log)
     server.wait_healthy()
     return server
+
+
+async def wait_for_proxy(url: str, tries: int = 150, interval_s: float = 0.2) -> None:
+    """Until a proxy started in another process answers ``GET /pflash/stats`` (the benchmarks' start-up wait)."""
+    async with aiohttp.ClientSession() as s:
+        for _ in range(tries):
+            try:
+                async with s.get(url + "/pflash/stats") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(interval_s)
 
 
 @pytest.fixture(scope="session")
