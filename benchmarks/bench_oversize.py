@@ -98,7 +98,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        await wait_for_proxy(url, tries=150)
+        await wait_for_proxy(url, 30)
         for mb in args.sizes:
             row = await one(url, proxy.pid, mb)
             rows.append(row)

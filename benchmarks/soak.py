@@ -184,7 +184,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                              env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_for_proxy(url, tries=100)
+        await wait_for_proxy(url, 20)
         rss0 = rss_kb(proxy.pid)
         soak = Soak(url, args)
 

@@ -101,17 +101,31 @@ def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_sl
     return server
 
 
-async def wait_for_proxy(url: str, tries: int = 150, interval_s: float = 0.2) -> None:
-    """Until a proxy started in another process answers ``GET /pflash/stats`` (the benchmarks' start-up wait)."""
+async def wait_until_served(url: str, timeout_s: float = 30, proc: subprocess.Popen | None = None,
+                            log: Path | None = None, what: str = "pflash-proxy") -> None:
+    """Until ``GET url`` answers 200; an AssertionError (with the tail of ``log``) when ``proc`` exits first or
+    ``timeout_s`` runs out."""
+    deadline = time.monotonic() + timeout_s
+
+    def tail() -> str:
+        return log.read_text()[-3000:] if log is not None and log.exists() else ""
     async with aiohttp.ClientSession() as s:
-        for _ in range(tries):
+        while True:
+            assert proc is None or proc.poll() is None, f"{what} exited: {tail()}"
             try:
-                async with s.get(url + "/pflash/stats") as r:
+                async with s.get(url) as r:
                     if r.status == 200:
                         return
             except aiohttp.ClientError:
                 pass
-            await asyncio.sleep(interval_s)
+            assert time.monotonic() < deadline, f"{what} does not serve: {tail()}"
+            await asyncio.sleep(0.2)
+
+
+async def wait_for_proxy(url: str, timeout_s: float = 30, proc: subprocess.Popen | None = None,
+                         log: Path | None = None) -> None:
+    """Until a proxy started in another process answers ``GET /pflash/stats`` (``wait_until_served``)."""
+    await wait_until_served(url + "/pflash/stats", timeout_s, proc, log)
 
 
 @pytest.fixture(scope="session")

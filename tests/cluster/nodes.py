@@ -11,19 +11,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from pflash_proxy.llama.spawn import free_port
-from tests.conftest import LlamaServer, start_llama_server
+from tests.conftest import LlamaServer, start_llama_server, wait_for_proxy, wait_until_served
 from tests.redis_server import RedisServer
 
 
@@ -108,26 +106,10 @@ class Cluster:
             self.redis.stop()
 
 
-async def _answers(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path, what: str,
-                   timeout_s: float) -> None:
-    """Until ``url`` answers 200; fails at once when ``proc`` exited, and after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert proc.poll() is None, f"{what} exited: {log.read_text()[-3000:]}"
-        try:
-            async with http.get(url) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        assert time.monotonic() < deadline, f"{what} does not serve: {log.read_text()[-3000:]}"
-        await asyncio.sleep(0.2)
-
-
 async def _wait_up(http: aiohttp.ClientSession, node: Node) -> None:
-    await _answers(http, node.url + "/pflash/stats", node.proc, node.log, "pflash-proxy", 120)
+    await wait_for_proxy(node.url, 120, node.proc, node.log)
 
 
 async def wait_balancer(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path) -> None:
     """Until the balancer in front answers ``/health`` (a node's, through it)."""
-    await _answers(http, url + "/health", proc, log, "the balancer", 30)
+    await wait_until_served(url + "/health", 30, proc, log, "the balancer")

@@ -36,7 +36,7 @@ import pytest
 from pflash_proxy.llama.spawn import free_port
 from tests.cluster.balancers import Balancer, binary
 from tests.cluster.nodes import wait_balancer
-from tests.conftest import start_llama_server
+from tests.conftest import start_llama_server, wait_for_proxy
 
 pytestmark = pytest.mark.llama
 
@@ -92,17 +92,7 @@ async def start_nodes(http: aiohttp.ClientSession, llamas, tmp_path: Path) -> li
                                     env={**os.environ, "PFLASH_HOME": str(tmp_path / f"home{i}")})
         nodes.append(Node(f"127.0.0.1:{port}", proc, log))
     for node in nodes:
-        deadline = time.monotonic() + 120
-        while True:
-            assert node.proc.poll() is None, f"pflash-proxy exited: {node.log.read_text()[-3000:]}"
-            try:
-                async with http.get(node.url + "/pflash/stats") as r:
-                    if r.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"pflash-proxy did not start: {node.log.read_text()[-3000:]}"
-            await asyncio.sleep(0.2)
+        await wait_for_proxy(node.url, 120, node.proc, node.log)
     return nodes
 
 

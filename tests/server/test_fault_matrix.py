@@ -56,7 +56,7 @@ from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import PIPELINE
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.llama.spawn import free_port
-from tests.conftest import make_settings, start_llama_server
+from tests.conftest import make_settings, start_llama_server, wait_for_proxy
 
 pytestmark = pytest.mark.llama
 
@@ -350,21 +350,6 @@ async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_sessi
 
 
 # 5. SIGTERM with requests in flight -------------------------------------------------------------------------
-async def _wait_listening(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while True:
-            assert proc.poll() is None, f"pflash-proxy exited: {log.read_text()[-3000:]}"
-            try:
-                async with s.get(url + "/pflash/stats") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"pflash-proxy did not start: {log.read_text()[-3000:]}"
-            await asyncio.sleep(0.2)
-
-
 async def _serve(fault_server, tmp_path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str, Path]:
     """``pflash-proxy serve`` as its own process in front of the module's llama-server, once it listens."""
     port, log = free_port(), tmp_path / "serve.log"
@@ -375,7 +360,7 @@ async def _serve(fault_server, tmp_path, *args: str, env: dict | None = None) ->
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
-        await _wait_listening(url, proc, log)
+        await wait_for_proxy(url, 60, proc, log)
     except BaseException:
         proc.kill()
         proc.wait()

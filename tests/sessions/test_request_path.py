@@ -124,6 +124,18 @@ def _spy(manager) -> list[str]:
     return events
 
 
+def _save_threads(manager) -> list[str]:
+    """The names of the threads the session index's ``save_session`` runs in, from now on."""
+    threads: list[str] = []
+    save = manager.store.save_session
+
+    def spy_save(*a):
+        threads.append(threading.current_thread().name)
+        save(*a)
+    manager.store.save_session = spy_save
+    return threads
+
+
 async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
     settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
     proxy = await aiohttp_client(create_app(settings))
@@ -202,13 +214,7 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
         aiohttp_client, llama_server, tmp_path):
     body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
-    threads: list[str] = []
-    save = manager.store.save_session
-
-    def spy_save(*a):
-        threads.append(threading.current_thread().name)
-        save(*a)
-    manager.store.save_session = spy_save
+    threads = _save_threads(manager)
     short = follow_up(body)
     long = {**short, "messages": short["messages"] + [{"role": "assistant", "content": "Hi"},
                                                       {"role": "user", "content": " " * 40_000 + "Bye."}]}  # > 32 KiB, few tokens
@@ -242,13 +248,7 @@ async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds
     """SQLite would make the event loop wait for the other writer's lock: the short turn's write waits in a
     worker thread instead."""
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, SAY_HELLO)
-    threads: list[str] = []
-    save = manager.store.save_session
-
-    def spy_save(*a):
-        threads.append(threading.current_thread().name)
-        save(*a)
-    manager.store.save_session = spy_save
+    threads = _save_threads(manager)
     manager.store._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
     try:
         r = await proxy.post("/v1/chat/completions", json={**follow_up(SAY_HELLO), "max_tokens": 1})
