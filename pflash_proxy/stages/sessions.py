@@ -162,9 +162,7 @@ class SessionStage(Stage):
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
         req.state[self.name] = ctx
         mgr.note_seed(lease, seed)
-        # a message served as the client sent it (the same object) has the hash the lookup computed
-        served_hashes = ([h if m is c else message_hash(m) for m, c, h in zip(served, messages, hashes)]
-                         if len(hashes) == len(served) == len(messages) else [message_hash(m) for m in served])
+        served_hashes = _hashes(served, messages, hashes)  # a message served as sent: the lookup's hash
         ctx.extra["hashed"] = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         lease.prefetched = prefetched
