@@ -241,10 +241,13 @@ class SessionManager:
         task.add_done_callback(self._background.discard)
         return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.counters["upstream_restarts"])
 
-    async def _on_disk(self, sid: str) -> bool:
-        if self.cluster is None:  # a stat of the file (and the in-memory snapshot index)
-            return self.snapshots.on_disk(sid)
-        return await asyncio.get_running_loop().run_in_executor(None, self.snapshots.on_disk, sid)
+    async def _snapshot_read(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, a read of the snapshot index and directory: at once with the embedded index (its snapshot
+        records are in memory, the files local); in a worker thread with a shared one (it answers over the network,
+        and the shared directory may be a remote mount)."""
+        if self.cluster is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def _fetch_slots(self) -> tuple[bool, list[dict] | None]:
         try:
@@ -256,7 +259,7 @@ class SessionManager:
         lease.epoch = self.upstream.sentinel.current()  # before any call: a break from now on ends it
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
-                and not (ev.snapshot_current and await self._on_disk(ev.session)):
+                and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
             self.counters["evicted_saves"] += 1
             await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes)
         if served_hashes is None:
@@ -281,11 +284,7 @@ class SessionManager:
             self.table.forget(lease.session)
         async with self.snapshots.lock(lease.session):  # after a save of this session still running (evicted)
             try:
-                if self.cluster is None:  # the embedded index keeps snapshot records in memory; a local stat
-                    snap = self.snapshots.restorable(lease.session, self.model_identity)
-                else:  # a shared index answers over the network, and the shared directory may be a remote mount
-                    snap = await asyncio.get_running_loop().run_in_executor(
-                        None, self.snapshots.restorable, lease.session, self.model_identity)
+                snap = await self._snapshot_read(self.snapshots.restorable, lease.session, self.model_identity)
             except StoreError as exc:
                 self.store_failed("reading the snapshot index", exc)
                 snap = None
