@@ -7,12 +7,12 @@ it waits for), so the bytes held grow with the queue: 256 waiting requests of 64
 Algorithm (``read_body``):
 1. A declared ``Content-Length`` over ``--max-body-mb`` gets 413 before any byte is read; a request without a
    body reads as empty.
-2. The body is read as it arrives (at once when it came with the headers), chunk by chunk, with a declared length or chunked alike. Each chunk counts
-   against the budget when it arrives (not the declared length up front: a connection that declares 64 MB and
-   sends nothing holds nothing) and stays counted until the request ends (``BODY_HELD``, released by the error
-   middleware). A body growing past ``--max-body-mb`` gets 413; a chunk that would take the budget beyond its
-   bound gets 429 ``queue_full`` with ``Retry-After`` at once. One request is always admitted, so a single body
-   within ``--max-body-mb`` never fails for this reason.
+2. The body is read as it arrives (at once when it came with the headers), chunk by chunk, with a declared length
+   or chunked alike. Each chunk counts against the budget when it arrives (not the declared length up front: a
+   connection that declares 64 MB and sends nothing holds nothing) and stays counted until the request ends
+   (``BODY_HELD``, released by the error middleware). A body growing past ``--max-body-mb`` gets 413; a chunk
+   that would take the budget beyond its bound gets 429 ``queue_full`` with ``Retry-After`` at once. One request
+   is always admitted, so a single body within ``--max-body-mb`` never fails for this reason.
 3. The whole body must arrive within ``--body-timeout-s`` of the request's headers. A deadline rather than a
    gap between chunks: a client sending a byte every few seconds would pass any gap, and keep its connection
    and what it sent forever. Past it the client gets 408 ``body_timeout`` with ``Connection: close``, its bytes
