@@ -1,10 +1,12 @@
 """The shared ``SessionIndex``: one Redis database that several proxy nodes read and write (``--index redis://``).
 
-Keys (all under ``pflash:``; values of records are pickled, as the embedded index pickles them too):
+Keys (all under ``pflash:``; records are schema-versioned JSON, ``records.py``, validated when read: a value
+that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
+node; nothing is ever unpickled):
 1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
 2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, recall sources, traces);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
-3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (JSON: file, tokens, covered hashes, model identity, size,
+3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
    node shares (``--slot-save-path``);
 4. ``response:<rid>`` → one Responses answer; ``responses:<sid>`` (a list) → the ids a session recorded;
@@ -16,21 +18,19 @@ Keys (all under ``pflash:``; values of records are pickled, as the embedded inde
 
 Every write that must stay consistent (a record with its chain entries and last use; a session and its
 responses) is one ``MULTI``/``EXEC`` transaction or one Lua script. A failure of Redis (refused connection,
-timeout, an unreadable value) is raised as ``StoreError``, which callers treat as "serve without the index".
+timeout) is raised as ``StoreError``, which callers treat as "serve without the index".
 """
 
 from __future__ import annotations
 
-import json
-import pickle
 import secrets
 import time
-from dataclasses import asdict
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
+from pflash_proxy.sessions.records import decode, encode
 
 T = TypeVar("T")
 PREFIX = "pflash:"
@@ -56,7 +56,7 @@ def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
 
         try:
             return fn(*args, **kw)
-        except (redis.RedisError, OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        except (redis.RedisError, OSError) as exc:
             raise StoreError(f"session index (redis): {type(exc).__name__}: {exc}") from exc
     return wrapper
 
@@ -127,7 +127,8 @@ class RedisIndex:
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         data = self.r.get(f"{self.p}session:{sid}")
-        return SessionRecord.from_stored(pickle.loads(data)) if data else None
+        rec = decode("session", data, f"session:{sid[:40]}") if data else None
+        return rec if rec is not None and rec.id == sid else None
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord:
@@ -153,7 +154,7 @@ class RedisIndex:
         pipe.execute()
 
     def _put(self, pipe: Any, rec: SessionRecord) -> None:
-        pipe.set(f"{self.p}session:{rec.id}", pickle.dumps(rec.stored(), protocol=pickle.HIGHEST_PROTOCOL))
+        pipe.set(f"{self.p}session:{rec.id}", encode("session", rec))
         pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
 
     @_guarded
@@ -188,7 +189,8 @@ class RedisIndex:
     def sessions(self) -> list[SessionRecord]:
         ids = [_text(s) for s in self.r.zrange(f"{self.p}used", 0, -1)]
         values = self.r.mget([f"{self.p}session:{sid}" for sid in ids]) if ids else []
-        return [SessionRecord.from_stored(pickle.loads(v)) for v in values if v]
+        recs = (decode("session", v, f"session:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
+        return [rec for rec in recs if rec is not None]
 
     @_guarded
     def volume(self) -> int:
@@ -199,7 +201,7 @@ class RedisIndex:
     @_guarded
     def response(self, rid: str) -> dict[str, Any] | None:
         data = self.r.get(f"{self.p}response:{rid}")
-        entry = pickle.loads(data) if data else None
+        entry = decode("response", data, f"response:{rid[:40]}") if data else None
         return entry if isinstance(entry, dict) else None
 
     @_guarded
@@ -214,7 +216,7 @@ class RedisIndex:
         pipe = self.r.pipeline(transaction=True)
         pipe.lrem(f"{self.p}responses:{sid}", 0, rid)
         pipe.rpush(f"{self.p}responses:{sid}", rid)
-        pipe.set(f"{self.p}response:{rid}", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+        pipe.set(f"{self.p}response:{rid}", encode("response", entry))
         pipe.execute()
         return True
 
@@ -222,12 +224,12 @@ class RedisIndex:
     @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         data = self.r.get(f"{self.p}snapshot:{sid}")
-        return SnapshotRecord(**json.loads(data)) if data else None
+        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
 
     @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.set(f"{self.p}snapshot:{rec.session}", json.dumps(asdict(rec)))
+        pipe.set(f"{self.p}snapshot:{rec.session}", encode("snapshot", rec))
         pipe.sadd(f"{self.p}snapshots", rec.session)
         pipe.execute()
 
@@ -237,13 +239,14 @@ class RedisIndex:
         pipe.getdel(f"{self.p}snapshot:{sid}")
         pipe.srem(f"{self.p}snapshots", sid)
         data, _ = pipe.execute()
-        return SnapshotRecord(**json.loads(data)) if data else None
+        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
 
     @_guarded
     def snapshots(self) -> list[SnapshotRecord]:
         ids = [_text(s) for s in self.r.smembers(f"{self.p}snapshots")]
         values = self.r.mget([f"{self.p}snapshot:{sid}" for sid in ids]) if ids else []
-        return [SnapshotRecord(**json.loads(v)) for v in values if v]
+        recs = (decode("snapshot", v, f"snapshot:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
+        return [rec for rec in recs if rec is not None]
 
     # Cluster: holders, turn leases, heartbeats ----------------------------------------------------------------
     @_guarded

@@ -1,5 +1,10 @@
 """Persisted session state in one ``diskcache.Cache`` (SQLite: every write is an atomic transaction).
 
+Values are plain data: a session id, a salt or a time as itself, every record as schema-versioned JSON
+(``records.py``), validated when read; a value that is not a readable record (one an older version pickled, or
+anything else) is logged and read as absent, never unpickled. Keys are tuples of strings; they are read back
+(listing the index) by parsing their bytes, never by unpickling them.
+
 Keys:
 1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
 2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
@@ -38,7 +43,6 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -47,6 +51,7 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
+from pflash_proxy.sessions.records import decode, encode
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -72,6 +77,10 @@ class KeyDisk(diskcache.Disk):
     ``SHORT_BINUNICODE`` per string, ``TUPLE1..3``, ``STOP``), so keys written before and after are the same rows.
     Any other key, and every key if the bytes ever differ from diskcache's own (checked once per process on a
     sample), takes diskcache's path.
+
+    Nothing it reads back is unpickled: a key is parsed from those bytes (``_parse_key``; one that does not parse
+    reads as ``UNREADABLE_KEY``), a value stored pickled (by an older version) reads as None, and only plain
+    values (bytes, str, numbers) are written, so diskcache never pickles one.
     """
 
     _TUPLE_OPS = {1: b"\x85", 2: b"\x86", 3: b"\x87"}
@@ -88,6 +97,59 @@ class KeyDisk(diskcache.Disk):
                         return super().put(key)
                 return sqlite3.Binary(data), False
         return super().put(key)
+
+    def get(self, key: Any, raw: bool) -> Any:
+        if raw:
+            return super().get(key, raw)
+        parsed = _parse_key(bytes(key))
+        return parsed if parsed is not None else UNREADABLE_KEY
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if not read and not isinstance(value, (bytes, str, int, float)):
+            raise TypeError(f"the session index stores plain values, not {type(value).__name__}")
+        return super().store(value, read, key)
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        if mode == diskcache.core.MODE_PICKLE:
+            log.warning("session index: a value stored pickled (by an older version) is ignored")
+            return None
+        return super().fetch(mode, filename, value, read)
+
+
+UNREADABLE_KEY = ("?",)  # what a stored key reads as when its bytes are not a tuple of strings
+_STRING_OPS = {0x8C: 1, 0x58: 4}  # SHORT_BINUNICODE (1-byte length), BINUNICODE (4-byte length)
+
+
+def _parse_key(data: bytes) -> tuple[str, ...] | None:
+    """The tuple of 1-3 strings that protocol-5 pickle bytes (``_tuple_key``'s, or ``pickletools.optimize``'s of
+    such a tuple) spell, read without unpickling; None for any other bytes."""
+    if data[:2] != b"\x80\x05":
+        return None
+    i = 2
+    if data[i:i + 1] == b"\x95":  # FRAME + 8-byte length
+        i += 9
+    items: list[str] = []
+    while i < len(data):
+        op = data[i]
+        if op in _STRING_OPS:
+            n = _STRING_OPS[op]
+            size = int.from_bytes(data[i + 1:i + 1 + n], "little")
+            start = i + 1 + n
+            raw = data[start:start + size]
+            if len(raw) != size:
+                return None
+            try:
+                items.append(raw.decode("utf-8", "surrogatepass"))
+            except UnicodeDecodeError:
+                return None
+            i = start + size
+        elif op == 0x94:  # MEMOIZE (a key pickled without optimizing)
+            i += 1
+        elif op in (0x85, 0x86, 0x87) and len(items) == op - 0x84 and data[i + 1:] in (b".", b"\x94."):
+            return tuple(items)  # TUPLE1-3, then STOP
+        else:
+            return None
+    return None
 
 
 def _tuple_key(key: tuple) -> bytes | None:
@@ -178,7 +240,7 @@ class SessionStore:
         chain_values = chain(seed, hashes)
         for i in range(len(chain_values) - 1, -1, -1):
             sid = self.cache.get(("chain", chain_values[i]))
-            if sid is None:
+            if not isinstance(sid, str):
                 continue
             rec = self.get(sid)
             if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
@@ -188,7 +250,8 @@ class SessionStore:
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         data = self.read(("session", sid))
-        return SessionRecord.from_stored(data) if data else None
+        rec = decode("session", data, f"session {sid[:40]}") if data else None
+        return rec if rec is not None and rec.id == sid else None
 
     @_guarded
     def read(self, key: tuple) -> Any:
@@ -230,13 +293,13 @@ class SessionStore:
             self._put(rec)
 
     def _put(self, rec: SessionRecord) -> None:
-        self.cache.set(("session", rec.id), rec.stored())
+        self.cache.set(("session", rec.id), encode("session", rec))
         # last use on its own key: pruning ranks every session without unpickling their served histories
         self.cache.set(("used", rec.id), rec.last_use)
 
     def _last_uses(self, keys: list | None = None) -> dict[str, float]:
         keys = list(self.cache.iterkeys()) if keys is None else keys
-        used = {k[1]: t for k in keys if k[0] == "used" and (t := self.cache.get(k)) is not None}
+        used = {k[1]: t for k in keys if k[0] == "used" and isinstance(t := self.cache.get(k), (int, float))}
         for k in keys:  # records written before the "used" key existed
             if k[0] == "session" and k[1] not in used and (rec := self.get(k[1])) is not None:
                 used[k[1]] = rec.last_use
@@ -265,7 +328,7 @@ class SessionStore:
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
-                for rid in self.cache.get(("responses", sid)) or ():
+                for rid in self._ids(sid):
                     self.cache.delete(("response", rid))
                 self.cache.delete(("responses", sid))
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
@@ -280,7 +343,7 @@ class SessionStore:
         if not legacy:
             return
         for k in keys:
-            if k[0] == "response" and isinstance(self.cache.get(k), tuple):
+            if k[0] == "response" and self.cache.get(k) is None:  # the legacy entries were pickled: unreadable
                 self.cache.delete(k)
         for k in legacy:
             self.cache.delete(k)
@@ -289,12 +352,17 @@ class SessionStore:
     @_guarded
     def response(self, rid: str) -> dict | None:
         """One recorded response (``put_response``), or None (unknown, pruned, or written by an older index)."""
-        entry = self.read(("response", rid))
+        data = self.read(("response", rid))
+        entry = decode("response", data, f"response {rid[:40]}") if data else None
         return entry if isinstance(entry, dict) else None
+
+    def _ids(self, sid: str) -> list[str]:
+        data = self.cache.get(("responses", sid))
+        return (decode("ids", data, f"responses of {sid[:40]}") or []) if data else []
 
     @_guarded
     def last_response(self, sid: str) -> str | None:
-        ids = self.cache.get(("responses", sid))
+        ids = self._ids(sid)
         return ids[-1] if ids else None
 
     @_guarded
@@ -304,9 +372,9 @@ class SessionStore:
         with self.cache.transact():
             if ("session", sid) not in self.cache:
                 return False
-            ids = [r for r in self.cache.get(("responses", sid)) or () if r != rid]
-            self.cache.set(("responses", sid), ids + [rid])
-            self.cache.set(("response", rid), entry)
+            ids = [r for r in self._ids(sid) if r != rid]
+            self.cache.set(("responses", sid), encode("ids", ids + [rid]))
+            self.cache.set(("response", rid), encode("response", entry))
         return True
 
     @_guarded
@@ -320,8 +388,8 @@ class SessionStore:
 
     @_guarded
     def sessions(self) -> list[SessionRecord]:
-        return [SessionRecord.from_stored(self.cache[k]) for k in list(self.cache.iterkeys()) if k[0] == "session"
-                and k in self.cache]
+        recs = (self.get(k[1]) for k in list(self.cache.iterkeys()) if k[0] == "session")
+        return [rec for rec in recs if rec is not None]
 
     # Snapshots ----------------------------------------------------------------------------------------------
     def _snapshot_index(self) -> dict[str, SnapshotRecord]:
@@ -329,8 +397,9 @@ class SessionStore:
             if self._snaps is None:
                 snaps = {}
                 for key in list(self.cache.iterkeys()):
-                    if key[0] == "snapshot" and (data := self.cache.get(key)):
-                        snaps[key[1]] = SnapshotRecord(**data)
+                    if key[0] == "snapshot" and (data := self.cache.get(key)) and \
+                            (rec := decode("snapshot", data, f"snapshot {key[1][:40]}")) is not None:
+                        snaps[key[1]] = rec
                 self._snaps = snaps
             return self._snaps
 
@@ -341,7 +410,7 @@ class SessionStore:
     @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
         with self._snaps_lock:
-            self.cache.set(("snapshot", rec.session), asdict(rec))
+            self.cache.set(("snapshot", rec.session), encode("snapshot", rec))
             self._snapshot_index()[rec.session] = rec
 
     @_guarded

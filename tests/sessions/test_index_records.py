@@ -3,7 +3,9 @@ them (one ``extra`` dict) still read, and the read-only view the inspector is ha
 
 from __future__ import annotations
 
-import pickle
+import json
+
+import diskcache
 
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
@@ -13,22 +15,28 @@ from tests.conftest import make_settings
 
 
 def test_a_record_written_with_extra_reads_into_the_typed_fields(tmp_path):
-    store = SessionStore(tmp_path / "idx")
     old = {"id": "a" * 32, "seed": "s", "client_hashes": ["h"], "served": [{"role": "user", "content": "x"}],
            "explicit": False, "owner": None, "created": 1.0, "last_use": 2.0, "turns": 1,
            "extra": {"pflash_recall": ["a source"], "pflash_inspector": [{"kind": "recall"}],
                      "pflash_inspector_totals": {"recalls": 1}, "something-else": 3}}
-    store.cache.set(("session", old["id"]), old)
-    rec = store.get(old["id"])
-    assert rec is not None and rec.served == old["served"] and rec.turns == 1
+    rec = SessionRecord.from_stored(old)
+    assert rec.served == old["served"] and rec.turns == 1
     assert rec.recall_sources == ["a source"] and rec.traces == [{"kind": "recall"}]
     assert rec.trace_totals == {"recalls": 1}
+    store = SessionStore(tmp_path / "idx")
+    rec.recall_sources = []
     rec.trace_totals["recalls"] = 2
     store.update_record(rec)
-    stored = store.cache.get(("session", rec.id))
-    assert "extra" not in stored and stored["trace_totals"] == {"recalls": 2}
+    stored = json.loads(store.cache.get(("session", rec.id)))  # schema-versioned JSON (sessions/records.py)
+    assert "extra" not in stored["value"] and stored["value"]["trace_totals"] == {"recalls": 2}
     again = store.get(rec.id)
-    assert again == rec and pickle.loads(pickle.dumps(again)) == again
+    assert again == rec
+    store.close()
+    plain = diskcache.Cache(str(tmp_path / "idx"))  # what older versions stored: a pickled dict, never read now
+    plain.set(("session", old["id"]), old)
+    plain.close()
+    store = SessionStore(tmp_path / "idx")
+    assert store.get(old["id"]) is None
     store.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import diskcache
+
 from pflash_proxy.stages.chains import expand, record
 from pflash_proxy.sessions.identity import credential, message_hash, namespace_seed
 from pflash_proxy.sessions.store import SessionStore
@@ -69,8 +71,10 @@ def test_responses_go_with_their_session_and_old_per_session_items_are_swept(tmp
     for n, sid in enumerate(sessions):
         record(store, f"r{n}a", sid, None, [user("hello"), answer(f"{n}")], None)
         record(store, f"r{n}b", sid, None, [user("hello"), answer(f"{n}"), user("more"), answer("b")], (f"r{n}a", 2))
-    store.cache.set(("response-items", "gone"), {"items": [], "ids": {"old": 1}})  # an index of the old layout
-    store.cache.set(("response", "old"), ("gone",))
+    plain = diskcache.Cache(str(tmp_path / "s"))  # an index of the old layout, written pickled as it was
+    plain.set(("response-items", "gone"), {"items": [], "ids": {"old": 1}})
+    plain.set(("response", "old"), ("gone",))
+    plain.close()
     assert store.prune(older_than=None, max_sessions=1, keep=frozenset()) == sessions[:3]
     keys = sorted(k for k in store.cache.iterkeys() if k[0] in ("response", "responses", "response-items"))
     assert keys == [("response", "r3a"), ("response", "r3b"), ("responses", sessions[3])]

@@ -1,0 +1,255 @@
+"""The one stored format of the session indexes' values: JSON with a schema version, validated when read.
+
+Nothing an index reads back runs code: there is no pickle, and a value that does not decode to a record of the
+expected kind is logged and read as absent (``decode`` returns None), so a damaged or foreign value costs at
+most that record (a cold prefill, a lost recall), never a request, a listing or a process.
+
+1. ``encode(kind, value)`` → UTF-8 JSON bytes ``{"schema": SCHEMA, "kind": kind, "value": ...}``. Kinds:
+   ``session`` (a ``SessionRecord``), ``snapshot`` (a ``SnapshotRecord``), ``response`` (one Responses answer:
+   an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded).
+2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
+   ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
+   maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
+   a numeric dtype, ``{"$dc": name, "f": {...}}`` a dataclass ...). A tagged dataclass is rebuilt only when its
+   name is one of ``_DATACLASSES`` (the compressor's own plain-data classes, constructed with their fields and
+   nothing else); an unknown name makes that recall source unreadable, and it alone is dropped.
+3. ``decode(kind, data)`` checks the envelope (schema, kind) and validates the value with pydantic: a session
+   record's fields by type, a snapshot record as its dataclass. Values written by older versions (pickles) are
+   never unpickled: they read as absent, and the sessions they held are prefilled again (a snapshot record that
+   an older version wrote as plain JSON, without the envelope, is still read).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
+
+log = logging.getLogger("pflash_proxy.sessions")
+
+SCHEMA = 1
+KINDS = ("session", "snapshot", "response", "ids")
+_NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
+_MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
+
+
+class RecordError(ValueError):
+    """A stored value that is not a record of the expected kind (read as absent)."""
+
+
+# 1. Encoding ----------------------------------------------------------------------------------------------------
+def _plain(x: Any) -> Any:
+    """``json.dumps``' fallback for the few non-JSON values plain fields may hold."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (set, frozenset)):
+        return sorted(x, key=repr)
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    raise TypeError(f"{type(x).__name__} is not stored in a session record")
+
+
+def _tagged(x: Any, depth: int = 0) -> Any:
+    if depth > _MAX_TAG_DEPTH:
+        raise TypeError("a recall source nests too deeply to store")
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    d = depth + 1
+    if isinstance(x, list):
+        return [_tagged(v, d) for v in x]
+    if isinstance(x, tuple):
+        return {"$t": [_tagged(v, d) for v in x]}
+    if isinstance(x, (set, frozenset)):
+        return {"$fs" if isinstance(x, frozenset) else "$s": [_tagged(v, d) for v in x]}
+    if isinstance(x, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in x):
+            return {k: _tagged(v, d) for k, v in x.items()}
+        return {"$d": [[_tagged(k, d), _tagged(v, d)] for k, v in x.items()]}
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in _NUMERIC_KINDS:
+            raise TypeError(f"an array of dtype {x.dtype} is not stored")
+        return {"$nd": x.dtype.str, "shape": list(x.shape),
+                "data": base64.b64encode(np.ascontiguousarray(x).tobytes()).decode()}
+    if isinstance(x, bytes):
+        return {"$b": base64.b64encode(x).decode()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {"$dc": _name(type(x)), "f": {f.name: _tagged(getattr(x, f.name), d) for f in dataclasses.fields(x)}}
+    raise TypeError(f"{type(x).__name__} is not stored in a recall source")
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _session_value(rec: SessionRecord) -> dict[str, Any]:
+    value = rec.stored()
+    value["recall_sources"] = [_tagged(s) for s in rec.recall_sources]
+    return value
+
+
+def encode(kind: str, value: Any) -> bytes:
+    """``value`` as stored bytes (module docstring, 1)."""
+    if kind == "session":
+        value = _session_value(value)
+    elif kind == "snapshot":
+        value = dataclasses.asdict(value)
+    elif kind not in KINDS:
+        raise ValueError(f"unknown record kind {kind!r}")
+    doc = {"schema": SCHEMA, "kind": kind, "value": value}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=_plain).encode("utf-8",
+                                                                                            "surrogatepass")
+
+
+# 2. Decoding ----------------------------------------------------------------------------------------------------
+_DATACLASSES: dict[str, type] | None = None
+
+
+def _dataclasses() -> dict[str, type]:
+    """The dataclasses a recall source may hold (the compressor's scorers' plain-data representations)."""
+    global _DATACLASSES
+    if _DATACLASSES is None:
+        from pflash_proxy.compress import links, recall, scores
+
+        classes: list[type] = [recall.RecallSource, scores.UnitReps, scores._LexicalIndex, scores._Links,
+                               links.ReferenceLinks]
+        _DATACLASSES = {_name(c): c for c in classes}
+    return _DATACLASSES
+
+
+def _untagged(x: Any, depth: int = 0) -> Any:
+    if depth > _MAX_TAG_DEPTH:
+        raise RecordError("nested too deeply")
+    d = depth + 1
+    if isinstance(x, list):
+        return [_untagged(v, d) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "$t" in x:
+        return tuple(_untagged(v, d) for v in _list(x["$t"]))
+    if "$fs" in x:
+        return frozenset(_untagged(v, d) for v in _list(x["$fs"]))
+    if "$s" in x:
+        return {_untagged(v, d) for v in _list(x["$s"])}
+    if "$d" in x:
+        return {_untagged(k, d): _untagged(v, d) for k, v in (_pair(p) for p in _list(x["$d"]))}
+    if "$nd" in x:
+        dtype = np.dtype(str(x["$nd"]))
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise RecordError(f"array dtype {dtype}")
+        shape = tuple(int(n) for n in _list(x["shape"]))
+        return np.frombuffer(base64.b64decode(str(x["data"]), validate=True), dtype=dtype).reshape(shape).copy()
+    if "$b" in x:
+        return base64.b64decode(str(x["$b"]), validate=True)
+    if "$dc" in x:
+        cls = _dataclasses().get(str(x["$dc"]))
+        if cls is None:
+            raise RecordError(f"unknown stored class {str(x['$dc'])[:80]!r}")
+        fields = x.get("f")
+        if not isinstance(fields, dict):
+            raise RecordError("a stored dataclass without fields")
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        if not set(fields) <= names:
+            raise RecordError(f"unknown fields of {cls.__name__}")
+        return cls(**{k: _untagged(v, d) for k, v in fields.items()})
+    return {k: _untagged(v, d) for k, v in x.items()}
+
+
+def _list(x: Any) -> list:
+    if not isinstance(x, list):
+        raise RecordError("a tagged value without its list")
+    return x
+
+
+def _pair(x: Any) -> tuple[Any, Any]:
+    if not isinstance(x, list) or len(x) != 2:
+        raise RecordError("a map entry that is not a pair")
+    return x[0], x[1]
+
+
+class _SessionValue(BaseModel):
+    model_config = ConfigDict(extra="allow")  # fields of a newer version are kept (from_stored drops unknown ones)
+
+    id: str
+    seed: str
+    client_hashes: list[str] = []
+    served: list[dict[str, Any]] = []
+    explicit: bool = False
+    owner: str | None = None
+    created: float = 0.0
+    last_use: float = 0.0
+    turns: int = 0
+    recall_sources: list[Any] = []
+    traces: list[Any] = []
+    trace_totals: dict[str, int] = {}
+
+
+class _ResponseValue(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    session: str
+
+
+_SNAPSHOT = TypeAdapter(SnapshotRecord)
+_IDS = TypeAdapter(list[str])
+
+
+def _session(value: Any) -> SessionRecord:
+    checked = _SessionValue.model_validate(value)
+    data = {k: getattr(checked, k) for k in type(checked).model_fields}
+    data.update(checked.model_extra or {})
+    from pflash_proxy.compress.recall import RecallSource
+
+    sources = []
+    for i, raw in enumerate(data["recall_sources"]):
+        try:
+            source = _untagged(raw)
+        except (RecordError, TypeError, ValueError, KeyError) as exc:  # that source alone is lost
+            log.warning("session %s: recall source %d is unreadable (%s); dropped", data["id"][:8], i, exc)
+            continue
+        if isinstance(source, RecallSource):
+            sources.append(source)
+    data["recall_sources"] = sources
+    return SessionRecord.from_stored(data)
+
+
+def decode(kind: str, data: Any, where: str = "") -> Any:
+    """The record of ``kind`` stored as ``data`` (bytes or str), or None (logged) when it is not one: not JSON,
+    another schema or kind, a value of the wrong shape, or a value written by an older version (a pickle)."""
+    try:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = bytes(data).decode("utf-8", "surrogatepass")
+        if not isinstance(data, str):
+            raise RecordError(f"a stored {type(data).__name__}, not JSON")
+        doc = json.loads(data)
+        if kind == "snapshot" and isinstance(doc, dict) and "schema" not in doc:
+            doc = {"schema": SCHEMA, "kind": kind, "value": doc}  # the plain JSON of versions before the envelope
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("kind") != kind:
+            raise RecordError(f"not a schema-{SCHEMA} {kind} record")
+        value = doc.get("value")
+        if kind == "session":
+            return _session(value)
+        if kind == "snapshot":
+            return _SNAPSHOT.validate_python(value)
+        if kind == "response":
+            _ResponseValue.model_validate(value)
+            return value
+        if kind == "ids":
+            return _IDS.validate_python(value)
+        raise RecordError(f"unknown record kind {kind!r}")
+    except (RecordError, ValidationError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        log.warning("session index: %s is not a readable %s record (%s: %s); treated as absent",
+                    where or "a value", kind, type(exc).__name__, str(exc)[:200])
+        return None

@@ -1,0 +1,151 @@
+"""The stored format of the session indexes (``sessions/records.py``): plain JSON with a schema version, nothing
+unpickled, and every value that is not a record read as absent.
+
+1. A session record round-trips whole: served history, hashes, traces, and recall sources made by each of the
+   compressor's scorer shapes (lexical, lexical with hops, reference links, fused, routed): the decoded source
+   scores a question exactly as the original.
+2. Values that are not records decode to None (logged): a pickle, JSON of another kind or schema, a record of the
+   wrong shape, a number, bytes that are not UTF-8, an unknown class in a recall source (that source alone is
+   dropped).
+3. The embedded index: a value an older version (or anyone) stored pickled under a session, snapshot, response or
+   responses key is never unpickled: a pickle whose ``__reduce__`` would create a file is written under each
+   key by a plain diskcache, and the index's lookups, listings and pruning run without creating it; the records
+   read as absent. Keys are parsed, not unpickled: a key written by diskcache's own pickling reads back as the
+   same tuple, and one crafted to run code reads as ``UNREADABLE_KEY``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import pickletools
+
+import diskcache
+import numpy as np
+import pytest
+
+from pflash_proxy.compress import CompressionSettings, Compressor, LexicalScorer, RequestFinder, TokenizedText
+from pflash_proxy.compress.fusion import FusedScorer
+from pflash_proxy.compress.links import Linked
+from pflash_proxy.compress.routed import RoutedScorer
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
+from pflash_proxy.sessions.records import SCHEMA, decode, encode
+from pflash_proxy.sessions.store import UNREADABLE_KEY, SessionStore, _parse_key
+
+
+class CreatesFile:
+    """Unpickling this creates ``path``: what a writer of a shared store could plant."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _document() -> str:
+    parts = []
+    for i in range(40):
+        parts.append(f"def handler_{i}(request):\n    value_{i} = compute_{i}(request)\n    return value_{i} * {i}\n")
+    parts.append("The vault combination of the Zebulon archive is 48213.\n")
+    return "\n".join(parts)
+
+
+SCORERS = {"lexical": LexicalScorer(), "hops": LexicalScorer(hops=3), "linked": Linked(LexicalScorer()),
+           "fused": FusedScorer(LexicalScorer(), LexicalScorer(hops=2)),
+           "routed": RoutedScorer(LexicalScorer(), Linked(LexicalScorer()))}
+
+
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_a_session_record_with_recall_sources_round_trips(name):
+    text = _document()
+    tt = TokenizedText.from_text(text)
+    scorer = SCORERS[name]
+    request = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
+    out = Compressor(CompressionSettings(threshold=100), scorer=scorer).compress(tt, request, tt.total_tokens + 50,
+                                                                                True, "paste", "1")
+    assert out.recall is not None
+    rec = SessionRecord(id="a" * 32, seed="s", client_hashes=["h1", "h2"],
+                        served=[{"role": "user", "content": text}, {"role": "assistant", "content": "é ok"}],
+                        owner="o", turns=2, recall_sources=[out.recall], traces=[{"kind": "compress", "n": (1, 2)}],
+                        trace_totals={"compressions": 1})
+    data = encode("session", rec)
+    assert b"pflash_proxy" in data and json.loads(data)["schema"] == SCHEMA  # JSON, the classes by name only
+    back = decode("session", data)
+    assert back is not None and back.served == rec.served and back.client_hashes == rec.client_hashes
+    assert back.traces == [{"kind": "compress", "n": [1, 2]}] and back.trace_totals == rec.trace_totals
+    (src,) = back.recall_sources
+    assert src.unit_lines == out.recall.unit_lines and src.omitted_texts == out.recall.omitted_texts
+    q = "What is the vault combination of the Zebulon archive?"
+    assert np.array_equal(scorer.score(src.reps, q), scorer.score(out.recall.reps, q))
+
+
+def test_snapshot_records_round_trip_and_old_plain_json_still_reads():
+    snap = SnapshotRecord("s1", "f.bin", 10, ["h"], "model", 123, checksum="crc32:1")
+    assert decode("snapshot", encode("snapshot", snap)) == snap
+    from dataclasses import asdict
+
+    assert decode("snapshot", json.dumps(asdict(snap)).encode()) == snap  # what the redis index wrote before
+
+
+@pytest.mark.parametrize("value", [
+    pickle.dumps({"id": "x", "seed": "s"}),
+    pickle.dumps(CreatesFile("/nonexistent/never")),
+    b"5", b"[]", b"null", b'"text"', b"\xff\xfe not utf-8", b"{",
+    json.dumps({"schema": SCHEMA + 1, "kind": "session", "value": {"id": "x", "seed": "s"}}).encode(),
+    json.dumps({"schema": SCHEMA, "kind": "snapshot", "value": {"id": "x", "seed": "s"}}).encode(),
+    json.dumps({"schema": SCHEMA, "kind": "session", "value": {"id": 5, "seed": "s"}}).encode(),
+    json.dumps({"schema": SCHEMA, "kind": "session", "value": {"id": "x", "seed": "s", "served": "no"}}).encode(),
+    json.dumps({"schema": SCHEMA, "kind": "session", "value": 7}).encode(),
+    12, None, ["a"],
+], ids=lambda v: repr(v)[:30])
+def test_what_is_not_a_record_reads_as_absent(value, caplog):
+    caplog.set_level(logging.WARNING, "pflash_proxy.sessions")
+    assert decode("session", value, "session:x") is None
+    assert "treated as absent" in caplog.text
+
+
+def test_an_unknown_class_in_a_recall_source_drops_that_source_only():
+    value = {"id": "x", "seed": "s", "recall_sources": [{"$dc": "os.system", "f": {"command": "touch /tmp/x"}}]}
+    rec = decode("session", json.dumps({"schema": SCHEMA, "kind": "session", "value": value}))
+    assert rec is not None and rec.id == "x" and rec.recall_sources == []
+
+
+def test_the_embedded_index_never_unpickles_what_it_finds(tmp_path):
+    marker = tmp_path / "ran"
+    store = SessionStore(tmp_path / "idx")
+    rec = store.new_session("seed", False)
+    store.save_session(rec, ["h1"], [{"role": "user", "content": "hi"}])
+    assert store.get(rec.id) is not None
+    store.close()
+    plain = diskcache.Cache(str(tmp_path / "idx"))  # diskcache's own Disk: pickles values, as older versions did
+    evil = CreatesFile(str(marker))
+    for key in (("session", rec.id), ("snapshot", rec.id), ("response", "r1"), ("responses", rec.id)):
+        plain.set(key, evil)
+    plain.close()
+    store = SessionStore(tmp_path / "idx")
+    assert store.lookup("seed", [{"role": "user", "content": "hi"}])[0] is None
+    assert store.get(rec.id) is None and store.sessions() == [] and store.snapshots() == []
+    assert store.response("r1") is None and store.last_response(rec.id) is None
+    assert store.count_sessions() == 1 and store.prune(older_than=None, max_sessions=0) == [rec.id]
+    store.close()
+    assert not marker.exists()
+
+
+def test_keys_are_parsed_not_unpickled(tmp_path):
+    for key in [("chain", "c" * 64), ("salt",), ("session", "é" * 300), ("a", "b", "c")]:
+        assert _parse_key(pickle.dumps(key, protocol=5)) == key
+        assert _parse_key(pickletools.optimize(pickle.dumps(key, protocol=5))) == key
+    assert _parse_key(pickle.dumps(CreatesFile("/tmp/never"), protocol=5)) is None
+    assert _parse_key(b"") is None and _parse_key(b"\x80\x05garbage") is None
+    marker = tmp_path / "ran"
+    store = SessionStore(tmp_path / "idx")
+    store.cache._sql("INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, "
+                     "mode, filename, value) VALUES (?, 0, 0, NULL, 0, 0, NULL, 0, 1, NULL, 5)",
+                     (pickle.dumps(CreatesFile(str(marker)), protocol=5),))
+    assert UNREADABLE_KEY in list(store.cache.iterkeys())
+    assert store.count_sessions() == 0 and store.prune(older_than=None, max_sessions=0) == []
+    store.close()
+    assert not marker.exists() and not os.path.exists("/tmp/never")
