@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import typing
 from typing import Any, Sequence
@@ -75,6 +76,13 @@ _HELP = {
     "advertise_url": "the URL other nodes forward this node's sessions to (default http://HOST:PORT)",
     "heartbeat_s": "with a shared --index: renew this node's heartbeat this often; other nodes take its sessions "
                    "over 3 periods after its last one (default 2)",
+    "cluster_peers": "with a shared --index: a node URL (http://HOST:PORT, as each node advertises it) that turns "
+                     "may be forwarded to, with the client's credentials; repeat or comma-separate. A holder named "
+                     "in the index at any other URL is taken over instead (docs/scale-out.md)",
+    "cluster_secret": "with a shared --index: a secret all nodes share (16+ characters; PFLASH_CLUSTER_SECRET): "
+                      "heartbeats are signed with it and only a node whose heartbeat verifies gets forwarded "
+                      "turns; a forwarded turn carries a signed, timestamped X-PFlash-Forwarded-By, the only one "
+                      "honoured",
     "save_every_turn": "also snapshot a session after each turn, in the background, once its slot is idle "
                        "(--snapshot-every-turn: with several nodes, losing one costs a restore, not a prefill)",
     "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
@@ -203,9 +211,16 @@ def serve(settings: Settings) -> int:
 
     setup_logging(settings.log_level, settings.log_json)
     private_dir(settings.home)
+    try:  # before anything starts: a port in use is one line and exit 1, never a start-up to unwind
+        socks = bind_tcp(settings.tcp_hosts, settings.port)
+    except OSError as exc:
+        where = ", ".join(f"{h}:{settings.port}" for h in settings.tcp_hosts)
+        print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     app = create_app(settings)
 
-    listen = [f"http://{format_host(h)}:{settings.port}" for h in settings.tcp_hosts] + \
+    port = socks[0].getsockname()[1] if socks else settings.port  # the one bound, also for --port 0
+    listen = [f"http://{format_host(h)}:{port}" for h in settings.tcp_hosts] + \
         [f"unix://{p}" for p in settings.unix_paths]
 
     def announce(_: str) -> None:
@@ -219,10 +234,9 @@ def serve(settings: Settings) -> int:
     except ImportError:
         loop = asyncio.new_event_loop()
     try:
-        # one TCPSite per address (IPv6 ones IPv6-only, as llama-server binds several), one UnixSite per .sock;
-        # no port without a TCP address: run_app would add a TCPSite on every interface
-        web.run_app(app, host=settings.tcp_hosts or None, port=settings.port if settings.tcp_hosts else None,
-                    path=settings.unix_paths or None, print=announce, access_log=None,
+        # one site per bound TCP socket (IPv6 ones IPv6-only, as llama-server binds several), one UnixSite per
+        # .sock; no port: run_app would add a TCPSite on every interface
+        web.run_app(app, sock=socks or None, path=settings.unix_paths or None, print=announce, access_log=None,
                     shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True, loop=loop)
     except SpawnError as exc:
         print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
@@ -235,6 +249,29 @@ def serve(settings: Settings) -> int:
         print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def bind_tcp(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """A bound socket per address of each host (as ``loop.create_server`` binds them: ``SO_REUSEADDR``, IPv6 ones
+    IPv6-only), so that an address in use fails here, before the app starts (aiohttp's ``run_app`` can hang
+    cancelling its start-up tasks when the bind fails inside it); all closed again if one fails."""
+    socks: list[socket.socket] = []
+    try:
+        for host in hosts:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            for family, kind, proto, _, addr in dict.fromkeys(infos):
+                sock = socket.socket(family, kind, proto)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def print_json(data: Any) -> None:
