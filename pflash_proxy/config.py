@@ -155,6 +155,8 @@ class Settings(BaseModel):
     node_id: str | None = None  # this node's name in a shared index (default HOSTNAME:PORT)
     advertise_url: str | None = None  # the URL other nodes forward turns to (default http://HOST:PORT)
     heartbeat_s: float = Field(2, gt=0)  # a node renews its heartbeat this often; it expires after 3 of them
+    cluster_peers: list[str] = Field(default_factory=list)  # the node URLs a turn may be forwarded to
+    cluster_secret: str | None = None  # shared by the nodes: signs heartbeats and forwarded turns (HMAC-SHA256)
 
     # --- compression (seed defaults: the compress package's own, ``CompressionSettings``) ---
     pflash: bool = True
@@ -207,6 +209,29 @@ class Settings(BaseModel):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return v.rstrip("/") if v else v
+
+    @field_validator("cluster_peers", mode="before")
+    @classmethod
+    def _peers(cls, v: Any) -> list[str]:
+        items = [v] if isinstance(v, str) else list(v or [])
+        out = []
+        for item in items:
+            if not isinstance(item, str):
+                raise ValueError("expected node URLs")
+            for url in item.split(","):
+                url = url.strip().rstrip("/")
+                if url:
+                    if not url.startswith(("http://", "https://")):
+                        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+                    out.append(url)
+        return out
+
+    @field_validator("cluster_secret")
+    @classmethod
+    def _secret(cls, v: str | None) -> str | None:
+        if v is not None and len(v.strip()) < 16:
+            raise ValueError("must be at least 16 characters (e.g. `openssl rand -hex 32`)")
+        return v.strip() if v is not None else None
 
     @field_validator("host")
     @classmethod
@@ -357,7 +382,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
             continue
         if field == "llama_server_args":
             value = value.split()
-        elif field == "public_host":  # PFLASH_PUBLIC_HOST=a.example,b.example
+        elif field in ("public_host", "cluster_peers"):  # PFLASH_PUBLIC_HOST=a.example,b.example
             value = [v.strip() for v in value.split(",") if v.strip()]
         elif field == "chat_recall" and _is_fraction(value):
             # PFLASH_CHAT_RECALL=0.05 sets θ directly; 0/1 switch recall off/on (seed usage).

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
-FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to another: the node it came from
+FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to another: the node it came from, signed
 VIA_HEADER = "X-PFlash-Via"  # on the answer to a forwarded turn: the node that received it and forwarded it
 
 RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
@@ -86,6 +86,9 @@ class ProxyRequest:
     # ``forward_failed``: the URL that could not be reached, set by the server before it runs the stages again.
     forward_to: str | None = None
     forward_failed: str | None = None
+    # The node that forwarded this request to this one, when its signed ``FORWARDED_HEADER`` verified (set by the
+    # server; a header that does not verify, a client's own, leaves it None)
+    forwarded_by: str | None = None
     # Work a stage started that runs while the upstream works (the history commit): ``settle`` awaits it before
     # the answer's headers go out, and ``Pipeline.finish`` before any ``on_finish`` (a lease is released after it).
     beside_upstream: list[Awaitable[None]] = field(default_factory=list)

@@ -52,7 +52,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{s.session:<34} {s.tokens:>8} {s.size / 1e6:>8.1f}MB {_age(now - s.last_use):>8} {s.hits:>5}{node}")
     print(f"{len(snaps)} snapshots, {sum(s.size for s in snaps) / 1e6:.1f} MB in {settings.effective_slot_save_path}")
     if node_col:
-        alive = ", ".join(f"{n} ({u})" for n, u in sorted(nodes.items())) or "none"
+        alive = ", ".join(f"{n} ({u.split(' sig=', 1)[0]})" for n, u in sorted(nodes.items())) or "none"
         print(f"{len(holders)} sessions held; nodes alive: {alive}")
     return 0
 

@@ -16,9 +16,11 @@ conversation: a list of OpenAI-chat-shaped messages (``role``, ``content`` as a 
    so ``/v1/chat/completions/input_tokens`` counts it exactly.
 5. Errors: a non-streamed error in the dialect's own shape; ``error_event`` ends a stream that already started.
 6. Hostile bodies: ``parse`` refuses (400, ``BadRequest``) a body nested deeper than ``MAX_DEPTH`` containers
-   (the session index pickles messages: a recursion limit is a crash, not an answer) and, per dialect, every
+   (the session index stores messages: a recursion limit is a crash, not an answer) and, per dialect, every
    field the proxy reads or translates itself whose type is wrong (a text part's ``text`` that is not a string…),
    so nothing the client sent reaches a stage, or llama-server, in a shape that fails there.
+   ``check_tool_arguments`` applies the same rules to the JSON inside a tool call's ``arguments`` string, which
+   the session identity parses: nested deeper than ``MAX_DEPTH``, or holding a lone surrogate escape → 400.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from aiohttp import web
 from pflash_proxy.errors import BadRequest, error_body
 from pflash_proxy.models import message_text
 
-__all__ = ["Conversation", "Dialect", "MAX_DEPTH", "StreamStyle", "cache_counts", "check_depth", "dialect_for",
+__all__ = ["Conversation", "Dialect", "MAX_DEPTH", "StreamStyle", "cache_counts", "check_depth",
+           "check_tool_arguments", "dialect_for",
            "replace_text", "stream_style_for"]
 
 MAX_DEPTH = 100  # containers nested in a request body; agents' deepest (tool JSON schemas) stay near 15
@@ -47,6 +50,53 @@ def check_depth(body: Any, limit: int = MAX_DEPTH) -> None:
             if depth > limit:
                 raise BadRequest(f"invalid request: JSON nested deeper than {limit} levels", code="invalid_request")
             stack.extend((v, depth + 1) for v in (x.values() if isinstance(x, dict) else x))
+
+
+def check_tool_arguments(messages: list[dict]) -> None:
+    """400 when a tool call's ``arguments`` string holds JSON nested deeper than ``MAX_DEPTH`` (parsing it would
+    recurse past Python's limit) or a string with a lone UTF-16 surrogate escape (``"\\ud800"``: no UTF-8 text can
+    hold one). Only strings that could be either (brackets beyond the limit, a ``\\u`` escape) are parsed."""
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if not isinstance(args, str) or ("\\u" not in args and
+                                             args.count("[") + args.count("{") <= MAX_DEPTH):
+                continue
+            where = f"messages.{i}.tool_calls.{j}.function.arguments"
+            try:
+                value = json.loads(args)
+            except RecursionError:
+                raise BadRequest(f"invalid request: {where}: JSON nested deeper than {MAX_DEPTH} levels",
+                                 code="invalid_request") from None
+            except ValueError:
+                continue  # not JSON: passed on as text
+            try:
+                check_depth(value)
+            except BadRequest:
+                raise BadRequest(f"invalid request: {where}: JSON nested deeper than {MAX_DEPTH} levels",
+                                 code="invalid_request") from None
+            if _holds_surrogate(value):
+                raise BadRequest(f"invalid request: {where}: a string holds a lone UTF-16 surrogate escape "
+                                 "(e.g. \\ud800)", code="invalid_request")
+
+
+def _holds_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
 
 
 def expect(ok: bool, where: str, what: str) -> None:

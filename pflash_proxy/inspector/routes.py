@@ -101,7 +101,7 @@ def guarded(handler: Handler) -> Handler:
 def _static(name: str) -> bytes | None:
     try:
         return (resources.files("pflash_proxy.inspector") / "static" / name).read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except OSError:  # no such file, a directory, a name too long for the file system (ENAMETOOLONG)
         return None
 
 

@@ -7,7 +7,9 @@
 3. A readiness gate (set by the spawn supervisor, or by restart detection): while the server is starting or
    restarting a request waits for it, up to ``--upstream-wait-s`` (then 503 ``upstream_not_ready``). A request
    that never reached the server (connection refused, or llama-server's own 503 while it loads the model) waits
-   the same way for ``/health`` and is sent again, so a restart behind the proxy costs clients time, not errors.
+   the same way for ``/health`` and is sent again, so a restart behind the proxy costs clients time, not errors;
+   so is a request whose connection broke before the server took it (a stale pooled connection, or one closed
+   while its body was being written).
 4. Typed helpers for the server's own API (``/props``, ``/slots``, ``/tokenize``, slot save/restore, exact
    input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
    authenticate (a client's own ``Authorization`` travels only with its own requests).
@@ -49,10 +51,17 @@ HOP_BY_HOP = frozenset(
 )
 
 
+# headers only proxy nodes set for each other (``sessions/cluster.py``): never passed on from a request; a node
+# that forwards a turn adds its own, signed
+INTERNAL = frozenset({"x-pflash-forwarded-by"})
+
+
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str] | list[tuple[str, str]]:
-    """Drop hop-by-hop headers (and any named in ``Connection:``); keep everything else, ``Authorization`` too."""
+    """Drop hop-by-hop headers (and any named in ``Connection:``) and the nodes' internal ones; keep everything
+    else, ``Authorization`` too."""
     extra = {t.strip().lower() for t in headers.get("Connection", "").split(",") if t.strip()}
-    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in extra]
+    return [(k, v) for k, v in headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() not in extra and k.lower() not in INTERNAL]
 
 
 class Upstream:
@@ -174,10 +183,16 @@ class Upstream:
                 return await self.session.request(
                     method, url, headers=headers, data=body, allow_redirects=False, compress=False
                 )
-            except aiohttp.ServerDisconnectedError:
-                # Almost always a pooled keep-alive connection the server had already closed (it drops idle
-                # ones): the request never reached it, so retry once on a fresh connection.
-                log.debug("stale upstream connection; retrying %s %s once", method, path_qs)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # The connection broke before any answer: almost always a pooled keep-alive connection the server
+                # had already closed (it drops idle ones), or one it closed or reset while the body was still
+                # being written (a llama-server that stops to restart: "Can not write request body"). Retry once
+                # on a fresh connection (refused while the server is down: ``open`` then waits for it). A
+                # connection that could not even be opened is not retried here.
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+                log.debug("upstream connection closed under the request (%s); retrying %s %s once", exc, method,
+                          path_qs)
                 return await self.session.request(
                     method, url, headers=headers, data=body, allow_redirects=False, compress=False
                 )

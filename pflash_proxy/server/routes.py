@@ -11,7 +11,8 @@
 3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
    decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
    (``gate.py`` refuses ``/./slots/0``, ``/slots%2F0``, ``/slots/0/`` ... with 400 before any route is chosen).
-4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields).
+4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
+   whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from pflash_proxy.dialects import Dialect, dialect_for, stream_style_for
+from pflash_proxy.dialects import Dialect, check_tool_arguments, dialect_for, stream_style_for
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
@@ -36,7 +37,8 @@ from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
 from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
-from pflash_proxy.server.relay import relay, write_stream_error
+from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
+from pflash_proxy.sessions.cluster import sign_forward, verify_forward
 from pflash_proxy.llama.upstream import Upstream, forwardable_headers
 
 log = logging.getLogger("pflash_proxy.access")
@@ -232,7 +234,10 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, p
         await peer.start()
         peers[url] = peer
     via = req.response_headers.get(VIA_HEADER, "")
-    headers = [*forwardable_headers(request.headers), (FORWARDED_HEADER, via or "1")]
+    secret = request.app[SETTINGS].cluster_secret
+    mark = sign_forward(secret, via, request.method, req.path_qs, req.raw_body, time.time()) if secret and via \
+        else via or "1"  # without a secret the receiver honours no mark: it finds itself the holder and serves
+    headers = [*forwardable_headers(request.headers), (FORWARDED_HEADER, mark)]
     t0 = time.monotonic()
     try:
         up = await peer.open(request.method, req.path_qs, headers, req.raw_body, wait=False)
@@ -279,23 +284,41 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
         raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
     cleaned = dialect.prepare(body, settings.drop_volatile_lines) if dialect is not None else None
     req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, cleaned or body, model)
+    forwarded = request.headers.getall(FORWARDED_HEADER, [])
+    if forwarded:  # another node's turn, when it is signed with the shared secret; a client's own is ignored
+        req.forwarded_by = verify_forward(settings.cluster_secret, forwarded, request.method, req.path_qs, raw,
+                                          time.time())
+        if req.forwarded_by is None:
+            log.warning("ignoring an %s header that is not signed by a cluster node", FORWARDED_HEADER)
     if cleaned is not None:
         req.changed = True  # forwarded without the volatile lines
         req.log_fields["volatile_dropped"] = True
     if dialect is not None:
         req.dialect = dialect
         req.conversation = dialect.parse(req.body)
+        check_tool_arguments(req.conversation.messages)  # JSON inside strings that the session identity parses
         req.conversation_base = req.body
     return req
 
 
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before it was answered
+
+
+def _final(request: web.Request, status: int) -> int:
+    """The status a request is counted and logged with: a request that ended without an answer (the handler
+    cancelled, or an error about to be answered) because its client left is 499, not 500."""
+    return CLIENT_CLOSED if status == 500 and _client_gone(request) else status
+
+
 def _observe(request: web.Request, status: int, started: float, result: RelayResult | None, fields: dict) -> None:
+    status = _final(request, status)
     first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
     request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
                                          first if first is not None and first >= 0 else None, fields)
 
 
 def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:
+    status = _final(request, status)
     fields = {
         "method": request.method,
         "path": request.path,
@@ -304,7 +327,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         "upstream_ms": result.extra.get("upstream_ms") if result else None,
         "bytes": result.bytes_out if result else 0,
     }
-    if result is not None and result.client_gone:
+    if (result is not None and result.client_gone) or status == CLIENT_CLOSED:
         fields["client_gone"] = True
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed

@@ -18,12 +18,23 @@ spreads requests over them (``configs/``). Per node:
    (compare-and-set on the holder it saw); a previous holder that was another node makes the turn a takeover,
    served from the session's last snapshot in the shared directory (checksum-verified, ``snapshots.py``) or by a
    cold prefill.
+4. Membership: the index is data anyone with write access to Redis can change, so a URL read from it is
+   trusted only as far as the node's own configuration vouches for it. With ``--cluster-secret`` a heartbeat is
+   ``<url> sig=<HMAC-SHA256(secret, node, url)>`` and only one that verifies counts as a live node; with
+   ``--cluster-peers`` the URL must also be one of those. A holder whose URL fails either is taken over here,
+   and a node with neither setting never forwards (the client's request, ``Authorization`` included, only ever
+   goes to a node the configuration names or the secret vouches for).
+5. The forwarding header: ``X-PFlash-Forwarded-By: <node>;<unix time>;<HMAC(secret, node, time, method, path,
+   sha256(body))>``, honoured (served here, never forwarded again) only when it verifies and is at most
+   ``FORWARD_WINDOW_S`` old; anything else a client sends under that name is ignored and never passed on.
 Index calls block (Redis round trips): they run in the executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import re
 import time
@@ -43,6 +54,43 @@ FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # set by the node that forwards a tu
 NODE_HEADER = "X-PFlash-Node"  # the node that served the turn
 VIA_HEADER = "X-PFlash-Via"  # the node that received the turn and forwarded it
 TAKEOVER_HEADER = "X-PFlash-Takeover"  # the node that held the session before this turn took it over
+FORWARD_WINDOW_S = 60  # a signed forwarded turn is honoured this long after (or, for clock skew, before) its time
+
+
+def _mac(secret: str, *parts: str) -> str:
+    msg = "\x00".join(parts).encode("utf-8", "surrogatepass")
+    return hmac.new(secret.encode("utf-8"), msg, hashlib.sha256).hexdigest()
+
+
+def sign_heartbeat(secret: str | None, node: str, url: str) -> str:
+    """What a node writes as its heartbeat: its URL, signed when the nodes share a secret (module docstring, 4)."""
+    return f"{url} sig={_mac(secret, 'node', node, url)}" if secret else url
+
+
+def heartbeat_url(secret: str | None, node: str, value: str) -> str | None:
+    """The URL in a heartbeat value, or None when the nodes share a secret and its signature does not verify."""
+    if not secret:
+        return value.split(" sig=", 1)[0]
+    url, sep, sig = value.partition(" sig=")
+    return url if sep and hmac.compare_digest(sig, _mac(secret, "node", node, url)) else None
+
+
+def sign_forward(secret: str, node: str, method: str, path_qs: str, body: bytes, now: float) -> str:
+    """The ``X-PFlash-Forwarded-By`` value of a turn ``node`` forwards (module docstring, 5)."""
+    ts = str(int(now))
+    return f"{node};{ts};{_mac(secret, 'fwd', node, ts, method, path_qs, hashlib.sha256(body).hexdigest())}"
+
+
+def verify_forward(secret: str | None, values: list[str], method: str, path_qs: str, body: bytes,
+                   now: float) -> str | None:
+    """The node that forwarded this request, when its one ``X-PFlash-Forwarded-By`` verifies; else None."""
+    if not secret or len(values) != 1:
+        return None
+    node, ts, sig = (values[0].split(";") + ["", ""])[:3] if values[0].count(";") == 2 else ("", "", "")
+    if not node or not ts.isdigit() or abs(now - int(ts)) > FORWARD_WINDOW_S:
+        return None
+    want = _mac(secret, "fwd", node, ts, method, path_qs, hashlib.sha256(body).hexdigest())
+    return node if hmac.compare_digest(sig, want) else None
 
 
 @dataclass
@@ -58,6 +106,8 @@ class ClusterNode:
         self.index = index
         self.node_id = settings.effective_node_id
         self.url = settings.effective_advertise_url
+        self.secret = settings.cluster_secret
+        self.peers = {u.rstrip("/") for u in settings.cluster_peers}
         self.period = settings.heartbeat_s
         self.ttl_ms = int(settings.heartbeat_s * HEARTBEAT_PERIODS * 1000)
         self.tag = re.sub(r"[^A-Za-z0-9]", "_", self.node_id)[:40]  # this node's temporary snapshot names
@@ -66,18 +116,44 @@ class ClusterNode:
         self._beat: asyncio.Task[None] | None = None
         self.counters = {"forwarded_out": 0, "forwarded_in": 0, "forward_failures": 0, "takeovers": 0,
                          "takeover_hit": 0, "takeover_restored": 0, "takeover_miss": 0, "turn_waits": 0,
-                         "heartbeat_failures": 0}
+                         "heartbeat_failures": 0, "foreign_holders": 0}
+        self._foreign_logged: set[str] = set()
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     # 1. Heartbeat -------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self._run(self.index.heartbeat, self.node_id, self.url, self.ttl_ms)
-        self.live = await self._run(self.index.nodes)
+        await self._run(self.index.heartbeat, self.node_id, sign_heartbeat(self.secret, self.node_id, self.url),
+                        self.ttl_ms)
+        self.live = self._members(await self._run(self.index.nodes))
         self._beat = asyncio.create_task(self._beat_loop())
         log.info("node %s (%s) joined the shared index %s; %d node(s) alive", self.node_id, self.url,
                  self.index.describe(), len(self.live))
+        if not self.secret and not self.peers:
+            log.warning("neither --cluster-secret nor --cluster-peers is set: this node never forwards a turn "
+                        "(a URL in the shared index is not trusted); it serves every turn it receives, taking "
+                        "sessions over from the node that held them")
+
+    def member_url(self, node: str, value: str | None) -> str | None:
+        """The URL of ``node`` from its heartbeat ``value`` when the configuration vouches for it (module
+        docstring, 4): signed with the shared secret, and one of ``--cluster-peers`` when those are given."""
+        if value is None or (not self.secret and not self.peers):
+            return None
+        url = heartbeat_url(self.secret, node, value)
+        if url is None or (self.peers and url.rstrip("/") not in self.peers):
+            return None
+        return url
+
+    def _members(self, nodes: dict[str, str]) -> dict[str, str]:
+        """The live nodes the configuration vouches for (all of them, for the listing, when it vouches for none:
+        then none is forwarded to)."""
+        if not self.secret and not self.peers:
+            return {n: heartbeat_url(None, n, v) or "" for n, v in nodes.items()}
+        members = {n: u for n, v in nodes.items() if (u := self.member_url(n, v)) is not None}
+        if self.node_id in nodes:
+            members[self.node_id] = self.url
+        return members
 
     async def stop(self) -> None:
         if self._beat is not None:
@@ -91,8 +167,9 @@ class ClusterNode:
         while True:
             await asyncio.sleep(self.period)
             try:
-                await self._run(self.index.heartbeat, self.node_id, self.url, self.ttl_ms)
-                self.live = await self._run(self.index.nodes)
+                await self._run(self.index.heartbeat, self.node_id,
+                                sign_heartbeat(self.secret, self.node_id, self.url), self.ttl_ms)
+                self.live = self._members(await self._run(self.index.nodes))
             except StoreError as exc:
                 self.counters["heartbeat_failures"] += 1
                 log.warning("heartbeat of node %s failed: %s", self.node_id, exc)
@@ -107,7 +184,15 @@ class ClusterNode:
             return None
         if self._suspect.get(holder, 0.0) > time.monotonic():
             return None
-        url: str | None = await self._run(self.index.node_url, holder)
+        value: str | None = await self._run(self.index.node_url, holder)
+        url = self.member_url(holder, value)
+        if url is None and value is not None and (self.secret or self.peers):
+            self.counters["foreign_holders"] += 1
+            if holder not in self._foreign_logged:  # once per node name: a Redis writer could vary it endlessly
+                if len(self._foreign_logged) < 100:
+                    self._foreign_logged.add(holder)
+                log.warning("the shared index names node %r at a URL this node's configuration does not vouch for "
+                            "(--cluster-secret/--cluster-peers); its sessions are served here", holder[:80])
         if url is None or url.rstrip("/") == self.url:
             return None
         return holder, url

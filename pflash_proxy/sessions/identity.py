@@ -61,7 +61,7 @@ def _canonical_tool_calls(calls: Any) -> list:
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse: hashed as the text
                 pass
         out.append({"id": call.get("id"), "type": call.get("type", "function"), "name": fn.get("name"),
                     "arguments": args})
@@ -80,7 +80,8 @@ def canonical_message(msg: dict) -> dict:
 
 def message_hash(msg: dict) -> str:
     blob = json.dumps(canonical_message(msg), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate (a ``\ud800`` escape inside JSON a client sent as a string) hashes too
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def credential(headers: Mapping[str, str], salt: str) -> str | None:

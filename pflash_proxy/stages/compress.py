@@ -10,6 +10,9 @@ persists what was served):
    (``/v1/chat/completions/input_tokens``, one number): above ``--max-prompt-tokens`` → 400
    ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
    refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).
+   Before any of that the whole prompt is bounded, whatever turn carries its bulk (``_refuse_long_prompt``: its
+   bytes first, then pieces tokenized until the count passes the limit), so history over the limit is refused
+   too, without tokenizing all of it.
    Then each byte-long candidate, newest first, is tokenized with pieces (exact per-line counts); the first of
    at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from typing import Any
@@ -52,6 +56,22 @@ _BUDGET_SLACK = 0.015
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
+
+
+_COUNT_CHUNK_CHARS = 1 << 18  # the whole-prompt bound tokenizes long prompts in pieces of this many characters
+_CUT_SLACK = 2  # tokens a cut between two pieces may add to their count (a merge split in two)
+_TEMPLATE_SLACK = 16  # tokens the chat template may add per message
+
+
+def _prompt_texts(m: dict) -> list[str]:
+    """The texts of one message that reach the prompt: its content, and its tool calls' names and arguments."""
+    out = [message_text(m.get("content"))]
+    for call in m.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            out.extend(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                       for v in (fn.get("name"), fn.get("arguments")) if v is not None)
+    return [t for t in out if t]
 
 
 class ContextTooLong(ProxyError):
@@ -110,6 +130,7 @@ class CompressStage(Stage):
         if not self.settings.pflash:
             return None
         messages: list[dict] = list(req.messages)
+        await self._refuse_long_prompt(req, messages)
         new_from = ctx.matched
         if new_from >= len(messages):
             return None
@@ -156,6 +177,37 @@ class CompressStage(Stage):
             if tt.total_tokens >= self.settings.threshold:
                 return i, prompt_tokens, tt
         return None
+
+    async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[dict]) -> None:
+        """Step 1, first of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
+        (history, instructions, tool calls, tool definitions). No token is shorter than a byte, so a prompt whose
+        text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of
+        ``_COUNT_CHUNK_CHARS``, in order, until the count passes the limit plus the tokens the cuts between pieces
+        can add (``_CUT_SLACK`` each): the request is then refused having tokenized about the limit's worth of
+        text and one piece, never all of a huge body. A prompt counted whole that comes near the limit (within
+        ``_TEMPLATE_SLACK`` tokens a message for the chat template) is counted exactly (``input_tokens``)."""
+        limit = self.settings.max_prompt_tokens
+        texts = [t for m in messages for t in _prompt_texts(m)]
+        tools = req.body.get("tools")
+        if tools:
+            texts.append(json.dumps(tools, ensure_ascii=False))
+        if sum(map(len, texts)) * 4 <= limit or sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
+            return
+        text = "\n".join(texts)
+        counted = pieces = 0
+        for at in range(0, len(text), _COUNT_CHUNK_CHARS):
+            counted += len(await self.upstream.tokenize(text[at:at + _COUNT_CHUNK_CHARS]))
+            pieces += 1
+            if counted - pieces * _CUT_SLACK > limit:
+                raise ContextTooLong(f"this request has more than {limit} prompt tokens (more than "
+                                     f"{counted - pieces * _CUT_SLACK:,} counted in the first "
+                                     f"{min(len(text), at + _COUNT_CHUNK_CHARS):,} of its {len(text):,} "
+                                     "characters), the most allowed with PFlash on (--max-prompt-tokens)")
+        if counted + _TEMPLATE_SLACK * len(messages) > limit:
+            prompt_tokens = await self.upstream.input_tokens(req.chat_body())
+            if prompt_tokens > limit:
+                raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the {limit} "
+                                     "allowed with PFlash on (--max-prompt-tokens)")
 
     async def _refuse_oversized(self, text: str) -> None:
         """A cheap bound before the exact count: a message far over ``--max-prompt-tokens`` is refused after

@@ -41,7 +41,7 @@ from typing import Any
 import contextlib
 from collections.abc import AsyncIterator
 
-from pflash_proxy.contract import (FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, SessionsView, Stage,
+from pflash_proxy.contract import (VIA_HEADER, ProxyRequest, RelayResult, SessionsView, Stage,
                                    StageHooks)
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
@@ -126,7 +126,7 @@ class SessionStage(Stage):
         req.progress = "waiting for a llama-server slot"
         owner = mgr.owner(req.headers)
         cluster = mgr.cluster
-        forwarded_by = req.headers.get(FORWARDED_HEADER)
+        forwarded_by = req.forwarded_by  # verified by the server (sessions/cluster.py: signed by a node)
         if cluster is not None and req.forward_failed is not None:  # the holder did not answer: take over here
             cluster.peer_failed(req.state.pop("_forward_node", req.forward_failed))
         prefetched = None

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import METRICS
 from tests.conftest import make_settings
 
 
@@ -60,3 +61,24 @@ async def test_the_upstream_request_is_closed_as_soon_as_the_client_leaves(aioht
     kinds = [e[0] for e in events]
     assert kinds == ["forwarded", "closed"]
     assert events[1][1] - left < 0.5  # at once: not after the answer, not after a timeout
+
+
+async def test_a_client_that_leaves_before_its_answer_is_counted_499_not_500(aiohttp_server, aiohttp_client,
+                                                                            tmp_path, caplog):
+    events: list = []
+    up = await aiohttp_server(never_answering(events))
+    proxy = await aiohttp_client(create_app(make_settings(str(up.make_url("")), tmp_path)))
+    for path, body in (("/completion", {"prompt": "x", "n_predict": -1}), ("/completion", {"prompt": "y"})):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as client:
+            with pytest.raises(asyncio.TimeoutError):
+                async with client.post(proxy.make_url(path), json=body) as resp:
+                    await resp.read()
+    metrics = proxy.server.app[METRICS]
+    deadline = time.monotonic() + 3
+    while metrics.by_status.get(499, 0) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert metrics.by_status.get(499) == 2 and 500 not in metrics.by_status, dict(metrics.by_status)
+    stats = await (await proxy.get("/pflash/stats")).json()
+    assert stats["requests"]["by_status"].get("499") == 2 and "500" not in stats["requests"]["by_status"]
+    text = await (await proxy.get("/pflash/metrics")).text()
+    assert 'status="499"' in text and 'status="500"' not in text

@@ -58,3 +58,70 @@ async def test_health_probes_and_a_zero_wait_still_answer_at_once(aiohttp_client
     assert health.status in (502, 503)
     chat = await asyncio.wait_for(proxy.post("/v1/chat/completions", json=CHAT), 10)
     assert chat.status in (502, 503)
+
+
+class ClosesMidBody:
+    """A TCP relay in front of the real llama-server that, while armed, resets the first connection that carries
+    a chat request as soon as that request begins to arrive (its body still being written): what a llama-server
+    that stops to restart does to a request in flight. Every other connection is relayed as it is."""
+
+    def __init__(self, target_port: int):
+        self.target_port, self.armed, self.resets = target_port, 1, 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import socket
+        import struct
+
+        first = await reader.read(65536)
+        if self.armed and first.startswith(b"POST /v1/chat/completions"):
+            self.armed -= 1
+            self.resets += 1
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        up_writer.write(first)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:  # the relay closing under a connection at the end of the test
+            writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_connection_closed_while_the_body_is_written_is_sent_again(aiohttp_client, own_server, tmp_path):
+    """aiohttp's ``ClientOSError: Can not write request body`` (the server reset the connection mid-body) is
+    retried on a fresh connection like a stale keep-alive one: the client gets its answer, not a 502."""
+    from urllib.parse import urlparse
+
+    from pflash_proxy.server.app import create_app
+
+    fault = ClosesMidBody(urlparse(own_server.url).port)
+    port = await fault.start()
+    settings = make_settings(f"http://127.0.0.1:{port}", tmp_path, slot_save_path=own_server.slot_dir)
+    proxy = await aiohttp_client(create_app(settings))
+    body = {**CHAT, "pad": "x" * (4 << 20)}  # a body still being written when the connection is reset
+    resp = await proxy.post("/v1/chat/completions", json=body)
+    assert fault.resets == 1
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["choices"][0]["message"]["content"] is not None
+    await fault.close()

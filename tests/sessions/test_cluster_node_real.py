@@ -10,16 +10,25 @@
    removes the node's heartbeat at once.
 4. A missed session's snapshot record is read from a slow shared index in a worker thread: ``/health``, polled
    from another thread meanwhile, never waits behind it.
+5. Only the cluster's own nodes: a client's ``X-PFlash-Forwarded-By`` (unsigned, or signed with another secret)
+   is not honoured: the turn is forwarded to the live holder (a recording node with a signed heartbeat) as any
+   other, which receives a mark this node signed and never the client's; ``forwarded_in`` stays 0. A holder whose
+   heartbeat in Redis names a URL without the cluster's signature (what a Redis writer can plant) never gets the
+   turn, nor the client's ``Authorization``: the turn is served here, and that URL receives nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import pytest
+from aiohttp import web
 
 from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.server.app import create_app
+from pflash_proxy.sessions.cluster import sign_forward, sign_heartbeat, verify_forward
 from pflash_proxy.sessions.redis_index import RedisIndex
 from tests.conftest import make_settings
 from tests.redis_server import RedisServer, binary
@@ -27,6 +36,8 @@ from tests.redis_server import RedisServer, binary
 pytestmark = [pytest.mark.llama, pytest.mark.skipif(binary() is None, reason="redis-server not installed")]
 
 GEN = {"max_tokens": 2, "temperature": 0}
+SECRET = "test-cluster-secret-0123456789"
+AUTH = {"Authorization": "Bearer client-key"}
 
 
 @pytest.fixture
@@ -38,7 +49,7 @@ def redis_server(tmp_path):
 
 async def make_node(aiohttp_client, llama_server, tmp_path, redis_url):
     settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, index=redis_url,
-                             node_id="here", heartbeat_s=0.5)
+                             node_id="here", heartbeat_s=0.5, cluster_secret=SECRET)
     app = create_app(settings)
     client = await aiohttp_client(app)
     return client, app
@@ -60,7 +71,7 @@ async def test_a_holder_that_does_not_answer_is_taken_over(aiohttp_client, llama
     assert index.holder(sid) == "here"
     msgs += [(await r.json())["choices"][0]["message"], {"role": "user", "content": "And the pears?"}]
     dead = f"http://127.0.0.1:{free_port()}"  # nobody listens there
-    index.heartbeat("ghost", dead, 60_000)
+    index.heartbeat("ghost", sign_heartbeat(SECRET, "ghost", dead), 60_000)
     assert index.claim(sid, "ghost", "here") == "ghost"
     r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
     assert r.status == 200, await r.text()
@@ -103,10 +114,12 @@ async def test_a_forwarded_turn_is_served_here(aiohttp_client, llama_server, tmp
     r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN})
     sid = r.headers["X-PFlash-Session"]
     msgs += [(await r.json())["choices"][0]["message"], {"role": "user", "content": "Who built it?"}]
-    index.heartbeat("other", f"http://127.0.0.1:{free_port()}", 60_000)
+    index.heartbeat("other", sign_heartbeat(SECRET, "other", f"http://127.0.0.1:{free_port()}"), 60_000)
     index.claim(sid, "other", "here")
-    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN},
-                          headers={"X-PFlash-Forwarded-By": "other"})
+    raw = json.dumps({"messages": msgs, **GEN}).encode()
+    mark = sign_forward(SECRET, "other", "POST", "/v1/chat/completions", raw, time.time())
+    r = await client.post("/v1/chat/completions", data=raw, headers={"X-PFlash-Forwarded-By": mark,
+                                                                     "Content-Type": "application/json"})
     assert r.status == 200 and r.headers["X-PFlash-Node"] == "here" and r.headers["X-PFlash-Takeover"] == "other"
     s = stats_of(app)
     assert (s["forwarded_in"], s["forwarded_out"], s["forward_failures"]) == (1, 0, 0)
@@ -153,3 +166,71 @@ async def test_a_slow_shared_index_does_not_stall_the_event_loop_on_a_miss(aioht
     await asyncio.get_running_loop().run_in_executor(None, poller.join, 10)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
     assert len(waits) >= 5 and max(waits) < 0.4, f"/health waited {max(waits):.2f} s behind the shared index"
+
+
+async def recording_node(aiohttp_server, seen: list):
+    """A node that answers every chat turn at once and records the headers it got."""
+    async def handler(request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), await request.read()))
+        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                               "finish_reason": "stop"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    return await aiohttp_server(app)
+
+
+async def _held_elsewhere(client, index, node: str, heartbeat: str, n: int = 0) -> list:
+    """A session started here (with the credential the turns will carry), then held by ``node``."""
+    msgs = [{"role": "user", "content": f"Which bridge crosses harbour number {n}?"}]
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN}, headers=AUTH)
+    sid = r.headers["X-PFlash-Session"]
+    index.heartbeat(node, heartbeat, 60_000)
+    assert index.claim(sid, node, "here") == node
+    return msgs + [(await r.json())["choices"][0]["message"], {"role": "user", "content": "When was it built?"}]
+
+
+async def test_a_clients_forwarding_header_is_not_honoured(aiohttp_client, aiohttp_server, llama_server, tmp_path,
+                                                          redis_server):
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    index = RedisIndex(redis_server.url)
+    seen: list = []
+    other = await recording_node(aiohttp_server, seen)
+    url = str(other.make_url("")).rstrip("/")
+    msgs = await _held_elsewhere(client, index, "other", sign_heartbeat(SECRET, "other", url))
+    raw = json.dumps({"messages": msgs, **GEN}).encode()
+    forged = ["other", "other;%d;%s" % (time.time(), "0" * 64),
+              sign_forward("another-secret-0123456789", "other", "POST", "/v1/chat/completions", raw, time.time())]
+    for n, mark in enumerate(forged, 1):
+        r = await client.post("/v1/chat/completions", data=raw, headers={
+            "X-PFlash-Forwarded-By": mark, "Content-Type": "application/json", **AUTH})
+        assert r.status == 200, await r.text()
+        assert r.headers.get("X-PFlash-Via") == "here" and "X-PFlash-Takeover" not in r.headers
+        assert len(seen) == n  # forwarded to the holder, not served (and taken over) here
+        headers, body = seen[-1]
+        assert headers["X-PFlash-Forwarded-By"] != mark and body == raw
+        assert verify_forward(SECRET, [headers["X-PFlash-Forwarded-By"]], "POST", "/v1/chat/completions", body,
+                              time.time()) == "here"
+    s = stats_of(app)
+    assert (s["forwarded_in"], s["forwarded_out"]) == (0, 3)
+    index.close()
+
+
+async def test_a_url_planted_in_redis_never_gets_a_turn(aiohttp_client, aiohttp_server, llama_server, tmp_path,
+                                                        redis_server):
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
+    index = RedisIndex(redis_server.url)
+    seen: list = []
+    mallory = await recording_node(aiohttp_server, seen)
+    planted = str(mallory.make_url("")).rstrip("/")
+    values = (planted, f"{planted} sig={'0' * 64}", sign_heartbeat("another-secret-0123456789", "m", planted))
+    for n, value in enumerate(values):
+        msgs = await _held_elsewhere(client, index, "m", value, n)
+        r = await client.post("/v1/chat/completions", json={"messages": msgs, **GEN}, headers=AUTH)
+        assert r.status == 200, await r.text()
+        assert r.headers["X-PFlash-Node"] == "here" and r.headers["X-PFlash-Takeover"] == "m"
+        assert "X-PFlash-Via" not in r.headers
+    assert seen == []  # not one request, so no client credential, reached the planted URL
+    s = stats_of(app)
+    assert s["forwarded_out"] == 0 and s["foreign_holders"] == 3 and "m" not in s["nodes"]
+    index.close()
