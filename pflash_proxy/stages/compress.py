@@ -58,7 +58,8 @@ _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
 
 
-_COUNT_CHUNK_CHARS = 1 << 18  # the whole-prompt bound tokenizes long prompts in pieces of this many characters
+_COUNT_CHUNK_CHARS = 1 << 18  # the whole-prompt bound tokenizes long prompts in pieces of at most this many
+_MIN_CHUNK_CHARS = 1 << 14  # ... and at least this many characters (twice the limit in between)
 _CUT_SLACK = 2  # tokens a cut between two pieces may add to their count (a merge split in two)
 _TEMPLATE_SLACK = 16  # tokens the chat template may add per message
 
@@ -181,8 +182,8 @@ class CompressStage(Stage):
     async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[dict]) -> None:
         """Step 1, first of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
         (history, instructions, tool calls, tool definitions). No token is shorter than a byte, so a prompt whose
-        text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of
-        ``_COUNT_CHUNK_CHARS``, in order, until the count passes the limit plus the tokens the cuts between pieces
+        text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of twice
+        the limit in characters (16 K to 256 K), in order, until the count passes the limit plus the tokens the cuts between pieces
         can add (``_CUT_SLACK`` each): the request is then refused having tokenized about the limit's worth of
         text and one piece, never all of a huge body. A prompt counted whole that comes near the limit (within
         ``_TEMPLATE_SLACK`` tokens a message for the chat template) is counted exactly (``input_tokens``)."""
@@ -194,14 +195,15 @@ class CompressStage(Stage):
         if sum(map(len, texts)) * 4 <= limit or sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) <= limit:
             return
         text = "\n".join(texts)
+        chunk = min(_COUNT_CHUNK_CHARS, max(_MIN_CHUNK_CHARS, 2 * limit))  # a piece: about the limit's worth
         counted = pieces = 0
-        for at in range(0, len(text), _COUNT_CHUNK_CHARS):
-            counted += len(await self.upstream.tokenize(text[at:at + _COUNT_CHUNK_CHARS]))
+        for at in range(0, len(text), chunk):
+            counted += len(await self.upstream.tokenize(text[at:at + chunk]))
             pieces += 1
             if counted - pieces * _CUT_SLACK > limit:
                 raise ContextTooLong(f"this request has more than {limit} prompt tokens (more than "
                                      f"{counted - pieces * _CUT_SLACK:,} counted in the first "
-                                     f"{min(len(text), at + _COUNT_CHUNK_CHARS):,} of its {len(text):,} "
+                                     f"{min(len(text), at + chunk):,} of its {len(text):,} "
                                      "characters), the most allowed with PFlash on (--max-prompt-tokens)")
         if counted + _TEMPLATE_SLACK * len(messages) > limit:
             prompt_tokens = await self.upstream.input_tokens(req.chat_body())

@@ -52,3 +52,65 @@ async def test_a_message_near_the_limit_is_still_counted_exactly(aiohttp_client,
         "max_tokens": 1, "temperature": 0})
     assert resp.status == 200, await resp.text()
     assert resp.headers["X-PFlash-Mode"] in ("compressed", "full-flat")
+
+
+HISTORY_CASES = {
+    "one-earlier-message": lambda big: [{"role": "user", "content": big}, {"role": "assistant", "content": "Noted."},
+                                        {"role": "user", "content": "Summarise it."}],
+    "thousands-of-messages": lambda big: [m for i in range(4000) for m in (
+        {"role": "user", "content": big[i * 1000:(i + 1) * 1000]}, {"role": "assistant", "content": "ok"})]
+    + [{"role": "user", "content": "Go on."}],
+    "tool-call-arguments": lambda big: [{"role": "user", "content": "Write the file."},
+                                        {"role": "assistant", "content": None, "tool_calls": [{
+                                            "id": "c1", "type": "function", "function": {
+                                                "name": "write", "arguments": '{"text": "%s"}' % big[:4_000_000]}}]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": "written"},
+                                        {"role": "user", "content": "Done?"}],
+}
+
+
+@pytest.mark.parametrize("case", list(HISTORY_CASES))
+async def test_a_history_over_the_limit_is_refused_whatever_turn_carries_it(aiohttp_client, llama_server, tmp_path,
+                                                                           monkeypatch, case):
+    """The bulk sits in earlier turns (one long message, 4,000 short ones, a tool call's arguments), the newest
+    message is short: still a 400 ``context_length_exceeded``, after tokenizing about the limit's worth of it."""
+    from pflash_proxy.server.app import create_app
+
+    seen: list[int] = []
+    tokenize, input_tokens = Upstream.tokenize, Upstream.input_tokens
+
+    async def spy_tokenize(self, text, **kw):
+        seen.append(len(text))
+        return await tokenize(self, text, **kw)
+
+    async def spy_input_tokens(self, body):
+        seen.append(-1)
+        return await input_tokens(self, body)
+
+    monkeypatch.setattr(Upstream, "tokenize", spy_tokenize)
+    monkeypatch.setattr(Upstream, "input_tokens", spy_input_tokens)
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                             max_prompt_tokens=2000)
+    proxy = await aiohttp_client(create_app(settings))
+    big = (document() * 1200)[:8_000_000]  # 8 MB of text
+    messages = HISTORY_CASES[case](big)
+    resp = await proxy.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert resp.status == 400, (await resp.text())[:300]
+    err = (await resp.json())["error"]
+    assert err["code"] == "context_length_exceeded" and "2000" in err["message"]
+    assert -1 not in seen and sum(seen) <= 2 * 16384, seen  # one or two pieces of text, never the 8 MB
+
+
+async def test_an_anthropic_history_over_the_limit_is_its_own_400(aiohttp_client, llama_server, tmp_path):
+    from pflash_proxy.server.app import create_app
+
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                             max_prompt_tokens=2000)
+    proxy = await aiohttp_client(create_app(settings))
+    big = (document() * 300)[:2_000_000]
+    resp = await proxy.post("/v1/messages", json={"model": "g", "max_tokens": 2, "messages": [
+        {"role": "user", "content": big}, {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "Summarise it."}]})
+    assert resp.status == 400
+    body = await resp.json()
+    assert body["type"] == "error" and "--max-prompt-tokens" in body["error"]["message"]
