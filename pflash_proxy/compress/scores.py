@@ -15,7 +15,7 @@ Algorithm (``LexicalScorer``):
    are the ``bm25s`` Lucene variant, ``idf = ln(1 + (N - df + .5) / (df + .5))`` times
    ``tf / (tf + k1 * (1 - b + b * len / avg_len))`` with k1=1.5, b=0.75 (a test checks
    equality with ``bm25s.BM25``).  Only the sparse CSC matrix and the vocabulary are
-   kept, so reps pickle small and fast.
+   kept, so reps store small and fast.
 3. ``score``: the query's distinct known terms; a unit's score is the sum of its
    weights for those terms (``np.bincount`` over the matrix columns).  A query sharing
    no term with the message scores all zeros.

@@ -9,7 +9,7 @@ The Speculative Prefill idea (arXiv 2502.02789), computed from query/key taps so
    architecture (gemma3: 6, so blocks 5, 11, 17 of gemma-3-270m), else every block when there is no sliding
    window at all. A configured list overrides this.
 2. ``represent(tt, units)``: tokenize the message and map units to token spans; no pass. The reps hold only
-   the tokens, the spans and the message's key (they are pickled for recall).
+   the tokens, the spans and the message's key (they are stored for recall).
 3. ``score(reps, question)``: the question is placed after the content (``"\\n\\n" + question``). Cold, ONE
    flash-on pass reads content and question and keeps the post-RoPE keys ``Kcur-L`` of the content and the
    queries ``Qcur-L`` of the question (``Drafter.trace(qk_layers=...)``); the content's keys go to a small LRU

@@ -2,7 +2,7 @@
 
 ``record_compression`` (a compressed message, or one served whole with a reason) and ``record_recall`` (recall
 excerpts prepended to a short turn) append one plain-data trace (dicts, lists, numbers, strings: nothing that
-pickles a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
+is stored as a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
 2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part

@@ -73,7 +73,7 @@ class SessionRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def stored(self) -> dict[str, Any]:
-        """The record as plain fields (objects in them kept as they are: an index may pickle them)."""
+        """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

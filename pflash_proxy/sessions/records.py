@@ -4,7 +4,8 @@ Nothing an index reads back runs code: there is no pickle, and a value that does
 expected kind is logged and read as absent (``decode`` returns None), so a damaged or foreign value costs at
 most that record (a cold prefill, a lost recall), never a request, a listing or a process.
 
-1. ``encode(kind, value)`` → UTF-8 JSON bytes ``{"schema": SCHEMA, "kind": kind, "value": ...}``. Kinds:
+1. ``encode(kind, value)`` → UTF-8 JSON bytes ``{"schema": SCHEMA, "kind": kind, "value": ...}`` (a
+   ``RecordError`` for a value it cannot hold, which the indexes raise as ``StoreError``). Kinds:
    ``session`` (a ``SessionRecord``), ``snapshot`` (a ``SnapshotRecord``), ``response`` (one Responses answer:
    an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
@@ -96,7 +97,13 @@ def _name(cls: type) -> str:
 
 def _session_value(rec: SessionRecord) -> dict[str, Any]:
     value = rec.stored()
-    value["recall_sources"] = [_tagged(s) for s in rec.recall_sources]
+    sources = []
+    for i, source in enumerate(rec.recall_sources):
+        try:
+            sources.append(_tagged(source))
+        except TypeError as exc:  # a scorer's representation this format cannot hold: that recall source is lost
+            log.warning("session %s: recall source %d is not stored (%s)", rec.id[:8], i, exc)
+    value["recall_sources"] = sources
     return value
 
 
@@ -109,8 +116,11 @@ def encode(kind: str, value: Any) -> bytes:
     elif kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")
     doc = {"schema": SCHEMA, "kind": kind, "value": value}
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=_plain).encode("utf-8",
-                                                                                            "surrogatepass")
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=_plain).encode("utf-8",
+                                                                                                "surrogatepass")
+    except (TypeError, ValueError, RecursionError) as exc:  # the index's StoreError: served without it
+        raise RecordError(f"a {kind} record that cannot be stored: {exc}") from exc
 
 
 # 2. Decoding ----------------------------------------------------------------------------------------------------

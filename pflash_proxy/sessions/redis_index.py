@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
-from pflash_proxy.sessions.records import decode, encode
+from pflash_proxy.sessions.records import RecordError, decode, encode
 
 T = TypeVar("T")
 PREFIX = "pflash:"
@@ -56,7 +56,7 @@ def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
 
         try:
             return fn(*args, **kw)
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, OSError, RecordError) as exc:
             raise StoreError(f"session index (redis): {type(exc).__name__}: {exc}") from exc
     return wrapper
 

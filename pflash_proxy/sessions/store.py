@@ -51,7 +51,7 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
-from pflash_proxy.sessions.records import decode, encode
+from pflash_proxy.sessions.records import RecordError, decode, encode
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -63,7 +63,7 @@ def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args: Any, **kw: Any) -> T:
         try:
             return fn(*args, **kw)
-        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+        except (sqlite3.Error, OSError, diskcache.Timeout, RecordError) as exc:
             raise StoreError(f"session index: {type(exc).__name__}: {exc}") from exc
     return wrapper
 

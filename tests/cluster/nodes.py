@@ -4,7 +4,8 @@
 1. a ``redis-server`` of its own (``tests/redis_server.py``), unless a URL is given;
 2. ``n`` llama-servers (gemma-3-270m, one thread each, 2 slots) whose ``--slot-save-path`` is one shared directory;
 3. one ``pflash-proxy serve`` per llama-server with ``--index redis://…``, ``--node-id nodeI``, ``--advertise-url``,
-   that directory as ``--slot-save-path``, ``--snapshot-every-turn`` and a short ``--heartbeat-s``;
+   that directory as ``--slot-save-path``, ``--snapshot-every-turn``, a short ``--heartbeat-s`` and one
+   ``PFLASH_CLUSTER_SECRET`` (signed heartbeats and forwards);
 4. waits until every proxy answers ``/pflash/stats``. ``Node.kill()`` kills a node (proxy and llama-server,
    SIGKILL: no snapshot on the way out, no heartbeat removed); ``Cluster.stop()`` ends everything.
 """
@@ -23,6 +24,8 @@ import aiohttp
 from pflash_proxy.llama.spawn import free_port
 from tests.conftest import LlamaServer, start_llama_server, wait_for_proxy, wait_until_served
 from tests.redis_server import RedisServer
+
+CLUSTER_SECRET = "tests-cluster-secret-" + "0" * 16  # every node signs its heartbeat and forwards with it
 
 
 @dataclass
@@ -87,7 +90,7 @@ class Cluster:
                          "--node-id", f"node{i}", "--advertise-url", f"http://127.0.0.1:{port}",
                          "--snapshot-every-turn", "--heartbeat-s", str(heartbeat_s), *(extra or [])],
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env={**os.environ, "PFLASH_HOME": str(home)})
+                        env={**os.environ, "PFLASH_HOME": str(home), "PFLASH_CLUSTER_SECRET": CLUSTER_SECRET})
                 cluster.nodes.append(Node(f"node{i}", f"127.0.0.1:{port}", proc, llama, log))
             for node in cluster.nodes:
                 await _wait_up(http, node)

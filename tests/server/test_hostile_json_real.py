@@ -10,6 +10,11 @@
    (Anthropic's ``{"type": "error", ...}`` on ``/v1/messages``, ``{"error": ...}`` elsewhere). Generation is
    capped at 2 tokens (``n_predict`` and the dialect's own limit are forced onto every object body). The bodies
    tried and the statuses seen are printed per dialect.
+3. Tool calls and histories (hypothesis, every dialect): a valid conversation with a tool call whose arguments are
+   generated hostile (nested up to 5,000 levels inside the string, lone surrogate escapes, up to 2 MB, random
+   text) and/or a generated history before it (hundreds of turns, or one earlier message of up to 4 MB, over
+   ``--max-prompt-tokens``). Every answer is below 500. ``PFLASH_FUZZ_EXAMPLES`` (default 70 per dialect) sets how
+   many are tried; the ones of the issue's four 500s are also tried on their own (item 1).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -33,6 +39,7 @@ pytestmark = pytest.mark.llama
 
 CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
 EXAMPLES = 150  # per dialect
+TOOL_EXAMPLES = int(os.environ.get("PFLASH_FUZZ_EXAMPLES", "70"))  # per dialect (item 3)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +52,7 @@ def proxy_url(llama_server, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("hostile")
     app = create_app(make_settings(llama_server.url, tmp, slot_save_path=llama_server.slot_dir, threshold=1000,
-                                   prefill_curve="1000:0.45 4000:0.35", query_pin=32))
+                                   prefill_curve="1000:0.45 4000:0.35", query_pin=32, max_prompt_tokens=3000))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -299,3 +306,108 @@ def test_generated_bodies_never_get_a_5xx(proxy_url, path):
 
     check()
     print(f"\n{path}: {sum(seen.values())} bodies, statuses {dict(sorted(seen.items()))}")
+
+
+
+# 1b. The issue's tool-call arguments, each on its own ---------------------------------------------------------
+ARGUMENTS = {"surrogate": '{"path": "\\ud800"}', "deep": "[" * 1000 + "]" * 1000}
+
+
+def with_arguments(path: str, arguments: str) -> dict:
+    if path == CHAT:
+        return {"max_tokens": 2, "messages": [
+            {"role": "user", "content": "Read a.py"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "read", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x = 1"}, {"role": "user", "content": "And?"}]}
+    return {"model": "g", "max_output_tokens": 2, "input": [
+        {"role": "user", "content": "Read a.py"},
+        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "c1", "output": "x = 1"}, {"role": "user", "content": "And?"}]}
+
+
+@pytest.mark.parametrize("kind", list(ARGUMENTS))
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+def test_tool_call_arguments_that_failed_in_hashing_are_a_400(proxy_url, path, kind):
+    status, raw = post(proxy_url, path, json.dumps(with_arguments(path, ARGUMENTS[kind])).encode())
+    assert status == 400, raw[:300]
+    assert "arguments" in assert_dialect_error(path, status, raw)["error"]["message"]
+
+
+# 3. Tool calls and histories, generated -----------------------------------------------------------------------
+hostile_arguments = st.one_of(
+    st.sampled_from([1, 99, 100, 101, 500, 999, 1000, 1200, 5000]).map(lambda n: "[" * n + "]" * n),
+    st.sampled_from([1, 101, 1500]).map(lambda n: '{"a": ' * n + "1" + "}" * n),
+    st.lists(st.sampled_from(["\\ud800", "\\udfff", "\\ud83d\\ude00", "\\u0000", "é", "x", '\\"', "\\\\"]),
+             min_size=1, max_size=8).map(lambda parts: '{"p": "%s"}' % "".join(parts)),
+    st.sampled_from([1000, 100_000, 2_000_000]).map(lambda n: '{"text": "%s"}' % ("y" * n)),
+    st.text(max_size=40),
+    st.sampled_from(["{}", "", "null", "[", '{"a":', "\\ud800"]))
+
+
+def hostile_input(arguments: str) -> object:
+    """An Anthropic tool_use ``input`` (an object, not a string) from the generated arguments."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return {"raw": arguments}
+    return value if isinstance(value, dict) else {"v": value}
+
+
+@st.composite
+def tool_bodies(draw, path: str) -> bytes:
+    arguments = draw(hostile_arguments)
+    history_kind = draw(st.sampled_from(["none", "none", "turns", "one-long"]))
+    history: list[dict] = []
+    if history_kind == "turns":
+        n = draw(st.sampled_from([10, 200, 2000]))
+        size = draw(st.sampled_from([10, 200, 2000]))
+        for i in range(n):
+            history += [{"role": "user", "content": f"q{i} " + "w" * size}, {"role": "assistant", "content": f"a{i}"}]
+    elif history_kind == "one-long":
+        size = draw(st.sampled_from([20_000, 500_000, 4_000_000]))
+        history = [{"role": "user", "content": "z " * (size // 2)}, {"role": "assistant", "content": "ok"}]
+    if path == MESSAGES:
+        deep = draw(st.sampled_from([0, 0, 50, 101, 1200]))
+        tool_input = DEEP_MARK + str(deep) if deep else hostile_input(arguments)
+        msgs = history + [{"role": "user", "content": "Read a.py"},
+                          {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read",
+                                                             "input": tool_input}]},
+                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                        "content": arguments[:1000]},
+                                                       {"type": "text", "text": "And?"}]}]
+        body = {"model": "g", "max_tokens": 2, "messages": msgs,
+                "tools": [{"name": "read", "input_schema": {"type": "object"}}]}
+    else:
+        body = with_arguments(path, arguments)
+        key = "messages" if path == CHAT else "input"
+        body[key] = history + body[key]
+    body["n_predict"] = 2
+    if draw(st.booleans()):
+        body["stream"] = True
+    raw = json.dumps(body)
+    while '"\\u0000deep:' in raw:
+        head, rest = raw.split('"\\u0000deep:', 1)
+        n, tail = rest.split('"', 1)
+        raw = head + "[" * int(n) + "0" + "]" * int(n) + tail
+    return raw.encode()
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES, RESPONSES])
+def test_generated_tool_calls_and_histories_never_get_a_5xx(proxy_url, path):
+    seen: collections.Counter = collections.Counter()
+
+    @settings(max_examples=TOOL_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(raw=tool_bodies(path))
+    def check(raw: bytes) -> None:
+        status, answer = post(proxy_url, path, raw, timeout=300)
+        seen[status] += 1
+        assert status < 500, (status, raw[:300], answer[:500])
+        if status >= 400:
+            assert_dialect_error(path, status, answer)
+        else:
+            assert b"server_error" not in answer and b'"api_error"' not in answer, (raw[:300], answer[:500])
+
+    check()
+    print(f"\n{path} tool calls and histories: {sum(seen.values())} bodies, statuses {dict(sorted(seen.items()))}")

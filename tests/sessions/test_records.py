@@ -149,3 +149,11 @@ def test_keys_are_parsed_not_unpickled(tmp_path):
     assert store.count_sessions() == 0 and store.prune(older_than=None, max_sessions=0) == []
     store.close()
     assert not marker.exists() and not os.path.exists("/tmp/never")
+
+
+def test_a_recall_source_that_cannot_be_stored_is_dropped_not_the_record(caplog):
+    rec = SessionRecord(id="b" * 32, seed="s", served=[{"role": "user", "content": "x"}],
+                        recall_sources=[object()])  # type: ignore[list-item]
+    back = decode("session", encode("session", rec))
+    assert back is not None and back.served == rec.served and back.recall_sources == []
+    assert "not stored" in caplog.text
