@@ -23,6 +23,7 @@ timeout) is raised as ``StoreError``, which callers treat as "serve without the 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from typing import Any, Callable, TypeVar
@@ -34,6 +35,7 @@ from pflash_proxy.sessions.records import RecordError, decode, encode
 
 T = TypeVar("T")
 PREFIX = "pflash:"
+log = logging.getLogger("pflash_proxy.sessions")
 
 # KEYS[1]=lease key, ARGV[1]=token, ARGV[2]=ttl ms: extend only our own lease
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
@@ -61,6 +63,11 @@ def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def _wrong_type(exc: Exception) -> bool:
+    """Redis's error for a command on a key that holds another type (a list where a record belongs)."""
+    return type(exc).__name__ == "ResponseError" and str(exc).startswith("WRONGTYPE")
+
+
 def _text(v: Any) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 
@@ -85,6 +92,17 @@ class RedisIndex:
         self._claim = self.r.register_script(_CLAIM)
         self._del_if = self.r.register_script(_DEL_IF)
         self.salt = self._salt()
+
+    def _get(self, key: str) -> Any:
+        """``GET key``; None (logged) when the key holds something that is not a string, as for any value that is
+        not a record."""
+        try:
+            return self.r.get(key)
+        except Exception as exc:
+            if not _wrong_type(exc):
+                raise
+            log.warning("session index: %s holds another Redis type, not a record; treated as absent", key[:80])
+            return None
 
     @_guarded
     def _salt(self) -> str:
@@ -126,7 +144,7 @@ class RedisIndex:
 
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
-        data = self.r.get(f"{self.p}session:{sid}")
+        data = self._get(f"{self.p}session:{sid}")
         rec = decode("session", data, f"session:{sid[:40]}") if data else None
         return rec if rec is not None and rec.id == sid else None
 
@@ -200,13 +218,18 @@ class RedisIndex:
     # Responses ----------------------------------------------------------------------------------------------
     @_guarded
     def response(self, rid: str) -> dict[str, Any] | None:
-        data = self.r.get(f"{self.p}response:{rid}")
+        data = self._get(f"{self.p}response:{rid}")
         entry = decode("response", data, f"response:{rid[:40]}") if data else None
         return entry if isinstance(entry, dict) else None
 
     @_guarded
     def last_response(self, sid: str) -> str | None:
-        return _text(self.r.lindex(f"{self.p}responses:{sid}", -1))
+        try:
+            return _text(self.r.lindex(f"{self.p}responses:{sid}", -1))
+        except Exception as exc:
+            if not _wrong_type(exc):
+                raise
+            return None
 
     @_guarded
     def put_response(self, rid: str, entry: dict[str, Any]) -> bool:
@@ -223,7 +246,7 @@ class RedisIndex:
     # Snapshots ----------------------------------------------------------------------------------------------
     @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
-        data = self.r.get(f"{self.p}snapshot:{sid}")
+        data = self._get(f"{self.p}snapshot:{sid}")
         return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
 
     @_guarded
