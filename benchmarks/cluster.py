@@ -1,4 +1,4 @@
-"""Several nodes behind nginx with one shared Redis index and snapshot directory (issue 28), the longer run.
+"""Several nodes behind nginx with one shared Redis index and snapshot directory, the longer run.
 
 Each *run* starts a fresh loopback cluster (``tests/cluster/nodes.py``: a real redis-server, N llama-servers with
 gemma-3-270m at one thread each sharing one ``--slot-save-path``, one ``pflash-proxy serve --index redis://``
