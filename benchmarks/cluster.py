@@ -131,7 +131,7 @@ async def run_rounds(http: aiohttp.ClientSession, url: str, convs: list[Conv], t
     for r in range(1, turns + 1):
         sem = asyncio.Semaphore(limit)
 
-        async def go(c: Conv, r: int = r) -> None:
+        async def go(c: Conv, r: int = r, sem: asyncio.Semaphore = sem) -> None:
             async with sem:
                 await one_turn(http, url, c, r, clock)
         await asyncio.gather(*(go(c) for c in convs))
