@@ -11,7 +11,8 @@ and fault injection. Nothing in this package knows a server's wire format: the n
    per-line counts), read what the prefix cache served from an answer (``cache_report``), describe the loaded model
    (``describe``: slot count, per-slot context, an identity that changes with the model), readiness
    (``not_ready_reason``, ``wait_ready``, ``healthy``) and restarts (``on_restart`` listeners, ``note_restart``;
-   ``epoch``/``vouches``: whether the engine provably kept its state since a point in time).
+   ``epoch``/``vouches``: whether the engine provably kept its state since a point in time, from what
+   ``start_watching`` starts); ``address`` and ``stats`` for logs, ``report_markers`` for the relay.
 2. ``Slots`` (``Engine.slots``; None when the engine has no addressable slots): pin a request body to a slot,
    save a slot's state under a file name and restore it, erase a slot, and what each slot holds and whether it is
    busy (``states``; None when the engine does not say).
@@ -180,6 +181,17 @@ class Engine(Protocol):
         """The slot capability, or None when requests cannot be pinned."""
         ...
 
+    @property
+    def address(self) -> str:
+        """Where the engine is, for logs and ``/pflash/stats``."""
+        ...
+
+    @property
+    def report_markers(self) -> tuple[bytes, ...]:
+        """Byte strings of which an answer's JSON (or a stream event) holds at least one when it carries the
+        cache report: the relay keeps the last such event without parsing the others."""
+        ...
+
     async def count_prompt(self, chat_body: Mapping[str, object]) -> int:
         """The exact number of input tokens of a chat-completions body (messages, tools, template)."""
         ...
@@ -230,6 +242,18 @@ class Engine(Protocol):
     def vouches(self, epoch: int | None) -> bool:
         """Whether the engine provably kept its state since ``epoch`` was taken (no restart could have come
         between): a slot learnt then needs no check with ``Slots.states``."""
+        ...
+
+    def start_watching(self) -> None:
+        """Start what ``vouches`` relies on (llama-server: the sentinel's kept-alive connection)."""
+        ...
+
+    def stop_watching(self) -> None:
+        """Stop it again (idempotent)."""
+        ...
+
+    def stats(self) -> Mapping[str, object]:
+        """The engine's own counters for ``/pflash/stats``."""
         ...
 
 

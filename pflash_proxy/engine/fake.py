@@ -154,6 +154,7 @@ class FakeEngine:
         self._epoch = 0
         self._tasks = 0
         self.calls: dict[str, int] = {}  # how often each operation was called
+        self.watching = False  # vouches only while watching, like llama-server's sentinel connection
 
     # Faults (step 4) ------------------------------------------------------------------------------------------
     def fail(self, op: str, error: EngineError, times: int = 1) -> None:
@@ -180,6 +181,14 @@ class FakeEngine:
     @property
     def slots(self) -> FakeSlots:
         return self._slots
+
+    @property
+    def address(self) -> str:
+        return f"fake://{self.model}"
+
+    @property
+    def report_markers(self) -> tuple[bytes, ...]:
+        return (f'"{REPORT_FIELD}"'.encode(),)
 
     async def count_prompt(self, chat_body: Mapping[str, object]) -> int:
         await self._enter("count_prompt")
@@ -237,10 +246,19 @@ class FakeEngine:
             fn(reason)
 
     def epoch(self) -> int | None:
-        return self._epoch
+        return self._epoch if self.watching else None
 
     def vouches(self, epoch: int | None) -> bool:
-        return epoch is not None and epoch == self._epoch
+        return self.watching and epoch is not None and epoch == self._epoch
+
+    def start_watching(self) -> None:
+        self.watching = True
+
+    def stop_watching(self) -> None:
+        self.watching = False
+
+    def stats(self) -> dict[str, object]:
+        return {"epoch": self._epoch, "calls": dict(self.calls)}
 
     # A completion (step 2) ------------------------------------------------------------------------------------
     async def complete(self, body: Mapping[str, object]) -> dict[str, object]:

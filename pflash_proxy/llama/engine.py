@@ -10,15 +10,18 @@ wait for a restarting server, the proxy's own ``--upstream-api-key``); this modu
    ``predicted_ms``) on completion and chat answers and on the last event of a stream; otherwise the ``usage`` of
    llama-server's dialect routes: Anthropic (``cache_read_input_tokens``; ``input_tokens`` excludes the cached
    part), Responses (``input_tokens_details.cached_tokens``; ``input_tokens`` includes it) and OpenAI
-   (``prompt_tokens_details.cached_tokens``).
+   (``prompt_tokens_details.cached_tokens``). ``report_markers``: an event without ``"timings"`` or ``"usage"``
+   carries no report.
 3. ``describe``: ``GET /props`` (``total_slots``, the per-slot ``n_ctx``, ``model_path``, ``model_alias``); the
    identity is the first 16 hex digits of the SHA-256 of those four as sorted JSON, the value the session index
-   has always stored beside each snapshot.
+   has always stored beside each snapshot. A 503 (loading) or an answer that is no object: ``EngineNotReady``.
 4. Slots: ``id_slot`` in the body pins a request; ``POST /slots/{id}?action=save|restore|erase`` with
    ``{"filename": ...}`` (``n_saved`` / ``n_restored`` in the answer); ``GET /slots`` (``is_processing``,
    ``id_task``, ``n_prompt_tokens`` per slot); whether saving is enabled is asked with a save of an invalid file
    name, which llama-server refuses before it touches a slot (400: enabled, 501: no ``--slot-save-path``).
-5. Errors: the transport's become the seam's (``UpstreamUnavailable`` → ``EngineUnreachable``, ``UpstreamTimeout``
+5. Continuity: ``epoch``/``vouches`` are the transport's sentinel (``llama/sentinel.py``: one kept-alive
+   connection to a loopback llama-server), started by ``start_watching``.
+6. Errors: the transport's become the seam's (``UpstreamUnavailable`` → ``EngineUnreachable``, ``UpstreamTimeout``
    → ``EngineTimeout``, ``UpstreamNotReady`` → ``EngineNotReady``); an answer with an error status, or without the
    field asked for, is ``EngineRefused`` with that status and the start of its body.
 """
@@ -35,6 +38,7 @@ from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnava
 from pflash_proxy.llama.upstream import Upstream
 
 SLOT_FIELD = "id_slot"
+REPORT_MARKERS = (b'"timings"', b'"usage"')  # step 2: the fields an answer's cache report is read from
 _PROBE_NAME = "../pflash-probe"  # refused by llama-server's filename check before any slot is touched
 _SLOT_ACTION_TIMEOUT_S = 120.0
 
@@ -198,6 +202,14 @@ class LlamaServerEngine:
     def slots(self) -> LlamaServerSlots:
         return self._slots
 
+    @property
+    def address(self) -> str:
+        return self.upstream.base_url
+
+    @property
+    def report_markers(self) -> tuple[bytes, ...]:
+        return REPORT_MARKERS
+
     async def count_prompt(self, chat_body: Mapping[str, object]) -> int:
         status, data = await _call(self.upstream, "POST", "/v1/chat/completions/input_tokens", chat_body)
         n = data.get("input_tokens") if isinstance(data, dict) else None
@@ -254,3 +266,12 @@ class LlamaServerEngine:
 
     def vouches(self, epoch: int | None) -> bool:
         return self.upstream.sentinel.vouches(epoch)
+
+    def start_watching(self) -> None:
+        self.upstream.sentinel.start()
+
+    def stop_watching(self) -> None:
+        self.upstream.sentinel.cancel()
+
+    def stats(self) -> dict[str, object]:
+        return {"sentinel": self.upstream.sentinel.stats()}

@@ -5,6 +5,7 @@ llama-server (``LlamaServerEngine``, a server of its own for this module, gemma-
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -47,9 +48,9 @@ async def harness(request) -> AsyncIterator[Harness]:
     if request.param == "fake":
         fake = FakeEngine(n_slots=2)
 
-        async def nothing() -> None:
-            return None
-        yield Harness(fake, fake.complete, fake.set_ready, nothing)
+        async def watch() -> None:
+            fake.start_watching()
+        yield Harness(fake, fake.complete, fake.set_ready, watch)
         return
     server = request.getfixturevalue("engine_server")
     upstream = Upstream(server.url)
@@ -60,8 +61,10 @@ async def harness(request) -> AsyncIterator[Harness]:
         assert status == 200, data
         return data
 
+    engine = LlamaServerEngine(upstream)
+
     async def watch_epochs() -> None:
-        upstream.sentinel.start()
+        engine.start_watching()
         for _ in range(100):
             if upstream.sentinel.current() is not None:
                 return
@@ -72,7 +75,7 @@ async def harness(request) -> AsyncIterator[Harness]:
         upstream.wait_s = 0
         upstream.set_ready(ready, reason)
     try:
-        yield Harness(LlamaServerEngine(upstream), complete, set_ready, watch_epochs)
+        yield Harness(engine, complete, set_ready, watch_epochs)
     finally:
         await upstream.close()
 
@@ -198,3 +201,12 @@ async def test_a_restart_tells_the_listeners_and_ends_the_epoch(harness):
     e.note_restart("a check found the slots empty")
     assert heard == ["a check found the slots empty"]
     assert not e.vouches(before) and not e.vouches(None)
+    e.stop_watching()
+    assert e.epoch() is None and not e.vouches(e.epoch())
+    assert isinstance(e.stats(), dict) and e.address
+
+
+async def test_the_answer_that_carries_the_report_is_marked(harness):
+    raw = json.dumps(await harness.complete(chat(unique(5)))).encode()
+    assert any(m in raw for m in harness.engine.report_markers)
+    assert not any(m in b'{"choices": [{"delta": {"content": "x"}}]}' for m in harness.engine.report_markers)
