@@ -40,7 +40,7 @@ __all__ = [
 
 # Errors ----------------------------------------------------------------------------------------------------------
 class EngineError(ProxyError):
-    """Any failure of a call the proxy itself made to the engine."""
+    """A failure of a call the proxy itself made to the engine."""
 
     status = 502
     code = "upstream_error"
