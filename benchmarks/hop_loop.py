@@ -4,7 +4,8 @@
    process (``--proxy-args`` adds flags, e.g. ``--no-pflash``).
 2. ``--requests`` rounds; each round sends, on one keep-alive connection per arm and alternating which arm goes
    first, a 1-token chat turn (``POST /v1/chat/completions``, the parsed route: session, slot, commit) and a
-   ``POST /tokenize`` (a passthrough), once direct and once through the proxy. 20 warm-up rounds are not counted.
+   ``POST /tokenize`` (a passthrough), once direct and once through the proxy (``--kinds`` picks them). The
+   ``--warmup`` rounds before are not counted.
 3. Per request kind: p50 and p90 of each arm, added = proxied − direct; for the chat turn also net of llama-server's
    own time (wall − ``timings.prompt_ms`` − ``predicted_ms``, request by request).
 Prints a markdown table and writes JSON to ``--out`` (default benchmarks/results/hop.json). No tap in front of
@@ -50,17 +51,20 @@ async def timed(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[f
     return wall, own
 
 
-async def loop(direct: str, proxied: str, rounds: int) -> dict:
-    kinds = {"chat": ("/v1/chat/completions", CHAT), "tokenize": ("/tokenize", TOKENIZE)}
+KINDS = {"chat": ("/v1/chat/completions", CHAT), "tokenize": ("/tokenize", TOKENIZE)}
+
+
+async def loop(direct: str, proxied: str, rounds: int, warmup: int, names: list[str]) -> dict:
+    kinds = {k: KINDS[k] for k in names}
     walls: dict[str, dict[str, list[float]]] = {k: {"direct": [], "proxied": []} for k in kinds}
     nets: dict[str, dict[str, list[float]]] = {k: {"direct": [], "proxied": []} for k in kinds}
     async with aiohttp.ClientSession() as d, aiohttp.ClientSession() as p:
         arms = [("direct", d, direct), ("proxied", p, proxied)]
-        for i in range(rounds + 20):
+        for i in range(rounds + warmup):
             for kind, (path, body) in kinds.items():
                 for arm, session, base in (arms if i % 2 == 0 else arms[::-1]):
                     wall, own = await timed(session, base + path, body)
-                    if i >= 20:
+                    if i >= warmup:
                         walls[kind][arm].append(wall)
                         if own is not None:
                             nets[kind][arm].append(wall - own)
@@ -76,17 +80,18 @@ async def loop(direct: str, proxied: str, rounds: int) -> dict:
     return out
 
 
-async def with_proxy(server, work: Path, rounds: int, proxy_args: list[str]) -> dict:
+async def with_proxy(server, work: Path, args: argparse.Namespace) -> dict:
     port = free_port()
     log = work / "proxy.log"
     with open(log, "wb") as logf:
         proxy = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pflash_proxy", "serve", "--upstream", server.url, "--port", str(port),
-            "--slot-save-path", str(server.slot_dir), "--log-level", "warning", *proxy_args,
+            "--slot-save-path", str(server.slot_dir), "--log-level", "warning", *args.proxy_args.split(),
             env={**os.environ, "PFLASH_HOME": str(work / "home")}, stdout=logf, stderr=logf)
     try:
         await wait_for_proxy(f"http://127.0.0.1:{port}", 60, log=log)
-        return await loop(server.url, f"http://127.0.0.1:{port}", rounds)
+        return await loop(server.url, f"http://127.0.0.1:{port}", args.requests, args.warmup,
+                          args.kinds.split(","))
     finally:
         proxy.terminate()
         await proxy.wait()
@@ -95,6 +100,8 @@ async def with_proxy(server, work: Path, rounds: int, proxy_args: list[str]) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=300, help="counted rounds (each: one request per kind and arm)")
+    ap.add_argument("--warmup", type=int, default=20, help="rounds sent before the counted ones")
+    ap.add_argument("--kinds", default="chat,tokenize", help="which requests: chat, tokenize or both")
     ap.add_argument("--proxy-args", default="", help="more arguments for pflash-proxy serve")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hop.json")
     args = ap.parse_args()
@@ -105,7 +112,7 @@ def main() -> None:
     server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048)
     try:
         t0 = time.time()
-        results = asyncio.run(with_proxy(server, work, args.requests, args.proxy_args.split()))
+        results = asyncio.run(with_proxy(server, work, args))
     finally:
         server.stop()
     results["load_average"] = os.getloadavg()
@@ -114,7 +121,7 @@ def main() -> None:
     args.out.write_text(json.dumps(results, indent=2))
     print("| request | n | direct p50 | proxied p50 | added p50 | added p90 | added p50 net of llama-server |")
     print("|---|---|---|---|---|---|---|")
-    for kind in ("chat", "tokenize"):
+    for kind in args.kinds.split(","):
         r = results[kind]
         net = f"{r['added_net_p50']:.2f} ms" if "added_net_p50" in r else "-"
         print(f"| {kind} | {r['n']} | {r['direct_p50']:.2f} ms | {r['proxied_p50']:.2f} ms | {r['added_p50']:.2f} ms "
