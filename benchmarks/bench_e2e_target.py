@@ -1,5 +1,5 @@
 """First-token time with the drafter in front of a bigger target: full prefill vs PFlash lexical vs PFlash
-head-attention, side by side in one run (issue 29 item 2).
+head-attention, side by side in one run.
 
 The target is a random-weight GGUF of a real gemma-3 shape (``synthetic_target.py``): its prefill time per
 token is the real one for that shape, its answers are noise, so only time is measured here, never quality.

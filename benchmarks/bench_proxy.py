@@ -180,7 +180,7 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
                 "stream": True, "seed": 1, "ignore_eos": True}
         lat: dict[str, list[float]] = {"direct": [], "proxied": []}
         cpu0 = cpu_ns(proxy_pid)
-        for i in range(streams):
+        for _ in range(streams):
             for arm, base in (("direct", tap_url), ("proxied", proxied)):
                 before = {k: len(v) for k, v in tap.events.items()}
                 arrivals = await stream_events(s, base + "/completion", body)

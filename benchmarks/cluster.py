@@ -1,4 +1,4 @@
-"""Several nodes behind nginx with one shared Redis index and snapshot directory (issue 28), the longer run.
+"""Several nodes behind nginx with one shared Redis index and snapshot directory, the longer run.
 
 Each *run* starts a fresh loopback cluster (``tests/cluster/nodes.py``: a real redis-server, N llama-servers with
 gemma-3-270m at one thread each sharing one ``--slot-save-path``, one ``pflash-proxy serve --index redis://``
@@ -131,7 +131,7 @@ async def run_rounds(http: aiohttp.ClientSession, url: str, convs: list[Conv], t
     for r in range(1, turns + 1):
         sem = asyncio.Semaphore(limit)
 
-        async def go(c: Conv, r: int = r) -> None:
+        async def go(c: Conv, r: int = r, sem: asyncio.Semaphore = sem) -> None:
             async with sem:
                 await one_turn(http, url, c, r, clock)
         await asyncio.gather(*(go(c) for c in convs))

@@ -1,4 +1,4 @@
-"""Screenshots of the inspector after one compressed long turn (issue 14's "done when" artifact).
+"""Screenshots of the inspector after one compressed long turn (the pictures in benchmarks/reported/inspector/).
 
 1. Start a real llama-server (gemma-3-270m, one slot, ``--ctx`` tokens) and the proxy in this process (lexical
    scorer, the default prefill curve, ``--threshold`` low enough that the message is admitted).

@@ -143,7 +143,7 @@ class Soak:
             while not self.done():
                 sem = asyncio.Semaphore(self.args.concurrency)
 
-                async def one(k: int) -> None:
+                async def one(k: int, sem: asyncio.Semaphore = sem) -> None:
                     async with sem:  # unguessable: a small model inventing "SOAK-0-11" after "SOAK-0-10" is no leak
                         await self.session(http, f"SOAK-{self.rng.getrandbits(40):010x}")
                 await asyncio.gather(*(one(k) for k in range(self.args.sessions)))

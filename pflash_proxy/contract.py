@@ -179,7 +179,7 @@ class SlotView(Protocol):
 
 
 class SessionsView(Protocol):
-    """The sessions and slots, read only (``sessions.view.ManagerView``). Index reads block: run them off the
+    """The sessions and slots, read only (``sessions.manager.ManagerView``). Index reads block: run them off the
     event loop."""
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import web
 
 _TYPES = {
@@ -18,7 +20,8 @@ _TYPES = {
 }
 
 
-def error_body(status: int, message: str, code: str | None = None, type_: str | None = None) -> dict:
+def error_body(status: int, message: str, code: str | None = None, type_: str | None = None
+               ) -> dict[str, dict[str, str]]:
     return {
         "error": {
             "message": message,
@@ -29,7 +32,8 @@ def error_body(status: int, message: str, code: str | None = None, type_: str | 
 
 
 def error_response(
-    status: int, message: str, code: str | None = None, type_: str | None = None, headers=None
+    status: int, message: str, code: str | None = None, type_: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     return web.json_response(error_body(status, message, code, type_), status=status, headers=headers)
 

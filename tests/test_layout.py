@@ -1,5 +1,6 @@
-"""The package's shape (issue 27): the contract at the bottom, no lower package reaching up into the server, no
-stage probed for hooks it does not declare, the stage modules gone from the package root."""
+"""The package's shape: the contract and the engine seam at the bottom, no lower package reaching up into the
+server, no stage probed for hooks it does not declare, the stage modules gone from the package root, and
+llama-server's wire vocabulary kept to ``llama/`` (no module that does not spell it yet may start to)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,82 @@ def test_the_stage_modules_left_the_package_root():
     assert {p.name for p in (PACKAGE / "stages").glob("*.py")} >= {"__init__.py", "sessions.py", "chains.py",
                                                                   "compress.py", "scorers.py"}
     assert (PACKAGE / "py.typed").is_file()
+
+
+def test_the_engine_seam_imports_nothing_of_the_project_but_the_errors():
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        project = {m for m in _imports(path, runtime_only=True) if m.startswith("pflash_proxy")}
+        above = {m for m in project if not m.startswith(("pflash_proxy.errors", "pflash_proxy.engine"))}
+        assert above == set(), path
+
+
+# llama-server's wire fields and routes, and the transport's helpers for its API: only ``llama/`` may use them.
+WIRE = ("id_slot", "cache_n", "/slots", "/tokenize", "n_predict")
+UPSTREAM_API = ("tokenize", "input_tokens", "slot_action", "slots", "props", "call")
+# Modules that still use them, to move onto ``engine.Engine`` / ``engine.Slots``: an entry may only shrink.
+NOT_YET_ON_THE_SEAM = {
+    "bench/quality.py": {"/tokenize"},
+    "bench/runner.py": {"cache_n"},
+    "bench/sizing.py": {"/tokenize"},
+    "bench/ttft.py": {"/slots", "/tokenize", "cache_n", "id_slot"},
+    "cli/__init__.py": {"/slots", "/tokenize"},  # help texts of the flags for llama-server's routes
+    "dialects/__init__.py": {"cache_n"},
+    "dialects/anthropic.py": {"id_slot"},
+    "dialects/anthropic_wire.py": {"cache_n", "id_slot"},
+    "models.py": {"id_slot"},
+    "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
+    "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
+    "sessions/liveness.py": {"/slots", "cache_n", "upstream.call", "upstream.props", "upstream.slots"},
+    "sessions/manager.py": {"cache_n", "upstream.slots"},
+    "sessions/snapshots.py": {"upstream.slot_action"},
+    "stages/compress.py": {"upstream.input_tokens", "upstream.tokenize"},
+    "stages/sessions.py": {"id_slot"},
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def wire_spellings(path: Path) -> set[str]:
+    """The wire fields ``path`` spells in code (strings other than docstrings, names, attributes, keywords), and
+    the ``Upstream`` API helpers it calls (``<...>.upstream.<helper>``), as ``upstream.<helper>``."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = _docstrings(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            out.update(w for w in WIRE if w in node.value)
+        elif isinstance(node, ast.Name) and node.id in WIRE:
+            out.add(node.id)
+        elif isinstance(node, ast.keyword) and node.arg in WIRE:
+            out.add(node.arg)
+        elif isinstance(node, ast.Attribute):
+            if node.attr in WIRE:
+                out.add(node.attr)
+            owner = node.value
+            named = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if named == "upstream" and node.attr in UPSTREAM_API:
+                out.add(f"upstream.{node.attr}")
+    return out
+
+
+def test_no_module_outside_llama_starts_to_spell_llama_servers_wire_fields():
+    found = {str(p.relative_to(PACKAGE)): wire_spellings(p) for p in sorted(PACKAGE.rglob("*.py"))
+             if p.relative_to(PACKAGE).parts[0] != "llama"}
+    grown = {m: sorted(w - NOT_YET_ON_THE_SEAM.get(m, set())) for m, w in found.items()
+             if w - NOT_YET_ON_THE_SEAM.get(m, set())}
+    assert grown == {}, "use pflash_proxy.engine (Engine, Slots) instead of llama-server's wire fields"
+    assert not any(found[str(p.relative_to(PACKAGE))] for p in (PACKAGE / "engine").rglob("*.py"))
+
+
+def test_the_wire_field_scan_sees_code_and_not_prose(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Mentions id_slot and /slots in prose."""\n# and cache_n in a comment\n'
+                      "def f(req, self):\n"
+                      '    """id_slot here too."""\n'
+                      '    req.set_field("id_slot", 1)\n'
+                      "    return self.upstream.tokenize(req), req.timings.cache_n\n")
+    assert wire_spellings(sample) == {"id_slot", "cache_n", "upstream.tokenize"}

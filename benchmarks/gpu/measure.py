@@ -20,7 +20,7 @@ Qwen pair because drafter and target must share a tokenizer and gemma-3's is the
    the target's full prefill (``/completion``, ``cache_prompt`` off, one token generated; ``timings.prompt_ms``);
    its prefill of the kept tokens (the proxy's default prefill curve ``budget(n)`` at that length); the
    drafter's cold ``head-attention`` pass over the same text through the project's code (``Drafter`` +
-   ``AttentionScorer`` + ``HeadAttentionScorer``, as ``drafter_setup.drafter_scorer`` builds it; the drafter at
+   ``AttentionScorer`` + ``HeadAttentionScorer``, as ``stages.scorers.drafter_scorer`` builds it; the drafter at
    the proxy's defaults: 32K context windows, batch 512, 2 threads; every layer on the GPU).  The scorer head
    is a random one of the drafter's width (``probe_writer``): the shipped head is bound to the real
    gemma-3-270m file, and its cost depends only on the shape.  The attention heads: the shipped calibration

@@ -44,7 +44,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
     ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
     reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
     ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``). Each is built by
-    ``drafter_setup.drafter_scorer``, the proxy's own constructor (reference hops included). The attention
+    ``stages.scorers.drafter_scorer``, the proxy's own constructor (reference hops included). The attention
     rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
     out: dict[str, Any] = {}
     drafter = base = calibrated = None

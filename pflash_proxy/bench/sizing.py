@@ -1,8 +1,8 @@
 """Cases sized in the upstream's own tokens, so "16K" means 16K tokens to the model being measured.
 
-The generator sizes cases with an estimate (UTF-8 bytes / 4).  With gemma's tokenizer that is about right for
-prose (a 16K case is ~15.1K tokens) but short for code (~1.2× more tokens) and logs (~2×): a "32K" code case
-was 39K real tokens, more than a 32K slot holds.  For each (family, length, index):
+The generator sizes cases with an estimate (UTF-8 bytes / 4), which a real tokenizer misses by a factor that
+depends on the content (code and logs take more tokens per byte than prose), so an estimated "32K" case can be
+more than a 32K slot holds.  For each (family, length, index):
 
 1. generate the case at the nominal length (or, when that would not fit ``cap``, at ``cap / (1 + TOLERANCE)``)
    and count its text with llama-server's ``/tokenize``;

@@ -11,15 +11,11 @@ none (a latent association, a paraphrased task) but is noisier on literal matche
    sees nothing (all zeros) leaves the other's shares scaled by its weight, so its ranking decides.
 ``hybrid(drafter_scorer)`` builds the product's ``--scorer hybrid``: ``0.3`` of lexical relevance with reference
 hops (``LexicalScorer(hops=4)``: the chain ``VAR_B = VAR_A`` is found from ``VAR_A = 12345``) and ``0.7`` of the
-drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (8K, seed 7, every family;
-``benchmarks/fusion_study.py``, ``benchmarks/reported/fusion-study-8k/``), never on the reported cases, by the
-gold found in messages that were actually compressed with the aggregation control kept whole: among lexical +
-attention fusions 0.7 of attention found the most (12 of 18, none served whole by the flat fallback; 0.5: 9;
-0.3: 7). A first choice of 0.3 of attention counted gold kept whole instead, and most of that gold was kept by
-the flat fallback serving the message whole (8 of 18 cases), which buys no speed. Attention alone found 13 on
-the tuning set, so it stays the default with a drafter; replayed on held-out recorded analyses (16K and 32K,
-``benchmarks/reported/fusion-replay-held-out/``) this hybrid found as much as attention or more and kept the
-32K aggregation control whole, which attention lost.
+drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (``benchmarks/fusion_study.py``),
+never on the reported cases, by the gold found in messages that were actually compressed with the aggregation
+control kept whole; gold kept whole is not the criterion, since the flat fallback keeps it by serving the message
+whole, which buys no speed (the results: ``benchmarks/README.md``, "How the fixed weights and bounds were
+chosen").
 Rank fusion (RRF) was not used: it turns any ranking into the same smooth curve, so every request would look
 equally concentrated and the spread test would lose its meaning.
 """

@@ -21,10 +21,10 @@ scorer has no terms to follow, so this stage follows them from whatever the scor
 
 ``Linked(scorer)`` wraps a scorer with this stage (the drafter scorers: ``attention``, ``hybrid``,
 ``head-attention``); its reps hold the inner reps and the links, so recall (a later question on the same reps)
-follows them too. The bounds were chosen on the tuning set (8K, seed 7, ``benchmarks/reported/links-study-8k/``)
-by replaying recorded scores: without ``REACH_SHARE`` the raised functions of a whole-file tool output pushed
-the gold function out of an 8K budget (head-attention's agent cases 5/8 → 2/8); with 5 % none was lost and
-head-attention went 18 → 21/27 (3 % 19, 8 % and 10 % 21 with an agent case fewer, 15 % 20).
+follows them too. ``REACH_SHARE`` bounds the raised units by tokens as well as by count: without it the many
+helpers of a whole-file tool output are all raised and push the function asked about out of the budget. The bounds
+were chosen on a tuning set by replaying recorded scores (``benchmarks/README.md``, "How the fixed weights and
+bounds were chosen").
 """
 
 from __future__ import annotations

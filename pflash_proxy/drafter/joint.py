@@ -1,9 +1,10 @@
 """``--scorer head-attention``: the trained scorer head and the attention scorer from ONE drafter pass, fused.
 
-Why: on the held-out bench cases the two drafter scorers fail on different families. The head (``head.py``)
-finds latent needles that attention misses (16K: 9/10 against 4/10; 32K: 5/5 against 2/5) and misses the
-multi-value and multi-query needles that attention finds. Run one after the other they cost two passes over
-the message; both read the same forward, so this scorer asks the drafter for both taps at once.
+Why: the two drafter scorers fail on different kinds of evidence. The head (``head.py``) finds latent needles
+(evidence that shares no word with the question) that attention misses, and misses multi-value and multi-query
+needles that attention finds (``benchmarks/README.md``, "The trained head alone"). Run one after the other they
+cost two passes over the message; both read the same forward, so this scorer asks the drafter for both taps at
+once.
 
 1. ``represent(tt, units)``: the attention scorer's reps (tokens, unit token spans, the message's session key,
    its tail); no pass.
@@ -18,18 +19,15 @@ the message; both read the same forward, so this scorer asks the drafter for bot
    the selected heads and question tokens, peak mass per unit). When the message ends with its request,
    both read the request's last paragraph, as the attention scorer does alone.
 4. Fused as shares (``compress/fusion.py``): ``HEAD_WEIGHT * share(head) + (1 - HEAD_WEIGHT) *
-   share(attention)``. ``HEAD_WEIGHT`` 0.3 is the tuning set's best head + attention weighting by gold found in
-   messages that were actually compressed (8K, seed 7, ``benchmarks/reported/fusion-study-8k/``: 13 of 18 with
-   0.3, 12 with 0.5 and with 0.7; attention alone 13, the head alone 10), the criterion ``--scorer hybrid``'s
-   weight was chosen by.
+   share(attention)``. ``HEAD_WEIGHT`` was chosen on a tuning set by the gold found in messages that were
+   actually compressed, the criterion ``--scorer hybrid``'s weight was chosen by (``benchmarks/README.md``, "How
+   the fixed weights and bounds were chosen").
 5. Content plus question longer than one drafter context: one windowed pass (``AttentionScorer.windows``: a
-   slice of the content and the whole question per window) gives attention and the head's taps alike; before,
-   the head read a windowed tap pass of its own, which doubled the cost of a message longer than the context
-   (a 34K-token tool output: 1,209 s against ~390 s for a 32K one that fit; 317 s in one pass).
+   slice of the content and the whole question per window) gives attention and the head's taps alike, so a
+   message longer than the context costs one pass, not one for each scorer.
 6. The same text scored again for another request (another session reading the same file, a client's retry):
    the reps are new, but the content's head taps are kept per message key (``taps``, an LRU bounded in bytes
-   like the attention's ``KeyCache``) beside its keys and KV state, so the pass reads only the question. Before,
-   every new request's reps made the pass cold and re-read the whole content.
+   like the attention's ``KeyCache``) beside its keys and KV state, so the pass reads only the question.
 """
 
 from __future__ import annotations

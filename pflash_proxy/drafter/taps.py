@@ -85,21 +85,6 @@ class ProbeTaps:
             self._memo.popitem(last=False)
         return d
 
-    async def run_draft(self, text: str, session: str | None = None) -> DraftedText:
-        """``draft`` from the event loop: the pass runs on the drafter thread."""
-        key = session or text_key(text)
-        hit = self._memo.get(key)
-        if hit is not None and hit.text == text:
-            return hit
-        toks, tl = self.tokens(text)
-        self.drafter.forget(key)
-        r = await self.drafter.run_trace(toks, session=key, taps=(self.tap_block,))
-        d = DraftedText(text, key, toks, tl, count_lines(text), r.taps[self.tap_block])
-        self._memo[key] = d
-        while len(self._memo) > self.keep:
-            self._memo.popitem(last=False)
-        return d
-
 
 class DrafterSegmenter:
     """``Segmenter`` protocol on top of the segment probe."""

@@ -26,13 +26,16 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from pflash_proxy.errors import error_response
 from pflash_proxy.server.keys import SETTINGS
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler, Middleware
 
 SLASH_OK = ("/", "/pflash/ui/")  # trailing slashes the proxy itself serves
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")
@@ -158,9 +161,9 @@ def cross_site(request: web.Request, host: str | None) -> str | None:
     return None
 
 
-def gate_middleware_factory():
+def gate_middleware_factory() -> Middleware:
     @web.middleware
-    async def gate(request: web.Request, handler):
+    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         raw = request.rel_url.raw_path
         problem = path_problem(raw)
         if problem is not None:

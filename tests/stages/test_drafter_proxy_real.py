@@ -146,7 +146,7 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
 
 
 def test_the_bench_and_the_proxy_build_drafter_scorers_in_one_place(monkeypatch):
-    # bench quality's rows come from drafter_setup.drafter_scorer: what it measures is what --scorer NAME serves
+    # bench quality's rows come from stages.scorers.drafter_scorer: what it measures is what --scorer NAME serves
     import pflash_proxy.bench.quality as quality
     import pflash_proxy.stages.scorers as setup
     from pflash_proxy.compress.links import Linked

@@ -299,7 +299,7 @@ def build_aggregation(ctx: _Ctx) -> Case:
     n_est = max(20, ctx.target * 4 // 150)
     ids = sorted(ctx.rng.sample(range(10_000, 99_999), n_est * 2))
     records = []
-    for i, rid in enumerate(ids):
+    for rid in ids:
         prod = product if ctx.rng.random() < 0.04 else ctx.rng.choice([p for p in PRODUCTS if p != product])
         month, day = ctx.rng.randint(1, 12), ctx.rng.randint(1, 28)
         records.append(f"REC-{rid} | 2026-{month:02d}-{day:02d} | team: {ctx.rng.choice(TEAMS)} | product: {prod} "
