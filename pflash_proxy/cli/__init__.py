@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pflash_proxy.train import add_parser as add_train_parser
 
     add_train_parser(sub)
+    from pflash_proxy.cli.wrap import add_parser as add_wrap_parser
+
+    add_wrap_parser(sub)
     _plain(parser)
     return parser
 
@@ -286,7 +289,7 @@ def _plain(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
-    if "--" in argv:
+    if "--" in argv and argv[:1] != ["wrap"]:  # wrap: everything after the agent's name is the agent's
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
@@ -298,6 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pflash_proxy.train import main as train_main
 
         return train_main(args)
+    if args.command == "wrap":
+        from pflash_proxy.cli.wrap import main as wrap_main
+
+        try:
+            return wrap_main(args, _loose_settings(args))
+        except ConfigError as exc:
+            print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
+            return 2
     cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if extra:
         cli["llama_server_args"] = extra
