@@ -327,7 +327,7 @@ FIELDS = set(Settings.model_fields)
 
 
 # PFLASH_* variables that are not settings: set-up, tests and benches read them
-NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE"}
+NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE", "PFLASH_AGENTS_CACHE"}
 _WARNED: set[str] = set()
 
 

@@ -183,7 +183,9 @@ def server_info(url: str) -> ServerInfo:
     status, body = _get(url + "/v1/models")
     try:
         data = json.loads(body) if status == 200 else {}
-        info.model = str(data["data"][0]["id"]) or info.model
+        model = str(data["data"][0]["id"])
+        # llama-server names a model by the path it was given: its file name reads better in an agent's banner
+        info.model = (Path(model).name if model.startswith("/") else model) or info.model
     except (ValueError, KeyError, IndexError, TypeError):
         pass
     status, body = _get(url + "/props")

@@ -121,7 +121,7 @@ def _stand_in(tmp_path: Path, body: str) -> dict:
 
 
 def test_no_proxy_and_no_way_to_start_one_is_one_line(tmp_path):
-    env = _stand_in(tmp_path, "exit 0\n")
+    env = {**_stand_in(tmp_path, "exit 0\n"), "PFLASH_AGENTS_CACHE": str(tmp_path)}  # known: no warning line
     r = _cli("wrap", "--url", f"http://127.0.0.1:{free_port()}", "aider", "--message", "hi", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "no proxy at" in r.stderr and "--spawn" in r.stderr
@@ -141,7 +141,8 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.llama
-def test_a_proxy_it_starts_serves_the_agent_and_is_stopped_with_its_exit_status(tmp_path, llama_server):
+def test_a_proxy_it_starts_serves_the_agent_and_is_stopped_with_its_exit_status(tmp_path, llama_server,
+                                                                                gemma_model):
     port = free_port()
     out = tmp_path / "seen.json"
     env = _stand_in(tmp_path, f"""python3 - "$@" <<'EOF'
@@ -159,6 +160,7 @@ exit 7
     seen = json.loads(out.read_text())
     assert seen["metrics"] == 200 and seen["argv"][-2:] == ["--message", "say hi"]
     assert seen["argv"][seen["argv"].index("--openai-api-base") + 1] == f"http://127.0.0.1:{port}/v1"
+    assert seen["argv"][seen["argv"].index("--model") + 1] == f"openai/{gemma_model.name}"  # /v1/models' file name
     assert f"starting a proxy at http://127.0.0.1:{port}" in r.stderr
     assert probe(f"http://127.0.0.1:{port}") == "absent"  # stopped on the way out
 
