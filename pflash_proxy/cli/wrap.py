@@ -76,7 +76,7 @@ def add_parser(sub: Any) -> None:
                    help="how long to wait for the proxy to serve (default: the configuration's "
                         "--startup-timeout-s plus a minute)")
     p.add_argument("agent", choices=AGENT_NAMES, metavar="AGENT", help="one of " + ", ".join(AGENT_NAMES))
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the agent's own arguments")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the agent's own arguments, unchanged")
 
 
 # 1. the proxy ----------------------------------------------------------------------------------------------
