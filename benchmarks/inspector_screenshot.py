@@ -86,7 +86,8 @@ async def run(args: argparse.Namespace) -> None:
     runner = None
     try:
         settings = Settings(upstream=server.url, home=work / "home", slot_save_path=server.slot_dir,
-                            threshold=args.threshold, port=free_port())
+                            threshold=args.threshold, port=free_port(),
+                            **({"prefill_curve": args.curve} if args.curve else {}))
         runner = web.AppRunner(create_app(settings))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", settings.port).start()
@@ -154,6 +155,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threshold", type=int, default=4096, help="the proxy's --threshold (the case must exceed it)")
     ap.add_argument("--ctx", type=int, default=24576, help="llama-server context (one slot)")
+    ap.add_argument("--curve", help="the proxy's --prefill-curve (default: its own; a case under its first point "
+                                    "is served whole)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (llama-server log)")
     asyncio.run(run(ap.parse_args()))
 

@@ -57,7 +57,7 @@ function renderTotals(t) {
          `${secs(saved.cache)} (${fmtInt(avoided.cache)} tokens)`),
     card("snapshots", fmtInt(t.snapshots), fmtBytes(t.snapshot_bytes)));
   document.getElementById("totals-note").textContent = "Totals since the proxy started. " +
-    (t.saved_note ? "Time saved is an " + t.saved_note + "." : "");
+    (t.saved_note ? "Time saved is an " + t.saved_note.replace("this session", "each session") + "." : "");
 }
 
 function renderSlots(slots, queued) {
