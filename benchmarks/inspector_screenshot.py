@@ -4,14 +4,10 @@
    scorer, the default prefill curve, ``--threshold`` low enough that the message is admitted).
 2. Send one ~``--tokens`` token case of the bench generator (default: a RULER-style single needle at 16K) with
    ``max_tokens`` 1: the proxy compresses it, llama-server prefills only the kept part.
-3. Another conversation's short turn takes the slot (the first session is saved to disk), then the first
-   conversation asks a follow-up: its snapshot is restored (``X-PFlash-Cache: restored``).
-4. In headless Chromium (Debian's ``chromium``, driven by Playwright): the session page, top (``session.png``);
-   its turns with what each saved, the compressed turn and the restored one (``session-turns.png``);
+3. In headless Chromium (Debian's ``chromium``, driven by Playwright): the session page, top (``session.png``);
    around the best-scored kept unit that is not pinned, the needle (``session-needle.png``); the best-scored
    omitted unit, unfolded (``session-fold.png``); the overview (``overview.png``).
-   ``pflash-proxy show SESSION`` is saved as ``show.txt``, ``pflash-proxy stats`` as ``stats.txt``, the numbers
-   as ``run.json``.
+   ``pflash-proxy show SESSION`` is saved as ``show.txt``, the numbers as ``run.json``.
 
     .venv/bin/python benchmarks/inspector_screenshot.py --out benchmarks/reported/inspector
 """
@@ -53,8 +49,6 @@ async def screenshots(base: str, sid: str, out: Path) -> dict:
         await page.goto(f"{base}/pflash/ui/session/{sid}")
         await page.wait_for_selector(".unit.omitted details")
         await page.screenshot(path=str(out / "session.png"))
-        await page.locator("#turns").evaluate("n => n.scrollIntoView({block: 'start'})")
-        await page.screenshot(path=str(out / "session-turns.png"))
         # the best-scored unit the budget chose (not pinned): the needle, with its red strip
         needle = await page.evaluate(best, ".unit.kept:not([data-pinned])")
         await page.locator(f"#{needle}").evaluate("n => n.scrollIntoView({block: 'center'})")
@@ -86,8 +80,7 @@ async def run(args: argparse.Namespace) -> None:
     runner = None
     try:
         settings = Settings(upstream=server.url, home=work / "home", slot_save_path=server.slot_dir,
-                            threshold=args.threshold, port=free_port(),
-                            **({"prefill_curve": args.curve} if args.curve else {}))
+                            threshold=args.threshold, port=free_port())
         runner = web.AppRunner(create_app(settings))
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", settings.port).start()
@@ -104,38 +97,17 @@ async def run(args: argparse.Namespace) -> None:
         if headers.get("X-PFlash-Mode") != "compressed":
             raise SystemExit(f"the turn was not compressed: {headers.get('X-PFlash-Mode')}")
         sid = headers["X-PFlash-Session"]
-        async with aiohttp.ClientSession() as http:  # another conversation takes the one slot: the first is saved
-            async with http.post(base + "/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}) as resp:
-                assert resp.status == 200, await resp.text()
-            follow = case.messages + [body["choices"][0]["message"],
-                                      {"role": "user", "content": "Thanks. Which number was it again?"}]
-            async with http.post(base + "/v1/chat/completions", json={
-                    "messages": follow, "max_tokens": 1, "temperature": 0}) as resp:
-                again = await resp.json()
-                assert resp.status == 200, again
-                if resp.headers.get("X-PFlash-Cache") != "restored":
-                    raise SystemExit(f"the follow-up was not restored: {resp.headers.get('X-PFlash-Cache')}")
-            async with http.get(f"{base}/pflash/api/sessions/{sid}") as resp:
-                turns = (await resp.json())["turns"]
         shots = await screenshots(base, sid, out)
         show = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
             [sys.executable, "-m", "pflash_proxy.cli", "show", sid, "--proxy", base], capture_output=True, text=True,
             check=True).stdout)
         (out / "show.txt").write_text(show)
-        stats = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
-            [sys.executable, "-m", "pflash_proxy.cli", "stats", "--url", base], capture_output=True, text=True,
-            check=True).stdout)
-        (out / "stats.txt").write_text(stats)
         facts = {"case": f"{args.family} seed {args.seed}, {args.tokens} estimated tokens", "session": sid,
                  "mode": headers["X-PFlash-Mode"],
                  "prompt_tokens": int(headers["X-PFlash-Prompt-Tokens"]),
                  "kept_prompt_tokens": int(headers["X-PFlash-Kept-Tokens"]),
                  "server_prompt_tokens": body["usage"]["prompt_tokens"], "turn_seconds": round(seconds, 1),
-                 "scorer": settings.scorer, "threshold": settings.threshold, **shots,
-                 "turns": [{k: t.get(k) for k in ("turn", "cache", "cache_n", "prompt_n", "prompt_ms", "rate_tps",
-                                                  "tokens_avoided", "saved_s", "prepare_ms", "compression_ms")}
-                           for t in turns]}
+                 "scorer": settings.scorer, "threshold": settings.threshold, **shots}
         (out / "run.json").write_text(json.dumps(facts, indent=2) + "\n")
         print(json.dumps(facts, indent=2))
     finally:
@@ -155,8 +127,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threshold", type=int, default=4096, help="the proxy's --threshold (the case must exceed it)")
     ap.add_argument("--ctx", type=int, default=24576, help="llama-server context (one slot)")
-    ap.add_argument("--curve", help="the proxy's --prefill-curve (default: its own; a case under its first point "
-                                    "is served whole)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (llama-server log)")
     asyncio.run(run(ap.parse_args()))
 
