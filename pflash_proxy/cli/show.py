@@ -1,11 +1,14 @@
 """``pflash-proxy show [SESSION]``: the inspector in a terminal, read from the running proxy's ``/pflash/api``.
 
-Without SESSION: the most recently used sessions, one line each. With one (its full id or a unique prefix of a
-listed one): every served message; a compressed (or whole-served) message is printed from its original lines —
-kept lines plain with their line numbers (``>`` marks the request span), each run of omitted units as one line
-``… 37 lines omitted (unit 12, score 0.03)`` — under a header with the mode, tokens, budget and scorer; recall
-excerpts with the message and lines they came from. An unreachable proxy, a refusal or an unknown session is one
-line on stderr and exit status 1.
+Without SESSION: the most recently used sessions, one line each (the client, the last turn's cache result, tokens
+compression saved, tokens reused from the slot, the time saved, an estimate, and the first words). With one (its
+full id or a unique prefix of a listed one): each turn — what the slot held, llama-server's ``cache_n`` and
+prefilled tokens, the tokens compression kept from the prefill, the time saved (estimated), why a message was
+served whole — then every served message; a compressed (or whole-served) message is printed from its original
+lines — kept lines plain with their line numbers (``>`` marks the request span), each run of omitted units as one
+line ``… 37 lines omitted (unit 12, score 0.03)`` — under a header with the mode, tokens, budget and scorer;
+recall excerpts with the message and lines they came from. An unreachable proxy (the message names ``--url``), a
+refusal or an unknown session is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ def get(base: str, path: str, key: str | None) -> dict[str, Any]:
         raise ShowError(f"{base}{path}: {exc.code} {message}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ShowError(f"cannot reach the proxy at {base}: {reason}") from None
+        reason = getattr(reason, "strerror", None) or reason
+        raise ShowError(f"cannot reach the proxy at {base} ({reason}); is it running there? Give its address "
+                        "with --url http://HOST:PORT") from None
     except ValueError:
         raise ShowError(f"{base}{path} did not answer JSON (is {base} a pflash-proxy?)") from None
 
@@ -125,28 +130,65 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "–"
+    return f"{s:.1f}s" if s >= 10 else f"{s:.2f}s" if s >= 1 else f"{s * 1000:.0f}ms"
+
+
+def _saved(savings: dict[str, Any] | None) -> float | None:
+    """A session's (or a turn's) estimated seconds saved, both causes."""
+    if not savings:
+        return None
+    values = [v for v in (savings.get("saved_s") or {}).values() if v is not None]
+    return sum(values) if values else None
+
+
 def print_sessions(data: dict[str, Any], out: TextIO) -> None:
     sessions = data.get("sessions") or []
-    out.write(f"{'SESSION':<34} {'LAST USE':>9} {'TURNS':>5} {'COMPR':>5} {'TOKENS IN':>10} {'SERVED':>9} "
-              f"{'SAVED':>9} {'SLOT':>4} {'SNAPSHOT':>9}\n")
+    out.write(f"{'SESSION':<34} {'CLIENT':<12} {'LAST USE':>9} {'TURNS':>5} {'CACHE':>8} {'COMPR':>5} "
+              f"{'TOKENS IN':>10} {'SAVED':>8} {'CACHED':>9} {'TIME SAVED':>10} {'SLOT':>4} {'SNAPSHOT':>9}  "
+              "FIRST WORDS\n")
     for s in sessions:
         snap = f"{s['snapshot']['bytes'] / 1e6:.1f}MB" if s.get("snapshot") else "–"
         slot = "–" if s.get("slot") is None else str(s["slot"])
-        out.write(f"{s['id']:<34} {_ago(s['last_use']):>9} {s['turns']:>5} {s['compressed']:>5} "
-                  f"{_n(s['tokens_in']):>10} {_n(s['tokens_served']):>9} {_n(s['tokens_saved']):>9} {slot:>4} "
-                  f"{snap:>9}\n")
+        v = s.get("savings") or {}
+        saved = _saved(v) if v.get("turns_timed") else None
+        words = s.get("first_words") or ""
+        out.write(f"{s['id']:<34} {(s.get('client') or '–')[:12]:<12} {_ago(s['last_use']):>9} {s['turns']:>5} "
+                  f"{s.get('last_cache') or '–':>8} {s['compressed']:>5} {_n(s['tokens_in']):>10} "
+                  f"{_n(s['tokens_saved']):>8} {_n(v.get('cached_tokens')):>9} "
+                  f"{('≈' + _secs(saved)) if saved is not None else '–':>10} {slot:>4} {snap:>9}  "
+                  f"{words[:40]}{'…' if len(words) > 40 else ''}\n")
     total = data.get("total", len(sessions))
     more = f" (the {len(sessions)} most recent shown)" if total > len(sessions) else ""
-    out.write(f"{_plural(total, 'session')}{more}; `pflash-proxy show SESSION` for one\n")
+    out.write(f"{_plural(total, 'session')}{more}; `pflash-proxy show SESSION` for one. TOKENS IN / SAVED: new long "
+              "messages and what compression cut of them; CACHED: prompt tokens reused from the slot; TIME SAVED: "
+              "an estimate at the prefill rate llama-server reported\n")
 
 
 def print_session(data: dict[str, Any], out: TextIO) -> None:
     s = data["session"]
     snap = f", snapshot {_n(s['snapshot']['tokens'])} tokens ({s['snapshot']['bytes'] / 1e6:.1f} MB)" \
         if s.get("snapshot") else ""
-    out.write(f"session {s['id']}: {_plural(s['turns'], 'turn')}, {_plural(s['messages'], 'message')}, last use "
-              f"{_ago(s['last_use'])}; {s['compressed']} compressed, tokens {_n(s['tokens_in'])} → "
-              f"{_n(s['tokens_served'])} ({_n(s['tokens_saved'])} saved), {s['recalls']} recall(s){snap}\n")
+    client = f" ({s['client']})" if s.get("client") else ""
+    out.write(f"session {s['id']}{client}: {_plural(s['turns'], 'turn')}, {_plural(s['messages'], 'message')}, "
+              f"last use {_ago(s['last_use'])}; {s['compressed']} compressed, tokens {_n(s['tokens_in'])} → "
+              f"{_n(s['tokens_served'])} ({_n(s['tokens_saved'])} saved by compression), {s['recalls']} "
+              f"recall(s){snap}\n")
+    v = s.get("savings") or {}
+    if v.get("turns_timed"):
+        avoided, saved = v.get("tokens_avoided") or {}, v.get("saved_s") or {}
+        rate = f" at {v['rate_tps']:,.0f} tokens/s" if v.get("rate_tps") else ""
+        out.write(f"prefill: {_n(v.get('prefilled_tokens'))} tokens prefilled in {_secs(v.get('prefill_s'))}, "
+                  f"{_n(v.get('cached_tokens'))} reused from the slot; time saved ≈ {_secs(_saved(v))} "
+                  f"(compression {_secs(saved.get('compression'))} for {_n(avoided.get('compression'))} tokens, "
+                  f"cache {_secs(saved.get('cache'))} for {_n(avoided.get('cache'))} tokens; an estimate{rate})\n")
+    turns = data.get("turns") or []
+    if turns:
+        out.write("\n── turns " + "─" * 40 + "\n")
+        for t in turns:
+            print_turn(t, out)
     traces = data.get("traces") or []
     for m in data["messages"]:
         mine = [traces[i] for i in m.get("traces", [])]
@@ -164,6 +206,25 @@ def print_session(data: dict[str, Any], out: TextIO) -> None:
                 out.write(f"      │ {line}\n")
             if len(lines) > PLAIN_LINES:
                 out.write(f"      … {len(lines) - PLAIN_LINES:,} more lines (as served)\n")
+
+
+def print_turn(t: dict[str, Any], out: TextIO) -> None:
+    """One turn: what the slot held, llama-server's counts, what was avoided and the time saved (an estimate)."""
+    head = f"turn {t['turn']}: {t.get('cache')}"
+    if t.get("prompt_n") is None:
+        out.write(f"{head}, no timings from llama-server (status {t.get('status')})\n")
+    else:
+        avoided, saved = t.get("tokens_avoided") or {}, t.get("saved_s") or {}
+        prefill = f" in {_secs(t['prompt_ms'] / 1000)}" if t.get("prompt_ms") is not None else ""
+        out.write(f"{head}, cache_n {_n(t['cache_n'])}, prefilled {_n(t['prompt_n'])}{prefill}, "
+                  f"{_n(avoided.get('compression'))} not prefilled thanks to compression; time saved ≈ "
+                  f"{_secs(_saved(t))} (compression {_secs(saved.get('compression'))}, cache "
+                  f"{_secs(saved.get('cache'))}; estimate)\n")
+    if t.get("why"):
+        out.write(f"  {t['why']}\n")
+    for m in t.get("messages") or []:
+        if m.get("why"):
+            out.write(f"  message {m['message'] + 1} served whole: {m['why']}\n")
 
 
 def print_trace(t: dict[str, Any], out: TextIO) -> None:

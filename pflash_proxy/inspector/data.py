@@ -2,14 +2,16 @@
 upstream, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
-   sessions (last use, turns, tokens in / served / saved by compression, snapshot, and with a shared index the
-   node holding it), totals and the live counters of ``/pflash/stats``; with a shared index also this node, the
+   sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
+   saved by compression, what the turns saved (``inspector.turns``), snapshot, and with a shared index the node
+   holding it), totals since start (the same counts as the table's) and the live counters of ``/pflash/stats``; with a shared index also this node, the
    live nodes, its forwarded turns, takeovers and what they restored.
    The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
    kept until its last use changes, so the page can refresh every few seconds.
 2. ``session``: one session by its full id — every served message, and for each trace (``inspector.trace``) the
    units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
-   the original lines; recall excerpts with the message and lines they came from.
+   the original lines; recall excerpts with the message and lines they came from; every turn's trace (what the
+   slot held, llama-server's timings, tokens avoided and time saved by cause, why messages were served whole).
 Store reads are blocking (SQLite): callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
 """
 
@@ -18,12 +20,13 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
+from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord
 
@@ -78,11 +81,22 @@ class InspectorData:
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
                              "snapshot_current": s.snapshot_current} for s in sessions.slots()]
         pflash = stats.get("pflash") or {}
+        saved = stats.get("savings") or {}
+        avoided, seconds = saved.get("tokens_avoided") or {}, saved.get("seconds_saved") or {}
         out["totals"] = {
             "requests": stats["requests"].get("total", 0),
             "compressed": (pflash.get("modes") or {}).get("compressed", 0),
-            "tokens_in": pflash.get("tokens_in", 0), "tokens_served": pflash.get("tokens_kept", 0),
-            "tokens_saved": pflash.get("tokens_in", 0) - pflash.get("tokens_kept", 0),
+            "served_whole": sum(n for m, n in (pflash.get("modes") or {}).items() if m.startswith("full-")),
+            # the new long messages compression looked at, compressed or served whole: what the session table's
+            # "tokens in" counts per session
+            "tokens_in": saved.get("message_tokens", 0), "tokens_served": saved.get("message_served_tokens", 0),
+            "tokens_saved": avoided.get("compression", 0),
+            "turns": saved.get("turns_timed", 0), "prompt_tokens": saved.get("prompt_tokens", 0),
+            "prefilled_tokens": saved.get("prefilled_tokens", 0), "cached_tokens": saved.get("cached_tokens", 0),
+            "prefill_s": saved.get("prefill_s", 0.0),
+            "tokens_avoided": {"compression": avoided.get("compression", 0), "cache": avoided.get("cache", 0)},
+            "saved_s": {"compression": seconds.get("compression", 0.0), "cache": seconds.get("cache", 0.0)},
+            "saved_note": saved.get("seconds_saved_note"),
             "snapshots": (stats.get("sessions") or {}).get("snapshots", 0),
             "snapshot_bytes": (stats.get("sessions") or {}).get("snapshot_bytes", 0),
         }
@@ -134,11 +148,28 @@ class InspectorData:
     def summary(self, rec: SessionRecord) -> dict[str, Any]:
         totals = dict(rec.trace_totals)
         tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
+        turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
+        last = turns[-1] if turns else {}
+        rate = session_rate(totals)
         return {"id": rec.id, "created": rec.created, "last_use": rec.last_use, "turns": rec.turns,
                 "messages": len(rec.served), "named": rec.explicit,
+                "client": next((t["client"] for t in reversed(turns) if t.get("client")), None),
+                "first_words": first_words(rec.served, rec.traces), "last_cache": last.get("cache"),
                 "compressed": totals.get("compressed", 0), "served_whole": totals.get("served_whole", 0),
                 "recalls": totals.get("recalls", 0),
-                "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served}
+                # the new long messages compression looked at (compressed or served whole), before and after
+                "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served,
+                "savings": {
+                    "turns_timed": totals.get("turns_timed", 0),
+                    "prompt_tokens": totals.get("prompt_n", 0) + totals.get("cache_n", 0),
+                    "prefilled_tokens": totals.get("prompt_n", 0), "cached_tokens": totals.get("cache_n", 0),
+                    "prefill_s": round(totals.get("prompt_ms", 0) / 1000, 3),
+                    "rate_tps": None if rate is None else round(rate, 1),
+                    "tokens_avoided": {"compression": totals.get("avoided_compression", 0),
+                                       "cache": totals.get("avoided_cache", 0)},
+                    "saved_s": {"compression": round(totals.get("saved_ms_compression", 0) / 1000, 3),
+                                "cache": round(totals.get("saved_ms_cache", 0) / 1000, 3)},
+                    "note": ESTIMATE_NOTE}}
 
     # One session ----------------------------------------------------------------------------------------------
     def session_exists(self, sid: str) -> bool:
@@ -152,7 +183,8 @@ class InspectorData:
         rec = sessions.session(sid)
         if rec is None:
             return None
-        traces = [t for t in rec.traces if isinstance(t, dict)]
+        traces = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") != "turn"]
+        turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
         messages = []
         for i, m in enumerate(rec.served):
             entry: dict[str, Any] = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),
@@ -162,7 +194,31 @@ class InspectorData:
                 entry["tool_calls"] = calls
             messages.append(entry)
         return {"session": {**self.summary(rec), **self._live(sid)}, "messages": messages,
-                "traces": [view(t) for t in traces]}
+                "traces": [view(t) for t in traces], "turns": [{k: v for k, v in t.items() if k != "v"}
+                                                              for t in turns]}
+
+
+FIRST_WORDS = 12
+
+
+def first_words(served: list[dict[str, Any]], traces: Sequence[Any] = ()) -> str | None:
+    """The first words of the conversation: of its first user message (an agent's system prompt says little
+    about the conversation), else of its first message; as the client wrote it (a compressed message's original,
+    from its trace, not the note compression put at its top)."""
+    first = next((i for i, m in enumerate(served) if m.get("role") == "user"), 0 if served else None)
+    if first is None:
+        return None
+    original = next((t.get("text") for t in traces if isinstance(t, dict) and t.get("kind") == "compression"
+                     and t.get("message") == first and t.get("text")), None)
+    text = original or message_text(served[first].get("content"))
+    if original is None and text.startswith("[pflash:"):  # an older trace lost its text: skip the note line
+        text = text.partition("\n")[2]
+    words = text.split()
+    text = " ".join(words[:FIRST_WORDS])
+    if len(text) > 80:
+        text = text[:79].rstrip()
+        return text + "…"
+    return text + ("…" if len(words) > FIRST_WORDS else "")
 
 
 def view(trace: dict[str, Any]) -> dict[str, Any]:

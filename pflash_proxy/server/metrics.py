@@ -5,8 +5,8 @@
    byte, the wait for a slot lease, compression (by mode) and the drafter's share of it; snapshot save and
    restore durations are observed by the snapshot manager through ``observe_snapshot``.
 3. Counters and gauges that the stages already keep (session cache results, restarts, failures, compression
-   modes, bytes on disk, queue length) are read at scrape time by ``StatsCollector`` from the same numbers
-   ``/pflash/stats`` shows, so the two views never disagree. Counters end in ``_total``; every metric has HELP.
+   modes, bytes on disk, queue length, prefill tokens avoided and seconds saved by cause) are read at scrape time
+   by ``StatsCollector`` from the same numbers ``/pflash/stats`` shows, so the two views never disagree. Counters end in ``_total``; every metric has HELP.
 """
 
 from __future__ import annotations
@@ -95,6 +95,28 @@ class StatsCollector:
             yield _counter("compressed_tokens_in", "Tokens of the messages that were compressed",
                            comp.get("tokens_in", 0))
             yield _counter("compressed_tokens_kept", "Tokens kept of those messages", comp.get("tokens_kept", 0))
+        saved = s.get("savings")
+        if saved:
+            yield from _savings_metrics(saved)
+
+
+def _savings_metrics(saved: dict[str, Any]) -> Iterator[Metric]:
+    """What the turns saved (``inspector.turns.SavingsStage``): prompt tokens not prefilled and the prefill time
+    that cost, estimated from the prefill rate llama-server reported on each session, by cause."""
+    tokens = CounterMetricFamily("pflash_prefill_tokens_avoided", "Prompt tokens llama-server did not prefill: "
+                                 "cut by compression, or reused from the slot (cache)", labels=["cause"])
+    seconds = CounterMetricFamily("pflash_prefill_seconds_saved", "Prefill seconds saved (an estimate: tokens "
+                                  "avoided / the session's reported prefill rate), by cause", labels=["cause"])
+    for cause, n in sorted((saved.get("tokens_avoided") or {}).items()):
+        tokens.add_metric([cause], float(n))
+    for cause, v in sorted((saved.get("seconds_saved") or {}).items()):
+        seconds.add_metric([cause], float(v))
+    yield tokens
+    yield seconds
+    yield _counter("prefill_tokens", "Prompt tokens llama-server prefilled (its prompt_n)",
+                   saved.get("prefilled_tokens", 0))
+    yield _counter("prefill_seconds", "Seconds llama-server reported prefilling (its prompt_ms)",
+                   saved.get("prefill_s", 0))
 
 
 CLUSTER_COUNTERS = {

@@ -34,7 +34,7 @@ from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, Upstr
 from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
-from pflash_proxy.server.control import pflash_metrics, pflash_save, pflash_stats
+from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
 from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
@@ -60,6 +60,13 @@ async def read_body(request: web.Request) -> bytes:
 
 def _path_qs(request: web.Request) -> str:
     return request.rel_url.raw_path_qs if hasattr(request.rel_url, "raw_path_qs") else str(request.rel_url)
+
+
+async def root(request: web.Request) -> web.StreamResponse:
+    """``GET /``: llama-server's web UI where it serves one, else the proxy's index (``control.index``)."""
+    if await upstream_serves_root(request):
+        return await passthrough(request)
+    return await index(request)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -342,6 +349,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
     app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
     app.router.add_post("/pflash/save", guarded(pflash_save))
+    app.router.add_get("/", root)
     app.router.add_route("*", "/{tail:.*}", passthrough)
 
 

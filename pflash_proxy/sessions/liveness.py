@@ -2,8 +2,8 @@
 
 1. ``ensure_ready``: once per upstream incarnation, read ``/props`` (slot count, per-slot context, model path) into
    a *model identity* (snapshots never restore across it), hand the slot count to the owner of the table
-   (``on_ready``: it sizes the ``SlotTable`` or marks it empty), and check the configuration (warn once, with the
-   exact flags, when the attached server cannot show the ones the proxy relies on).
+   (``on_ready``: it sizes the ``SlotTable`` or marks it empty), and check the configuration (warn once, naming
+   only the flags the proxy relies on that the attached server's API cannot show).
 2. Restart detection: the spawn supervisor notifies the ``Upstream`` directly; for an attached server a monitor
    polls ``/health`` every second, and a failure followed by recovery is reported the same way. Every restart
    calls ``on_restart`` (the table is emptied) and the next request reads ``/props`` again.
@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pflash_proxy.config import Settings
@@ -94,16 +95,20 @@ class UpstreamWatch:
             log.info("upstream has %d slots (n_ctx %s per slot), model identity %s", n_slots, info["n_ctx"], identity)
 
     async def _check_flags(self, props: dict) -> None:
-        """Warn once about what the attached server's API shows (or cannot show) of the flags we rely on.
+        """Warn once, naming only the flags the proxy relies on that the attached server's API cannot show.
 
-        b11434's ``/props`` reports neither ``--cache-idle-slots`` nor ``-sps``; whether slots can be saved is
-        probed with a save request carrying an invalid filename (400 = enabled, 501 = no --slot-save-path),
-        which the server rejects before it touches any slot.
+        Shown, so never named: the slot count (``/props`` ``total_slots``, which sizes the table, and ``/slots``)
+        and ``--slot-save-path``, probed with a save request carrying an invalid filename (400 = enabled, 501 =
+        none), which the server rejects before it touches any slot. Not shown by b11434's ``/props`` or
+        ``/slots``: ``--no-cache-idle-slots`` and ``-sps 0``, and ``--swa-full``, which matters only for a
+        sliding-window model (read from the GGUF at ``model_path`` when this host can read it). Nothing is
+        printed when nothing is left unverified.
         """
         if self._warned or self.settings.spawn:
             return
         self._warned = True
         notes = []
+        unverified = ["--no-cache-idle-slots", "-sps 0"]
         try:
             status, _ = await self.upstream.call("POST", "/slots/0?action=save", {"filename": "../pflash-probe"},
                                                  timeout_s=5)
@@ -111,14 +116,21 @@ class UpstreamWatch:
             status = None
         if status == 501:
             notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
+        elif status != 400:
+            unverified.append(f"--slot-save-path {self.settings.effective_slot_save_path}")
         if props.get("endpoint_slots") is False:
-            notes.append("/slots is disabled")
-        flags = (f"-np {self.n_slots} --no-cache-idle-slots -sps 0 --swa-full (sliding-window models) "
-                 f"--slot-save-path {self.settings.effective_slot_save_path}")
-        log.warning("llama-server at %s: %sthe proxy cannot verify from /props that it runs with %s; without them "
-                    "idle slots can be cleared or mixed and every turn is re-prefilled (the proxy checks cache_n "
-                    "after each response and counts mismatches in /pflash/stats)", self.upstream.base_url,
-                    ("; ".join(notes) + "; ") if notes else "", flags)
+            notes.append("/slots is disabled, so a hit is checked only by cache_n after the answer")
+        window = _sliding_window(props.get("model_path"))
+        if window is None:
+            unverified.append("--swa-full (for a sliding-window model)")
+        elif window:
+            unverified.append("--swa-full")
+        if not notes and not unverified:
+            return
+        log.warning("llama-server at %s: %sthe proxy cannot verify from /props or /slots that it runs with %s; "
+                    "without them idle slots can be cleared or mixed and every turn is re-prefilled (the proxy "
+                    "checks cache_n after each response and counts mismatches in /pflash/stats)",
+                    self.upstream.base_url, ("; ".join(notes) + "; ") if notes else "", " ".join(unverified))
 
     def _on_restart(self, reason: str) -> None:
         self._ready = False
@@ -176,4 +188,17 @@ class UpstreamWatch:
         if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > slack:
             return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
         slot.task_seen = info["id_task"]
+        return None
+
+
+def _sliding_window(model_path: Any) -> bool | None:
+    """Whether the upstream's model (its ``/props`` ``model_path``, read here when this host can) uses a sliding
+    window; None when it cannot be read."""
+    if not isinstance(model_path, str) or not model_path:
+        return None
+    try:
+        from pflash_proxy.llama.spawn import gguf_facts
+
+        return gguf_facts(Path(model_path)).sliding_window is not None
+    except Exception:  # noqa: BLE001 - another host's path, not a GGUF, unreadable: unknown
         return None

@@ -78,8 +78,10 @@ class RedisIndex:
     def __init__(self, url: str, *, prefix: str = PREFIX, timeout_s: float = 5.0):
         try:
             import redis
-        except ImportError as exc:  # the optional dependency: pip install 'pflash-proxy[cluster]'
-            raise StoreError("--index redis:// needs the redis client (pip install 'pflash-proxy[cluster]')") from exc
+        except ImportError as exc:  # the optional dependency: the cluster extra
+            from pflash_proxy.llama.extras import install_hint
+
+            raise StoreError(f"--index redis:// needs the redis client ({install_hint('cluster')})") from exc
         parsed = urlparse(url)
         if parsed.scheme not in ("redis", "rediss", "unix"):
             raise StoreError(f"--index {url!r}: not a redis:// URL")

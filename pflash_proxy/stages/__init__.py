@@ -4,7 +4,9 @@
 2. ``sessions.SessionStage``: identity, served history, slot lease, restore.
 3. ``compress.CompressStage`` (PFlash, when ``--pflash``): the newest long message shortened, recall; its scorer
    and segmenter come from ``scorers.build_scorer`` (the registry ``scorers.SCORERS`` names every scorer).
-4. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
+4. ``inspector.turns.SavingsStage``: notes the turn; after the answer, records what it saved (the inspector's turn
+   trace, the savings counters).
+5. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
    the answer's headers go out.
 The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``.
 Imports are lazy: ``config`` reads the scorer registry from this package at import time.
@@ -45,5 +47,8 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
 
             built = build_scorer(settings)  # loads the drafter when one is configured
             stages.append(CompressStage(settings, upstream, built.segmenter, built.scorer, built))
+    from pflash_proxy.inspector.turns import SavingsStage
+
+    stages.append(SavingsStage(manager, settings.threshold if settings.pflash else None))
     stages.append(SessionCommitStage(manager))
     return stages + list(extra)

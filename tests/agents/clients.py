@@ -101,8 +101,7 @@ class Agent:
                     f"see its 'setup: agent CLIs' line)")
         return None
 
-    def prepare(self, home: Path, workdir: Path, base_url: str, prompt: str, filename: str,
-                max_output_tokens: int | None = None) -> Run:
+    def prepare(self, home: Path, workdir: Path, base_url: str, prompt: str, filename: str) -> Run:
         raise NotImplementedError
 
 
@@ -112,13 +111,11 @@ class ClaudeCode(Agent):
 
     name, binary, line_numbers = "claude", "claude", True
 
-    def prepare(self, home, workdir, base_url, prompt, filename, max_output_tokens=None):
+    def prepare(self, home, workdir, base_url, prompt, filename):
         env = _base_env(home)
         env.update(ANTHROPIC_BASE_URL=base_url.rstrip("/"), ANTHROPIC_API_KEY="dummy",
                    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
                    DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", API_TIMEOUT_MS="900000")
-        if max_output_tokens:
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output_tokens)
         argv = [str(self.path()), "-p", prompt, "--output-format", "json", "--model", CLAUDE_MODEL,
                 "--tools", "Read", "--max-turns", "4"]
         return Run(argv, env, workdir)
@@ -130,13 +127,11 @@ class Codex(Agent):
 
     name, binary = "codex", "codex"
 
-    def prepare(self, home, workdir, base_url, prompt, filename, max_output_tokens=None):
+    def prepare(self, home, workdir, base_url, prompt, filename):
         codex_home = home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         lines = [f'model = "{MODEL}"', 'model_provider = "pflash"', "tool_output_token_limit = 100000",
                  "model_context_window = 32768"]
-        if max_output_tokens:
-            lines.append(f"model_max_output_tokens = {max_output_tokens}")
         lines += ["[analytics]", "enabled = false", "", "[model_providers.pflash]", 'name = "pflash"',
                   f'base_url = "{base_url.rstrip("/")}/v1"', 'wire_api = "responses"',
                   "request_max_retries = 0", "stream_max_retries = 0", "stream_idle_timeout_ms = 900000"]
@@ -155,12 +150,10 @@ class OpenCode(Agent):
 
     name, binary, line_numbers = "opencode", "opencode", True
 
-    def prepare(self, home, workdir, base_url, prompt, filename, max_output_tokens=None):
+    def prepare(self, home, workdir, base_url, prompt, filename):
         conf = home / ".config" / "opencode"
         conf.mkdir(parents=True, exist_ok=True)
         model: dict = {"name": MODEL}
-        if max_output_tokens:
-            model["limit"] = {"context": 32768, "output": max_output_tokens}
         (conf / "opencode.json").write_text(json.dumps({
             "$schema": "https://opencode.ai/config.json",
             "provider": {"pflash": {"npm": "@ai-sdk/openai-compatible", "name": "pflash",
@@ -193,7 +186,7 @@ class Aider(Agent):
             return "aider's file mentions need git, which is not on PATH"
         return None
 
-    def prepare(self, home, workdir, base_url, prompt, filename, max_output_tokens=None):
+    def prepare(self, home, workdir, base_url, prompt, filename):
         env = _base_env(home)
         env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", AIDER_ANALYTICS="false", GIT_AUTHOR_NAME="t",
                    GIT_AUTHOR_EMAIL="t@example.invalid", GIT_COMMITTER_NAME="t",

@@ -76,8 +76,8 @@ class Stack:
 
 
 async def run_once(agent: Agent, stack: Stack, home: Path, workdir: Path, prompt: str, filename: str,
-                   timeout_s: float, max_output_tokens: int | None = None) -> Result:
-    run = agent.prepare(home, workdir, stack.url, prompt, filename, max_output_tokens)
+                   timeout_s: float) -> Result:
+    run = agent.prepare(home, workdir, stack.url, prompt, filename)
     return await run_agent(run, timeout_s)
 
 

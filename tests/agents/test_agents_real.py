@@ -16,26 +16,34 @@ traceback.py, copied into its working directory); turn 1 answers with a call of 
    current exchange, so its turn 2 shares only the system prompt with turn 1 (directly too).
 Every failed check is collected and reported together.
 
-Real-model runs (no script, one per client): the client once straight to llama-server and once through the proxy;
-only that it completes as it does directly (same exit code).  gemma-3-270m cannot drive these clients' tools.
+Real-model runs (no script, one per client): ``pflash-proxy wrap CLIENT`` with the newcomer's own ``say hi``
+command line (``claude -p``, ``codex exec --skip-git-repo-check``, ``opencode run``, ``aider --yes --no-git
+--message``) against a proxy started as ``make run`` starts it (``serve --spawn``: the bundled gemma-3-270m with
+the spawned server's end-of-turn stops and generation cap, nothing per client).  Asserted: exit 0 within
+``CLI_TIMEOUT_S`` and a non-empty answer.  gemma-3-270m cannot drive these clients' tools; it can end a turn.
 
 Skipped, with the reason, when a CLI is not installed (scripts/setup.sh installs them; see tests/agents/pins.txt).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 import traceback as tb_module
 from pathlib import Path
 
 import pytest
 
-from tests.agents.clients import AGENTS, Agent
+from pflash_proxy.llama.spawn import free_port
+from tests.agents.clients import AGENTS, CACHE, Agent, Run, _base_env, run_agent
 from tests.agents.loop import (Stack, file_texts, function_lines, gold_block, pair_turns, run_once,
                                system_and_tools_diff, whole_in)
 from tests.agents.scripted import Script
-from tests.conftest import start_llama_server
+from tests.conftest import start_llama_server, stop_process, wait_until_served
 
 pytestmark = pytest.mark.llama
 
@@ -46,12 +54,29 @@ FUNCTIONS = ("_extract_caret_anchors_from_line_segment", "format_frame_summary")
 
 @pytest.fixture(scope="module")
 def agent_llama(gemma_model, tmp_path_factory):
-    """llama-server with room for the agents' prompts (Claude Code ~9K tokens before the file, Codex ~5K), and
-    ``-n 128``: the server's cap on every answer's length (Codex sends no output limit, and gemma may not stop)."""
+    """llama-server with room for the agents' prompts (Claude Code ~9K tokens before the file, Codex ~5K)."""
     server = start_llama_server(gemma_model, tmp_path_factory.mktemp("agents-llama"), parallel=2,
-                                ctx_per_slot=32768, extra=["-n", "128"])
+                                ctx_per_slot=32768)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def spawned_proxy(tmp_path_factory):
+    """``pflash-proxy serve --spawn`` as ``make run`` runs it (its own state directory; the bundled model)."""
+    home = tmp_path_factory.mktemp("spawned-proxy")
+    port = free_port()
+    log = home / "serve.log"
+    env = {**os.environ, "PFLASH_HOME": str(home / "state")}
+    with open(log, "ab") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "pflash_proxy", "serve", "--spawn", "--port", str(port),
+                                 "--spawn-threads", "2"], env=env, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_until_served(url + "/health", 300, proc, log))
+        yield url
+    finally:
+        stop_process(proc, grace_s=60)
 
 
 def _agent(name: str) -> Agent:
@@ -151,24 +176,41 @@ async def test_agent_reads_a_long_file_through_the_proxy(name, agent_llama, tmp_
     assert not problems, f"{name}: {len(problems)} problem(s) {where}\n" + "\n".join(problems)
 
 
-@pytest.mark.timeout(2 * CLI_TIMEOUT_S + 300)
-@pytest.mark.parametrize("name", ["claude", "codex", "opencode", "aider"])
-async def test_agent_against_the_real_model_completes_as_directly(name, agent_llama, tmp_path):
-    """No script: gemma answers (or fails to drive the client) the same way with and without the proxy."""
+# the newcomer's commands (README, "agents on the bundled model")
+SAY_HI = {"claude": ["-p", "say hi"], "codex": ["exec", "--skip-git-repo-check", "say hi"],
+          "opencode": ["run", "say hi"], "aider": ["--yes", "--no-git", "--message", "say hi"]}
+
+
+def answer_of(name: str, stdout: str, workdir: Path) -> str:
+    """The model's answer as the client printed it; aider's from its chat history (its terminal output mixes the
+    answer with its banner), the lines after the user's ``#### say hi`` that are not its own ``>`` notes."""
+    if name != "aider":
+        return stdout.strip()
+    history = workdir / ".aider.chat.history.md"
+    text = history.read_text() if history.exists() else ""
+    after = text.split("#### say hi", 1)[1] if "#### say hi" in text else ""
+    return "\n".join(ln for ln in after.splitlines() if ln.strip() and not ln.startswith(">")).strip()
+
+
+# Not yet bounded on the bundled model (measured on a loaded 2-core machine): Claude Code asks max_tokens 128000,
+# which the spawned server's -n does not cap, and its answer had not reached <|im_end|> after ~100 tokens; Codex's
+# answer (no limit sent) runs to the 256-token cap, minutes on a busy CPU, and its exit on a capped answer is
+# unverified.
+UNBOUNDED = {"claude": "Claude Code's max_tokens 128000 is not capped; its turn ends only at the model's <|im_end|>",
+             "codex": "Codex's answer runs to the 256-token cap; its exit status on a capped answer is unverified"}
+
+
+@pytest.mark.timeout(CLI_TIMEOUT_S + 120)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.skip(reason=UNBOUNDED[n])) if n in UNBOUNDED
+                                  else n for n in ("claude", "codex", "opencode", "aider")])
+async def test_agent_says_hi_through_wrap_on_the_spawned_bundled_model(name, spawned_proxy, tmp_path):
+    """No script: the bundled model answers, and the client ends its turn (exit 0) with a non-empty answer."""
     agent = _agent(name)
-    results = {}
-    for arm in ("direct", "proxy"):
-        work, home, func = _workdir(tmp_path / arm)
-        proxy = dict(slot_save_path=agent_llama.slot_dir, threshold=1024) if arm == "proxy" else None
-        async with Stack(agent_llama.url, None, proxy, home / "pflash") as stack:
-            results[arm] = await run_once(agent, stack, home, work, f"In {SOURCE.name}, what does {func} do?",
-                                          SOURCE.name, CLI_TIMEOUT_S, max_output_tokens=64)
-            statuses = [(x.path, x.status) for x in stack.front.exchanges]
-        results[arm + "_statuses"] = statuses
-    direct, proxied = results["direct"], results["proxy"]
-    assert proxied.rc is not None, f"{name} through the proxy timed out\n{proxied.tail()}"
-    assert proxied.rc == direct.rc, (f"{name}: exit {direct.rc} directly, {proxied.rc} through the proxy\n"
-                                     f"direct statuses {results['direct_statuses']}\n{direct.tail(1500)}\n"
-                                     f"proxy statuses {results['proxy_statuses']}\n{proxied.tail(1500)}")
-    errors = {arm: [(p, s) for p, s in results[arm + "_statuses"] if s >= 500] for arm in ("direct", "proxy")}
-    assert not errors["proxy"] or errors["direct"], f"{name}: 5xx only through the proxy: {errors}"
+    work, home, _ = _workdir(tmp_path)
+    env = {**_base_env(home), "PFLASH_AGENTS_CACHE": str(CACHE), "PFLASH_HOME": str(home / "pflash")}
+    run = Run([sys.executable, "-m", "pflash_proxy", "wrap", "--url", spawned_proxy, agent.name, *SAY_HI[name]],
+              env, work)
+    result = await run_agent(run, CLI_TIMEOUT_S)
+    assert result.rc is not None, f"{name} did not end its turn within {CLI_TIMEOUT_S}s\n{result.tail()}"
+    assert result.rc == 0, f"{name} exited {result.rc}\n{result.tail()}"
+    assert answer_of(name, result.stdout, work), f"{name} printed no answer\n{result.tail()}"

@@ -123,8 +123,10 @@ async def test_attached_server_gets_one_warning_with_the_flags(aiohttp_client, l
     await ask(proxy, [{"role": "user", "content": "hi again"}], max_tokens=1)
     warnings = [r.getMessage() for r in caplog.records if "cannot verify" in r.getMessage()]
     assert len(warnings) == 1
-    assert "--no-cache-idle-slots -sps 0" in warnings[0] and "-np 2" in warnings[0]
-    assert "no --slot-save-path" not in warnings[0]  # this server has one: the probe saw 400, not 501
+    assert "--no-cache-idle-slots -sps 0" in warnings[0]  # /props and /slots show neither
+    assert "-np" not in warnings[0]  # the slot count is what /props and /slots show
+    assert "--slot-save-path" not in warnings[0]  # this server has one: the probe saw 400, not 501
+    assert "--swa-full" in warnings[0] and "(for a sliding-window" not in warnings[0]  # gemma 3's GGUF, read here
 
 
 async def test_save_every_turn_snapshots_in_the_background(aiohttp_client, llama_server, tmp_path):

@@ -50,10 +50,10 @@ class Marker(Stage):
 def test_default_stages_writes_the_order_once(tmp_path):
     upstream = Upstream("http://127.0.0.1:9")
     names = [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path), upstream)]
-    assert names == ["response-chains", "sessions", "pflash", "sessions-commit"]
+    assert names == ["response-chains", "sessions", "pflash", "savings", "sessions-commit"]
     off = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "b", pflash=False), upstream,
                          extra=[Marker()])
-    assert [s.name for s in off] == ["response-chains", "sessions", "sessions-commit", "marker"]
+    assert [s.name for s in off] == ["response-chains", "sessions", "savings", "sessions-commit", "marker"]
     assert [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path / "c", sessions=False),
                                            upstream, extra=[Marker()])] == ["marker"]
     # the stages of one list share one session manager (and its index)

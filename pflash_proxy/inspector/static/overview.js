@@ -36,15 +36,28 @@ function renderNode(n) {  // one node of several sharing an index (--index redis
     el("code", {class: "muted", text: n.index || ""})));
 }
 
+function secs(s) {
+  if (s === null || s === undefined) return "–";
+  return s >= 10 ? `${s.toFixed(1)} s` : s >= 1 ? `${s.toFixed(2)} s` : `${(s * 1000).toFixed(0)} ms`;
+}
+
 function renderTotals(t) {
+  const saved = t.saved_s || {}, avoided = t.tokens_avoided || {};
   document.getElementById("totals").replaceChildren(
-    card("requests", fmtInt(t.requests)),
-    card("messages compressed", fmtInt(t.compressed)),
-    card("tokens in", fmtInt(t.tokens_in), "of the compressed messages"),
-    card("tokens served", fmtInt(t.tokens_served)),
+    card("requests", fmtInt(t.requests), `${fmtInt(t.turns)} session turns timed by llama-server`),
+    card("messages compressed", fmtInt(t.compressed), t.served_whole ? `${fmtInt(t.served_whole)} served whole` : null),
+    card("tokens in", fmtInt(t.tokens_in), "new long messages, compressed or served whole"),
+    card("tokens served", fmtInt(t.tokens_served), "of those messages"),
     card("tokens saved", fmtInt(t.tokens_saved),
-         t.tokens_in ? `${(100 * t.tokens_saved / t.tokens_in).toFixed(0)} % of them` : null),
+         t.tokens_in ? `${(100 * t.tokens_saved / t.tokens_in).toFixed(0)} % of them, cut by compression` : null),
+    card("prefilled / cached", `${fmtInt(t.prefilled_tokens)} / ${fmtInt(t.cached_tokens)}`,
+         `prompt tokens (llama-server's prompt_n / cache_n) · prefill ${secs(t.prefill_s)}`),
+    card("time saved (estimate)", `≈ ${secs((saved.compression || 0) + (saved.cache || 0))}`,
+         `compression ${secs(saved.compression)} (${fmtInt(avoided.compression)} tokens) · cache ` +
+         `${secs(saved.cache)} (${fmtInt(avoided.cache)} tokens)`),
     card("snapshots", fmtInt(t.snapshots), fmtBytes(t.snapshot_bytes)));
+  document.getElementById("totals-note").textContent = "Totals since the proxy started. " +
+    (t.saved_note ? "Time saved is an " + t.saved_note.replace("this session", "each session") + "." : "");
 }
 
 function renderSlots(slots, queued) {
@@ -61,12 +74,21 @@ function renderSessions(list, total) {
   document.getElementById("sessions-total").textContent =
     total > list.length ? `(${list.length} most recent of ${fmtInt(total)})` : `(${fmtInt(total)})`;
   const table = document.getElementById("sessions");
-  table.replaceChildren(row(["session", "last use", "turns", "messages", "compressed", "tokens in", "served",
-                             "saved", "recalls", "slot", "node", "snapshot"], true),
-    ...list.map(s => row([sessionLink(s.id), ago(s.last_use), fmtInt(s.turns), fmtInt(s.messages),
-                          fmtInt(s.compressed), fmtInt(s.tokens_in), fmtInt(s.tokens_served), fmtInt(s.tokens_saved),
-                          fmtInt(s.recalls), s.slot === null ? "–" : String(s.slot), s.node || "–",
-                          s.snapshot ? `${fmtInt(s.snapshot.tokens)} tok · ${fmtBytes(s.snapshot.bytes)}` : "–"])));
+  table.replaceChildren(row(["session", "client", "first words", "last activity", "turns", "last turn", "compressed",
+                             "tokens in", "served", "saved", "cached", "time saved (est.)", "recalls", "slot",
+                             "node", "snapshot"], true),
+    ...list.map(s => {
+      const v = s.savings || {saved_s: {}, cached_tokens: 0};
+      const saved = (v.saved_s.compression || 0) + (v.saved_s.cache || 0);
+      return row([sessionLink(s.id), s.client || "–",
+                  el("span", {class: "first-words", title: s.first_words || "", text: s.first_words || "–"}),
+                  ago(s.last_use), fmtInt(s.turns),
+                  s.last_cache ? el("span", {class: "badge cache-" + s.last_cache, text: s.last_cache}) : "–",
+                  fmtInt(s.compressed), fmtInt(s.tokens_in), fmtInt(s.tokens_served), fmtInt(s.tokens_saved),
+                  fmtInt(v.cached_tokens), v.turns_timed ? "≈ " + secs(saved) : "–",
+                  fmtInt(s.recalls), s.slot === null ? "–" : String(s.slot), s.node || "–",
+                  s.snapshot ? `${fmtInt(s.snapshot.tokens)} tok · ${fmtBytes(s.snapshot.bytes)}` : "–"]);
+    }));
 }
 
 async function refresh() {

@@ -1,6 +1,7 @@
 // One session: every served message; for a compressed (or whole-served) message its original lines unit by unit:
 // kept units plain, omitted units folded in <details>, a heat strip per unit (score -> colour), the request span
-// marked, budget and mode above; recall excerpts with the message and lines they came from.
+// marked, budget and mode above; recall excerpts with the message and lines they came from; above them every turn:
+// what the slot held, llama-server's counts and prefill time, tokens avoided and time saved (an estimate).
 "use strict";
 
 const SID = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
@@ -145,14 +146,64 @@ function messageView(m, traces) {
   return art;
 }
 
+function fmtSecs(s) {
+  if (s === null || s === undefined) return "–";
+  return s >= 10 ? `${s.toFixed(1)} s` : s >= 1 ? `${s.toFixed(2)} s` : `${(s * 1000).toFixed(0)} ms`;
+}
+
+function savedText(t) {  // "≈ 1.2 s (compression 0.8 s · cache 0.4 s)"
+  const c = t.saved_s.compression || 0, k = t.saved_s.cache || 0;
+  if (t.saved_s.compression === null && t.saved_s.cache === null) return "–";
+  return `≈ ${fmtSecs(c + k)}`;
+}
+
+function turnsView(turns, note) {
+  const box = document.getElementById("turns");
+  if (!turns.length) { box.replaceChildren(); return; }
+  const head = ["turn", "client", "slot held", "cache_n", "prefilled", "not prefilled (compression)",
+                "prefill time", "rate", "time saved (estimate)", "first byte", "notes"];
+  const rows = turns.map(t => {
+    const why = [t.why, ...t.messages.filter(m => m.why).map(m => `message ${m.message + 1}: ${m.why}`)]
+      .filter(Boolean);
+    if (t.cache === "restored" && t.prepare_ms) why.push(`restore and look-up took ${fmtInt(Math.round(t.prepare_ms - (t.compression_ms || 0)))} ms`);
+    if (t.compression_ms) why.push(`compression took ${fmtInt(Math.round(t.compression_ms))} ms`);
+    const saved = el("span", {class: "saved", title: note || "",
+                              text: savedText(t) + (t.prompt_n === null ? "" :
+                                ` (compression ${fmtSecs(t.saved_s.compression)} · cache ${fmtSecs(t.saved_s.cache)})`)});
+    return el("tr", {class: "turn", "data-turn": t.turn, "data-cache": t.cache},
+      ...[String(t.turn), t.client || "–",
+          el("span", {class: "badge cache-" + t.cache, text: t.cache}),
+          fmtInt(t.cache_n), fmtInt(t.prompt_n), fmtInt(t.tokens_avoided.compression),
+          t.prompt_ms === null ? "–" : fmtSecs(t.prompt_ms / 1000),
+          t.rate_tps ? `${fmtInt(Math.round(t.rate_tps))} tok/s` : "–", saved,
+          t.first_byte_ms === null ? "–" : fmtSecs(t.first_byte_ms / 1000),
+          el("span", {class: "why", text: why.join("; ") || "–"})].map(c => el("td", {}, c)));
+  });
+  box.replaceChildren(el("h2", {text: "Turns"}),
+    el("p", {class: "muted", text: "slot held: hit (the slot still held the session), restored (its snapshot was " +
+      "read back), miss (prefilled from the start). cache_n and prefilled are llama-server's own counts; " +
+      "time saved is an " + (note || "estimate")}),
+    el("table", {class: "grid turns"}, el("tr", {}, head.map(h => el("th", {text: h}))), ...rows));
+}
+
 function renderMeta(s) {
+  const v = s.savings || {};
+  const avoided = v.tokens_avoided || {compression: 0, cache: 0};
+  const saved = v.saved_s || {compression: 0, cache: 0};
   document.getElementById("meta").replaceChildren(
+    card("client", s.client || "–", s.first_words ? `“${s.first_words}”` : null),
     card("turns", fmtInt(s.turns), `${plural(s.messages, "message")} served`),
     card("last use", ago(s.last_use), new Date(s.created * 1000).toLocaleString() + " created"),
     card("compressed", fmtInt(s.compressed), s.served_whole ? `${fmtInt(s.served_whole)} served whole` : null),
     card("tokens in → served", `${fmtInt(s.tokens_in)} → ${fmtInt(s.tokens_served)}`,
          `${fmtInt(s.tokens_saved)} saved`),
     card("recalls", fmtInt(s.recalls)),
+    card("prefilled / cached", `${fmtInt(v.prefilled_tokens)} / ${fmtInt(v.cached_tokens)}`,
+         `tokens over ${plural(v.turns_timed || 0, "turn")} · prefill ${fmtSecs(v.prefill_s)}`),
+    card("time saved (estimate)", `≈ ${fmtSecs((saved.compression || 0) + (saved.cache || 0))}`,
+         `compression ${fmtSecs(saved.compression)} (${fmtInt(avoided.compression)} tokens) · cache ` +
+         `${fmtSecs(saved.cache)} (${fmtInt(avoided.cache)} tokens)` +
+         (v.rate_tps ? ` at ${fmtInt(Math.round(v.rate_tps))} tok/s` : "")),
     card("slot", s.slot === null ? "–" : String(s.slot),
          s.snapshot ? `snapshot ${fmtInt(s.snapshot.tokens)} tokens · ${fmtBytes(s.snapshot.bytes)}` : "no snapshot"));
 }
@@ -172,6 +223,7 @@ async function load() {
   try {
     const data = await fetchJSON(`/pflash/api/sessions/${encodeURIComponent(SID)}`);
     renderMeta(data.session);
+    turnsView(data.turns || [], (data.session.savings || {}).note);
     document.getElementById("messages").replaceChildren(...data.messages.map(m => messageView(m, data.traces)));
     setStatus(`${plural(data.messages.length, "message")} · ${plural(data.traces.length, "trace")}`);
     reveal();

@@ -1,0 +1,233 @@
+"""What each turn saved: ``SavingsStage`` records, after the answer, one ``turn`` trace per chat turn of a session
+(``trace.record_turn``) and keeps the proxy's totals since start (``/pflash/stats`` under ``savings``, the
+Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_seconds_saved_total``).
+
+1. What llama-server reported: the answer's ``timings`` (``cache_n``: prompt tokens the slot already held,
+   ``prompt_n``: tokens prefilled, ``prompt_ms``: the prefill's time, ``predicted_n``/``predicted_ms``); answers
+   without ``timings`` (an upstream that sends only ``usage``) give the counts and no times. What the proxy
+   decided: the slot's state before the turn (``hit``: the slot held the session, ``restored``: its snapshot was
+   read back, ``miss``), the compression of the turn's new long message (its traces: tokens before and after,
+   the mode) and, for every message served whole, why, in plain words (``plain_reason``).
+2. Tokens avoided, by cause: ``compression`` = the tokens of the turn's compressed messages minus what was served
+   of them; ``cache`` = ``cache_n`` (prompt tokens reused from the slot, whether it held the session or its
+   snapshot was restored).
+3. Time saved is an estimate: tokens avoided ÷ the prefill rate llama-server reported on this session (its
+   ``prompt_n`` ÷ ``prompt_ms`` summed over the session's turns that prefilled at least ``MIN_TIMED_PROMPT``
+   tokens; the turn's own when none did). The real cost of a prefill grows with the context, so a rate measured on
+   shorter prefills under-estimates what a long one costs. The proxy's own costs are shown beside it, not taken
+   off: the compression's milliseconds, and on a restored turn the preparation before forwarding (the restore,
+   the look-up; ``prepare_ms``, the slot-queue wait excluded).
+4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
+   ``x-app``), the status and the time to the first byte.
+Recording never fails a request: the trace is written to the index after the answer (``update_record``, in a
+worker thread, under the session's lease), and an error there is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
+from pflash_proxy.inspector.trace import VERSION, record_turn
+
+log = logging.getLogger("pflash_proxy.inspector")
+
+SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
+MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
+CAUSES = ("compression", "cache")
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+
+ESTIMATE_NOTE = ("estimate: tokens avoided ÷ the prefill rate (prompt tokens per second) llama-server reported "
+                 "on this session")
+
+
+def client_name(headers: Mapping[str, str]) -> str | None:
+    """The client, from its headers: Codex's ``originator`` (``codex_exec``), else the ``User-Agent``'s first
+    product (``claude-cli``, ``opencode``, ``OpenAI``, ``curl``), with Claude Code's ``x-app`` (``cli``) when it
+    says more; None without either."""
+    def first(value: str | None) -> str | None:
+        m = _TOKEN.match((value or "").strip())
+        return m.group(0).split("/", 1)[0] if m else None
+
+    originator, agent, app = first(headers.get("originator")), first(headers.get("User-Agent")), \
+        first(headers.get("x-app"))
+    if originator:
+        return originator
+    if agent:
+        return agent if not app or app in agent else f"{agent} ({app})"
+    return app
+
+
+def plain_reason(mode: str | None, reason: str | None, threshold: int | None = None) -> str | None:
+    """Why a message (or a turn) was served whole, for a person: None when it was compressed."""
+    if mode == "compressed" or mode == "recall":
+        return None
+    if mode == "full-flat":
+        return ("no part of the message stood out as more relevant to the request than the rest, so cutting it "
+                "would have been a guess: served whole" + (f" ({reason})" if reason else ""))
+    if mode == "full-error":
+        return "compression failed, so the message went through unchanged" + (f" ({reason})" if reason else "")
+    if mode == "full-cold":
+        return ("the earlier conversation was not in the slot and is prefilled as it was served (only a new "
+                "message is ever shortened)")
+    if mode == "passthrough":
+        long = f" of at least {threshold:,} tokens" if threshold else " long enough"
+        return f"no new message{long} (--threshold): nothing to shorten"
+    if mode is None:
+        return "compression is off (--no-pflash)"
+    return reason or mode
+
+
+def _timings(final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms from llama-server's ``timings`` (the counts from
+    the dialect's ``usage`` when there are none)."""
+    if not isinstance(final, dict):
+        return None
+    t = final.get("timings")
+    if isinstance(t, dict) and "prompt_n" in t:
+        out: dict[str, Any] = {k: int(t.get(k) or 0) for k in ("cache_n", "prompt_n", "predicted_n")}
+        out.update({k: round(float(t.get(k) or 0.0), 2) for k in ("prompt_ms", "predicted_ms")})
+        return out
+    from pflash_proxy.dialects import cache_counts
+
+    counts = cache_counts(final)
+    return None if counts is None else {**counts, "prompt_ms": None, "predicted_ms": None}
+
+
+def estimate(tokens: int, rate_tps: float | None) -> float | None:
+    """Seconds ``tokens`` would have taken to prefill at ``rate_tps`` (None without a rate)."""
+    return None if not rate_tps else round(tokens / rate_tps, 4)
+
+
+def session_rate(totals: Mapping[str, int], turn: dict[str, Any] | None = None) -> float | None:
+    """The prefill rate (tokens/s) llama-server reported on the session (module docstring, step 3)."""
+    n, ms = totals.get("timed_prompt_n", 0), totals.get("timed_prompt_ms", 0)
+    if n and ms:
+        return n * 1000 / ms
+    if turn and turn.get("prompt_ms") and turn.get("prompt_n"):
+        return turn["prompt_n"] * 1000 / turn["prompt_ms"]
+    return None
+
+
+class SavingsStage(Stage):
+    """After the compression stage, before the commit: notes the turn; after the answer, records it."""
+
+    name = "savings"
+
+    def __init__(self, manager: Any, threshold: int | None):
+        self.manager = manager  # sessions.manager.SessionManager: its index (``store``)
+        self.threshold = threshold  # None: compression is off
+        self.counters: dict[str, float] = {"turns": 0, "turns_timed": 0, "prompt_tokens": 0, "prefilled_tokens": 0,
+                                           "cached_tokens": 0, "prefill_ms": 0.0, "message_tokens": 0,
+                                           "message_served_tokens": 0}
+        self.avoided = dict.fromkeys(CAUSES, 0)
+        self.saved_s = dict.fromkeys(CAUSES, 0.0)
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        ctx = req.state.get(SESSIONS_STAGE)
+        if req.kind != "chat" or ctx is None or getattr(ctx, "record", None) is None:
+            return
+        # the commit (next stage) counts the turn; this is the number it gets
+        req.state[self.name] = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
+
+    async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
+        noted = req.state.get(self.name)
+        ctx = req.state.get(SESSIONS_STAGE)
+        if noted is None or ctx is None or ctx.record is None:
+            return
+        try:
+            turn, totals = self.turn_trace(req, result, ctx, noted)
+        except Exception:  # noqa: BLE001 - never cost the request
+            log.exception("inspector: could not build the turn trace")
+            return
+        record_turn(ctx.record, turn, totals)
+        ctx.record.last_use = time.time()  # the inspector's cached summary of the session is renewed
+        self._count(turn)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.manager.store.update_record, ctx.record)
+        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
+            log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
+
+    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: Any,
+                   noted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+        rec = ctx.record
+        n = noted["turn"]
+        timings = _timings(result.final_json)
+        mode = req.response_headers.get("X-PFlash-Mode")
+        messages = []
+        avoided_compression = 0
+        for t in rec.traces:
+            if isinstance(t, dict) and t.get("kind") == "compression" and t.get("turn") == n:
+                tokens, served = int(t.get("message_tokens") or 0), int(t.get("served_tokens") or 0)
+                if t.get("mode") == "compressed":
+                    avoided_compression += max(0, tokens - served)
+                messages.append({"message": t.get("message"), "mode": t.get("mode"), "tokens": tokens,
+                                 "served_tokens": served, "why": plain_reason(t.get("mode"), t.get("reason"))})
+        fields = req.log_fields
+        compression_ms = float(fields.get("pflash_ms") or 0.0)
+        prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
+        first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
+        turn: dict[str, Any] = {
+            "v": VERSION, "kind": "turn", "turn": n, "at": time.time(), "client": client_name(req.headers),
+            "status": result.status, "completed": result.completed and not result.client_gone,
+            "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
+            "why": plain_reason(mode, fields.get("pflash_reason"), self.threshold) if not messages else None,
+            "messages": messages, "first_byte_ms": first, "queue_ms": fields.get("queue_ms"),
+            "prepare_ms": round(prepare_ms, 1), "compression_ms": round(compression_ms, 1),
+            "cache_n": None, "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
+            "tokens_avoided": {"compression": avoided_compression, "cache": 0},
+            "saved_s": {"compression": None, "cache": None}, "rate_tps": None,
+        }
+        totals: dict[str, int] = {"turns_recorded": 1}
+        if timings is None:
+            return turn, totals
+        turn.update(timings)
+        cache_n, prompt_n, prompt_ms = timings["cache_n"], timings["prompt_n"], timings["prompt_ms"]
+        turn["tokens_avoided"]["cache"] = cache_n
+        totals.update({"turns_timed": 1, "prompt_n": prompt_n, "cache_n": cache_n,
+                       "avoided_compression": avoided_compression, "avoided_cache": cache_n})
+        if prompt_ms:
+            totals["prompt_ms"] = round(prompt_ms)
+            if prompt_n >= MIN_TIMED_PROMPT:
+                totals["timed_prompt_n"], totals["timed_prompt_ms"] = prompt_n, max(1, round(prompt_ms))
+        merged = {k: rec.trace_totals.get(k, 0) + totals.get(k, 0) for k in ("timed_prompt_n", "timed_prompt_ms")}
+        rate = session_rate(merged, turn)
+        turn["rate_tps"] = None if rate is None else round(rate, 1)
+        saved = {"compression": estimate(avoided_compression, rate), "cache": estimate(cache_n, rate)}
+        turn["saved_s"] = saved
+        for cause in CAUSES:
+            totals[f"saved_ms_{cause}"] = round((saved[cause] or 0.0) * 1000)
+        if ctx.cache == "restored":
+            totals["restore_prepare_ms"] = round(prepare_ms - compression_ms)
+        return turn, totals
+
+    def _count(self, turn: dict[str, Any]) -> None:
+        c = self.counters
+        c["turns"] += 1
+        c["message_tokens"] += sum(m["tokens"] for m in turn["messages"])
+        c["message_served_tokens"] += sum(m["served_tokens"] for m in turn["messages"])
+        if turn.get("prompt_n") is None:
+            return
+        c["turns_timed"] += 1
+        c["prompt_tokens"] += turn["prompt_n"] + turn["cache_n"]
+        c["prefilled_tokens"] += turn["prompt_n"]
+        c["cached_tokens"] += turn["cache_n"]
+        c["prefill_ms"] += turn.get("prompt_ms") or 0.0
+        for cause in CAUSES:
+            self.avoided[cause] += turn["tokens_avoided"][cause]
+            self.saved_s[cause] += turn["saved_s"][cause] or 0.0
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {"turns": int(c["turns"]), "turns_timed": int(c["turns_timed"]),
+                "prompt_tokens": int(c["prompt_tokens"]), "prefilled_tokens": int(c["prefilled_tokens"]),
+                "cached_tokens": int(c["cached_tokens"]), "message_tokens": int(c["message_tokens"]),
+                "message_served_tokens": int(c["message_served_tokens"]), "prefill_s": round(c["prefill_ms"] / 1000, 3),
+                "tokens_avoided": dict(self.avoided),
+                "seconds_saved": {k: round(v, 3) for k, v in self.saved_s.items()},
+                "seconds_saved_note": ESTIMATE_NOTE}

@@ -1,0 +1,188 @@
+"""``pflash-proxy wrap``: the configuration each agent gets, where its binary is found, the command line, and the
+processes it starts and stops (a stand-in agent on PATH for the process checks; the real CLIs run in
+tests/agents/test_agents_real.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pflash_proxy.cli import build_parser
+from pflash_proxy.cli.wrap import (PLACEHOLDER_KEY, ServerInfo, WrapError, codex_config, find_agent, launch,
+                                   opencode_config, probe)
+from pflash_proxy.llama.spawn import free_port
+
+URL = "http://127.0.0.1:26111"
+INFO = ServerInfo(model="gemma-3-270m-q4_k_m.gguf", ctx=16384)
+
+
+def _launch(name: str, args=("-p", "say hi"), environ=None, info=INFO, tmp=Path("/tmp/x")):
+    return launch(name, Path(f"/bin/{name}"), URL, info, list(args), tmp, environ if environ is not None else {})
+
+
+def test_codex_gets_a_responses_provider_at_the_proxy_with_the_output_limit_raised():
+    cfg = tomllib.loads(codex_config(URL, INFO))
+    assert cfg["model_provider"] == "pflash" and cfg["model"] == INFO.model
+    assert cfg["model_providers"]["pflash"]["base_url"] == URL + "/v1"
+    assert cfg["model_providers"]["pflash"]["wire_api"] == "responses"
+    assert cfg["tool_output_token_limit"] >= 100000  # Codex's own ~10K-character cut stays out of the way
+    assert cfg["model_context_window"] == 16384
+    run = _launch("codex", ["exec", "--skip-git-repo-check", "say hi"], tmp=Path("/t"))
+    assert run.env["CODEX_HOME"] == "/t/codex-home" and "/t/codex-home/config.toml" in run.files
+    assert run.argv == ["/bin/codex", "exec", "--skip-git-repo-check", "say hi"]
+
+
+def test_opencode_gets_a_provider_file_with_the_slots_limits_over_its_own_config():
+    run = _launch("opencode", ["run", "say hi"], environ={"OPENCODE_CONFIG": "/mine.json"}, tmp=Path("/t"))
+    assert run.env["OPENCODE_CONFIG"] == "/t/opencode.json"
+    cfg = json.loads(run.files["/t/opencode.json"])
+    provider = cfg["provider"]["pflash"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible" and provider["options"]["baseURL"] == URL + "/v1"
+    assert provider["models"][INFO.model]["limit"] == {"context": 16384, "output": 8192}
+    assert cfg["model"] == f"pflash/{INFO.model}" and run.argv == ["/bin/opencode", "run", "say hi"]
+    # a server whose context is unknown: no limit (opencode's own defaults apply)
+    unknown = opencode_config(URL, ServerInfo(model="m"))
+    assert "limit" not in unknown["provider"]["pflash"]["models"]["m"]
+
+
+def test_claude_gets_the_base_url_a_placeholder_key_and_no_telemetry():
+    run = _launch("claude")
+    assert run.env["ANTHROPIC_BASE_URL"] == URL and run.env["ANTHROPIC_API_KEY"] == PLACEHOLDER_KEY
+    for key in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER"):
+        assert run.env[key] == "1"
+    assert run.argv == ["/bin/claude", "-p", "say hi"]
+    # the user's own token and settings are kept
+    mine = _launch("claude", environ={"ANTHROPIC_AUTH_TOKEN": "t", "DISABLE_TELEMETRY": "0"})
+    assert "ANTHROPIC_API_KEY" not in mine.env and mine.env["DISABLE_TELEMETRY"] == "0"
+
+
+def test_aider_gets_the_api_base_and_model_before_the_users_arguments():
+    run = _launch("aider", ["--yes", "--no-git", "--message", "say hi"])
+    argv = run.argv
+    assert argv[argv.index("--openai-api-base") + 1] == URL + "/v1"
+    assert argv[argv.index("--model") + 1] == f"openai/{INFO.model}"
+    assert argv[argv.index("--openai-api-key") + 1] == PLACEHOLDER_KEY
+    assert argv[-4:] == ["--yes", "--no-git", "--message", "say hi"]  # last: the user's flags win
+
+
+def test_the_agent_is_found_on_path_then_in_the_setup_cache(tmp_path):
+    cache = tmp_path / "cache"
+    npm_bin = cache / "agents-abc" / "node_modules" / ".bin"
+    npm_bin.mkdir(parents=True)
+    (npm_bin / "codex").write_text("#!/bin/sh\n")
+    env = {"PATH": str(tmp_path / "empty"), "PFLASH_AGENTS_CACHE": str(cache)}
+    with pytest.raises(WrapError, match="codex not found on PATH nor in"):  # an install without its stamp
+        find_agent("codex", env)
+    (cache / "agents-abc" / ".installed").touch()
+    assert find_agent("codex", env) == npm_bin / "codex"
+    aider = cache / "aider-0.86.2-py311" / "bin" / "aider"
+    aider.parent.mkdir(parents=True)
+    aider.write_text("#!/bin/sh\n")
+    (cache / "aider-0.86.2-py311" / ".installed").touch()
+    assert find_agent("aider", env) == aider
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "codex").write_text("#!/bin/sh\n")
+    (on_path / "codex").chmod(0o755)
+    assert find_agent("codex", {**env, "PATH": str(on_path)}) == on_path / "codex"
+    with pytest.raises(WrapError) as exc:
+        find_agent("claude", env)
+    assert "\n" not in str(exc.value) and "npm i -g @anthropic-ai/claude-code" in str(exc.value)
+
+
+def test_everything_after_the_agent_goes_to_the_agent():
+    args = build_parser().parse_args(["wrap", "--url", URL, "claude", "-p", "say hi", "--url", "x", "--", "y"])
+    assert args.agent == "claude" and args.url == URL and args.args == ["-p", "say hi", "--url", "x", "--", "y"]
+    assert not args.spawn and args.upstream is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["wrap", "--spawn", "--upstream", URL, "claude"])
+
+
+def _cli(*args: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pflash_proxy", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _stand_in(tmp_path: Path, body: str) -> dict:
+    """A PATH whose ``aider`` is a shell script (the process checks do not need a model to answer)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "aider").write_text("#!/bin/sh\n" + body)
+    (bin_dir / "aider").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PFLASH_HOME": str(tmp_path / "home")}
+
+
+def test_no_proxy_and_no_way_to_start_one_is_one_line(tmp_path):
+    env = {**_stand_in(tmp_path, "exit 0\n"), "PFLASH_AGENTS_CACHE": str(tmp_path)}  # known: no warning line
+    r = _cli("wrap", "--url", f"http://127.0.0.1:{free_port()}", "aider", "--message", "hi", env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "no proxy at" in r.stderr and "--spawn" in r.stderr
+    r = _cli("wrap", "--url", URL, "vim", env=env)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie of a parent that is itself gone counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.llama
+def test_a_proxy_it_starts_serves_the_agent_and_is_stopped_with_its_exit_status(tmp_path, llama_server,
+                                                                                gemma_model):
+    port = free_port()
+    out = tmp_path / "seen.json"
+    env = _stand_in(tmp_path, f"""python3 - "$@" <<'EOF'
+import json, os, sys, urllib.request
+base = sys.argv[sys.argv.index("--openai-api-base") + 1]
+with urllib.request.urlopen(base.removesuffix("/v1") + "/pflash/metrics") as r:
+    metrics = r.status
+json.dump({{"argv": sys.argv[1:], "metrics": metrics, "ppid": os.getppid()}}, open({str(out)!r}, "w"))
+EOF
+exit 7
+""")
+    env["PFLASH_PORT"] = str(port)
+    r = _cli("wrap", "--upstream", llama_server.url, "aider", "--message", "say hi", env=env, timeout=180)
+    assert r.returncode == 7, r.stderr  # the agent's own status
+    seen = json.loads(out.read_text())
+    assert seen["metrics"] == 200 and seen["argv"][-2:] == ["--message", "say hi"]
+    assert seen["argv"][seen["argv"].index("--openai-api-base") + 1] == f"http://127.0.0.1:{port}/v1"
+    assert seen["argv"][seen["argv"].index("--model") + 1] == f"openai/{gemma_model.name}"  # /v1/models' file name
+    assert f"starting a proxy at http://127.0.0.1:{port}" in r.stderr
+    assert probe(f"http://127.0.0.1:{port}") == "absent"  # stopped on the way out
+
+
+@pytest.mark.llama
+def test_sigterm_reaches_the_agent_and_stops_the_proxy(tmp_path, llama_server):
+    port = free_port()
+    mark = tmp_path / "agent.pid"
+    env = _stand_in(tmp_path, f"echo $$ > {mark}\ntrap 'echo got-term; exit 5' TERM\nwhile :; do sleep 0.1; done\n")
+    env["PFLASH_PORT"] = str(port)
+    proc = subprocess.Popen([sys.executable, "-m", "pflash_proxy", "wrap", "--upstream", llama_server.url, "aider"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert mark.exists(), proc.communicate(timeout=5)
+        agent_pid = int(mark.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 5 and "got-term" in out, err  # the agent's answer to the signal is the status
+    assert _gone(agent_pid) and probe(f"http://127.0.0.1:{port}") == "absent"
