@@ -74,10 +74,14 @@ NOT_YET_ON_THE_SEAM = {
     "bench/sizing.py": {"/tokenize"},
     "bench/ttft.py": {"/slots", "/tokenize", "cache_n", "id_slot"},
     "cli/__init__.py": {"/slots", "/tokenize"},  # help texts of the flags for llama-server's routes
+    "cli/show.py": {"cache_n"},  # the per-turn savings read the inspector's trace keys, named after the timings
     "dialects/__init__.py": {"cache_n"},
     "dialects/anthropic.py": {"id_slot"},
     "dialects/anthropic_wire.py": {"cache_n", "id_slot"},
+    "inspector/data.py": {"cache_n"},
+    "inspector/turns.py": {"cache_n"},  # reads the answer's timings itself; to move onto Engine.cache_report
     "models.py": {"id_slot"},
+    "server/control.py": {"/slots", "/tokenize", "upstream.call"},  # `/`: whether llama-server serves a page
     "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
     "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
     "sessions/liveness.py": {"/slots", "cache_n", "upstream.call", "upstream.props", "upstream.slots"},
