@@ -13,14 +13,18 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept.  The units that define a name the request spells out
-   (``named.named_units``: "what does array_split do?" keeps all of ``def array_split``)
-   are kept too, like the first choice below (they do not count as pinned for the spread).
+   (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
+   "Store.__setitem__" that class's method) are kept too, like the first choice below (they
+   do not count as pinned for the spread); a name defined several times that the request
+   does not tie to one of them names optional definitions, kept in step 4.
 3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
    upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
+   The optional named definitions (step 2) join them, most relevant first (their best unit's
+   density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
    The note and marker lines cost tokens too: the selection is rerun with the budget
    lowered by their estimated size (``approx_tokens``) so the served message lands on
    budget.  A definition the cutter had to cut (longer than its largest unit,
@@ -52,7 +56,7 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
-from .named import definition_blocks, definitions, named_units
+from .named import definition_blocks, definitions, named_definitions
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
@@ -101,6 +105,7 @@ class Analysis:
     gutter: str | None = None  # step 0: the form of the line-number gutter stages 1-3 looked behind
     named: frozenset[int] = frozenset()  # step 2: units of the definitions the request names (kept, not pinned)
     blocks: tuple[tuple[int, ...], ...] = ()  # step 4: definitions cut into several units (kept whole when small)
+    named_optional: tuple[tuple[int, ...], ...] = ()  # step 2: a name's definitions kept while they fit (step 4)
 
 
 @dataclass(frozen=True)
@@ -188,13 +193,13 @@ class Compressor:
                 t = _lap(ms, "segment", t)
                 pinned = pinned_units(work, units, request.pinned_tail_tokens)
                 defs = definitions(work)
-                named = frozenset(named_units(work, units, request.text, defs))
+                named, optional = named_definitions(work, units, request.text, defs)
                 blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -203,8 +208,9 @@ class Compressor:
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
+            named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
             kept = self._select_with_overhead(units, toks, dens, budget,
-                                              pinned | analysis.named | first_choice(scores, pinned),
+                                              pinned | named | first_choice(scores, pinned),
                                               source, label, len(tt.lines), analysis.blocks)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
@@ -278,6 +284,25 @@ class Compressor:
         a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
         shown = n_lines - int((b - a).sum())
         return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())
+
+
+NAMED_SHARE = 0.5  # step 4: optional named definitions join while all named units stay within this share
+
+
+def named_keep(named: frozenset[int], optional: tuple[tuple[int, ...], ...], toks: np.ndarray, dens: np.ndarray,
+               budget: int) -> set[int]:
+    """Step 4: the named units and the optional definitions that fit the named share of the budget."""
+    keep = set(named)
+    if not optional:
+        return keep
+    room = NAMED_SHARE * budget - float(toks[list(keep)].sum()) if keep else NAMED_SHARE * budget
+    for d in sorted(optional, key=lambda d: (-float(dens[list(d)].max()), d[0])):
+        add = [k for k in d if k not in keep]
+        size = float(toks[add].sum()) if add else 0.0
+        if size <= room:
+            keep.update(add)
+            room -= size
+    return keep
 
 
 CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added
