@@ -32,8 +32,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    when the rest is small: the selection's partly kept blocks, most relevant first, get
    their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
    all such additions stay within ``CLOSE_BUDGET`` of the budget.
-5. spread: ``relevance_spread`` over the non-pinned units; flat on a cold request -> ``full-flat`` (original
-   text); flat inside a running conversation -> compress anyway (recall can bring
+5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
+   prompt's tokens: flat only for zero relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text, the reason one sentence with the
+   numbers the decision used); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
 6. rewrite: note + kept lines + markers; keep the reps and omitted unit texts as a
    ``RecallSource``.
@@ -61,7 +62,7 @@ from .recall import RecallSource
 from .request import RequestSpec, tail_lines
 from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import relevance_spread
+from .spread import SpreadCurve, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -77,7 +78,7 @@ class CompressionSettings:
     threshold: int = 16384
     curve: BudgetCurve = field(default_factory=lambda: BudgetCurve.parse(DEFAULT_CURVE))
     query_pin: int = 512
-    fallback_spread: float = 0.11
+    fallback_spread: SpreadCurve | str | float = 0.11  # the flat threshold (``spread.SpreadCurve``: by prompt tokens)
     theta: float = 0.075
     recall_budget: int = 2048
     min_segment: int = 32
@@ -87,6 +88,8 @@ class CompressionSettings:
     def __post_init__(self) -> None:
         if isinstance(self.curve, str):
             object.__setattr__(self, "curve", BudgetCurve.parse(self.curve))
+        if not isinstance(self.fallback_spread, SpreadCurve):
+            object.__setattr__(self, "fallback_spread", SpreadCurve.parse(self.fallback_spread))
         for name in ("threshold", "query_pin", "recall_budget", "min_segment", "max_segment"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -217,12 +220,12 @@ class Compressor:
             # score and would dominate the measure: spread is over the units the budget actually chooses.
             free = np.ones(len(units), dtype=bool)
             free[list(pinned)] = False
-            sp = relevance_spread(scores[free], len(set(kept) - pinned), self.settings.fallback_spread)
+            assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
+            sp = flat_gate(scores[free], len(set(kept) - pinned),
+                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text)
             t = _lap(ms, "spread", t)
             if sp.flat and not in_conversation:
-                return full("full-flat", f"relevance too flat: spread {sp.spread:.3f} > "
-                            f"{self.settings.fallback_spread} (N_eff {sp.effective_units:.1f}, keeps {len(kept)} "
-                            f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread,
+                return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
             out = self.rewriter.rewrite(tt, units, kept, source, label)
             overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
