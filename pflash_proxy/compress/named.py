@@ -30,6 +30,9 @@ Algorithm (``named_definitions``):
 
 ``named_units``: the units of steps 1-6, named and optional together.
 
+``outline``: the definitions an omission marker names (class-like ones, and the functions and methods at file or
+class level, with their owners; step 2).
+
 ``definition_blocks(tt, units, max_tokens)``: every definition (step 1's lines, any name) whose block (step 6)
 spans more than one unit and at most ``max_tokens`` tokens, as the tuple of its units; the innermost first when
 blocks nest. A definition longer than the cutter's largest unit is cut inside; the pipeline keeps the rest of such
@@ -48,14 +51,16 @@ from .scores import STOPWORDS
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["NamedDefinitions", "definition_blocks", "definitions", "named_definitions", "named_units", "owners"]
+__all__ = ["NamedDefinitions", "definition_blocks", "definitions", "named_definitions", "named_units", "outline",
+           "owners"]
 
 MAX_NAMES = 3
 MAX_UNITS = 4
 _DEF = re.compile(
     r"^[ \t]*(?:export\s+)?(?:default\s+)?(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?"
-    r"(?:def|class|function\*?|fn|func(?:\s*\([^)]*\))?|struct|enum|interface|trait|type)\s+([A-Za-z_$][\w$]*)",
-    re.M)
+    r"(?P<kind>def|class|function\*?|fn|func(?:\s*\([^)]*\))?|struct|enum|interface|trait|type)\s+"
+    r"(?P<name>[A-Za-z_$][\w$]*)", re.M)
+_CONTAINERS = ("class", "struct", "enum", "interface", "trait", "type")
 _IMPL = re.compile(r"^[ \t]*(?:unsafe\s+)?impl\b(?:\s*<[^>]*>)?\s+(?:[\w:]+(?:<[^>]*>)?\s+for\s+)?&?([A-Za-z_]\w*)")
 _RECEIVER = re.compile(r"^[ \t]*func\s*\(\s*\w*\s*\*?\s*([A-Za-z_]\w*)")
 _ID = r"[A-Za-z_$][\w$]*"
@@ -82,25 +87,50 @@ class NamedDefinitions(NamedTuple):
 def definitions(tt: TokenizedText) -> list[tuple[int, str]]:
     """Step 1: (line index, name) of every definition line; the functions below take it, so the lines are
     matched once per message."""
-    return [(i, m.group(1)) for i, line in enumerate(tt.lines) if (m := _DEF.match(line))]
+    return [(i, m.group("name")) for i, line in enumerate(tt.lines) if (m := _DEF.match(line))]
 
 
 def owners(lines: Sequence[str], defs: Sequence[tuple[int, str]]) -> dict[int, str]:
     """Step 2: definition line -> the name of its owner (definitions without one are left out)."""
+    return {i: name for i, (name, _) in _owners(lines, defs).items()}
+
+
+def _owners(lines: Sequence[str], defs: Sequence[tuple[int, str]]) -> dict[int, tuple[str, bool]]:
+    """Step 2: definition line -> (owner's name, whether the owner is a class-like container)."""
     heads = sorted([*defs, *((i, m.group(1)) for i, line in enumerate(lines)
                              if (m := _IMPL.match(line)) and not _DEF.match(line))])
-    out: dict[int, str] = {}
-    stack: list[tuple[int, int, str]] = []  # (indent, end line, name) of the open blocks
+    out: dict[int, tuple[str, bool]] = {}
+    stack: list[tuple[int, int, str, bool]] = []  # (indent, end line, name, container) of the open blocks
     for i, name in heads:
         ind = _indent(lines[i])
         while stack and (stack[-1][1] <= i or stack[-1][0] >= ind):
             stack.pop()
         if (m := _RECEIVER.match(lines[i])) is not None:
-            out[i] = m.group(1)
+            out[i] = (m.group(1), True)
         elif stack:
-            out[i] = stack[-1][2]
-        stack.append((ind, _block_end(lines, i), name))
+            out[i] = (stack[-1][2], stack[-1][3])
+        d = _DEF.match(lines[i])
+        stack.append((ind, _block_end(lines, i), name, d is None or d.group("kind") in _CONTAINERS))
     return out
+
+
+def outline(lines: Sequence[str], defs: Sequence[tuple[int, str]]) -> tuple[tuple[int, str, str | None], ...]:
+    """What an omission marker names (``rewrite.names_in``): per definition line, in order, its name and its
+    owner's: class-like definitions and ``impl`` blocks (owner ``None``, name ``"class X"``...), and the functions
+    and methods they or the file hold (a function nested in a function is left out)."""
+    own = _owners(lines, defs)
+    out = []
+    for i, name in defs:
+        m = _DEF.match(lines[i])
+        kind = m.group("kind") if m is not None else "def"
+        owner = own.get(i)
+        if owner is not None and not owner[1]:
+            continue  # inside a function body
+        if kind in _CONTAINERS:
+            out.append((i, f"{kind} {name}", None))
+        else:
+            out.append((i, name, owner[0] if owner is not None else None))
+    return tuple(out)
 
 
 def _pairs(request: str) -> set[tuple[str, str]]:

@@ -36,8 +36,10 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    prompt's tokens: flat only for zero relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text, the reason one sentence with the
    numbers the decision used); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
-6. rewrite: note + kept lines + markers; keep the reps and omitted unit texts as a
-   ``RecallSource``.
+6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
+   ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
+   are part of the overhead of step 4);
+   keep the reps and omitted unit texts as a ``RecallSource``.
 Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
 returns ``full-error`` with the original text and the reason; ``compress`` never
 raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
@@ -57,10 +59,11 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
-from .named import definition_blocks, definitions, named_definitions
+from .named import definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
-from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
+from .routed import is_code
+from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
 from .spread import SpreadCurve, flat_gate
 from .text import TokenizedText, approx_tokens
@@ -109,6 +112,7 @@ class Analysis:
     named: frozenset[int] = frozenset()  # step 2: units of the definitions the request names (kept, not pinned)
     blocks: tuple[tuple[int, ...], ...] = ()  # step 4: definitions cut into several units (kept whole when small)
     named_optional: tuple[tuple[int, ...], ...] = ()  # step 2: a name's definitions kept while they fit (step 4)
+    outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,8 @@ class Compressor:
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
+                                    outline(work.lines, defs) if is_code(units) else ())
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -214,7 +219,7 @@ class Compressor:
             named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
             kept = self._select_with_overhead(units, toks, dens, budget,
                                               pinned | named | first_choice(scores, pinned),
-                                              source, label, len(tt.lines), analysis.blocks)
+                                              source, label, len(tt.lines), analysis.blocks, analysis.outline)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
             # score and would dominate the measure: spread is over the units the budget actually chooses.
@@ -227,8 +232,8 @@ class Compressor:
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
-            out = self.rewriter.rewrite(tt, units, kept, source, label)
-            overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
+            out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget))
+            overhead = approx_tokens(out.note) + marker_tokens(out.omitted) + names_tokens(out.names)
             kept_tokens = int(toks[kept].sum())
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
             us, ue = list(map(_START, units)), list(map(_END, units))
@@ -244,7 +249,8 @@ class Compressor:
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
                               pinned: set[int], source: Source, label: str, n_lines: int,
-                              blocks: tuple[tuple[int, ...], ...] = ()) -> list[int]:
+                              blocks: tuple[tuple[int, ...], ...] = (),
+                              outline: tuple[tuple[int, str, str | None], ...] = ()) -> list[int]:
         """Step 4: select so that kept units plus note/marker lines land on the budget.
 
         Reselects with ``budget - overhead`` until the overhead estimate stops changing
@@ -259,7 +265,7 @@ class Compressor:
         for _ in range(4):
             kept = close_blocks(self._select(units, dens, max(budget - overhead, 1), pinned, toks), blocks,
                                 toks, dens, budget)
-            new = self._overhead(starts, ends, kept, source, label, n_lines)
+            new = self._overhead(starts, ends, kept, source, label, n_lines, outline, int(NAMES_SHARE * budget))
             served = int(toks[kept].sum()) + new
             if best is None or abs(served - budget) < best[0]:
                 best = (abs(served - budget), kept)
@@ -277,8 +283,9 @@ class Compressor:
 
     @staticmethod
     def _overhead(starts: np.ndarray, ends: np.ndarray, kept: list[int], source: Source, label: str,
-                  n_lines: int) -> int:
-        """Estimated tokens of the note and marker lines for this selection (vectorised)."""
+                  n_lines: int, outline: tuple[tuple[int, str, str | None], ...] = (), names_room: int = 0) -> int:
+        """Estimated tokens of the note and marker lines for this selection (vectorised; the names a marker
+        holds, one range at a time)."""
         n = len(starts)
         keep = np.zeros(n + 2, dtype=bool)
         keep[[0, n + 1]] = True
@@ -286,9 +293,13 @@ class Compressor:
         edges = np.flatnonzero(keep[1:] != keep[:-1])
         a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
         shown = n_lines - int((b - a).sum())
-        return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())
+        names = 0
+        if outline and names_room > 0:
+            names = names_tokens(marker_names(outline, list(zip(a.tolist(), b.tolist())), names_room))
+        return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum()) + names
 
 
+NAMES_SHARE = 0.025  # step 6: the names omission markers give take at most this share of the budget
 NAMED_SHARE = 0.5  # step 4: optional named definitions join while all named units stay within this share
 
 
