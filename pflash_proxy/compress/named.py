@@ -25,8 +25,9 @@ Algorithm (``named_definitions``):
    (``pipeline`` step 4).
 5. More than ``MAX_NAMES`` distinct names: the request is a list, not a question about one definition: none.
 6. A definition's block runs from its line to its last non-blank line before the next non-blank line indented no
-   deeper (a closing ``}``/``)``/``]`` at its indentation still belongs to it); the units overlapping the block
-   are its units, at most ``MAX_UNITS`` of them (the first ones: signature and docstring).
+   deeper (a closing ``}``/``)``/``]`` at its indentation still belongs to it), with the decorators right above
+   its line; the units overlapping the block are its units, at most ``MAX_UNITS`` of them (the first ones:
+   decorators, signature and docstring).
 
 ``named_units``: the units of steps 1-6, named and optional together.
 
@@ -200,7 +201,7 @@ def named_definitions(tt: TokenizedText, units: Sequence[Unit], request: str,
 
     def span(at: int) -> tuple[int, ...]:  # step 6
         end = _block_end(tt.lines, at)
-        first, last = bisect_right(starts, at) - 1, bisect_right(starts, end - 1) - 1
+        first, last = bisect_right(starts, _decorated(tt.lines, at)) - 1, bisect_right(starts, end - 1) - 1
         return tuple(range(first, min(last, first + MAX_UNITS - 1) + 1))
 
     named = frozenset(k for at in chosen for k in span(at))
@@ -212,6 +213,19 @@ def named_units(tt: TokenizedText, units: Sequence[Unit], request: str,
     """The units of the definitions the request names, optional ones included (module docstring)."""
     found = named_definitions(tt, units, request, defs)
     return set(found.named).union(*found.optional)
+
+
+def _decorated(lines: Sequence[str], at: int) -> int:
+    """Step 6: the first line of the decorators right above the definition line ``at`` (``at`` without any)."""
+    depth, first, k = _indent(lines[at]), at, at - 1
+    while k >= 0 and lines[k].strip():
+        text = lines[k].lstrip()
+        if text.startswith("@") and _indent(lines[k]) == depth:
+            first = k
+        elif not (_indent(lines[k]) > depth or text.startswith((")", "]", "}"))):
+            break  # not a decorator, nor a line of one that runs over several lines
+        k -= 1
+    return first
 
 
 def _indent(line: str) -> int:

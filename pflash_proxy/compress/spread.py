@@ -20,9 +20,9 @@ When it applies (``flat_gate``):
    the ID of every ...", "how many" (not "how many times"), "what are all ...", "all the X that ...",
    "summarize", "overview").
    A pointed question ("which function interleaves the address infos?") over a cold document is compressed
-   whatever the spread: measured on generated documents (``benchmarks/flat_gate/``), the spread of a pointed
-   question and of a "list every X" over the same documents overlap for every scorer, so a spread threshold
-   alone either serves most pointed questions whole or compresses most aggregation requests.
+   whatever the spread: measured on generated documents (``benchmarks/flat_gate/``), the lexical spread of a
+   pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
+   either serves most pointed questions whole or compresses most aggregation requests.
 3. Such a request is flat when ``spread > threshold``, the threshold read from the scorer's curve at the prompt's
    length (``SpreadCurve``: ``tokens:threshold`` points, linear between them, flat beyond; the defaults live
    with each scorer's registry entry, ``stages/scorers.py``), or one number for every length

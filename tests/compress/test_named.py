@@ -247,3 +247,15 @@ def test_owners_from_indentation_receivers_and_impl_blocks():
     found = named_definitions(rust, units, "What does Store::pop do?")
     lines = {k for u in units if u.index in found.named for k in range(u.start_line, u.end_line)}
     assert 3 in lines and 7 not in lines  # Store's pop, not Queue's
+
+
+def test_a_named_method_keeps_its_decorators():
+    src = ("class Store:\n" + "".join(f"    def helper_{i}(self):\n        return {i}\n\n" for i in range(30))
+           + "    @property\n    @functools.cache\n    def json_path(self) -> str:\n        path = '$'\n"
+           + "        return path\n" + "".join(f"\n    def other_{i}(self):\n        return {i}\n" for i in range(30)))
+    tt = TokenizedText.from_text(src)
+    units = UnitSegmenter(32, 64).segment(tt)  # small units: the decorators end the unit before the def line's
+    found = named_definitions(tt, units, "In Store.json_path, what happens step by step?")
+    lines = {k for u in units if u.index in found.named for k in range(u.start_line, u.end_line)}
+    at = next(i for i, line in enumerate(tt.lines) if "@property" in line)
+    assert {at, at + 1, at + 2, at + 4} <= lines
