@@ -13,8 +13,9 @@ questions all come from the installed sources and a seed.
    it. Kept: ``MIN_LINES``-``MAX_LINES`` lines and at most ``MAX_SHARE`` of the file's characters (a function
    longer than a budget could hold tells nothing), not ``@overload``, not a property setter/deleter, and a
    qualified name defined once in the file.
-3. Per package (``select``), with its own ``random.Random`` seeded by ``seed`` and the package name, in file
-   order then shuffled: up to ``PER_KIND`` cases of each kind, taken one kind after the other in turn, at most
+3. Per package (``select``), with its own ``random.Random`` seeded by ``seed`` and the package name: its files
+   in a seeded order, parsed until the pool holds ``POOL`` functions from at least ``POOL_FILES`` files, the
+   pool shuffled; up to ``PER_KIND`` cases of each kind, taken one kind after the other in turn, at most
    ``PER_FILE`` per file, each function at most once:
    - *qualified*: methods, a dunder or a name several classes of the file define (``shared``) alternating with
      the others, so that about half are shared where the package has them;
@@ -56,6 +57,7 @@ MIN_LINES, MAX_LINES = 4, 80
 MAX_SHARE = 0.2
 PER_KIND = 4
 PER_FILE = 3
+POOL, POOL_FILES = 120, 6  # step 3: files are parsed (in seeded order) until the pool holds this many
 _SKIP_DIRS = frozenset(("tests", "test", "testing", "_vendor", "vendor", "vendored", "_vendored", "extern",
                         "_extern", "__pycache__"))
 
@@ -209,7 +211,13 @@ def select(files: list[SourceFile], seed: int) -> list[tuple[str, SourceFile, Fu
     package = files[0].package
     rng = random.Random(f"{seed}:{normalise(package)}")
     pool: list[tuple[SourceFile, Function, ast.Module, Counter[str], Counter[str]]] = []
-    for sf in files:
+    order = list(files)
+    rng.shuffle(order)
+    parsed = 0
+    for sf in order:
+        if len(pool) >= POOL and parsed >= POOL_FILES:
+            break  # enough to choose from: a large package's other files are never parsed
+        parsed += 1
         try:
             tree = ast.parse(sf.text)
         except (SyntaxError, ValueError):
