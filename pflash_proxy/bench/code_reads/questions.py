@@ -163,8 +163,8 @@ def _docstring_part(doc: str | None, idents_lower: set[str], joined: set[str], o
     raws = sent.split()
     for raw in raws:
         w = raw.strip(".,;:!?()[]{}\"'")
-        if not _PLAIN.fullmatch(w) or len(w) > 24:
-            continue
+        if not _PLAIN.fullmatch(w) or len(w) > 24 or (len(w) == 1 and w.lower() != "a"):
+            continue  # a lone letter is what an apostrophe or a left-out name leaves behind
         if _ok(w, idents_lower, joined, own):
             out.append(w.lower() if w[:1].isupper() and w[1:].islower() else w)
     if 2 * len(out) < len(raws):
