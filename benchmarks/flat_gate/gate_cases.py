@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pflash_proxy.bench.cases._code import _candidates, _question_phrase  # noqa: E402
+from pflash_proxy.bench.cases._code import _candidates  # noqa: E402
 from pflash_proxy.bench.cases.generator import _stdlib_modules  # noqa: E402
 from pflash_proxy.compress.text import approx_tokens  # noqa: E402
 

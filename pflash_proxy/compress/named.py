@@ -117,10 +117,10 @@ def _owners(lines: Sequence[str], defs: Sequence[tuple[int, str]]) -> dict[int, 
 
 def outline(lines: Sequence[str], defs: Sequence[tuple[int, str]]) -> tuple[tuple[int, str, str | None], ...]:
     """What an omission marker names (``rewrite.names_in``): per definition line, in order, its name and its
-    owner's: class-like definitions and ``impl`` blocks (owner ``None``, name ``"class X"``...), and the functions
-    and methods they or the file hold (a function nested in a function is left out)."""
+    owner's: class-like definitions (owner ``None``, name ``"class X"``, ``"struct X"``...), and the functions and
+    methods the file, those or an ``impl`` block hold (a function nested in a function is left out)."""
     own = _owners(lines, defs)
-    out = []
+    out: list[tuple[int, str, str | None]] = []
     for i, name in defs:
         m = _DEF.match(lines[i])
         kind = m.group("kind") if m is not None else "def"

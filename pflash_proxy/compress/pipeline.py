@@ -216,9 +216,9 @@ class Compressor:
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
-            named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
+            keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
             kept = self._select_with_overhead(units, toks, dens, budget,
-                                              pinned | named | first_choice(scores, pinned),
+                                              pinned | keep_named | first_choice(scores, pinned),
                                               source, label, len(tt.lines), analysis.blocks, analysis.outline)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
