@@ -89,6 +89,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="code-reads: warm (the task first, as its own turn), cold (the read alone)")
     p.add_argument("--site", type=Path, help="code-reads: the site-packages to generate from (default this "
                                              "interpreter's)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="code-reads: reads in flight together (each its own session; default 4)")
     p.add_argument("--drafter-limit", type=int, default=0,
                    help="code-reads: drafter scorers only on the first N cases (0 = all)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")

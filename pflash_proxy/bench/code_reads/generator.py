@@ -55,7 +55,7 @@ KINDS = ("named", "qualified", "described")
 MIN_CHARS, MAX_CHARS = 8_000, 80_000
 MIN_LINES, MAX_LINES = 4, 80
 MAX_SHARE = 0.2
-PER_KIND = 4
+PER_KIND = 3
 PER_FILE = 3
 POOL, POOL_FILES = 120, 6  # step 3: files are parsed (in seeded order) until the pool holds this many
 _SKIP_DIRS = frozenset(("tests", "test", "testing", "_vendor", "vendor", "vendored", "_vendored", "extern",
@@ -211,10 +211,10 @@ def select(files: list[SourceFile], seed: int) -> list[tuple[str, SourceFile, Fu
     package = files[0].package
     rng = random.Random(f"{seed}:{normalise(package)}")
     pool: list[tuple[SourceFile, Function, ast.Module, Counter[str], Counter[str]]] = []
-    order = list(files)
-    rng.shuffle(order)
+    file_order = list(files)
+    rng.shuffle(file_order)
     parsed = 0
-    for sf in order:
+    for sf in file_order:
         if len(pool) >= POOL and parsed >= POOL_FILES:
             break  # enough to choose from: a large package's other files are never parsed
         parsed += 1

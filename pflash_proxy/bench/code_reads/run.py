@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import statistics
@@ -217,7 +218,8 @@ async def run(opts: Any) -> dict[str, Any]:
         cases = cases[:opts.limit]
     texts = {c.path: read_source(site, c) for c in cases}
     work = Path(opts.workdir)
-    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=8192)
+    llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=8192,
+                      parallel=max(2, getattr(opts, "concurrency", 1)))
     await llama.start()
     records: list[dict[str, Any]] = []
     built: dict[str, Any] = {}
@@ -235,23 +237,29 @@ async def run(opts: Any) -> dict[str, Any]:
             proxy.recorder = recorder  # type: ignore[assignment]  # any dialect, and the served conversation
             proxies[name] = (await proxy.__aenter__(), recorder)
         limit = getattr(opts, "drafter_limit", 0)
-        per_case = {name: len(opts.shapes) * len(opts.variants) for name in proxies}
-        steps = sum(n * (min(len(cases), limit) if limit and name != "lexical" else len(cases))
-                    for name, n in per_case.items())
-        bar = Progress(max(steps, 1), "code-reads")
+        jobs = [(i, case, name, shape, variant) for i, case in enumerate(cases) for name in proxies
+                if not (limit and name != "lexical" and i >= limit)
+                for shape in opts.shapes for variant in opts.variants]
+        bar = Progress(max(len(jobs), 1), "code-reads")
         bar(0)
+        gate = asyncio.Semaphore(max(1, getattr(opts, "concurrency", 1)))
+
+        async def one(job: tuple[int, CodeCase, str, str, str]) -> tuple[tuple[int, int, int, int], dict]:
+            i, case, name, shape, variant = job
+            proxy, recorder = proxies[name]
+            async with gate:
+                rec = await _read(http, proxy, recorder, shape, variant, case, texts[case.path])
+            rec["scorer"] = name
+            bar.advance(f"{case.package} {name}")
+            order = (i, list(proxies).index(name), list(opts.shapes).index(shape), list(opts.variants).index(variant))
+            return order, rec
+
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=3600)) as http:
-                for i, case in enumerate(cases):
-                    for name, (proxy, recorder) in proxies.items():
-                        if limit and name != "lexical" and i >= limit:
-                            continue
-                        for shape in opts.shapes:
-                            for variant in opts.variants:
-                                rec = await _read(http, proxy, recorder, shape, variant, case, texts[case.path])
-                                rec["scorer"] = name
-                                records.append(rec)
-                                bar.advance(f"{case.package} {name}")
+                # reads of different sessions in flight together (the proxy queues them for its slots); the
+                # records are put back in case, scorer, shape, variant order
+                done = await asyncio.gather(*(one(j) for j in jobs))
+                records += [rec for _, rec in sorted(done, key=lambda x: x[0])]
         finally:
             bar.close()
             for proxy, _ in proxies.values():
@@ -402,7 +410,6 @@ def command_of(args: Any) -> str:
 
 
 def main(args: Any) -> int:
-    import asyncio
     import logging
     import shutil
     import tempfile
