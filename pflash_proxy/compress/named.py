@@ -25,7 +25,8 @@ Algorithm (``named_definitions``):
    (``pipeline`` step 4).
 5. More than ``MAX_NAMES`` distinct names: the request is a list, not a question about one definition: none.
 6. A definition's block runs from its line to its last non-blank line before the next non-blank line indented no
-   deeper (a closing ``}``/``)``/``]`` at its indentation still belongs to it), with the decorators right above
+   deeper (a closing ``}``/``)``/``]`` at its indentation still belongs to it; a comment line, at any indentation,
+   decides nothing: it is inside when code after it is), with the decorators right above
    its line; the units overlapping the block are its units, at most ``MAX_UNITS`` of them (the first ones:
    decorators, signature and docstring).
 
@@ -237,6 +238,8 @@ def _block_end(lines: Sequence[str], start: int) -> int:
     depth, last = _indent(lines[start]), start
     for k in range(start + 1, len(lines)):
         text = lines[k].strip()
+        if text.startswith(("#", "//")):
+            continue  # a comment, even at column 0, is inside when the code after it is (decided there)
         if text and _indent(lines[k]) <= depth and not text.startswith(("}", ")", "]")):
             break
         if text:

@@ -10,7 +10,7 @@ from bisect import bisect_right
 import numpy as np
 import pytest
 
-from pflash_proxy.compress.named import definitions, named_definitions, named_units, owners
+from pflash_proxy.compress.named import _block_end, definitions, named_definitions, named_units, owners
 from pflash_proxy.compress.pipeline import NAMED_SHARE, CompressionSettings, Compressor, named_keep
 from pflash_proxy.compress.request import RequestSpec
 from pflash_proxy.compress.text import TokenizedText
@@ -259,3 +259,22 @@ def test_a_named_method_keeps_its_decorators():
     lines = {k for u in units if u.index in found.named for k in range(u.start_line, u.end_line)}
     at = next(i for i, line in enumerate(tt.lines) if "@property" in line)
     assert {at, at + 1, at + 2, at + 4} <= lines
+
+
+def test_a_comment_at_column_0_inside_a_method_does_not_end_it():
+    """pexpect's pxssh.__init__ has commented-out lines at column 0 in its body: the method runs past them."""
+    src = ("class pxssh (spawn):\n" + "".join(f"    def helper_{i}(self):\n        return {i}\n\n" for i in range(20))
+           + "    def __init__ (self, timeout=30):\n        self.opts = ('-o a'\n                + ' -o b')\n"
+           + "# Disabling host key checking, makes you vulnerable to MITM attacks.\n"
+           + "#                + \" -o 'StrictHostKeyChecking=no'\"\n"
+           + "        self.force_password = False\n        self.debug_command_string = False\n\n"
+           + "# a section comment before the next method\n"
+           + "".join(f"    def other_{i}(self):\n        return {i}\n\n" for i in range(20)))
+    tt = TokenizedText.from_text(src)
+    units = UnitSegmenter(8, 40).segment(tt)
+    found = named_definitions(tt, units, "How does pxssh.__init__ work, and what does it return?")
+    lines = {k for u in units if u.index in found.named for k in range(u.start_line, u.end_line)}
+    end = next(i for i, line in enumerate(tt.lines) if "debug_command_string" in line)
+    assert end in lines
+    start = next(i for i, line in enumerate(tt.lines) if "def __init__" in line)
+    assert _block_end(tt.lines, start) == end + 1  # nor does the section comment after it belong to it
