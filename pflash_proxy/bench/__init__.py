@@ -1,7 +1,8 @@
-"""``pflash-proxy bench quality|ttft|answers``: benchmarks of the product as users meet it.
+"""``pflash-proxy bench quality|ttft|answers|code-reads``: benchmarks of the product as users meet it.
 
 The whole feature lives here: ``cases/`` generates the long-prompt cases and checks what reached the upstream;
-``quality``, ``ttft`` and ``answers`` are the three benches; ``runner`` (llama-server, in-process proxies, a
+``quality``, ``ttft`` and ``answers`` are three benches; ``code_reads/`` is the fourth (agent reads of the
+installed third-party packages' sources, questions generated, split by package); ``runner`` (llama-server, in-process proxies, a
 streaming client), ``arms`` (PFlash on/off side by side), ``sizing`` (cases sized in the upstream's tokens) and
 ``report`` (JSON, markdown, PNG) are what they share.  ``benchmarks/`` beside the package holds the scripts that
 measure the proxy itself and the reports kept in the repository.
@@ -10,7 +11,8 @@ measure the proxy itself and the reports kept in the repository.
 2. ``main(args)`` fills in the defaults that depend on ``--quick`` (lengths, threshold, prompts), makes a work
    directory (snapshots, session stores, llama-server log; removed afterwards unless ``--keep``), runs the
    bench (``quality``/``ttft``/``answers`` modules), writes JSON + markdown (+ PNG) under ``--out`` and prints
-   the markdown.
+   the markdown. ``code-reads`` has its own defaults and writes ``report.md``, ``results.json`` and
+   ``command.txt`` (``code_reads.run``).
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ def _ints(text: str) -> list[int]:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers)",
+    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads)",
                        description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
-    p.add_argument("kind", choices=("quality", "ttft", "answers"))
+    p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads"))
     p.add_argument("--quick", action="store_true",
                    help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K "
                         "(each under 2 minutes here)")
@@ -49,7 +51,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--upstream", help="use this llama-server instead of spawning one")
     p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
     p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
-    p.add_argument("--scorers", default="lexical,attention,head", help="PFlash scorers to compare")
+    p.add_argument("--scorers", "--scorer", help="PFlash scorers to compare, comma-separated (default "
+                                                 "lexical,attention,head; code-reads: lexical, and auto with "
+                                                 "--drafter)")
     p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
     p.add_argument("--per-family", type=_per_family, default=1,
                    help="cases per family and length (quality, answers): N, or N,FAMILY=M,... "
@@ -76,6 +80,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
                         "llama-server, nothing measured); several quality runs of the same seed, threshold, "
                         "lengths and rows (a long run split by --families) are merged into one report")
+    p.add_argument("--split", choices=("test", "train", "all"), default="all",
+                   help="code-reads: the cases of these packages (split by a hash of the package name)")
+    p.add_argument("--limit", type=int, default=0, help="code-reads: the first N cases only (0 = all)")
+    p.add_argument("--shapes", default="claude,opencode,cat",
+                   help="code-reads: read shapes (claude N<TAB>line, opencode N: line, cat raw)")
+    p.add_argument("--variants", default="warm,cold",
+                   help="code-reads: warm (the task first, as its own turn), cold (the read alone)")
+    p.add_argument("--site", type=Path, help="code-reads: the site-packages to generate from (default this "
+                                             "interpreter's)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="code-reads: reads in flight together (each its own session; default 4)")
+    p.add_argument("--drafter-limit", type=int, default=0,
+                   help="code-reads: drafter scorers only on the first N cases (0 = all)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
     return p
@@ -102,11 +119,16 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.threshold = QUICK_THRESHOLD if args.quick else min(16_384, min(args.lengths) // 2)
     if args.prompts is None:
         args.prompts = 1 if args.quick else 3
+    args.scorers = args.scorers or "lexical,attention,head"
     args.scorers = [s for s in args.scorers.split(",") if s] if isinstance(args.scorers, str) else args.scorers
     return args
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.kind == "code-reads":
+        from pflash_proxy.bench.code_reads.run import main as code_reads
+
+        return code_reads(args)
     apply_defaults(args)
     if getattr(args, "render", None) is not None:
         return render(args)

@@ -13,14 +13,18 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept.  The units that define a name the request spells out
-   (``named.named_units``: "what does array_split do?" keeps all of ``def array_split``)
-   are kept too, like the first choice below (they do not count as pinned for the spread).
+   (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
+   "Store.__setitem__" that class's method) are kept too, like the first choice below (they
+   do not count as pinned for the spread); a name defined several times that the request
+   does not tie to one of them names optional definitions, kept in step 4.
 3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
    upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
+   The optional named definitions (step 2) join them, most relevant first (their best unit's
+   density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
    The note and marker lines cost tokens too: the selection is rerun with the budget
    lowered by their estimated size (``approx_tokens``) so the served message lands on
    budget.  A definition the cutter had to cut (longer than its largest unit,
@@ -28,11 +32,14 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    when the rest is small: the selection's partly kept blocks, most relevant first, get
    their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
    all such additions stay within ``CLOSE_BUDGET`` of the budget.
-5. spread: ``relevance_spread`` over the non-pinned units; flat on a cold request -> ``full-flat`` (original
-   text); flat inside a running conversation -> compress anyway (recall can bring
+5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
+   prompt's tokens: flat only for zero relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text, the reason one sentence with the
+   numbers the decision used); flat inside a running conversation -> compress anyway (recall can bring
    lines back).
-6. rewrite: note + kept lines + markers; keep the reps and omitted unit texts as a
-   ``RecallSource``.
+6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
+   ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
+   are part of the overhead of step 4);
+   keep the reps and omitted unit texts as a ``RecallSource``.
 Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
 returns ``full-error`` with the original text and the reason; ``compress`` never
 raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
@@ -52,12 +59,13 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
-from .named import definition_blocks, definitions, named_units
+from .named import definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
-from .rewrite import Rewriter, Source, marker_tokens, marker_tokens_arrays, note_line
+from .routed import is_code
+from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import relevance_spread
+from .spread import SpreadCurve, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -73,7 +81,7 @@ class CompressionSettings:
     threshold: int = 16384
     curve: BudgetCurve = field(default_factory=lambda: BudgetCurve.parse(DEFAULT_CURVE))
     query_pin: int = 512
-    fallback_spread: float = 0.11
+    fallback_spread: SpreadCurve | str | float = 0.11  # the flat threshold (``spread.SpreadCurve``: by prompt tokens)
     theta: float = 0.075
     recall_budget: int = 2048
     min_segment: int = 32
@@ -83,6 +91,8 @@ class CompressionSettings:
     def __post_init__(self) -> None:
         if isinstance(self.curve, str):
             object.__setattr__(self, "curve", BudgetCurve.parse(self.curve))
+        if not isinstance(self.fallback_spread, SpreadCurve):
+            object.__setattr__(self, "fallback_spread", SpreadCurve.parse(self.fallback_spread))
         for name in ("threshold", "query_pin", "recall_budget", "min_segment", "max_segment"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -101,6 +111,8 @@ class Analysis:
     gutter: str | None = None  # step 0: the form of the line-number gutter stages 1-3 looked behind
     named: frozenset[int] = frozenset()  # step 2: units of the definitions the request names (kept, not pinned)
     blocks: tuple[tuple[int, ...], ...] = ()  # step 4: definitions cut into several units (kept whole when small)
+    named_optional: tuple[tuple[int, ...], ...] = ()  # step 2: a name's definitions kept while they fit (step 4)
+    outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
 
 
 @dataclass(frozen=True)
@@ -188,13 +200,14 @@ class Compressor:
                 t = _lap(ms, "segment", t)
                 pinned = pinned_units(work, units, request.pinned_tail_tokens)
                 defs = definitions(work)
-                named = frozenset(named_units(work, units, request.text, defs))
+                named, optional = named_definitions(work, units, request.text, defs)
                 blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks)
+                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
+                                    outline(work.lines, defs) if is_code(units) else ())
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -203,23 +216,24 @@ class Compressor:
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
+            keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
             kept = self._select_with_overhead(units, toks, dens, budget,
-                                              pinned | analysis.named | first_choice(scores, pinned),
-                                              source, label, len(tt.lines), analysis.blocks)
+                                              pinned | keep_named | first_choice(scores, pinned),
+                                              source, label, len(tt.lines), analysis.blocks, analysis.outline)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
             # score and would dominate the measure: spread is over the units the budget actually chooses.
             free = np.ones(len(units), dtype=bool)
             free[list(pinned)] = False
-            sp = relevance_spread(scores[free], len(set(kept) - pinned), self.settings.fallback_spread)
+            assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
+            sp = flat_gate(scores[free], len(set(kept) - pinned),
+                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text)
             t = _lap(ms, "spread", t)
             if sp.flat and not in_conversation:
-                return full("full-flat", f"relevance too flat: spread {sp.spread:.3f} > "
-                            f"{self.settings.fallback_spread} (N_eff {sp.effective_units:.1f}, keeps {len(kept)} "
-                            f"of {len(units)} units)", budget_tokens=budget, units_in=len(units), spread=sp.spread,
+                return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
-            out = self.rewriter.rewrite(tt, units, kept, source, label)
-            overhead = approx_tokens(out.note) + marker_tokens(out.omitted)
+            out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget))
+            overhead = approx_tokens(out.note) + marker_tokens(out.omitted) + names_tokens(out.names)
             kept_tokens = int(toks[kept].sum())
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
             us, ue = list(map(_START, units)), list(map(_END, units))
@@ -235,7 +249,8 @@ class Compressor:
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
                               pinned: set[int], source: Source, label: str, n_lines: int,
-                              blocks: tuple[tuple[int, ...], ...] = ()) -> list[int]:
+                              blocks: tuple[tuple[int, ...], ...] = (),
+                              outline: tuple[tuple[int, str, str | None], ...] = ()) -> list[int]:
         """Step 4: select so that kept units plus note/marker lines land on the budget.
 
         Reselects with ``budget - overhead`` until the overhead estimate stops changing
@@ -250,7 +265,7 @@ class Compressor:
         for _ in range(4):
             kept = close_blocks(self._select(units, dens, max(budget - overhead, 1), pinned, toks), blocks,
                                 toks, dens, budget)
-            new = self._overhead(starts, ends, kept, source, label, n_lines)
+            new = self._overhead(starts, ends, kept, source, label, n_lines, outline, int(NAMES_SHARE * budget))
             served = int(toks[kept].sum()) + new
             if best is None or abs(served - budget) < best[0]:
                 best = (abs(served - budget), kept)
@@ -268,8 +283,9 @@ class Compressor:
 
     @staticmethod
     def _overhead(starts: np.ndarray, ends: np.ndarray, kept: list[int], source: Source, label: str,
-                  n_lines: int) -> int:
-        """Estimated tokens of the note and marker lines for this selection (vectorised)."""
+                  n_lines: int, outline: tuple[tuple[int, str, str | None], ...] = (), names_room: int = 0) -> int:
+        """Estimated tokens of the note and marker lines for this selection (vectorised; the names a marker
+        holds, one range at a time)."""
         n = len(starts)
         keep = np.zeros(n + 2, dtype=bool)
         keep[[0, n + 1]] = True
@@ -277,7 +293,30 @@ class Compressor:
         edges = np.flatnonzero(keep[1:] != keep[:-1])
         a, b = starts[edges[0::2]], ends[edges[1::2] - 1]
         shown = n_lines - int((b - a).sum())
-        return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum())
+        names = 0
+        if outline and names_room > 0:
+            names = names_tokens(marker_names(outline, list(zip(a.tolist(), b.tolist())), names_room))
+        return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum()) + names
+
+
+NAMES_SHARE = 0.025  # step 6: the names omission markers give take at most this share of the budget
+NAMED_SHARE = 0.5  # step 4: optional named definitions join while all named units stay within this share
+
+
+def named_keep(named: frozenset[int], optional: tuple[tuple[int, ...], ...], toks: np.ndarray, dens: np.ndarray,
+               budget: int) -> set[int]:
+    """Step 4: the named units and the optional definitions that fit the named share of the budget."""
+    keep = set(named)
+    if not optional:
+        return keep
+    room = NAMED_SHARE * budget - float(toks[list(keep)].sum()) if keep else NAMED_SHARE * budget
+    for d in sorted(optional, key=lambda d: (-float(dens[list(d)].max()), d[0])):
+        add = [k for k in d if k not in keep]
+        size = float(toks[add].sum()) if add else 0.0
+        if size <= room:
+            keep.update(add)
+            room -= size
+    return keep
 
 
 CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added

@@ -8,7 +8,15 @@ Algorithm (``Rewriter.rewrite``):
    omitted run replaced by ONE marker line
    ``[… 37 lines omitted: lines 120–156 …]`` (1-based, inclusive line numbers of the
    original message; ``1 line omitted: line 7`` for a single line).  A marker that
-   ends the message carries a newline only if the original ended with one.
+   ends the message carries a newline only if the original ended with one.  In code
+   (an ``outline`` from ``named.outline``) a marker also names the definitions whose
+   first line it hides (``names_in``), so an agent re-reads that range instead of the
+   file: ``[… 183 lines omitted: lines 1176–1358 — class Store: __setitem__, pop …]``;
+   methods whose class line is shown are under the class's bare name (``Store: pop``),
+   at most ``MAX_NOTE_NAMES`` names per marker (file-level ones first when there are more),
+   then ``… +N more``; all the names of a
+   message within ``names_room`` tokens (the pipeline gives them ``NAMES_SHARE`` of the
+   budget), the longest omissions first (``marker_names``).
 4. The note names what was shortened and how to get omitted parts back:
    a tool output is fetched again by calling the tool for the range; a paste is
    brought back by asking about it; a plain prompt only states the omission.
@@ -16,18 +24,22 @@ Algorithm (``Rewriter.rewrite``):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from .text import TokenizedText
+from .text import TokenizedText, approx_tokens
 from .units import Unit
 
-__all__ = ["MARKER_RE", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "marker_tokens", "note_line", "omitted_ranges"]
+__all__ = ["MARKER_RE", "MAX_NOTE_NAMES", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "marker_tokens",
+           "marker_names", "names_in", "names_tokens", "note_line", "omitted_ranges"]
 
 Source = Literal["tool", "paste", "prompt"]
-MARKER_RE = r"^\[… (\d+) lines? omitted: lines? (\d+)(?:–(\d+))? …\]$"
+Outline = Sequence[tuple[int, str, str | None]]  # (line, name, owner) per definition: ``named.outline``
+MARKER_RE = r"^\[… (\d+) lines? omitted: lines? (\d+)(?:–(\d+))?(?: — (.+?))? …\]$"
+MAX_NOTE_NAMES = 8
 
 
 class OmittedRange(NamedTuple):
@@ -60,12 +72,45 @@ class Rewritten:
     omitted: list[OmittedRange]
     label: str
     note: str
+    names: tuple[str, ...] = ()  # per omitted range, the definitions its marker names ("" for none)
 
 
-def marker_line(r: OmittedRange) -> str:
+def marker_line(r: OmittedRange, names: str = "") -> str:
+    tail = f" — {names}" if names else ""
     if r.n_lines == 1:
-        return f"[… 1 line omitted: line {r.first} …]"
-    return f"[… {r.n_lines:,} lines omitted: lines {r.first}–{r.last} …]"
+        return f"[… 1 line omitted: line {r.first}{tail} …]"
+    return f"[… {r.n_lines:,} lines omitted: lines {r.first}–{r.last}{tail} …]"
+
+
+def names_in(outline: Outline, starts: Sequence[int], start: int, end: int, limit: int = MAX_NOTE_NAMES) -> str:
+    """The definitions of ``outline`` whose line is in ``[start, end)``, grouped by owner, at most ``limit`` names
+    (``starts``: the outline's lines, sorted, for the bisection); "" for none."""
+    lo, hi = bisect_left(starts, start), bisect_left(starts, end)
+    if lo == hi:
+        return ""
+    found = outline[lo:hi]
+    if len(found) > limit:  # too many: the file-level ones (classes, functions) first, then methods, in order
+        top = [k for k, d in enumerate(found) if d[2] is None]
+        rest = [k for k, d in enumerate(found) if d[2] is not None]
+        found = [found[k] for k in sorted((top + rest)[:limit])]
+    groups: list[tuple[str | None, list[str]]] = []  # (header, names); header None: file-level functions
+    for _, name, owner in found:
+        if owner is None and " " in name:  # a class-like definition: its methods follow under it
+            groups.append((name, []))
+        elif owner is None:
+            if groups and groups[-1][0] is None:
+                groups[-1][1].append(name)
+            else:
+                groups.append((None, [name]))
+        elif groups and groups[-1][0] is not None and groups[-1][0].split(" ", 1)[-1] == owner:
+            groups[-1][1].append(name)
+        else:
+            groups.append((owner, [name]))
+    total, shown = hi - lo, len(found)
+    parts = [", ".join(ns) if head is None else f"{head}: {', '.join(ns)}" if ns else head for head, ns in groups]
+    parts = [p for p in parts if p]
+    text = "; ".join(parts)
+    return text + (f", … +{total - shown} more" if total > shown else "")
 
 
 _NOUN = {"tool": "this tool output", "paste": "this message", "prompt": "this prompt"}
@@ -121,7 +166,9 @@ def marker_tokens_arrays(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Rewriter:
     def rewrite(self, tt: TokenizedText, units: Sequence[Unit], kept_indices: Sequence[int],
-                source: Source, message_label: str = "") -> Rewritten:
+                source: Source, message_label: str = "", outline: Outline = (),
+                names_room: int = 1 << 30) -> Rewritten:
+        """``outline``: the definitions markers may name (``named.outline``), within ``names_room`` tokens."""
         if source not in _NOUN:
             raise ValueError(f"unknown source {source!r}")
         omitted = omitted_ranges(units, kept_indices)
@@ -132,11 +179,39 @@ class Rewriter:
         lines = tt.lines
         pos = 0
         ends_nl = tt.text.endswith("\n")
-        for a, b, _ in omitted:  # step 3; marker text as ``marker_line``, written out for speed
+        names = marker_names(outline, [(a, b) for a, b, _ in omitted], names_room)
+        for (a, b, _), found in zip(omitted, names):  # step 3; marker text as ``marker_line``, written out for speed
             parts += lines[pos:a]
             k = b - a
-            m = f"[… 1 line omitted: line {b} …]" if k == 1 else f"[… {k:,} lines omitted: lines {a + 1}–{b} …]"
+            tail = f" — {found}" if found else ""
+            m = (f"[… 1 line omitted: line {b}{tail} …]" if k == 1
+                 else f"[… {k:,} lines omitted: lines {a + 1}–{b}{tail} …]")
             parts.append(m + "\n" if b < total or ends_nl else m)
             pos = b
         parts += lines[pos:]
-        return Rewritten("".join(parts), shown, total, omitted, message_label, note)
+        return Rewritten("".join(parts), shown, total, omitted, message_label, note, tuple(names))
+
+
+def marker_names(outline: Outline, ranges: Sequence[tuple[int, int]], room: int) -> list[str]:
+    """Step 3: the names each omitted range ``[a, b)`` shows, within ``room`` tokens in all: the longest ranges
+    first, each with up to ``MAX_NOTE_NAMES`` names, or 3, or 1 when that is what still fits."""
+    out = [""] * len(ranges)
+    starts = [d[0] for d in outline]
+    if not starts:
+        return out
+    for i in sorted(range(len(ranges)), key=lambda i: (ranges[i][0] - ranges[i][1], i)):
+        a, b = ranges[i]
+        for limit in (MAX_NOTE_NAMES, 3, 1):
+            text = names_in(outline, starts, a, b, limit)
+            if not text:
+                break
+            cost = approx_tokens(f" — {text}")
+            if cost <= room:
+                out[i], room = text, room - cost
+                break
+    return out
+
+
+def names_tokens(names: Sequence[str]) -> int:
+    """Estimated tokens the names add to their markers (`` — `` and the names)."""
+    return sum(approx_tokens(f" — {n}") for n in names if n)

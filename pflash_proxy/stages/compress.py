@@ -16,7 +16,8 @@ persists what was served):
    Then each byte-long candidate, newest first, is tokenized with pieces (exact per-line counts); the first of
    at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
-   the tokens the upstream would prefill (the uncached part) → flat fallback → rewrite.  The served message
+   the tokens the upstream would prefill (the uncached part) → flat fallback (``--fallback-spread``, or the
+   scorer's own thresholds by prompt length: ``scorers.default_spread``) → rewrite.  The served message
    is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
 3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
    the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
@@ -47,6 +48,7 @@ from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, U
 from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
 from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.stages.scorers import default_spread
 from pflash_proxy.stages.sessions import SessionContext, SessionStage
 from pflash_proxy.llama.upstream import Upstream
 
@@ -88,11 +90,12 @@ class CompressStage(Stage):
         self.settings = settings
         self.resources = resources  # owns the drafter, if any (closed on stop)
         self.upstream = upstream
+        self.scorer: Scorer = scorer or LexicalScorer()
+        spread = settings.fallback_spread if settings.fallback_spread is not None else default_spread(self.scorer.name)
         self.csettings = CompressionSettings(
             threshold=settings.threshold, curve=BudgetCurve.parse(settings.prefill_curve), query_pin=settings.query_pin,
-            fallback_spread=settings.fallback_spread, theta=settings.theta, recall_budget=settings.recall_budget,
+            fallback_spread=spread, theta=settings.theta, recall_budget=settings.recall_budget,
             min_segment=settings.min_segment, max_segment=settings.max_segment)
-        self.scorer: Scorer = scorer or LexicalScorer()
         self.compressor = Compressor(self.csettings, segmenter or UnitSegmenter(settings.min_segment,
                                                                                settings.max_segment), self.scorer)
         self.finder = RequestFinder(query_pin=settings.query_pin)

@@ -61,6 +61,7 @@ class ScorerEntry:
     head: bool = False  # reads the trained scorer head (--scoring-head, or the set shipped for the drafter)
     attention: bool = False  # reads the attention scorer (--attention-heads)
     taps: bool = False  # reads the head through the probe taps (ProbeTaps), not in its own pass
+    spread: str = "0.11"  # the flat gate's threshold by prompt tokens (``compress.spread.SpreadCurve``): the seed's 0.11
 
 
 def _lexical(parts: ScorerParts) -> Any:
@@ -104,7 +105,8 @@ def _auto(parts: ScorerParts) -> Any:
 
 # The registry: a new scorer is one entry here plus its own module.
 SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
-    ScorerEntry("lexical", "BM25, model-free", _lexical, drafter=False),
+    # lexical's flat thresholds: calibrated on the train split of benchmarks/flat_gate (reported/flat-gate/)
+    ScorerEntry("lexical", "BM25, model-free", _lexical, drafter=False, spread="4096:0.156 16384:0.015 32768:0.023"),
     ScorerEntry("attention", "the drafter's retrieval heads, training-free; needs --drafter", _attention,
                 attention=True),
     ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid, attention=True),
@@ -117,6 +119,13 @@ SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
 )}
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.drafter)  # need a --drafter
+
+
+def default_spread(name: str) -> str:
+    """The flat gate's thresholds for the scorer named ``name`` (its registry entry; the seed's 0.11 for a scorer
+    the registry does not know, such as a plug-in)."""
+    entry = SCORERS.get(name)
+    return entry.spread if entry is not None else "0.11"
 
 
 def scorer_help() -> str:

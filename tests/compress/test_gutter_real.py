@@ -17,7 +17,7 @@ from .test_gutter import difflib_head, function_lines, numbered
 
 pytestmark = pytest.mark.llama
 
-MARKER = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+) …\]$")
+MARKER = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+)(?: — .+?)? …\]$")  # names: in code
 QUESTION = "In difflib's get_close_matches, what happens when n is 0 or negative?"
 
 

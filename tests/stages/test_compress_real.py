@@ -20,7 +20,7 @@ pytestmark = pytest.mark.llama
 
 CURVE = "1000:0.45 4000:0.35"
 SAMPLING = {"temperature": 0, "seed": 3, "top_k": 1, "max_tokens": 4}
-MARKER = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+) …\]$")
+MARKER = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+)(?: — .+?)? …\]$")  # names: in code
 
 TOPICS = ["glacier", "violin", "harbour", "orchard", "telescope", "bakery", "railway", "lighthouse", "vineyard",
           "monastery", "observatory", "foundry", "tannery", "apiary", "quarry", "shipyard", "weaving", "pottery",

@@ -61,3 +61,21 @@ def test_default_stages_writes_the_order_once(tmp_path):
     assert len({id(s.manager) for s in stages if hasattr(s, "manager")}) == 1
     for manager in {id(s.manager): s.manager for s in (*stages, *off) if hasattr(s, "manager")}.values():
         manager.store.close()
+
+
+def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path):
+    """No ``--fallback-spread``: the scorer's registry curve; given: that one number at every length."""
+    from pflash_proxy.compress.spread import SpreadCurve
+    from pflash_proxy.stages.compress import CompressStage
+
+    upstream = Upstream("http://127.0.0.1:9")
+    own = CompressStage(make_settings("http://127.0.0.1:9", tmp_path), upstream)
+    assert own.csettings.fallback_spread == SpreadCurve.parse(SCORERS["lexical"].spread)
+    given = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "b", fallback_spread=0.11), upstream)
+    assert given.csettings.fallback_spread == SpreadCurve.parse(0.11)
+
+    class Head:  # a drafter scorer by name: its registry entry's thresholds (the seed's 0.11 for the head)
+        name = "head"
+
+    head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c"), upstream, scorer=Head())
+    assert head.csettings.fallback_spread.at(32768) == 0.11

@@ -1,0 +1,98 @@
+"""The flat gate: a pointed question over a cold document is compressed; "list every X" over it is served whole,
+with a reason that gives the numbers the decision used."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
+from pflash_proxy.compress.request import RequestFinder
+from pflash_proxy.compress.spread import SpreadCurve, asks_for_every, flat_gate
+from pflash_proxy.compress.text import TokenizedText
+from pflash_proxy.stages.scorers import SCORERS, default_spread
+
+
+def asyncio_paste(chars: int = 14_000) -> str:
+    """asyncio's first modules, concatenated: a cold document of ~3.7K tokens."""
+    root = os.path.dirname(asyncio.__file__)
+    text = "".join(open(os.path.join(root, f), encoding="utf-8").read()
+                   for f in sorted(os.listdir(root)) if f.endswith(".py"))
+    return text[:chars].rsplit("\n", 1)[0] + "\n"
+
+
+def _cold(question: str, spread: str | float):
+    msgs = [{"role": "user", "content": f"{asyncio_paste()}\n{question}"}]
+    tt = TokenizedText.from_text(msgs[0]["content"])
+    request = RequestFinder().find(msgs, 0, tt)
+    comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=spread))
+    return tt, comp.compress(tt, request, tt.total_tokens, False, "paste", "1")
+
+
+def test_a_pointed_question_over_a_cold_document_is_compressed_with_lexical():
+    tt, out = _cold("How are the address infos interleaved by family when several families are returned?",
+                    default_spread("lexical"))
+    assert 3000 < tt.total_tokens < 4500 and 15 <= out.units_in <= 40
+    assert out.mode == "compressed", out.reason
+    assert out.served_message_tokens < 0.5 * tt.total_tokens
+    assert "def _interleave_addrinfos(" in out.text
+
+
+@pytest.mark.parametrize("question", [
+    "List every function or method in this file that uses `self`, with its line.",
+    "How many functions here raise an exception?",
+])
+def test_list_every_over_the_same_document_is_served_whole_with_its_numbers(question):
+    tt, out = _cold(question, default_spread("lexical"))
+    assert out.mode == "full-flat" and out.text == tt.text
+    a = out.analysis
+    free = np.ones(len(a.units), bool)
+    free[list(a.pinned)] = False
+    n_free = int(free.sum())
+    # the reason's numbers are the formula's: over the unpinned units
+    assert f"of the {n_free} unpinned units" in out.reason and "too flat" in out.reason
+    assert out.reason.count(".") <= 3 and "\n" not in out.reason  # one sentence (decimals aside)
+    assert f"spread {out.spread:.3f} >" in out.reason
+
+
+def test_the_seeds_spread_alone_would_have_served_the_pointed_question_whole():
+    """What the gate replaced: this pointed question's spread is over the seed's 0.11, which served it whole on
+    every request; a pointed request is not gated, so even at 0.11 it is compressed."""
+    _, out = _cold("How are the address infos interleaved by family when several families are returned?", 0.11)
+    assert out.mode == "compressed" and out.spread is not None and out.spread > 0.11
+
+
+@pytest.mark.parametrize("text, every", [
+    ("List every invoice.", True),
+    ("List the ID of every record that mentions the product Nimbolt.", True),
+    ("How many records mention the product Nimbolt?", True),
+    ("Summarize the document.", True),
+    ("What are all the options this parser accepts?", True),
+    ("Give me all the lines that mention a timeout.", True),
+    ("How are the address infos interleaved by family when several families are returned?", False),
+    ("How many times does make_numbered_dir try before it gives up?", False),
+    ("What does trimcoef return when every coefficient is small?", False),
+    ("Which function returns all items of a list?", False),
+])
+def test_asks_for_every(text, every):
+    assert asks_for_every(text) is every
+
+
+def test_zero_relevance_is_flat_whatever_the_request():
+    sp = flat_gate(np.zeros(10), 3, 0.5, "What does it do?")
+    assert sp.flat and "none of the 10 unpinned units" in sp.reason
+
+
+def test_spread_curve_by_prompt_length_and_the_registry_defaults():
+    c = SpreadCurve.parse("4096:0.2 16384:0.02")
+    assert c.at(1000) == 0.2 and c.at(100_000) == 0.02 and abs(c.at(10240) - 0.11) < 1e-9
+    assert SpreadCurve.parse(0.11).at(50_000) == 0.11 and str(SpreadCurve.parse(0.11)) == "0.11"
+    with pytest.raises(ValueError):
+        SpreadCurve.parse("4096:0.2 1024:0.1")
+    assert SCORERS["head"].spread == "0.11"  # the seed's threshold stays with the seed's trained head
+    assert default_spread("plug-in") == "0.11"
+    for e in SCORERS.values():
+        SpreadCurve.parse(e.spread)  # every default parses
