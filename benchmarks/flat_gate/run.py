@@ -198,7 +198,7 @@ def report(rows: list[dict]) -> str:
             if not test:
                 continue
 
-            def cell(rs: list[dict], whole: bool = False, gold: bool = False) -> str:
+            def cell(rs: list[dict], whole: bool = False, gold: bool = False, curve: SpreadCurve = curve) -> str:
                 if not rs:
                     return "-"
                 flat = [decide(r, "spread", curve.at(r["tokens"])) for r in rs]

@@ -206,7 +206,7 @@ def _shared(f: Function, methods: Counter[str]) -> bool:
     return f.cls is not None and ((f.name.startswith("__") and f.name.endswith("__")) or methods[f.name] > 1)
 
 
-def select(files: list[SourceFile], seed: int) -> list[tuple[str, SourceFile, Function, str, bool]]:
+def select(files: list[SourceFile], seed: int) -> list[tuple[str, SourceFile, Function, str, bool]]:  # noqa: C901
     """Step 3: (kind, file, function, question) for one package."""
     package = files[0].package
     rng = random.Random(f"{seed}:{normalise(package)}")
