@@ -75,6 +75,15 @@ class LlamaServer:
 
     def restart(self) -> None:
         self.stop()
+        self.start_again()
+
+    def crash(self) -> None:
+        """``kill -9``, then start it again with the same flags (what systemd's ``Restart=`` does after a crash)."""
+        self.proc.kill()
+        self.proc.wait()
+        self.start_again()
+
+    def start_again(self) -> None:
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen(self.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
         self.wait_healthy()

@@ -77,6 +77,11 @@ _HELP = {
                    "over 3 periods after its last one (default 2)",
     "save_every_turn": "also snapshot a session after each turn, in the background, once its slot is idle "
                        "(--snapshot-every-turn: with several nodes, losing one costs a restore, not a prefill)",
+    "idle_save_s": "snapshot a resident session once it has been idle this many seconds and changed since its "
+                   "last snapshot, so a crash of llama-server loses at most the turn in flight (0 = off, default "
+                   "30)",
+    "idle_save_mb_s": "the I/O budget of those idle saves: one at a time, on average at most this many MB of "
+                      "snapshot written per second (default 50)",
     "segment_probe": "segment probe GGUF for --segmenter probe (default: the set shipped for this drafter, if any)",
     "scoring_head": "scorer head GGUF for --scorer head/head-attention (default: the set shipped for this drafter, "
                     "if any)",
