@@ -16,14 +16,14 @@ from pflash_proxy.server.app import create_app
 from tests.conftest import make_settings, start_llama_server
 from tests.sessions.test_snapshot_truth_real import SAMPLING
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(900)]  # four prefills, four restores and a restart
 
 SUBJECTS = ("orchard", "lighthouse", "quarry", "vineyard")
 
 
 def opening(subject: str) -> list[dict]:
     doc = "\n".join(f"{subject.title()} record {i}: crew {i} logged {i * 13 % 41} units at the {subject} on day {i}."
-                    for i in range(30))
+                    for i in range(12))
     return [{"role": "system", "content": "You answer briefly.\n\n" + doc},
             {"role": "user", "content": f"What did crew 3 log at the {subject}?"}]
 
