@@ -146,6 +146,7 @@ class Settings(BaseModel):
     max_index_mb: float = Field(1024, gt=0)  # the session index's bytes on disk; least recently used go beyond
     sessions: bool = True
     progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
+    cache_isolation: Literal["credential", "shared"] = "credential"  # slots' KV across credentials (isolation.py)
     allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
     max_pending_mb: float = Field(1024, ge=0)  # request bodies held in memory at once; beyond: 429 (0 = no bound)
     body_timeout_s: float = Field(60, ge=0)  # a request body not in whole this long after its headers: 408

@@ -48,6 +48,10 @@ _HELP = {
     "progress_interval_s": "a streaming request that waits for a slot or for compression gets an SSE comment "
                            "(': pflash compressing 12,345 tokens') this often, so clients do not time out (0 = "
                            "never; default 5)",
+    "cache_isolation": "'credential' (default): once the proxy has seen two credentials, a slot whose llama-server "
+                       "KV another credential's requests left is erased before it serves a request that does not "
+                       "restore its own snapshot there, so no client learns from the prefix cache (cache_n, time) "
+                       "what another sent; 'shared': slots' content is reused across credentials",
     "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
                           "(default: refused with 403, since they overwrite what the proxy keeps in the slots)",
     "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (/props, "

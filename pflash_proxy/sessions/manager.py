@@ -44,10 +44,11 @@ from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnava
 from pflash_proxy.contract import RelayResult
 from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.cluster import ClusterNode
+from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, is_cluster,
                                          open_index)
 from pflash_proxy.sessions.liveness import UpstreamWatch
-from pflash_proxy.sessions.slots import Lease, Slot, SlotTable
+from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
@@ -72,6 +73,7 @@ class SessionManager:
                                          temp_tag=self.cluster.tag if self.cluster is not None else "")
         self.table = self._new_table(1)
         self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
+        self.isolation = CacheIsolation(settings.cache_isolation, upstream)  # --cache-isolation (isolation.py)
         self._pruner: asyncio.Task | None = None
         self._idle_saver: asyncio.Task | None = None
         self._idle_tried: dict[int, int] = {}  # slot id -> its grant count when an idle save of it last failed
@@ -379,6 +381,7 @@ class SessionManager:
         lease.slot.known = False
         lease.slot.tokens = lease.slot.prompt_tokens = 0
         lease.slot.served_hashes = []
+        lease.slot.owner = UNKNOWN_OWNER
         self.table.release(lease)
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str],
@@ -513,7 +516,8 @@ class SessionManager:
 
     def stats(self) -> dict[str, Any]:
         n_snaps, snap_bytes = self._snapshot_totals()
-        return {**self.counters, "store_available": not self._store_down, "slots": len(self.table.slots),
+        return {**self.counters, **self.isolation.counters, "cache_isolation": self.isolation.mode,
+                "cache_isolation_active": self.isolation.active, "store_available": not self._store_down, "slots": len(self.table.slots),
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},

@@ -25,6 +25,10 @@ from pflash_proxy.errors import QueueFull, QueueTimeout
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
+# ``Slot.owner`` of content the proxy did not put there, and the owner key of requests without a credential
+# (``isolation.py``)
+UNKNOWN_OWNER = "?"
+NO_CREDENTIAL = "-"
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Slot:
     # other lease came between: ``SessionManager.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
     # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
+    owner: str | None = UNKNOWN_OWNER  # whose requests put the content there (``isolation.py``); None: empty
 
 
 @dataclass
@@ -220,7 +225,7 @@ class SlotTable:
             slot.served_hashes = []
             slot.snapshot_current = False
             if not slot.busy:
-                slot.session = None
+                slot.session = slot.owner = None
             else:
                 slot.known = False
 

@@ -16,6 +16,9 @@
    ``manager.reported_cache``: a hit or restore that reused far less is a ``miss`` with ``X-PFlash-Cache-Reason``,
    a miss that reused a prefix the slot held a ``hit-prefix``); a stream's headers leave before that is known,
    so they carry the expectation, and the log line and the inspector trace carry the answer.
+Under ``--cache-isolation credential``, between 3 and 4, a slot whose content another credential left and that this
+request did not restore its own snapshot into is erased first (``sessions/isolation.py``; anonymous and batch
+leases too).
 With a shared index (``--index redis://``, ``sessions/cluster.py``), between 1 and 3: a session another live node
 holds is not leased here: ``req.forward_to`` names that node and the server forwards the client's request there
 (``X-PFlash-Via`` on the answer); a request forwarded to this node (``X-PFlash-Forwarded-By``) is always served
@@ -174,6 +177,8 @@ class SessionStage(Stage):
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         lease.prefetched = prefetched
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
+        if await mgr.isolation.prepare(lease, owner, replaced=ctx.cache != "miss"):  # --cache-isolation
+            req.set_field("cache_prompt", False)
         if taken_from is not None and cluster is not None:  # restored from the shared directory, or cold
             cluster.counters[f"takeover_{ctx.cache}"] += 1
         if served[:matched] != messages[:matched]:
@@ -217,6 +222,10 @@ class SessionStage(Stage):
         try:
             for slot in range(len(mgr.table.slots)):
                 leases.append(await mgr.lease_slot(slot))
+            owner = mgr.owner(req.headers)
+            for lease in leases:  # --cache-isolation: llama-server may run any prompt of the batch on any slot
+                if await mgr.isolation.prepare(lease, owner, replaced=False):
+                    req.set_field("cache_prompt", False)
         except BaseException:
             for lease in leases:
                 mgr.release_unknown(lease)
@@ -232,6 +241,8 @@ class SessionStage(Stage):
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
         await self.manager.prepare_slot(lease, None)
+        if await self.manager.isolation.prepare(lease, self.manager.owner(req.headers), replaced=False):
+            req.set_field("cache_prompt", False)
         req.set_field("id_slot", lease.slot.id)
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
