@@ -28,6 +28,10 @@ def _pflash_home(tmp_path, monkeypatch):
 
 
 def make_settings(upstream: str | None, tmp_path: Path, **kw) -> Settings:
+    """Settings for a proxy under test. Idle saves (``--idle-save-s``) are off unless a test asks for them: on a
+    loaded machine a session can sit idle for 30 s between two turns of a test, and a save then would change the
+    snapshot counts a test asserts."""
+    kw.setdefault("idle_save_s", 0)
     return Settings(upstream=upstream, home=tmp_path / "home", **kw)
 
 
