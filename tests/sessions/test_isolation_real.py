@@ -14,7 +14,7 @@ from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 from tests.conftest import start_llama_server
 from tests.sessions.test_sessions_real import DOC_A, ask, chat, make_proxy
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(900)]  # four ~1.5K-token prefills on a loaded 2-core machine
 
 KEY_A = {"Authorization": "Bearer key-of-a"}
 KEY_B = {"Authorization": "Bearer key-of-b"}
