@@ -197,7 +197,7 @@ async def probe(model: Path, work: Path, a: argparse.Namespace) -> dict:
         try:
             async with aiohttp.ClientSession() as s:
                 async def ask(k: int) -> int:  # documents that differ from their third token on
-                    body = {"messages": [{"role": "user", "content": document(k, 15)}], "max_tokens": 1,
+                    body = {"messages": [{"role": "user", "content": document(k, 5)}], "max_tokens": 1,
                             "id_slot": 0, "temperature": 0}
                     async with s.post(server.url + "/v1/chat/completions", json=body) as r:
                         return int((await r.json())["timings"]["cache_n"])
@@ -234,7 +234,7 @@ async def main_async(a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="pflash-bench-sessions-"))
     report: dict = {"command": " ".join(sys.argv), "results": []}
-    for mix in a.mixes.split(","):
+    for mix in filter(None, a.mixes.split(",")):
         variants = ["alone", "proxy"] + (["proxy-shared"] if mix == "two-credentials" else [])
         for variant in variants:
             res = await run_mix(mix, variant, model, work / f"{mix}-{variant}", a)
