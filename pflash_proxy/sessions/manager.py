@@ -165,7 +165,7 @@ class SessionManager:
                 task.cancel()
         resident = [s for s in self.table.slots if s.session and not s.session.startswith("anon-")
                     and not s.snapshot_current and s.tokens]
-        if resident and self.watch.ready and not await self.upstream.health(timeout_s=2):
+        if resident and self.watch.ready and not await self._upstream_alive():
             # a dead llama-server saves nothing: do not wait for it; the sessions keep their last snapshots
             log.warning("llama-server does not answer: %d resident sessions not saved at shutdown (their last "
                         "snapshots, if any, stay)", len(resident))
@@ -179,6 +179,17 @@ class SessionManager:
         for task in list(self._background):
             task.cancel()
         self.store.close()
+
+    async def _upstream_alive(self) -> bool:
+        """False when llama-server is gone (its port refuses, or /health is not 200); a slow answer (a loaded
+        machine) counts as alive, so a shutdown never skips saves that could still be made."""
+        try:
+            status, _ = await self.upstream.call("GET", "/health", timeout_s=10, check_ready=False)
+        except UpstreamTimeout:
+            return True
+        except UpstreamUnavailable:
+            return False
+        return status == 200
 
     async def save_all_resident(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
