@@ -403,7 +403,8 @@ class SessionManager:
         written and the session's previous snapshot stays. True when a snapshot was written."""
         task_seen, prompt_tokens, epoch = learnt
         notices = self.upstream.restart_notices
-        why = await self.watch.unsaveable(slot_id, task_seen, prompt_tokens or 0, epoch)
+        # after a turn, /slots counts what the slot's cache holds: the prompt and the generated tokens (less one)
+        why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
         if why is not None:
             self.counters["saves_refused"] += 1
             log.warning("not saving session %s from slot %d: %s; its previous snapshot, if any, stays", sid[:8],
