@@ -10,11 +10,16 @@ Loopback only, bounded in time (``--minutes``) and count (``--max-requests``); s
    short document that carries its own random token ``SOAK-<10 hex digits>``; every later turn asks about it. About one
    request in ten is a streaming one whose client disconnects after the first bytes (the turn is dropped from
    that session's history, as a real client would). Rounds of new sessions follow until the time is up.
-3. Half-way, llama-server is killed and started again with the same flags (the proxy is not told).
+3. Half-way, llama-server is stopped (SIGTERM; ``--crash``: SIGKILL) and started again with the same flags (the
+   proxy is not told).
 4. Between chat turns, passthrough requests (``GET /v1/models``) are timed too.
 5. Checks: every answered turn's ``X-PFlash-Session`` belongs to its own session (never to a session of another
    token); afterwards every served history in the proxy's index holds one session's token only; no answer
-   holds another session's token. Errors are counted by kind (status code or exception).
+   holds another session's token. Errors are counted by kind (status code or exception). What the proxy said it
+   reused is checked against llama-server: an answer whose ``X-PFlash-Cached-Tokens`` is not its
+   ``timings.cache_n``, or that says ``hit``/``restored`` while llama-server reused (almost) nothing, is a false
+   report; the snapshot directory is listed every half second, and a snapshot file that holds no tokens (a few
+   bytes of header) or an index record of 0 tokens counts as an empty snapshot.
 
 Writes ``<out>/soak.json`` and prints a markdown summary.
 """
@@ -34,6 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -76,6 +82,8 @@ class Soak:
         self.pass_s: list[float] = []
         self.session_token: dict[str, str] = {}  # proxy session id -> soak token
         self.crossed: list[str] = []
+        self.false_reports: list[str] = []
+        self.cache_seen: Counter[str] = Counter()
         self.deadline = time.monotonic() + args.minutes * 60
 
     def done(self) -> bool:
@@ -123,6 +131,7 @@ class Soak:
                             await asyncio.sleep(float(r.headers.get("Retry-After", 1)))
                         continue
                     self.chat_s.append(time.perf_counter() - t0)
+                    self.check_report(r.headers, data)
                     sid = r.headers.get("X-PFlash-Session", "")
                     if sid and self.session_token.setdefault(sid, token) != token:
                         self.crossed.append(f"session {sid[:8]} answered {token}, belongs to "
@@ -135,6 +144,19 @@ class Soak:
                 continue
             msgs = msgs + [{"role": "assistant", "content": answer},
                            {"role": "user", "content": self.rng.choice(QUESTIONS)}]
+
+    def check_report(self, headers: Any, data: dict) -> None:
+        """A whole answer's cache headers against llama-server's own ``timings.cache_n``."""
+        cache = headers.get("X-PFlash-Cache", "")
+        self.cache_seen[cache] += 1
+        cache_n = (data.get("timings") or {}).get("cache_n")
+        if not isinstance(cache_n, int):
+            return
+        said = headers.get("X-PFlash-Cached-Tokens")
+        if said is not None and int(said) != cache_n:
+            self.false_reports.append(f"X-PFlash-Cached-Tokens {said}, cache_n {cache_n} ({cache})")
+        if cache in ("hit", "restored") and cache_n < 16:
+            self.false_reports.append(f"{cache} with cache_n {cache_n}")
 
     async def run(self) -> int:
         rounds = 0
@@ -151,20 +173,43 @@ class Soak:
         return rounds
 
 
-def check_index(home: Path) -> tuple[int, list[str]]:
+EMPTY_SNAPSHOT_BYTES = 1024  # a file of 0 tokens is a header of a few dozen bytes; one token of gemma-3-270m, ~4 KB
+
+
+async def watch_snapshots(directory: Path, empty: set[str], stop: asyncio.Event) -> None:
+    """List ``directory`` every half second until ``stop``; collect the snapshot files that hold no tokens."""
+    while not stop.is_set():
+        for path in directory.glob("pf-*.bin"):
+            if path.name.startswith("pf-tmp-"):
+                continue  # a save in flight: only a renamed file is a snapshot
+            try:
+                if path.stat().st_size < EMPTY_SNAPSHOT_BYTES:
+                    empty.add(f"{path.name} ({path.stat().st_size} bytes)")
+            except FileNotFoundError:
+                pass
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+
+
+def check_index(home: Path) -> tuple[int, list[str], list[str]]:
     """Every served history's client-written messages (system, user, tool) hold one soak token only; assistant
-    messages are the model's words, checked by the caller against the answers."""
+    messages are the model's words, checked by the caller against the answers. Returns (sessions, crossed
+    histories, snapshot records of 0 tokens)."""
     from pflash_proxy.sessions.store import SessionStore
 
     store = SessionStore(home / "sessions")
     try:
+        empty = [f"snapshot of session {r.session[:8]} records {r.tokens} tokens" for r in store.snapshots()
+                 if r.tokens < 1]
         bad = []
         recs = store.sessions()
         for rec in recs:
             tokens = set(TOKEN_RX.findall(json.dumps([m for m in rec.served if m.get("role") != "assistant"])))
             if len(tokens) > 1:
                 bad.append(f"session {rec.id[:8]} served {sorted(tokens)}")
-        return len(recs), bad
+        return len(recs), bad, empty
     finally:
         store.close()
 
@@ -190,13 +235,18 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         async def restart_midway() -> None:
             await asyncio.sleep(args.minutes * 30)
-            await asyncio.get_running_loop().run_in_executor(None, llama.restart)
+            await asyncio.get_running_loop().run_in_executor(None, llama.crash if args.crash else llama.restart)
 
         restarter = asyncio.create_task(restart_midway())
+        empty: set[str] = set()
+        stop_watch = asyncio.Event()
+        watcher = asyncio.create_task(watch_snapshots(llama.slot_dir, empty, stop_watch))
         t0 = time.monotonic()
         rounds = await soak.run()
         restarted = restarter.done()
         restarter.cancel()
+        stop_watch.set()
+        await watcher
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/pflash/stats") as r:
                 stats = await r.json()
@@ -208,17 +258,21 @@ async def main_async(args: argparse.Namespace) -> dict:
         except subprocess.TimeoutExpired:
             proxy.kill()
         llama.stop()
-    n_sessions, index_bad = check_index(home)
+    n_sessions, index_bad, index_empty = check_index(home)
     sess = stats.get("sessions", {})
     return {"minutes": round((time.monotonic() - t0) / 60, 2), "rounds": rounds, "sessions_per_round": args.sessions,
             "requests": soak.requests, "chat_turns_answered": len(soak.chat_s), "disconnects": soak.disconnects,
             "errors": dict(soak.errors), "upstream_restarted": restarted,
+            "restart": "kill -9" if args.crash else "SIGTERM",
             "latency_ms": {"passthrough_p50": pct(soak.pass_s, 0.5), "passthrough_p99": pct(soak.pass_s, 0.99),
                            "chat_p50": pct(soak.chat_s, 0.5), "chat_p99": pct(soak.chat_s, 0.99)},
             "proxy_rss_mb": {"start": round(rss0 / 1024, 1), "end": round(rss1 / 1024, 1)},
             "crossed": soak.crossed + index_bad, "sessions_in_index": n_sessions,
-            "proxy_counters": {k: sess.get(k) for k in ("hits", "restored", "misses", "cache_mismatches",
-                                                         "upstream_restarts", "slots_lost", "save_failures",
+            "empty_snapshots": sorted(empty) + index_empty, "false_cache_reports": len(soak.false_reports),
+            "false_cache_report_examples": soak.false_reports[:20], "cache_reported": dict(soak.cache_seen),
+            "proxy_counters": {k: sess.get(k) for k in ("hits", "restored", "misses", "prefix_hits",
+                                                         "cache_mismatches", "upstream_restarts", "slots_lost",
+                                                         "save_failures", "saves_refused", "idle_saves",
                                                          "store_failures")}}
 
 
@@ -229,13 +283,14 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-requests", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--crash", action="store_true", help="kill -9 llama-server half-way instead of stopping it")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak")
     args = ap.parse_args()
     report = asyncio.run(main_async(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-    return 1 if report["crossed"] else 0
+    return 1 if report["crossed"] or report["empty_snapshots"] or report["false_cache_reports"] else 0
 
 
 if __name__ == "__main__":

@@ -139,12 +139,15 @@ class Settings(BaseModel):
     slot_save_path: Path | None = None
     max_cache_gb: float = Field(20, gt=0)
     save_every_turn: bool = False
+    idle_save_s: float = Field(30, ge=0)  # snapshot a resident session idle this long, once per change (0 = off)
+    idle_save_mb_s: float = Field(50, gt=0)  # the idle saves' I/O budget: snapshot MB written per second, on average
     shutdown_save_timeout_s: float = Field(30, gt=0)
     session_ttl_days: float = Field(30, ge=0)
     max_sessions: int = Field(10000, ge=1)
     max_index_mb: float = Field(1024, gt=0)  # the session index's bytes on disk; least recently used go beyond
     sessions: bool = True
     progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
+    cache_isolation: Literal["credential", "shared"] = "credential"  # slots' KV across credentials (isolation.py)
     allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
     max_pending_mb: float = Field(1024, ge=0)  # request bodies held in memory at once; beyond: 429 (0 = no bound)
     body_timeout_s: float = Field(60, ge=0)  # a request body not in whole this long after its headers: 408

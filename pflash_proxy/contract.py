@@ -92,6 +92,9 @@ class ProxyRequest:
     # Work a stage started that runs while the upstream works (the history commit): ``settle`` awaits it before
     # the answer's headers go out, and ``Pipeline.finish`` before any ``on_finish`` (a lease is released after it).
     beside_upstream: list[Awaitable[None]] = field(default_factory=list)
+    # Called with the upstream's parsed answer (None: not JSON) before the headers of a whole, non-streamed answer
+    # are written: a stage sets there what only the answer tells (how much of llama-server's cache was reused).
+    on_answer: list[Callable[[dict[str, Any] | None], None]] = field(default_factory=list)
 
     async def settle(self) -> None:
         """Await the work started beside the upstream request (``beside_upstream``), each piece once."""

@@ -28,6 +28,10 @@ def _pflash_home(tmp_path, monkeypatch):
 
 
 def make_settings(upstream: str | None, tmp_path: Path, **kw) -> Settings:
+    """Settings for a proxy under test. Idle saves (``--idle-save-s``) are off unless a test asks for them: on a
+    loaded machine a session can sit idle for 30 s between two turns of a test, and a save then would change the
+    snapshot counts a test asserts."""
+    kw.setdefault("idle_save_s", 0)
     return Settings(upstream=upstream, home=tmp_path / "home", **kw)
 
 
@@ -75,6 +79,15 @@ class LlamaServer:
 
     def restart(self) -> None:
         self.stop()
+        self.start_again()
+
+    def crash(self) -> None:
+        """``kill -9``, then start it again with the same flags (what systemd's ``Restart=`` does after a crash)."""
+        self.proc.kill()
+        self.proc.wait()
+        self.start_again()
+
+    def start_again(self) -> None:
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen(self.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
         self.wait_healthy()

@@ -47,6 +47,10 @@ _HELP = {
     "spawn_threads": "CPU threads of the spawned llama-server (its -t; default: llama-server's own choice)",
     "startup_timeout_s": "seconds the spawned llama-server may take to load its model (default 300)",
     "upstream_timeout_s": "seconds an upstream request may take before the client gets 504 (default 600)",
+    "cache_isolation": "'credential': once the proxy has seen two credentials, a slot whose llama-server KV another "
+                       "credential's requests left is erased before it serves a request that does not restore its "
+                       "own snapshot there, so no client learns from the prefix cache (cache_n, time) what another "
+                       "sent; 'shared': slots' content is reused across credentials (default credential)",
     "upstream_wait_s": "a request that meets llama-server starting or restarting (refused connection, 'Loading "
                        "model') waits this many seconds for it and is then sent, instead of failing (0 = 503 at "
                        "once, default 60)",
@@ -141,6 +145,11 @@ _HELP = {
                       "heartbeats are signed with it and only a node whose heartbeat verifies gets forwarded "
                       "turns; a forwarded turn carries a signed, timestamped X-PFlash-Forwarded-By, the only one "
                       "honoured",
+    "idle_save_s": "snapshot a resident session once it has been idle this many seconds and changed since its "
+                   "last snapshot, so a crash of llama-server loses at most the turn in flight (0 = off, default "
+                   "30)",
+    "idle_save_mb_s": "the I/O budget of those idle saves: one at a time, on average at most this many MB of "
+                      "snapshot written per second (default 50)",
     # inspector
     "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
                "clients need none); the completion routes are not gated by it (default none; also PFLASH_API_KEY)",
@@ -160,7 +169,8 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("sessions and snapshots", "Conversations pinned to slots, saved to disk when they lose one and restored "
                                "when they come back.",
      ("sessions", "slot_save_path", "max_cache_gb", "save_every_turn", "shutdown_save_timeout_s",
-      "session_ttl_days", "max_sessions", "max_index_mb", "allow_slot_actions", "drop_volatile_lines")),
+      "session_ttl_days", "max_sessions", "max_index_mb", "allow_slot_actions", "drop_volatile_lines",
+      "idle_save_s", "idle_save_mb_s", "cache_isolation")),
     ("compression", "A new long message shortened to a budget before llama-server reads it; omitted lines recalled "
                     "into later questions.",
      ("pflash", "threshold", "prefill_curve", "query_pin", "fallback_spread", "chat_recall", "theta",

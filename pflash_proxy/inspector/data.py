@@ -225,6 +225,9 @@ def view(trace: dict[str, Any]) -> dict[str, Any]:
     """A stored trace as the API shows it: units as objects, the original as lines."""
     if trace.get("kind") == "recall":
         return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "share", "excerpts")}
+    if trace.get("kind") == "cache":
+        return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "announced", "reported",
+                                          "expected_tokens", "cache_n", "reason")}
     out = {k: v for k, v in trace.items() if k not in ("units", "kept", "pinned", "text", "v")}
     cols = trace.get("units")
     units = []

@@ -1,7 +1,8 @@
 """Compression traces: what ``CompressStage`` decided for a message, kept with the session for the inspector.
 
-``record_compression`` (a compressed message, or one served whole with a reason) and ``record_recall`` (recall
-excerpts prepended to a short turn) append one plain-data trace (dicts, lists, numbers, strings: nothing that
+``record_compression`` (a compressed message, or one served whole with a reason), ``record_recall`` (recall
+excerpts prepended to a short turn) and ``record_cache`` (a turn whose reuse of llama-server's cache was not what
+the session layer expected) append one plain-data trace (dicts, lists, numbers, strings: nothing that
 is stored as a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
@@ -66,6 +67,19 @@ def record_recall(record: Any, idx: int, decision: Any) -> None:
                          "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the recall trace of message %d", idx + 1)
+
+
+def record_cache(record: Any, idx: int, announced: str, reported: str, expected: int, cache_n: int,
+                 reason: str | None) -> None:
+    """Append the trace of a turn whose reuse of llama-server's cache differed from what the proxy expected:
+    what it announced (``announced``, ``expected`` tokens), what llama-server reused (``cache_n``) and what the
+    proxy therefore reported (``reported``)."""
+    try:
+        _append(record, {"v": VERSION, "kind": "cache", "turn": record.turns, "message": idx, "at": time.time(),
+                         "announced": announced, "reported": reported, "expected_tokens": int(expected),
+                         "cache_n": int(cache_n), "reason": reason})
+    except Exception:  # noqa: BLE001
+        log.exception("inspector: could not record the cache trace of message %d", idx + 1)
 
 
 def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
@@ -152,7 +166,7 @@ def _append(record: Any, trace: dict[str, Any]) -> None:
         totals["tokens_in"] = totals.get("tokens_in", 0) + trace["message_tokens"]
         totals["tokens_served"] = totals.get("tokens_served", 0) + trace["served_tokens"]
         record.trace_totals = totals
-    else:
+    elif trace["kind"] == "recall":
         totals = dict(record.trace_totals)
         totals["recalls"] = totals.get("recalls", 0) + 1
         totals["recall_tokens"] = totals.get("recall_tokens", 0) + sum(e["tokens"] for e in trace["excerpts"])

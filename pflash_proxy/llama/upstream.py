@@ -80,6 +80,7 @@ class Upstream:
         self._ready = asyncio.Event()
         self._ready.set()
         self._restart_listeners: list[Callable[[str], Any]] = []
+        self.restart_notices = 0  # ``notify_restart`` calls so far
         self.sentinel = Sentinel(lambda: self.base_url, self._auth)  # started by whoever relies on it
 
     # Lifecycle ---------------------------------------------------------------------------------------------
@@ -114,6 +115,7 @@ class Upstream:
 
     def notify_restart(self, reason: str) -> None:
         log.warning("upstream state lost: %s", reason)
+        self.restart_notices += 1
         self.sentinel.end_epoch()
         for fn in self._restart_listeners:
             try:

@@ -20,6 +20,7 @@ import asyncio
 import time
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -79,10 +80,12 @@ async def relay(
     style: StreamStyle = PLAIN_STREAM,
     prepared: web.StreamResponse | None = None,
     translate: Any = None,
+    on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
     """Relay ``upstream`` to the client as it arrives. ``translate`` (a dialect's translator) rewrites a whole
     answer (``body``) or each run of complete SSE events (``stream``, then ``end``) into the client's dialect;
-    ``final_json`` is always the upstream's own (its ``timings``)."""
+    ``final_json`` is always the upstream's own (its ``timings``). ``on_answer``: called with a whole answer's
+    ``final_json`` before its headers (``extra_headers``, which they may change) are written."""
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
@@ -93,7 +96,7 @@ async def relay(
     elif not is_sse and (translate is not None or (upstream.content_length is not None
                                                    and upstream.content_length <= _MAX_SNIFF_BYTES)):
         result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
-        return await _relay_small(upstream, extra_headers, result, "json" in ctype, translate)
+        return await _relay_small(upstream, extra_headers, result, "json" in ctype, translate, on_answer)
     else:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in response_headers(upstream):
@@ -193,7 +196,9 @@ async def relay(
 
 
 async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,
-                       is_json: bool, translate: Any = None) -> tuple[web.StreamResponse, RelayResult]:
+                       is_json: bool, translate: Any = None,
+                       on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None
+                       ) -> tuple[web.StreamResponse, RelayResult]:
     """A complete, bounded body (every non-streamed llama-server answer): read it, answer in one write.
 
     The upstream has already finished generating when its headers arrive, so there is nothing to cancel.
@@ -206,13 +211,15 @@ async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str
         raise UpstreamUnavailable(f"upstream connection lost while reading the response ({exc})") from exc
     finally:
         upstream.release()
-    headers = CIMultiDict(response_headers(upstream))
-    headers.update(extra_headers or {})
     if is_json and body[:1] == b"{":
         try:
             result.final_json = json.loads(body)
         except ValueError:
             pass
+    for fn in on_answer or ():
+        fn(result.final_json)
+    headers = CIMultiDict(response_headers(upstream))
+    headers.update(extra_headers or {})
     if translate is not None:
         body = translate.body(upstream.status, body)
     resp = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)

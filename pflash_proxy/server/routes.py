@@ -204,7 +204,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             up.release()
             raise
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate)
+                                   translate=translate, on_answer=req.on_answer)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)

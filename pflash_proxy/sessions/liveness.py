@@ -5,12 +5,16 @@
    (``on_ready``: it sizes the ``SlotTable`` or marks it empty), and check the configuration (warn once, naming
    only the flags the proxy relies on that the attached server's API cannot show).
 2. Restart detection: the spawn supervisor notifies the ``Upstream`` directly; for an attached server a monitor
-   polls ``/health`` every second, and a failure followed by recovery is reported the same way. Every restart
-   calls ``on_restart`` (the table is emptied) and the next request reads ``/props`` again.
+   polls ``/health`` every second, and a failure followed by recovery is reported the same way, unless the restart
+   was already reported while the server was down (a request that met the server back, ``slot_lost``): one
+   restart is one notice. Every restart calls ``on_restart`` (the table is emptied) and the next request reads
+   ``/props`` again.
 3. ``slot_lost``: before a cache ``hit`` is announced, llama-server's own ``/slots`` record of that slot must agree
    with the table, so a restart quicker than the poll cannot be missed either, unless the upstream's sentinel
    (``llama/sentinel.py``: one connection to a loopback llama-server, held open since the slot's content was
    learnt) vouches that no restart happened: a restart closes that connection at once.
+4. ``unsaveable``: before any save, ``/slots`` must show the slot idle and still holding what the table learnt
+   there (``disagreement``), so a snapshot is never taken of a slot a restart emptied.
 """
 
 from __future__ import annotations
@@ -138,15 +142,19 @@ class UpstreamWatch:
 
     async def _health_monitor(self) -> None:
         was_down = False
+        notices = 0
         while True:
             await asyncio.sleep(1.0)
             ok = await self.upstream.health(timeout_s=2)
             if not ok and not was_down:
                 was_down = True
+                notices = self.upstream.restart_notices
                 log.warning("upstream %s is not healthy", self.upstream.base_url)
             elif ok and was_down:
                 was_down = False
-                self.upstream.notify_restart("upstream came back after being unreachable")
+                # one restart is noticed once: a request that met the server back (``slot_lost``) may have already
+                if self.upstream.restart_notices == notices:
+                    self.upstream.notify_restart("upstream came back after being unreachable")
 
     async def slot_lost(self, slot: Slot,
                         prefetched: Awaitable[tuple[bool, list[dict[str, Any]] | None]] | None = None) -> str | None:
@@ -176,19 +184,50 @@ class UpstreamWatch:
             return None
         self._slots_route = True
         info = next((s for s in data if isinstance(s, dict) and s.get("id") == slot.id), None)
-        if info is None:
-            return f"slot {slot.id} is gone"
-        if not isinstance(info.get("id_task"), int) or info["id_task"] < 0:
-            return "no task has run on it since llama-server started"
-        if info["id_task"] < slot.task_seen:
-            return f"its task ids went back from {slot.task_seen} to {info['id_task']}"
-        n = info.get("n_prompt_tokens")
-        # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt, by more
-        slack = max(16, slot.prompt_tokens // 10)
-        if isinstance(n, int) and slot.prompt_tokens and abs(n - slot.prompt_tokens) > slack:
-            return f"its last prompt had {n} tokens, the proxy's last one {slot.prompt_tokens}"
+        why = disagreement(info, slot.id, slot.task_seen, slot.prompt_tokens)
+        if why is not None or info is None:
+            return why
         slot.task_seen = info["id_task"]
         return None
+
+    async def unsaveable(self, slot_id: int, task_seen: int, prompt_tokens: int, epoch: int | None) -> str | None:
+        """Why slot ``slot_id`` must not be saved now as the session the table last learnt there, or None.
+
+        Asked right before every save (one ``GET /slots``): llama-server's record of the slot must show it idle,
+        with a task run on it by this very process (``task_seen``: its ids never go back) and the prompt length of
+        the proxy's last request there (``prompt_tokens``); a restart the proxy has not noticed yet (the server
+        came back empty, or a save waited for it) thus never writes an empty or foreign snapshot over a good one.
+        Without ``/slots`` only the sentinel (``epoch``) can vouch for it.
+        """
+        try:
+            data = await self.upstream.slots()
+        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+            return f"llama-server did not answer /slots ({exc})"
+        if data is None:
+            if self.upstream.sentinel.vouches(epoch):
+                return None
+            return "llama-server serves no /slots and nothing vouches that it kept the slot"
+        info = next((s for s in data if isinstance(s, dict) and s.get("id") == slot_id), None)
+        if info is not None and info.get("is_processing"):
+            return "llama-server is processing a request on it"
+        return disagreement(info, slot_id, task_seen, prompt_tokens)
+
+
+def disagreement(info: dict[str, Any] | None, slot_id: int, task_seen: int, prompt_tokens: int) -> str | None:
+    """Why llama-server's ``/slots`` record ``info`` of slot ``slot_id`` contradicts what the table learnt there
+    (the highest task id seen, the last prompt's length), or None."""
+    if info is None:
+        return f"slot {slot_id} is gone"
+    if not isinstance(info.get("id_task"), int) or info["id_task"] < 0:
+        return "no task has run on it since llama-server started"
+    if info["id_task"] < task_seen:
+        return f"its task ids went back from {task_seen} to {info['id_task']}"
+    n = info.get("n_prompt_tokens")
+    # the server's count differs from cache_n + prompt_n by a few template tokens; another prompt, by more
+    slack = max(16, prompt_tokens // 10)
+    if isinstance(n, int) and prompt_tokens and abs(n - prompt_tokens) > slack:
+        return f"its last prompt had {n} tokens, the proxy's last one {prompt_tokens}"
+    return None
 
 
 def _sliding_window(model_path: Any) -> bool | None:

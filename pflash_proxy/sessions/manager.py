@@ -5,20 +5,29 @@
 2. ``prepare_slot``: save a displaced session (unless its snapshot is current), restore this session's
    snapshot when it is not resident (after any save of it that is still running: a session displaced a moment
    ago may come back while its slot is being saved); report ``hit``/``restored``/``miss`` and the tokens
-   expected from cache.
+   expected from cache. Every save (``_save``) first asks llama-server's ``/slots`` whether the slot is idle and
+   still holds what the table learnt there (``UpstreamWatch.unsaveable``): a slot a restart emptied is never
+   saved, and a save that cannot be verified, or that llama-server answers with fewer tokens than expected,
+   leaves the session's previous snapshot as it was.
 3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
-   slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds.
+   slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds; the caller
+   reports the server's ``cache_n``, not the expectation, to the client.
 4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced either the upstream's sentinel
    (``llama/sentinel.py``) vouches that llama-server's process is the one that answered when the slot's content was
    last learnt (``Slot.epoch``: no ``/slots`` call at all), or the watch checks llama-server's own ``/slots`` record
    of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored. When a hit is
    likely and not vouched for, that ``/slots`` answer is asked before the lease, beside the session lookup
    (``prefetch_slots``), and used only if no other lease of the slot came between.
-5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s``; with a
+5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s`` (none at all
+   when llama-server does not answer ``/health``: nothing could be saved); with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
    their snapshots (never one that holds a slot or is in flight).
+7. Idle saves (``--idle-save-s``, 0 = off): a resident session idle that long whose snapshot is not current is
+   snapshotted once per change, one save at a time and on average at most ``--idle-save-mb-s`` of snapshot
+   written per second, never while its slot is busy (a lease, and ``/slots`` right before); so a crash of
+   llama-server costs a session at most the turn in flight, and the restart path restores the rest.
 """
 
 from __future__ import annotations
@@ -35,11 +44,12 @@ from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnava
 from pflash_proxy.contract import RelayResult
 from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.cluster import ClusterNode
+from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, is_cluster,
                                          open_index)
 from pflash_proxy.sessions.liveness import UpstreamWatch
-from pflash_proxy.sessions.slots import Lease, Slot, SlotTable
-from pflash_proxy.sessions.snapshots import SnapshotManager
+from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
+from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -63,11 +73,15 @@ class SessionManager:
                                          temp_tag=self.cluster.tag if self.cluster is not None else "")
         self.table = self._new_table(1)
         self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
+        self.isolation = CacheIsolation(settings.cache_isolation, upstream)  # --cache-isolation (isolation.py)
         self._pruner: asyncio.Task | None = None
+        self._idle_saver: asyncio.Task | None = None
+        self._idle_tried: dict[int, int] = {}  # slot id -> its grant count when an idle save of it last failed
         self._background: set[asyncio.Task] = set()
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
-                         "slots_lost": 0, "hits_vouched": 0}
+                         "slots_lost": 0, "hits_vouched": 0, "saves_refused": 0, "idle_saves": 0,
+                         "prefix_hits": 0, "restores_empty": 0}
         self._store_down = False
         self._writes = 0
         self._bound: asyncio.Task | None = None
@@ -136,6 +150,8 @@ class SessionManager:
         if self.cluster is not None:
             await self.cluster.start()
         self._pruner = asyncio.create_task(self._prune_loop())
+        if self.settings.idle_save_s > 0:
+            self._idle_saver = asyncio.create_task(self._idle_save_loop())
         self.watch.start()
         try:
             await self.ensure_ready(wait=False)  # down: say so now, never wait for it at start-up
@@ -144,17 +160,36 @@ class SessionManager:
 
     async def stop(self) -> None:
         self.watch.stop()
-        if self._pruner is not None:
-            self._pruner.cancel()
-        try:
-            await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
-        except asyncio.TimeoutError:
-            log.error("shutdown snapshot save timed out after %.0fs", self.settings.shutdown_save_timeout_s)
+        for task in (self._pruner, self._idle_saver):
+            if task is not None:
+                task.cancel()
+        resident = [s for s in self.table.slots if s.session and not s.session.startswith("anon-")
+                    and not s.snapshot_current and s.tokens]
+        if resident and self.watch.ready and not await self._upstream_alive():
+            # a dead llama-server saves nothing: do not wait for it; the sessions keep their last snapshots
+            log.warning("llama-server does not answer: %d resident sessions not saved at shutdown (their last "
+                        "snapshots, if any, stay)", len(resident))
+        else:
+            try:
+                await asyncio.wait_for(self.save_all_resident(), self.settings.shutdown_save_timeout_s)
+            except asyncio.TimeoutError:
+                log.error("shutdown snapshot save timed out after %.0fs", self.settings.shutdown_save_timeout_s)
         if self.cluster is not None:  # saved: other nodes may take this node's sessions over at once
             await self.cluster.stop()
         for task in list(self._background):
             task.cancel()
         self.store.close()
+
+    async def _upstream_alive(self) -> bool:
+        """False when llama-server is gone (its port refuses, or /health is not 200); a slow answer (a loaded
+        machine) counts as alive, so a shutdown never skips saves that could still be made."""
+        try:
+            status, _ = await self.upstream.call("GET", "/health", timeout_s=10, check_ready=False)
+        except UpstreamTimeout:
+            return True
+        except UpstreamUnavailable:
+            return False
+        return status == 200
 
     async def save_all_resident(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
@@ -164,7 +199,8 @@ class SessionManager:
         return sum([await self._snapshot_now(sid) for sid in sessions])
 
     async def _snapshot_now(self, sid: str) -> bool:
-        """Save ``sid``'s slot now (waiting for its running request, if any); True when a snapshot was written.
+        """Save ``sid``'s slot now (waiting for its running request, if any); True when a snapshot was written
+        (the snapshot is then current).
 
         Only a resident session is leased, and only while it stays resident: a session that lost its slot while
         waiting has nothing to save, and a save never displaces another session (``resident_only``).
@@ -178,7 +214,8 @@ class SessionManager:
             slot = lease.slot
             if not slot.tokens or (slot.snapshot_current and self.snapshots.on_disk(sid)):
                 return False
-            slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes)
+            slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes,
+                                                     (slot.task_seen, slot.prompt_tokens, slot.epoch))
             return slot.snapshot_current
         finally:
             self.table.release(lease)
@@ -257,11 +294,13 @@ class SessionManager:
 
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         lease.epoch = self.upstream.sentinel.current()  # before any call: a break from now on ends it
+        notices = self.upstream.restart_notices  # a restart noticed meanwhile (the health monitor) is not noticed twice
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
             self.counters["evicted_saves"] += 1
-            await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes)
+            await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes,
+                             (ev.task_seen, ev.prompt_tokens, ev.epoch))
         if served_hashes is None:
             return "miss", 0
         slot = lease.slot
@@ -279,7 +318,8 @@ class SessionManager:
                 slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
-            self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
+            if self.upstream.restart_notices == notices:
+                self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
         async with self.snapshots.lock(lease.session):  # after a save of this session still running (evicted)
@@ -294,6 +334,8 @@ class SessionManager:
                 except (UpstreamUnavailable, UpstreamTimeout) as exc:
                     log.warning("restore failed: %s", exc)
                     ok = False
+                if not ok:
+                    lease.reason = "its snapshot could not be restored"
                 if ok:
                     self.counters["restored"] += 1
                     slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
@@ -350,25 +392,49 @@ class SessionManager:
         lease.slot.known = False
         lease.slot.tokens = lease.slot.prompt_tokens = 0
         lease.slot.served_hashes = []
+        lease.slot.owner = UNKNOWN_OWNER
         self.table.release(lease)
 
-    async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str]) -> bool:
+    async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str],
+                    learnt: tuple[int, int | None, int | None]) -> bool:
+        """Snapshot slot ``slot_id`` as session ``sid``, once llama-server's ``/slots`` shows it idle and still
+        holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens`` and ``epoch``:
+        ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected, nothing is
+        written and the session's previous snapshot stays. True when a snapshot was written."""
+        task_seen, prompt_tokens, epoch = learnt
+        notices = self.upstream.restart_notices
+        # after a turn, /slots counts what the slot's cache holds: the prompt and the generated tokens (less one)
+        why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
+        if why is not None:
+            self.counters["saves_refused"] += 1
+            log.warning("not saving session %s from slot %d: %s; its previous snapshot, if any, stays", sid[:8],
+                        slot_id, why)
+            if why.startswith(("no task has run", "its task ids went back")) \
+                    and self.upstream.restart_notices == notices:  # the server restarted, and nobody noticed yet
+                self.upstream.notify_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
+            return False
         try:
             await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
             return True
+        except SnapshotRejected as exc:
+            self.counters["saves_refused"] += 1
+            log.warning("%s; the file is not kept, the previous snapshot, if any, stays", exc)
+            return False
         except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout, OSError, StoreError) as exc:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
             return False
 
-    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult) -> None:
+    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
+                ) -> int | None:
+        """Learn what the slot holds from the answer; returns the server's ``cache_n`` (None when not told)."""
         counts = cache_counts(result.final_json)  # timings, or the dialect's usage (Anthropic, Responses)
         slot = lease.slot
         if counts is None:
             if result.status != 200:
-                return  # the server rejected the request; the slot keeps what it had
+                return None  # the server rejected the request; the slot keeps what it had
             slot.known = False  # cannot verify (client gone, stream cut): treat content as unknown
-            return
+            return None
         cache_n, prompt_n, predicted_n = counts["cache_n"], counts["prompt_n"], counts["predicted_n"]
         if expected and cache_n < expected * CACHE_SLACK - 8:
             self.counters["cache_mismatches"] += 1
@@ -380,6 +446,49 @@ class SessionManager:
         slot.known = True
         slot.epoch = lease.epoch  # what the server said in that epoch; a break since then is not vouched for
         slot.snapshot_current = False
+        return cache_n
+
+    async def _idle_save_loop(self) -> None:
+        """Step 7: snapshot resident sessions idle for ``--idle-save-s`` whose snapshot is not current."""
+        idle_s = self.settings.idle_save_s
+        while True:
+            await asyncio.sleep(min(1.0, idle_s / 2))
+            try:
+                await self._idle_save_round(idle_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a failed round must not stop the next one
+                log.exception("idle snapshot round failed")
+
+    def idle_due(self, idle_s: float) -> list[Slot]:
+        """Slots holding a session idle for ``idle_s`` whose content changed since its last snapshot (and since an
+        idle save of it last failed), the longest idle first."""
+        now = time.monotonic()
+        due = [s for s in self.table.slots if s.session and not s.session.startswith("anon-") and s.known
+               and s.tokens and not s.busy and not s.snapshot_current and now - s.last_used >= idle_s
+               and self._idle_tried.get(s.id) != s.grants]
+        return sorted(due, key=lambda s: s.last_used)
+
+    async def _idle_save_round(self, idle_s: float) -> None:
+        if not self.watch.ready:
+            return
+        for slot in self.idle_due(idle_s):
+            sid = slot.session
+            if sid is None or not self.upstream.sentinel.alive and not await self.upstream.health(timeout_s=2):
+                return  # llama-server is down: nothing can be saved (the restart path restores what was)
+            t0 = time.monotonic()
+            ok = await self._snapshot_now(sid)
+            if slot.session == sid:
+                self._idle_tried[slot.id] = slot.grants  # once per change: not again until a new turn
+            if not ok:
+                continue
+            self.counters["idle_saves"] += 1
+            rec = self.store.snapshot(sid) if self.cluster is None else None
+            size = rec.size if rec is not None else 0
+            # the I/O budget: one save at a time, and on average at most --idle-save-mb-s
+            pause = size / (self.settings.idle_save_mb_s * 1e6) - (time.monotonic() - t0)
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     def save_in_background(self, sid: str) -> None:
         task = asyncio.create_task(self._snapshot_now(sid))
@@ -419,12 +528,28 @@ class SessionManager:
 
     def stats(self) -> dict[str, Any]:
         n_snaps, snap_bytes = self._snapshot_totals()
-        return {**self.counters, "store_available": not self._store_down, "slots": len(self.table.slots),
+        return {**self.counters, **self.isolation.counters, "cache_isolation": self.isolation.mode,
+                "cache_isolation_active": self.isolation.active, "store_available": not self._store_down, "slots": len(self.table.slots),
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe(), "sentinel": self.upstream.sentinel.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
+
+
+PREFIX_HIT_MIN = 32  # a "miss" that reused at least this many tokens reused someone's prefix (``hit-prefix``)
+
+
+def reported_cache(announced: str, expected: int, cache_n: int) -> tuple[str, str | None]:
+    """What a turn announced as ``announced`` (``hit``/``restored``/``miss``, ``expected`` tokens from cache) is
+    reported as once llama-server said it reused ``cache_n`` prompt tokens, and why when it is a miss after all:
+    a hit or restore that reused clearly less is a ``miss``; a miss that reused a prefix already in the slot (a
+    new session opening like the slot's last one) is a ``hit-prefix``."""
+    if announced in ("hit", "restored") and cache_n < expected * CACHE_SLACK - 8:
+        return "miss", f"announced {announced} (~{expected} tokens), llama-server reused {cache_n}"
+    if announced == "miss" and cache_n >= PREFIX_HIT_MIN:
+        return "hit-prefix", None
+    return announced, None
 
 
 class SlotsPrefetch:

@@ -25,6 +25,10 @@ from pflash_proxy.errors import QueueFull, QueueTimeout
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
+# ``Slot.owner`` of content the proxy did not put there, and the owner key of requests without a credential
+# (``isolation.py``)
+UNKNOWN_OWNER = "?"
+NO_CREDENTIAL = "-"
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Slot:
     # other lease came between: ``SessionManager.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
     # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
+    owner: str | None = UNKNOWN_OWNER  # whose requests put the content there (``isolation.py``); None: empty
 
 
 @dataclass
@@ -52,6 +57,17 @@ class Evicted:
     served_hashes: list[str]
     snapshot_current: bool
     known: bool
+    prompt_tokens: int = 0
+    task_seen: int = -1
+    epoch: int | None = None  # what vouches for it (``Slot.epoch``): a save checks the slot first unless it holds
+
+
+def _evicted(slot: Slot) -> Evicted | None:
+    """What ``slot`` held, as the lease that displaces its session reports it (the save of it checks it first)."""
+    if slot.session is None:
+        return None
+    return Evicted(slot.session, slot.tokens, slot.served_hashes, slot.snapshot_current, slot.known,
+                   slot.prompt_tokens, slot.task_seen, slot.epoch)
 
 
 @dataclass
@@ -63,6 +79,7 @@ class Lease:
     released: bool = False
     prefetched: Any = None  # a GET /slots asked while the lease was sought (``SessionManager.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
+    reason: str | None = None  # why the session is a miss although it had a snapshot (``prepare_slot``)
 
 
 class SlotTable:
@@ -99,8 +116,7 @@ class SlotTable:
             slot = self.slots[int(session[len(SLOT_KEY):]) % len(self.slots)]
             if slot.busy:
                 return None
-            evicted = Evicted(slot.session, slot.tokens, slot.served_hashes, slot.snapshot_current, slot.known) \
-                if slot.session is not None else None
+            evicted = _evicted(slot)
             slot.session, slot.tokens, slot.prompt_tokens, slot.served_hashes = session, 0, 0, []
             slot.known, slot.snapshot_current, slot.busy = False, False, True
             slot.grants += 1
@@ -118,9 +134,7 @@ class SlotTable:
         if not idle:
             return None
         pick = min(idle, key=lambda s: (s.session is not None, not s.snapshot_current, s.last_used, s.id))
-        evicted = None
-        if pick.session is not None:
-            evicted = Evicted(pick.session, pick.tokens, pick.served_hashes, pick.snapshot_current, pick.known)
+        evicted = _evicted(pick)
         pick.session, pick.tokens, pick.prompt_tokens, pick.served_hashes = session, 0, 0, []
         pick.known, pick.snapshot_current, pick.busy = True, False, True
         pick.grants += 1
@@ -211,7 +225,7 @@ class SlotTable:
             slot.served_hashes = []
             slot.snapshot_current = False
             if not slot.busy:
-                slot.session = None
+                slot.session = slot.owner = None
             else:
                 slot.known = False
 

@@ -1,15 +1,18 @@
 """SSD snapshots of slots: one file per session in the upstream's ``--slot-save-path``.
 
-1. Save: ``POST /slots/{id}?action=save`` to a temporary name, then ``os.replace`` onto ``pf-<safe id>.bin``
-   (never a client string), ``chmod 0600``, and only then the index entry: a crash leaves an orphan temp file,
-   never an index entry pointing at half a file. In a directory several nodes share, each save has a name of its
-   own (``pf-<id>.<random>.bin``) and the previous file is removed once the index names the new one: a node
-   killed in between leaves an orphan, and the index still names the previous, whole snapshot.
+1. Save: ``POST /slots/{id}?action=save`` to a temporary name; a file of 0 tokens, or clearly fewer than the slot
+   holds (``n_saved``), is deleted and the previous snapshot kept (``SnapshotRejected``); otherwise ``os.replace``
+   onto ``pf-<safe id>.bin`` (never a client string), ``chmod 0600``, and only then the index entry: a crash
+   leaves an orphan temp file, never an index entry pointing at half a file. In a directory several nodes
+   share, each save has a name of its own (``pf-<id>.<random>.bin``) and the previous file is removed once the
+   index names the new one: a node killed in between leaves an orphan, and the index still names the previous,
+   whole snapshot.
 2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
    llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
-   snapshot; the caller serves the request by full prefill.  Before a restore the file is checked against the
-   size and CRC-32 recorded when it was saved (about 0.25 s per GB): llama-server restores a file whose
-   header is intact but whose KV data is damaged without complaint, and then answers from garbage.  A file that
+   snapshot; the caller serves the request by full prefill, and so does a restore that loaded none or clearly
+   fewer of the file's tokens than its record says (``n_restored``).  Before a restore the file is checked
+   against the size and CRC-32 recorded when it was saved (about 0.25 s per GB): llama-server restores a file
+   whose header is intact but whose KV data is damaged without complaint, and then answers from garbage.  A file that
    is missing, truncated or corrupt is dropped (``damaged`` in the stats) and never reaches llama-server.
 3. LRU eviction keeps the total under ``--max-cache-gb``. Temporary files that no save is writing any more (a
    save cancelled while llama-server still wrote the file leaves one behind, after the cleanup ran) count
@@ -92,6 +95,12 @@ class SnapshotManager:
         self._writing.add(tmp)
         try:
             data = await self.upstream.slot_action(slot, "save", tmp)
+            short = too_short(data.get("n_saved"), tokens)
+            if short is None and not (self.dir / tmp).stat().st_size:
+                short = "an empty file"
+            if short is not None:  # the previous snapshot, if any, stays: it is what the session had
+                raise SnapshotRejected(f"llama-server saved {short} of slot {slot}, the table expected ~{tokens} "
+                                       f"tokens of session {sid[:8]}")
             os.replace(self.dir / tmp, self.dir / final)
         except BaseException:
             (self.dir / tmp).unlink(missing_ok=True)
@@ -104,7 +113,7 @@ class SnapshotManager:
             log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
         loop = asyncio.get_running_loop()
         size, checksum = await loop.run_in_executor(None, file_checksum, self.dir / final)
-        tokens = int(data.get("n_saved", tokens) or tokens)
+        tokens = int(data["n_saved"]) if isinstance(data.get("n_saved"), int) else tokens
         # the index (a shared one answers over the network) and the eviction's listing: in a worker thread
         rec, evicted, stray = await loop.run_in_executor(
             None, self._index_saved, SnapshotRecord(session=sid, file=final, tokens=tokens,
@@ -195,6 +204,13 @@ class SnapshotManager:
                         slot, exc)
             await loop.run_in_executor(None, self.delete, rec.session)
             return False
+        short = too_short(data.get("n_restored"), rec.tokens)
+        if short is not None:  # e.g. a file saved from an emptied slot: nothing to announce, nothing to keep
+            self.stats["restore_failures"] += 1
+            log.warning("restore of session %s into slot %d loaded %s, its record says %d tokens; deleting the "
+                        "snapshot", rec.session[:8], slot, short, rec.tokens)
+            await loop.run_in_executor(None, self.delete, rec.session)
+            return False
         rec.hits += 1
         rec.last_use = time.time()
         try:
@@ -270,6 +286,23 @@ class SnapshotManager:
             log.info("reconciled snapshots: %d orphan files removed, %d missing entries dropped", removed_files,
                      dropped)
         return {"orphans_removed": removed_files, "entries_dropped": dropped}
+
+
+class SnapshotRejected(Exception):
+    """A save that llama-server answered with fewer tokens than the slot holds: the file is not kept."""
+
+
+def too_short(n: object, expected: int) -> str | None:
+    """``n`` tokens (a save's ``n_saved``, a restore's ``n_restored``) described when they are none, or clearly
+    fewer than the ``expected`` ones (the last generated token is never in the cache: a few short is normal);
+    None when ``n`` is fine or not reported (an older server)."""
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None
+    if n < 1:
+        return "0 tokens"
+    if n < expected * 0.9 - 8:
+        return f"{n} tokens"
+    return None
 
 
 def file_checksum(path: Path) -> tuple[int, str]:

@@ -11,7 +11,14 @@
 3. Lease a slot (queueing in the proxy, never at a busy slot).  If the lease displaced another session whose
    slot content has no current snapshot, save it first.  If this session is not resident but has a snapshot
    for this model identity, restore it; a failed restore deletes the snapshot and falls back to full prefill.
-4. Pin the request with ``id_slot`` and add ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers.
+4. Pin the request with ``id_slot`` and add ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers. A whole
+   (non-streamed) answer's ``Cache``/``Cached-Tokens`` are what llama-server reused (its ``timings.cache_n``,
+   ``manager.reported_cache``: a hit or restore that reused far less is a ``miss`` with ``X-PFlash-Cache-Reason``,
+   a miss that reused a prefix the slot held a ``hit-prefix``); a stream's headers leave before that is known,
+   so they carry the expectation, and the log line and the inspector trace carry the answer.
+Under ``--cache-isolation credential``, between 3 and 4, a slot whose content another credential left and that this
+request did not restore its own snapshot into is erased first (``sessions/isolation.py``; anonymous and batch
+leases too).
 With a shared index (``--index redis://``, ``sessions/cluster.py``), between 1 and 3: a session another live node
 holds is not leased here: ``req.forward_to`` names that node and the server forwards the client's request there
 (``X-PFlash-Via`` on the answer); a request forwarded to this node (``X-PFlash-Forwarded-By``) is always served
@@ -45,7 +52,9 @@ from pflash_proxy.contract import (VIA_HEADER, ProxyRequest, RelayResult, Sessio
                                    StageHooks)
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
-from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.dialects import cache_counts
+from pflash_proxy.inspector.trace import record_cache
+from pflash_proxy.sessions.manager import SessionManager, reported_cache
 from pflash_proxy.sessions.slots import Lease
 from pflash_proxy.sessions.index import SessionRecord, StoreError
 
@@ -53,6 +62,7 @@ log = logging.getLogger("pflash_proxy.sessions")
 
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
+CACHE_REASON_HEADER = "X-PFlash-Cache-Reason"  # why a turn that had a snapshot or a slot is a miss after all
 # the conversation's name, when the client gives one: ours first, then what agents send on their own
 SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
 
@@ -167,6 +177,8 @@ class SessionStage(Stage):
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
         lease.prefetched = prefetched
         ctx.cache, ctx.expected_cached = await mgr.prepare_slot(lease, served_hashes)
+        if await mgr.isolation.prepare(lease, owner, replaced=ctx.cache != "miss"):  # --cache-isolation
+            req.set_field("cache_prompt", False)
         if taken_from is not None and cluster is not None:  # restored from the shared directory, or cold
             cluster.counters[f"takeover_{ctx.cache}"] += 1
         if served[:matched] != messages[:matched]:
@@ -178,6 +190,10 @@ class SessionStage(Stage):
             "X-PFlash-Cache": ctx.cache,
             "X-PFlash-Cached-Tokens": str(ctx.expected_cached),
         })
+        if lease.reason is not None:
+            req.response_headers[CACHE_REASON_HEADER] = lease.reason
+        # a whole answer's headers say what llama-server reused (its cache_n), not what the proxy expected
+        req.on_answer.append(lambda answer: self._answer_headers(req, ctx, answer))
         req.log_fields.update({"session": record.id[:8], "slot": lease.slot.id, "cache": ctx.cache})
 
     async def _seed(self, explicit: str | None, owner: str | None) -> str:
@@ -206,6 +222,10 @@ class SessionStage(Stage):
         try:
             for slot in range(len(mgr.table.slots)):
                 leases.append(await mgr.lease_slot(slot))
+            owner = mgr.owner(req.headers)
+            for lease in leases:  # --cache-isolation: llama-server may run any prompt of the batch on any slot
+                if await mgr.isolation.prepare(lease, owner, replaced=False):
+                    req.set_field("cache_prompt", False)
         except BaseException:
             for lease in leases:
                 mgr.release_unknown(lease)
@@ -221,6 +241,8 @@ class SessionStage(Stage):
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
         await self.manager.prepare_slot(lease, None)
+        if await self.manager.isolation.prepare(lease, self.manager.owner(req.headers), replaced=False):
+            req.set_field("cache_prompt", False)
         req.set_field("id_slot", lease.slot.id)
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
@@ -300,7 +322,35 @@ class SessionStage(Stage):
             return
         ctx.extra["settled"] = result.completed and not result.client_gone
         served_hashes = _hashes(ctx.served, *ctx.extra.get("hashed", ([], [])))
-        self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
+        cache_n = self.manager.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
+        if cache_n is None:
+            return
+        reported, reason = reported_cache(ctx.cache, ctx.expected_cached, cache_n)
+        req.log_fields.update({"cache": reported, "cached_tokens": cache_n})
+        if reported == "hit-prefix":
+            self.manager.counters["prefix_hits"] += 1
+        if reported == ctx.cache or ctx.record is None:
+            return
+        req.log_fields["cache_announced"] = ctx.cache
+        log.log(logging.INFO if reported == "hit-prefix" else logging.WARNING,
+                "session %s: announced %s (~%d tokens expected from cache), llama-server reused %d: reported %s",
+                ctx.record.id[:8], ctx.cache, ctx.expected_cached, cache_n, reported)
+        record_cache(ctx.record, len(ctx.served) - 1, ctx.cache, reported, ctx.expected_cached, cache_n, reason)
+        try:  # the inspector shows it; the lease is still held, so the next turn reads this record
+            await asyncio.get_running_loop().run_in_executor(None, self.manager.store.update_record, ctx.record)
+        except StoreError as exc:
+            self.manager.store_failed("recording a cache trace", exc)
+
+    def _answer_headers(self, req: ProxyRequest, ctx: SessionContext, answer: dict[str, Any] | None) -> None:
+        """``X-PFlash-Cache`` / ``-Cached-Tokens`` of a whole answer from its own ``timings.cache_n``."""
+        counts = cache_counts(answer)
+        if counts is None:
+            return
+        reported, reason = reported_cache(ctx.cache, ctx.expected_cached, counts["cache_n"])
+        req.response_headers["X-PFlash-Cache"] = reported
+        req.response_headers["X-PFlash-Cached-Tokens"] = str(counts["cache_n"])
+        if reason is not None:
+            req.response_headers[CACHE_REASON_HEADER] = reason
 
     async def on_finish(self, req: ProxyRequest) -> None:
         await self._end_turn(req)

@@ -1,0 +1,68 @@
+"""Cache isolation between credentials (``--cache-isolation credential|shared``).
+
+llama-server keeps a slot's KV after a request, and the next request on that slot reuses the longest common token
+prefix, reporting how much (``timings.cache_n``, ``cached_tokens``, and the time itself). A slot that one
+credential's session leaves would thus tell another credential's request how far its guess matches the other's
+last prompt. Under ``credential`` (the default) the proxy prevents it:
+
+1. Every slot records whose content it holds (``Slot.owner``): the owner key of the last request prepared on it
+   (``identity.credential``, or ``NO_CREDENTIAL`` for a request that sends none); ``UNKNOWN_OWNER`` for content
+   the proxy did not put there (before its first use of the slot, after a client's slot action); None once the
+   slot is known to be empty (a llama-server restart).
+2. Isolation is in force as soon as the proxy has seen two owners (one user of a server pays nothing).
+3. A request prepared on a slot whose content is another owner's (or unknown) and that did not replace the
+   content with its own snapshot (a ``miss``, an anonymous or batch request) gets the slot erased first
+   (``POST /slots/N?action=erase``): it starts empty. When the erase fails (no ``--slot-save-path``: 501), the
+   request is sent with ``cache_prompt: false`` instead, so it reuses nothing either.
+4. A ``hit`` is the session's own content; a ``restored`` slot holds the session's own snapshot, which replaced
+   the slot's content in whole; neither is erased.
+
+Under ``shared`` the slots' content is reused across credentials as llama-server does on its own.
+llama-server's host-RAM prompt cache (``--cache-ram``) is not the proxy's: it is shared by every request, so the
+proxy keeps it off for the requests it pins (``-sps 0``: a pinned request never loads from it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
+from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
+
+log = logging.getLogger("pflash_proxy.sessions")
+
+
+class CacheIsolation:
+    def __init__(self, mode: str, upstream: Upstream):
+        self.mode = mode
+        self.upstream = upstream
+        self._owners: set[str] = set()  # owners seen, up to two (all that decides whether isolation is in force)
+        self.counters = {"isolation_erases": 0, "isolation_cold": 0}
+
+    @property
+    def active(self) -> bool:
+        return self.mode == "credential" and len(self._owners) >= 2
+
+    async def prepare(self, lease: Lease, owner: str | None, replaced: bool) -> bool:
+        """Make ``lease``'s slot fit for ``owner``'s request; ``replaced``: the slot now holds that request's own
+        content (a hit, a restored snapshot). True when the request must be sent with ``cache_prompt: false``
+        (the slot could not be erased)."""
+        key = owner if owner is not None else NO_CREDENTIAL
+        if len(self._owners) < 2:
+            self._owners.add(key)
+        slot = lease.slot
+        previous, slot.owner = slot.owner, key
+        if replaced or not self.active or previous is None or previous == key:
+            return False
+        try:
+            await self.upstream.slot_action(slot.id, "erase")
+        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+            self.counters["isolation_cold"] += 1
+            log.warning("could not erase slot %d before another credential's request (%s); sent with "
+                        "cache_prompt: false", slot.id, exc)
+            return True
+        self.counters["isolation_erases"] += 1
+        slot.tokens = slot.prompt_tokens = 0
+        slot.served_hashes = []
+        return False

@@ -1,0 +1,95 @@
+"""Cache isolation between credentials against a real llama-server (one slot, so every request shares it).
+
+Credential A's session leaves its KV in the slot; credential B's request with the same long opening lands on that
+slot. Under ``--cache-isolation credential`` llama-server reuses none of A's tokens for B (``timings.cache_n``);
+under ``shared`` it reuses them (the test can fail). B's own next turn, A's return and a lone credential's second
+session keep their reuse.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
+from tests.conftest import start_llama_server
+from tests.sessions.test_sessions_real import DOC_A, ask, chat, make_proxy
+
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(900)]  # four ~1.5K-token prefills on a loaded 2-core machine
+
+KEY_A = {"Authorization": "Bearer key-of-a"}
+KEY_B = {"Authorization": "Bearer key-of-b"}
+
+
+@pytest.fixture(scope="module")
+def one_slot(gemma_model, tmp_path_factory):
+    server = start_llama_server(gemma_model, tmp_path_factory.mktemp("llama-iso"), parallel=1, ctx_per_slot=4096)
+    yield server
+    server.stop()
+
+
+async def test_credential_b_reuses_nothing_of_a(aiohttp_client, one_slot, tmp_path):
+    proxy = await make_proxy(aiohttp_client, one_slot, tmp_path)
+    _, a1 = await ask(proxy, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
+    h, b1 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_B)
+    assert h["X-PFlash-Cache"] == "miss"
+    assert b1["timings"]["cache_n"] == 0 and b1["usage"]["prompt_tokens"] > 500
+    # B's own follow-up is still a hit on what B left there
+    h, b2 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?", "And plot 9?"), headers=KEY_B)
+    assert h["X-PFlash-Cache"] == "hit" and b2["timings"]["cache_n"] >= b1["usage"]["prompt_tokens"] - 1
+    # A comes back to its own snapshot (saved when B took the slot), not to an erased slot
+    h, a2 = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 4?"), headers=KEY_A)
+    assert h["X-PFlash-Cache"] == "restored" and a2["timings"]["cache_n"] >= a1["usage"]["prompt_tokens"] - 1
+    stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
+    assert stats["cache_isolation_active"] and stats["isolation_erases"] == 1
+
+
+async def test_shared_reuses_a_for_b(aiohttp_client, one_slot, tmp_path):
+    proxy = await make_proxy(aiohttp_client, one_slot, tmp_path, cache_isolation="shared")
+    await ask(proxy, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
+    h, b1 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_B)
+    assert b1["timings"]["cache_n"] > 500
+    stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
+    assert not stats["cache_isolation_active"] and stats["isolation_erases"] == 0
+
+
+async def test_one_credential_pays_nothing(aiohttp_client, one_slot, tmp_path):
+    proxy = await make_proxy(aiohttp_client, one_slot, tmp_path)
+    await ask(proxy, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
+    _, second = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_A)  # another session of A
+    assert second["timings"]["cache_n"] > 500
+
+
+async def complete(proxy, headers):
+    r = await proxy.post("/completion", json={"prompt": "You answer briefly.\n\n" + DOC_A, "n_predict": 1,
+                                              "temperature": 0}, headers=headers)
+    body = await r.json()
+    assert r.status == 200, body
+    return body
+
+
+@pytest.mark.parametrize("mode", ["credential", "shared"])
+async def test_completion_route_of_b_and_a(aiohttp_client, one_slot, tmp_path, mode):
+    proxy = await make_proxy(aiohttp_client, one_slot, tmp_path, cache_isolation=mode)
+    await complete(proxy, KEY_A)
+    b = await complete(proxy, KEY_B)
+    if mode == "credential":
+        assert b["timings"]["cache_n"] == 0
+    else:
+        assert b["timings"]["cache_n"] > 500
+
+
+async def test_failed_erase_sends_the_request_uncached(aiohttp_client, one_slot, tmp_path, monkeypatch):
+    real = Upstream.slot_action
+
+    async def no_erase(self, slot, action, filename=None, timeout_s=120):  # fault injection: erase refused
+        if action == "erase":
+            raise SlotActionFailed(action, slot, 501, {"error": "not supported"})
+        return await real(self, slot, action, filename, timeout_s)
+
+    monkeypatch.setattr(Upstream, "slot_action", no_erase)
+    proxy = await make_proxy(aiohttp_client, one_slot, tmp_path)
+    await ask(proxy, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
+    _, b1 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_B)
+    assert b1["timings"]["cache_n"] == 0 and b1["usage"]["prompt_tokens"] > 500
+    stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
+    assert stats["isolation_cold"] == 1 and stats["isolation_erases"] == 0
