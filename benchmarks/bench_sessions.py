@@ -196,10 +196,10 @@ async def probe(model: Path, work: Path, a: argparse.Namespace) -> dict:
         server = await loop.run_in_executor(None, start_server, model, work / f"probe-{name}", flags, a.ctx_per_slot)
         try:
             async with aiohttp.ClientSession() as s:
-                async def ask(k: int) -> int:  # documents that differ from their third token on
+                async def ask(k: int, url: str = server.url) -> int:  # documents that differ from their third token on
                     body = {"messages": [{"role": "user", "content": document(k, 5)}], "max_tokens": 1,
                             "id_slot": 0, "temperature": 0}
-                    async with s.post(server.url + "/v1/chat/completions", json=body) as r:
+                    async with s.post(url + "/v1/chat/completions", json=body) as r:
                         return int((await r.json())["timings"]["cache_n"])
                 await ask(100)
                 await ask(101)  # session 100 leaves slot 0 (into the RAM cache, if it is consulted)

@@ -73,22 +73,24 @@ NOT_YET_ON_THE_SEAM = {
     "bench/runner.py": {"cache_n"},
     "bench/sizing.py": {"/tokenize"},
     "bench/ttft.py": {"/slots", "/tokenize", "cache_n", "id_slot"},
-    "cli/__init__.py": {"/slots", "/tokenize"},  # help texts of the flags for llama-server's routes
+    "cli/__init__.py": {"/slots", "/tokenize", "cache_n"},  # help texts of the flags for llama-server's routes
     "cli/show.py": {"cache_n"},  # the per-turn savings read the inspector's trace keys, named after the timings
     "dialects/__init__.py": {"cache_n"},
     "dialects/anthropic.py": {"id_slot"},
     "dialects/anthropic_wire.py": {"cache_n", "id_slot"},
     "inspector/data.py": {"cache_n"},
+    "inspector/trace.py": {"cache_n"},
     "inspector/turns.py": {"cache_n"},  # reads the answer's timings itself; to move onto Engine.cache_report
     "models.py": {"id_slot"},
     "server/control.py": {"/slots", "/tokenize", "upstream.call"},  # `/`: whether llama-server serves a page
     "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
     "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
+    "sessions/isolation.py": {"upstream.slot_action"},  # the erase of another credential's slot
     "sessions/liveness.py": {"/slots", "cache_n", "upstream.call", "upstream.props", "upstream.slots"},
-    "sessions/manager.py": {"cache_n", "upstream.slots"},
+    "sessions/manager.py": {"cache_n", "upstream.call", "upstream.slots"},
     "sessions/snapshots.py": {"upstream.slot_action"},
     "stages/compress.py": {"upstream.input_tokens", "upstream.tokenize"},
-    "stages/sessions.py": {"id_slot"},
+    "stages/sessions.py": {"cache_n", "id_slot"},
 }
 
 
