@@ -59,5 +59,6 @@ async def test_numbered_file_read_keeps_the_asked_function_with_its_numbers(prox
     assert "\n".join(orig[head + a:head + b + 1]) in served
     assert 'raise ValueError("n must be > 0: %r" % (n,))' in served
     # the inspector's trace names the gutter the cutter looked behind
-    trace = store.get(resp.headers["X-PFlash-Session"]).traces[-1]
-    assert trace["kind"] == "compression" and trace["gutter"] is not None
+    # (the session may also hold a cache trace: the second read's prefix was already in llama-server's slot)
+    trace = [t for t in store.get(resp.headers["X-PFlash-Session"]).traces if t["kind"] == "compression"][-1]
+    assert trace["gutter"] is not None

@@ -158,7 +158,10 @@ async def test_every_spelling_of_a_guarded_route_is_refused_before_routing(aioht
     assert status == 400 and b'"type":"error"' in body.replace(b" ", b"")  # the Anthropic client's own shape
     assert not upstream.seen
     status, _ = await _raw(proxy.port, "/", method="GET", body=b"")  # the web UI's root still passes
-    assert status == 200 and upstream.seen == ["GET /"]
+    # passed through to llama-server's web UI, after one probe of whether it serves `/` (kept ROOT_PROBE_S)
+    assert status == 200 and upstream.seen == ["GET /", "GET /"]
+    status, _ = await _raw(proxy.port, "/", method="GET", body=b"")
+    assert status == 200 and upstream.seen == ["GET /"] * 3
 
 
 async def test_allowed_slot_actions_need_a_plain_integer_slot_id(aiohttp_client, upstream, tmp_path):
