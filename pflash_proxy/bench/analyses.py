@@ -23,8 +23,11 @@ from typing import Any
 import numpy as np
 
 from pflash_proxy.bench.cases import Case, check_retention
+from pflash_proxy.compress.gutter import bare_text, find_gutter
+from pflash_proxy.compress.named import definition_blocks, definitions, named_definitions, outline
 from pflash_proxy.compress.pipeline import Analysis, CompressionSettings, Compressor
 from pflash_proxy.compress.request import RequestSpec
+from pflash_proxy.compress.routed import is_code
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit
 
@@ -84,8 +87,17 @@ class Replayed:
 
 def replay(a: Analysed, case: Case, scores: np.ndarray, settings: CompressionSettings | None = None) -> Replayed:
     """Step 3: what the pipeline serves for ``a``'s message with ``scores``, and whether the gold is in it."""
-    comp = Compressor(settings or a.settings)
-    analysis = Analysis(a.units, a.pinned, None, np.asarray(scores, dtype=np.float64), {})  # type: ignore[arg-type]
+    settings = settings or a.settings
+    comp = Compressor(settings)
+    # the request-side parts of stages 1-3 as the pipeline derives them: named definitions, blocks, the outline
+    g = find_gutter(a.tt.lines)
+    work = a.tt if g is None else bare_text(a.tt, g)
+    defs = definitions(work)
+    named, optional = named_definitions(work, a.units, a.request.text, defs)
+    blocks = tuple(definition_blocks(work, a.units, 2 * settings.max_segment, defs))
+    analysis = Analysis(a.units, a.pinned, None, np.asarray(scores, dtype=np.float64), {},  # type: ignore[arg-type]
+                        None if g is None else g.form, named, blocks, optional,
+                        outline(work.lines, defs) if is_code(a.units) else ())
     out = comp.compress(a.tt, a.request, a.prompt_tokens, a.in_conversation, a.source, a.label,  # type: ignore
                         analysis=analysis)
     msgs = case.turn_messages(0)
