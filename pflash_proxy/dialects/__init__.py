@@ -159,6 +159,15 @@ class ResponsesStream(StreamStyle):
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
 
 
+def cap_turn(chat: dict, cap: int) -> bool:
+    """Lower the chat body's ``max_tokens`` to ``cap`` (a spawned base model's, ``llama/spawn.py`` step 3);
+    True when it was higher (the answer's stop at the cap is then the end of its turn)."""
+    if cap <= 0 or not isinstance(chat.get("max_tokens"), int) or chat["max_tokens"] <= cap:
+        return False
+    chat["max_tokens"] = cap
+    return True
+
+
 class Dialect:
     """Base: the OpenAI chat-completions dialect is the identity translation (see ``chat.ChatDialect``)."""
 
@@ -180,8 +189,10 @@ class Dialect:
         """The body for ``upstream_path`` (only dialects that set it)."""
         raise NotImplementedError
 
-    def translator(self) -> Any:
-        """Translates the answer of ``upstream_path`` back into this dialect (``body``, ``stream``, ``end``)."""
+    def translator(self, turn_capped: bool = False) -> Any:
+        """Translates the answer of ``upstream_path`` back into this dialect (``body``, ``stream``, ``end``);
+        ``turn_capped``: the request's ``max_tokens`` was lowered to a spawned base model's cap, so stopping
+        there is the end of its turn (``llama/spawn.py``, step 3)."""
         return None
 
     def session_name(self, body: dict) -> str | None:

@@ -168,8 +168,8 @@ class AnthropicDialect(Dialect):
             chat["timings_per_token"] = True
         return chat
 
-    def translator(self) -> AnthropicTranslator:
-        return AnthropicTranslator()
+    def translator(self, turn_capped: bool = False) -> AnthropicTranslator:
+        return AnthropicTranslator(turn_capped)
 
     def session_name(self, body: dict) -> str | None:
         meta = body.get("metadata")

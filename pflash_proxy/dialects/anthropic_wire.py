@@ -19,6 +19,9 @@ the proxy does the same conversion itself and sends ``/v1/chat/completions`` wit
    ``timings_per_token``; its role-only event before it carries none), so its ``usage`` holds the prompt's real
    ``input_tokens`` (uncached) and ``cache_read_input_tokens``, the same numbers ``message_delta`` ends with. An
    upstream that sends no timings before content gets zeros there, as before (the stream is never held back).
+4. ``dialects.cap_turn``: for a base model the proxy spawned (``Upstream.turn_cap``, ``llama/spawn.py`` step 3) a
+   ``max_tokens`` above its cap is lowered to it, and ``AnthropicTranslator(turn_capped=True)`` reports a stop
+   there (``finish_reason: length``) as ``end_turn``; the response header ``X-PFlash-Turn-Cap`` says so.
 
 Request fields with no chat twin, per request, as llama-server b11434 honours them:
 
@@ -55,6 +58,7 @@ from pflash_proxy.models import message_text
 log = logging.getLogger("pflash_proxy.dialects")
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_CAPPED_STOP = {**_STOP, "length": "end_turn"}  # AnthropicTranslator(turn_capped=True): step 4
 _SAMPLING = ("temperature", "top_p", "top_k", "stream")
 
 
@@ -186,7 +190,9 @@ def _event(name: str, data: dict) -> bytes:
 class AnthropicTranslator:
     """Translates one chat-completions answer (whole or streamed) into the Anthropic Messages dialect."""
 
-    def __init__(self) -> None:
+    def __init__(self, turn_capped: bool = False) -> None:
+        # the request's max_tokens was lowered to a spawned base model's cap: stopping there ends the turn
+        self._stops = _CAPPED_STOP if turn_capped else _STOP
         self._buf = b""
         self._started = False
         self._stopped = False
@@ -218,7 +224,7 @@ class AnthropicTranslator:
             content.append({"type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""),
                             "input": _tool_input(fn.get("arguments"))})
         out = {"id": data.get("id", ""), "type": "message", "role": "assistant", "content": content,
-               "model": data.get("model", ""), "stop_reason": _STOP.get(choice.get("finish_reason"), "end_turn"),
+               "model": data.get("model", ""), "stop_reason": self._stops.get(choice.get("finish_reason"), "end_turn"),
                "stop_sequence": None, "usage": _usage(data)}
         return json.dumps(out, ensure_ascii=False).encode()
 
@@ -285,7 +291,7 @@ class AnthropicTranslator:
                 if fn.get("arguments"):
                     out += self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
             if choice.get("finish_reason"):
-                self._stop_reason = _STOP.get(choice["finish_reason"], "end_turn")
+                self._stop_reason = self._stops.get(choice["finish_reason"], "end_turn")
         return out
 
     def _start(self, first: dict) -> bytes:

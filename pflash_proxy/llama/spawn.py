@@ -13,7 +13,14 @@
 3. A generation cap (``--spawn-max-tokens``, llama-server's ``-n``) bounds an answer whose request names no
    limit (Codex and aider send none): by default 256 tokens for a model without a chat template of its own (a
    base model such as the bundled one may never close a turn), none for the others; 0 = none.  A request's own
-   ``max_tokens`` still wins, as in llama-server: the proxy does not rewrite what a client asked for.
+   ``max_tokens`` still wins, as in llama-server, with one exception for a spawned base model: an Anthropic
+   Messages request (the proxy translates it to a chat request itself) asking for more than the cap is sent
+   with ``max_tokens`` = the cap, and an answer that stops there is reported as ``stop_reason: end_turn``
+   (not ``max_tokens``) with the header ``X-PFlash-Turn-Cap: N`` saying so.  Claude Code asks 128,000 tokens
+   and exits 1 on ``max_tokens``; this model may never write ``<|im_end|>`` after its long prompt, so the cap
+   is the only end of its turn.  Chat-completions and Responses answers are llama-server's own (its
+   ``/v1/responses`` reports ``completed`` at ``-n``).  ``Upstream.turn_cap`` carries the cap; an
+   ``--upstream`` server and a model with a chat template get none.
 4. Launch on a free loopback port with the flags under which the proxy's slot table is the truth:
    explicit ``-np``, ``--no-cache-idle-slots``, ``-sps 0``, ``--slot-save-path`` under the state directory.
    The user's extra arguments come last, so they win.
@@ -153,12 +160,24 @@ def turn_flags(settings: Settings, facts: ModelFacts) -> list[str]:
             not _gives(user, "--chat-template", "--chat-template-file"):
         for stop in CHATML_STOPS:
             args += ["-r", stop]
-    cap = settings.spawn_max_tokens
-    if cap is None:
-        cap = BASE_MODEL_MAX_TOKENS if not facts.chat_template else 0
+    cap = generation_cap(settings, facts)
     if cap > 0:
         args += ["-n", str(cap)]
     return args
+
+
+def generation_cap(settings: Settings, facts: ModelFacts) -> int:
+    """The spawned server's ``-n`` (module docstring, step 3); 0 = none."""
+    cap = settings.spawn_max_tokens
+    if cap is None:
+        cap = BASE_MODEL_MAX_TOKENS if not facts.chat_template else 0
+    return cap
+
+
+def turn_cap(settings: Settings, facts: ModelFacts) -> int:
+    """The cap at which an Anthropic answer of a spawned base model ends its turn (module docstring, step 3);
+    0 for a model with a chat template of its own."""
+    return 0 if facts.chat_template else generation_cap(settings, facts)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -217,6 +236,7 @@ class LlamaServerSupervisor:
         self.upstream.base_url = f"http://127.0.0.1:{port}"
         self.args = server_args(self.settings, binary, self.model, port, bool(facts.sliding_window),
                                 turn_flags(self.settings, facts))
+        self.upstream.turn_cap = turn_cap(self.settings, facts)
         self.upstream.set_ready(False, "llama-server is starting")
         await self._launch()
         await self._wait_healthy(self.settings.startup_timeout_s)

@@ -77,6 +77,9 @@ class Upstream:
         # None when ready; otherwise the reason the upstream cannot take traffic now.
         self.not_ready_reason: str | None = None
         self.wait_s = wait_s  # how long a request waits for a (re)starting server (0: 503 at once)
+        # A base model the proxy spawned (llama/spawn.py, step 3): an Anthropic answer is capped at this many
+        # tokens and a capped one ends its turn (routes.parsed); 0 = no such rule (every other upstream).
+        self.turn_cap = 0
         self._ready = asyncio.Event()
         self._ready.set()
         self._restart_listeners: list[Callable[[str], Any]] = []

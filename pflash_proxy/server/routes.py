@@ -8,6 +8,9 @@
    dialect's conversation (400, in the client's dialect; a body of 1 MiB or more is parsed in a worker thread so
    the event loop never stalls on it), the stage pipeline, then the same relay (a dialect
    sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte.
+   For a base model the proxy spawned, a translated (Anthropic) request's ``max_tokens`` above the spawned
+   server's cap is lowered to it and a stop there is the end of the turn (``X-PFlash-Turn-Cap: N``;
+   ``llama/spawn.py``, step 3).
 3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
    decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
    (``gate.py`` refuses ``/./slots/0``, ``/slots%2F0``, ``/slots/0/`` ... with 400 before any route is chosen).
@@ -27,7 +30,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from pflash_proxy.dialects import Dialect, check_tool_arguments, dialect_for, stream_style_for
+from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, dialect_for, stream_style_for
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
@@ -44,6 +47,7 @@ from pflash_proxy.llama.upstream import Upstream, forwardable_headers
 log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
+TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
@@ -194,8 +198,12 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         upstream = app[UPSTREAM]
         path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
-            path_qs, translate = dialect.upstream_path, dialect.translator()
-            payload = json.dumps(dialect.to_upstream(req.body, req.messages), ensure_ascii=False).encode()
+            body = dialect.to_upstream(req.body, req.messages)
+            capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py, step 3)
+            if capped:
+                req.response_headers[TURN_CAP_HEADER] = str(upstream.turn_cap)
+            path_qs, translate = dialect.upstream_path, dialect.translator(turn_capped=capped)
+            payload = json.dumps(body, ensure_ascii=False).encode()
         t0 = time.monotonic()
         up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
         try:

@@ -5,15 +5,20 @@
    turn and on a turn served from the slot's cache.
 2. The reasoning fields Claude Code sends (``thinking``, ``output_config``, ``context_management``) are mapped
    or dropped without breaking the request, streamed or not.
+3. For a base model the proxy spawned (``Upstream.turn_cap``), a request asking more than the cap gets an answer
+   of at most the cap that ends its turn (``end_turn``, ``X-PFlash-Turn-Cap``); without the rule the same stop
+   is ``max_tokens``.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 
 from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import UPSTREAM
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.llama
@@ -75,3 +80,26 @@ async def test_reasoning_fields_are_honoured_or_dropped_without_error(proxy, fie
     else:
         msg = await client.messages.create(**args)
     assert msg.stop_reason in ("max_tokens", "end_turn") and msg.usage.input_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("cap", [6, 0], ids=["spawned-base-model", "no-rule"])
+async def test_a_spawned_base_models_cap_ends_the_turn(aiohttp_client, llama_server, tmp_path, cap, stream):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
+    app = create_app(settings)
+    app[UPSTREAM].turn_cap = cap  # what the supervisor sets for a spawned base model (llama/spawn.py, step 3)
+    proxy = await aiohttp_client(app)
+    body = {"model": "gemma", "max_tokens": 128000 if cap else 6, "stream": stream, "temperature": 0, "top_k": 1,
+            "messages": [{"role": "user", "content": "Count from one to one hundred in words: one, two, three,"}]}
+    r = await proxy.post("/v1/messages", json=body)
+    assert r.status == 200
+    assert r.headers.get("X-PFlash-Turn-Cap") == (str(cap) if cap else None)
+    if stream:
+        events = [json.loads(line[6:]) for line in (await r.text()).splitlines() if line.startswith("data: ")]
+        delta = next(e for e in events if e["type"] == "message_delta")
+        reason, tokens = delta["delta"]["stop_reason"], delta["usage"]["output_tokens"]
+    else:
+        msg = await r.json()
+        reason, tokens = msg["stop_reason"], msg["usage"]["output_tokens"]
+    assert tokens == 6
+    assert reason == ("end_turn" if cap else "max_tokens")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pflash_proxy.dialects import MAX_DEPTH, cache_counts
+from pflash_proxy.dialects import MAX_DEPTH, cache_counts, cap_turn
 from pflash_proxy.dialects.anthropic import AnthropicDialect
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.dialects.chat import ChatDialect
@@ -350,3 +350,19 @@ def test_chat_fields_llama_server_would_answer_with_500_are_400(message):
 def test_chat_tools_llama_server_would_answer_with_500_are_400(tool):
     with pytest.raises(BadRequest):
         ChatDialect().parse({"messages": [], "tools": [tool]})
+
+
+def test_a_spawned_base_models_cap_lowers_max_tokens_and_ends_the_turn_there():
+    chat = {"messages": [], "max_tokens": 128000}
+    assert cap_turn(chat, 256) and chat["max_tokens"] == 256
+    for body, cap in (({"max_tokens": 100}, 256), ({"max_tokens": 256}, 256), ({"max_tokens": 128000}, 0)):
+        kept = dict(body)
+        assert not cap_turn(body, cap) and body == kept  # within the cap, or no cap (not a spawned base model)
+    whole = json.dumps({"choices": [{"finish_reason": "length", "message": {"content": "Hi"}}]}).encode()
+    assert json.loads(AnthropicTranslator(turn_capped=True).body(200, whole))["stop_reason"] == "end_turn"
+    assert json.loads(AnthropicTranslator().body(200, whole))["stop_reason"] == "max_tokens"
+    for capped, reason in ((True, "end_turn"), (False, "max_tokens")):
+        t = AnthropicTranslator(turn_capped=capped)
+        ev = _events(t.stream(_sse({"id": "c", "choices": [{"delta": {"content": "Hi"}}]},
+                                   {"choices": [{"delta": {}, "finish_reason": "length"}]})) + t.end())
+        assert ev[-2][1]["delta"]["stop_reason"] == reason

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pflash_proxy.config import Settings
-from pflash_proxy.llama.spawn import CHATML_STOPS, ModelFacts, gguf_facts, server_args, turn_flags
+from pflash_proxy.llama.spawn import CHATML_STOPS, ModelFacts, gguf_facts, server_args, turn_cap, turn_flags
 from tests.conftest import start_llama_server
 
 BASE = ModelFacts(sliding_window=512, chat_template=False, chatml_end_token=False)  # the bundled gemma-3-270m
@@ -37,6 +37,14 @@ def test_a_model_with_its_own_template_or_end_token_gets_neither_unless_asked(tm
     # the user's own template: the ChatML stops no longer describe the model's turns
     for extra in (["--chat-template", "gemma"], ["--chat-template-file=t.jinja"]):
         assert turn_flags(_settings(tmp_path, llama_server_args=extra), BASE) == ["-n", "256"]
+
+
+def test_only_a_spawned_base_model_has_a_turn_cap_for_the_proxy(tmp_path):
+    assert turn_cap(_settings(tmp_path), BASE) == 256
+    assert turn_cap(_settings(tmp_path, spawn_max_tokens=64), BASE) == 64
+    assert turn_cap(_settings(tmp_path, spawn_max_tokens=0), BASE) == 0  # no cap: no rule
+    # a model with its own template ends its turns itself: -n when asked, but never an answer reported as ended
+    assert turn_cap(_settings(tmp_path, spawn_max_tokens=512), ModelFacts(chat_template=True)) == 0
 
 
 def test_the_turn_flags_come_before_the_users_arguments(tmp_path):
