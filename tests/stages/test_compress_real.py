@@ -221,6 +221,8 @@ async def test_cold_long_history_is_served_whole_as_full_cold(proxy):
                {"role": "assistant", "content": "Noted."},
                {"role": "user", "content": "Which section mentions the glacier?"}]
     h, body = await ask(proxy, history)
-    assert h["X-PFlash-Mode"] == "full-cold" and h["X-PFlash-Cache"] == "miss"
+    # a new session: `miss`, or `hit-prefix` when the slot it lands on still holds the same document from an
+    # earlier test of this module (llama-server reused that prefix)
+    assert h["X-PFlash-Mode"] == "full-cold" and h["X-PFlash-Cache"] in ("miss", "hit-prefix")
     served = session_store(proxy).get(h["X-PFlash-Session"]).served
     assert served == history
