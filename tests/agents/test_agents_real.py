@@ -193,16 +193,22 @@ def answer_of(name: str, stdout: str, workdir: Path) -> str:
     return "\n".join(ln for ln in after.splitlines() if ln.strip() and not ln.startswith(">")).strip()
 
 
-@pytest.mark.timeout(CLI_TIMEOUT_S + 120)
+@pytest.mark.timeout(2 * CLI_TIMEOUT_S + 120)
 @pytest.mark.parametrize("name", ["claude", "codex", "opencode", "aider"])
 async def test_agent_says_hi_through_wrap_on_the_spawned_bundled_model(name, spawned_proxy, tmp_path):
-    """No script: the bundled model answers, and the client ends its turn (exit 0) with a non-empty answer."""
+    """No script: the bundled model answers, and the client ends its turn (exit 0) with a non-empty answer.
+
+    The bundled base model often writes its end of turn first (an empty answer, still exit 0): a second try is
+    allowed for that alone, and every try must end its turn with exit 0."""
     agent = _agent(name)
-    work, home, _ = _workdir(tmp_path)
-    env = {**_base_env(home), "PFLASH_AGENTS_CACHE": str(CACHE), "PFLASH_HOME": str(home / "pflash")}
-    run = Run([sys.executable, "-m", "pflash_proxy", "wrap", "--url", spawned_proxy, agent.name, *SAY_HI[name]],
-              env, work)
-    result = await run_agent(run, CLI_TIMEOUT_S)
-    assert result.rc is not None, f"{name} did not end its turn within {CLI_TIMEOUT_S}s\n{result.tail()}"
-    assert result.rc == 0, f"{name} exited {result.rc}\n{result.tail()}"
-    assert answer_of(name, result.stdout, work), f"{name} printed no answer\n{result.tail()}"
+    for attempt in range(2):
+        work, home, _ = _workdir(tmp_path / f"try{attempt}")
+        env = {**_base_env(home), "PFLASH_AGENTS_CACHE": str(CACHE), "PFLASH_HOME": str(home / "pflash")}
+        run = Run([sys.executable, "-m", "pflash_proxy", "wrap", "--url", spawned_proxy, agent.name,
+                   *SAY_HI[name]], env, work)
+        result = await run_agent(run, CLI_TIMEOUT_S)
+        assert result.rc is not None, f"{name} did not end its turn within {CLI_TIMEOUT_S}s\n{result.tail()}"
+        assert result.rc == 0, f"{name} exited {result.rc}\n{result.tail()}"
+        if answer_of(name, result.stdout, work):
+            return
+    pytest.fail(f"{name} printed no answer in two turns\n{result.tail()}")
