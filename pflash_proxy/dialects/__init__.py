@@ -77,12 +77,14 @@ def check_tool_arguments(messages: list[dict]) -> None:
             except BadRequest:
                 raise BadRequest(f"invalid request: {where}: JSON nested deeper than {MAX_DEPTH} levels",
                                  code="invalid_request") from None
-            if _holds_surrogate(value):
+            if holds_surrogate(value):
                 raise BadRequest(f"invalid request: {where}: a string holds a lone UTF-16 surrogate escape "
                                  "(e.g. \\ud800)", code="invalid_request")
 
 
-def _holds_surrogate(value: Any) -> bool:
+def holds_surrogate(value: Any) -> bool:
+    """Whether a string anywhere in the parsed JSON ``value`` (keys included) holds a lone UTF-16 surrogate, which
+    no UTF-8 text can carry. Iterative: depth is not a risk."""
     stack = [value]
     while stack:
         x = stack.pop()

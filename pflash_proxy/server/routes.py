@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, dialect_for, stream_style_for
+from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, dialect_for, holds_surrogate, stream_style_for
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
@@ -97,21 +97,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 def check_strings(body: Any) -> None:
     """JSON may escape a lone surrogate (``"\\ud800"``); no UTF-8 text can hold one, so the request is refused
-    here rather than failing later in hashing, tokenizing or forwarding. Iterative: depth is not a risk."""
-    stack = [body]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, str):
-            try:
-                x.encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadRequest("invalid request: a string holds a lone UTF-16 surrogate escape (e.g. \\ud800)",
-                                 code="invalid_request") from None
-        elif isinstance(x, dict):
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
+    here rather than failing later in hashing, tokenizing or forwarding."""
+    if holds_surrogate(body):
+        raise BadRequest("invalid request: a string holds a lone UTF-16 surrogate escape (e.g. \\ud800)",
+                         code="invalid_request")
 
 
 # a lone surrogate reaches a parsed string only through a ``\uD800``-``\uDFFF`` escape or, since ``json.loads``
