@@ -15,24 +15,14 @@ import pytest
 from pflash_proxy.server.app import create_app
 from pflash_proxy.sessions.liveness import UpstreamWatch
 from tests.conftest import make_settings, start_llama_server
+from tests.sessions.test_sessions_real import SAMPLING, chat
 
 pytestmark = pytest.mark.llama
-
-SAMPLING = {"temperature": 0, "seed": 7, "top_k": 1}
 
 DOC_A = "\n".join(f"Ledger entry {i}: the orchard at plot {i} harvested {i * 7 % 53} crates of apples."
                   for i in range(40))
 DOC_B = "\n".join(f"Station log {i}: the tide gauge at pier {i} read {i * 11 % 37} centimetres above datum."
                   for i in range(40))
-
-
-def chat(doc: str, *turns: str) -> list[dict]:
-    msgs = [{"role": "system", "content": "You answer briefly.\n\n" + doc}]
-    for i, t in enumerate(turns):
-        if i:
-            msgs.append({"role": "assistant", "content": f"Answer {i}."})
-        msgs.append({"role": "user", "content": t})
-    return msgs
 
 
 async def ask(client, messages, max_tokens=4, headers=None):
