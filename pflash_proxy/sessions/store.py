@@ -173,12 +173,20 @@ def _tuple_key(key: tuple) -> bytes | None:
     return b"\x80\x05\x95" + len(payload).to_bytes(8, "little") + payload
 
 
+def _cache(directory: Path) -> diskcache.Cache:
+    """Nothing expires, nothing is evicted by size (``prune`` bounds the index), ``cull_limit=0`` spares every
+    write diskcache's scan for expired keys, and every value stays in SQLite (``disk_min_file_size``): diskcache
+    removes a file-backed value's old file when its own ``set`` ends, before the enclosing ``transact()``
+    commits, so a reader in another thread or process would see the old row point at a deleted file (None)
+    for the rest of that transaction. Inline rows are read as of the last commit."""
+    return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", cull_limit=0,
+                           disk=KeyDisk, disk_min_file_size=2**31)
+
+
 def _open(directory: Path) -> diskcache.Cache:
-    """The index's cache: nothing in it expires and nothing is evicted by size (``prune`` bounds it), so
-    ``cull_limit=0`` spares every write diskcache's scan for expired keys."""
+    """The index's cache (``_cache``); a damaged database is moved aside and a fresh index started."""
     try:
-        cache = diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", cull_limit=0,
-                                disk=KeyDisk)
+        cache = _cache(directory)
         cache.get(("probe",))  # a damaged file can open and fail only at the first read
         return cache
     except sqlite3.DatabaseError as exc:
@@ -189,8 +197,7 @@ def _open(directory: Path) -> diskcache.Cache:
             p = Path(str(db) + suffix)
             if p.exists():
                 p.replace(Path(str(aside) + suffix))
-        return diskcache.Cache(str(directory), size_limit=2**34, eviction_policy="none", cull_limit=0,
-                                disk=KeyDisk)
+        return _cache(directory)
 
 
 class SessionStore:
