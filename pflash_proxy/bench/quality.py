@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -29,87 +29,72 @@ from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, mean, median, pct, write_report
 from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
-from pflash_proxy.stages.scorers import DRAFTER_SCORERS
 from pflash_proxy.cli.progress import Progress
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.scores import Scorer
+    from pflash_proxy.stages.scorers import ScorerKit
 
 QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code", "agent", "multiturn",
                   "aggregation")
 BASELINES = ("full prefill", "head+tail", "random units")
 
 
-def build_scorers(names: list[str], opts: Any) -> dict[str, Any]:
-    """name → a Scorer (None = the stage's default lexical scorer) or a string saying why it is unavailable.
+# bench rows that are a registry scorer read with other ``--attention-heads``: row -> (scorer, heads)
+ROW_VARIANTS: dict[str, tuple[str, str]] = {"attention-all": ("attention", "all")}
 
-    ``attention`` is the proxy's default attention scorer (heads calibrated once per drafter file, cached in
-    ``$PFLASH_HOME``), ``attention-all`` the same over every head of the global layers, ``hybrid`` lexical (with
-    reference hops) and calibrated attention fused as the proxy's ``--scorer hybrid`` (``compress/fusion.py``),
-    ``head-attention`` the head and calibrated attention from one pass (``drafter/joint.py``). Each is built by
-    ``stages.scorers.drafter_scorer``, the proxy's own constructor (reference hops included). The attention
-    rows share the content's keys and drafter state: a row after ``head-attention`` reads only its question."""
-    out: dict[str, Any] = {}
-    drafter = base = calibrated = None
-    for name in names:
-        if name == "lexical":
-            out[name] = None
-            continue
-        if name not in (*DRAFTER_SCORERS, "attention-all"):
+
+def build_scorers(names: list[str], opts: Any) -> dict[str, Scorer | str]:
+    """row name → the Scorer ``--scorer NAME`` serves, or a string saying why it is unavailable.
+
+    Every row is a registry entry (``stages.scorers.SCORERS``), built by its own ``build`` from the parts its
+    ``needs`` name (``ScorerKit``), so the bench measures exactly what the proxy serves (reference hops
+    included). ``ROW_VARIANTS`` adds rows that are a registry scorer with other ``--attention-heads``
+    (``attention-all``: every head of the global layers). The drafter rows share one drafter and one kit: the
+    attention rows share the content's keys and drafter state, so a row after ``head-attention`` reads only its
+    question. The probe files are ``--scoring-head``/``--request-probe``, or the set shipped for the drafter."""
+    from pflash_proxy.stages.scorers import SCORERS, ScorerParts
+
+    out: dict[str, Scorer | str] = {}
+    rows: dict[str, tuple[str, str | None]] = {name: ROW_VARIANTS.get(name, (name, None)) for name in names}
+    kit: ScorerKit | None = None
+    for name, (scorer, heads) in rows.items():
+        entry = SCORERS.get(scorer)
+        if entry is None:
             out[name] = f"unknown scorer {name!r}"
+            continue
+        if not entry.needs.drafter:
+            out[name] = entry.build(ScorerParts())
             continue
         if not getattr(opts, "drafter", None):
             out[name] = "unavailable: no drafter configured (--drafter GGUF)"
             continue
-        if name.startswith("head") and not getattr(opts, "scoring_head", None):
-            packaged = _packaged_probes(opts.drafter)
-            if packaged is None:
-                out[name] = "unavailable: no scoring head configured (--scoring-head GGUF) and none shipped " \
-                            "for this drafter"
-                continue
-            opts.scoring_head = packaged["scoring_head"]
-            opts.request_probe = getattr(opts, "request_probe", None) or packaged["request_probe"]
         try:
-            from pflash_proxy.drafter.runtime import Drafter
-
-            # cache_mb: a 32K message's drafter state (~0.6 GB for gemma-3-270m) must stay, so the other
-            # attention rows of the same case read only their question
-            drafter = drafter or Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024, cache_mb=4096,
-                                         timeout=getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S))
-            head = req = None
-            if name.startswith("head"):
-                from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head
-
-                head = load_scorer_head(opts.scoring_head, opts.drafter)
-                req = load_request_probe(opts.request_probe, opts.drafter) if opts.request_probe else None
-            from pflash_proxy.stages.scorers import drafter_scorer
-
-            if name == "head":
-                from pflash_proxy.drafter.taps import ProbeTaps
-
-                assert head is not None  # loaded above for the head scorers
-                out[name] = drafter_scorer(name, None, head, req, ProbeTaps(drafter, head.meta.tap_block))
-                continue
-            from pflash_proxy.drafter.attention import AttentionScorer
-
-            base = base or AttentionScorer(drafter)  # every attention row shares its content keys
-            if name == "attention-all":
-                out[name] = base
-                continue
-            if calibrated is None:  # as the proxy's --attention-heads auto, cached in $PFLASH_HOME
-                from pflash_proxy.config import state_home
-                from pflash_proxy.drafter.calibrate import calibrated as calibrate
-
-                calibrated = calibrate(base, state_home(), state_home() / "drafter-hashes.json")
-            out[name] = drafter_scorer(name, calibrated, head, req)  # the proxy's own, reference hops included
+            kit = kit or _kit(opts, any(SCORERS[s].needs.scoring_head for s, _ in rows.values() if s in SCORERS))
+            out[name] = kit.scorer(scorer, heads)
         except Exception as exc:  # noqa: BLE001 - a scorer that cannot load is reported, not fatal
             out[name] = f"unavailable: {type(exc).__name__}: {exc}"
     return out
 
 
-def _packaged_probes(drafter: Any) -> dict[str, Any] | None:
-    """The probe set shipped for this drafter file (``drafter/trained``), as the proxy would use it."""
+def _kit(opts: Any, heads: bool) -> ScorerKit:
+    """The drafter rows' one kit: the drafter sized for the longest case, the proxy's --attention-heads auto."""
     from pflash_proxy.config import state_home
-    from pflash_proxy.drafter.trained import for_drafter_file
+    from pflash_proxy.drafter.runtime import Drafter
+    from pflash_proxy.stages.scorers import ProbeFiles, ScorerKit
 
-    return for_drafter_file(drafter, state_home() / "drafter-hashes.json")
+    home = state_home()
+    files = ProbeFiles(None, _path(getattr(opts, "scoring_head", None)), _path(getattr(opts, "request_probe", None)))
+    files = files.with_packaged(Path(opts.drafter), home / "drafter-hashes.json", heads, False)
+    # cache_mb: a 32K message's drafter state (~0.6 GB for gemma-3-270m) must stay, so the other attention rows
+    # of the same case read only their question
+    drafter = Drafter(str(opts.drafter), n_ctx=max(opts.lengths) + 1024, cache_mb=4096,
+                      timeout=getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S))
+    return ScorerKit(drafter, home, files)
+
+
+def _path(value: Any) -> Path | None:
+    return None if value in (None, "") else Path(value)
 
 
 def _longest_index(messages: list[dict]) -> int:

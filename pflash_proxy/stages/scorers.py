@@ -2,28 +2,31 @@
 and ``--drafter`` ask for.
 
 ``SCORERS`` is the one list of scorers: ``config.ScorerName`` (the values ``--scorer`` accepts), the ``--help``
-text and ``build_scorer`` all read it. An entry says what the scorer needs (a drafter, the trained scorer head,
-the attention scorer, the probe taps) and builds it from those parts (``ScorerParts``); the scorer itself lives
-in its own module.
+text, ``build_scorer`` and ``bench quality`` all read it. An entry (``ScorerEntry``) declares, typed:
 
-1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
-2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
-3. ``--segmenter probe`` needs ``--segment-probe``; a scorer that reads the head needs ``--scoring-head`` (and uses
-   ``--request-probe`` when given). When none of the three is given, they come from the set the package ships
-   for this very drafter (``drafter/trained``, matched by sha256: gemma-3-270m Q4_K_M), so those need no
-   download. All are checked against the drafter's sha256 and read the tap block their file names.
-   ``--scorer attention`` needs only the drafter (training-free, global-attention layers); with
-   ``--attention-heads auto`` its retrieval heads come from a one-off calibration cached by the drafter's sha256
-   (``drafter/calibrate.py``, at the first start only; the gemma-3-270m set ships its heads, so it never runs
-   for the embedded default).
-   ``--scorer hybrid`` fuses the lexical scorer and that attention scorer (``compress/fusion.py``);
-   ``--scorer head-attention`` fuses the head and that attention scorer, read from one pass (``drafter/joint.py``);
-   ``--scorer auto``, the default with a drafter, scores a message that is mostly code with ``lexical`` (no
-   drafter pass) and everything else with ``head-attention`` (``compress/routed.py``); defaulted, it falls back to
-   ``attention`` when no head exists for the drafter (a log line).
-   The three drafter scorers (attention, hybrid, head-attention) follow reference hops from their top units
-   (``compress/links.py``).
-4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
+- ``needs`` (``Needs``): a drafter (``--drafter``), the trained scorer head (``--scoring-head``, with
+  ``--request-probe`` when given, or the set shipped for the drafter), the attention scorer (over
+  ``--attention-heads``), and whether the head reads the probe taps in a pass of its own (``ProbeTaps``);
+- ``spread``: its flat gate's thresholds by prompt tokens (``compress.spread.SpreadCurve``);
+- ``build``: a function of the loaded parts (``ScorerParts``) returning the ``Scorer``; the scorer itself lives in
+  its own module.
+
+``ScorerKit`` loads the parts an entry needs from one drafter, each once: ``build_scorer`` makes one per start,
+``bench quality`` one for all its rows (so the rows share the drafter and the attention scorer's content keys).
+Nothing else decides what a scorer needs, so a new scorer is its own module plus one entry here.
+
+Start-up (``build_scorer``):
+1. A scorer that needs no drafter and the ``heuristic`` segmenter: nothing is loaded (the model-free default).
+2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once, on its own worker thread).
+3. Unset probe paths come from the set the package ships for this very drafter (``drafter/trained``, matched by
+   sha256), unless the user gave any of them (a given set is never mixed with a shipped file). Every file is
+   checked against the drafter's sha256 and reads the tap block its file names.
+   ``--attention-heads auto`` takes the retrieval heads from a one-off calibration cached by the drafter's sha256
+   (``drafter/calibrate.py``; a shipped set carries its heads, so it does not run for those drafters).
+4. The default drafter scorer (``auto``, chosen by ``config`` when ``--drafter`` is given without ``--scorer``)
+   needs a trained head; with none given or shipped it falls back to ``attention`` (a log line). An explicit
+   ``--scorer`` never changes.
+5. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
 This module imports nothing of the project at import time (``config`` imports it).
 """
@@ -32,126 +35,285 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pflash_proxy.compress.scores import Scorer
+    from pflash_proxy.compress.units import Segmenter
     from pflash_proxy.config import Settings
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.probes import RequestProbe, ScorerHeadWeights, SegmentProbe
+    from pflash_proxy.drafter.runtime import Drafter
+    from pflash_proxy.drafter.taps import ProbeTaps
 
 log = logging.getLogger("pflash_proxy.drafter")
+
+SEED_SPREAD = "0.11"  # the seed's flat threshold, at every prompt length
+
+
+class DrafterSetupError(Exception):
+    """A scorer or segmenter that cannot be built as configured; the message names the option."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a scorer is built from (``ScorerKit.parts`` loads exactly these)."""
+
+    drafter: bool = True  # a drafter model (--drafter)
+    scoring_head: bool = False  # the trained scorer head and, when given or shipped, the request probe
+    attention: bool = False  # the attention scorer over --attention-heads (calibrated with ``auto``)
+    head_taps: bool = False  # the head reads the probe taps in a pass of its own (``ProbeTaps``)
 
 
 @dataclass
 class ScorerParts:
-    """What a drafter scorer is built from: ``attention`` (an ``AttentionScorer``, calibrated or not), the scorer
-    ``head`` and ``request`` probe, the ``ProbeTaps`` (tap reader) that ``head`` reads through."""
+    """The loaded parts an entry's ``build`` reads; each is None unless the entry's ``Needs`` asked for it."""
 
-    attention: Any = None
-    head: Any = None
-    request: Any = None
-    taps: Any = None
+    attention: AttentionScorer | None = None
+    head: ScorerHeadWeights | None = None
+    request: RequestProbe | None = None
+    taps: ProbeTaps | None = None
+
+    def need_attention(self) -> AttentionScorer:
+        if self.attention is None:
+            raise ValueError("this scorer needs the attention scorer (Needs.attention)")
+        return self.attention
+
+    def need_head(self) -> ScorerHeadWeights:
+        if self.head is None:
+            raise ValueError("this scorer needs the trained scorer head (Needs.scoring_head)")
+        return self.head
+
+    def need_taps(self) -> ProbeTaps:
+        if self.taps is None:
+            raise ValueError("this scorer needs the probe taps (Needs.head_taps)")
+        return self.taps
 
 
 @dataclass(frozen=True)
 class ScorerEntry:
     name: str
     help: str  # for --help
-    build: Callable[[ScorerParts], Any]
-    drafter: bool = True  # needs --drafter
-    head: bool = False  # reads the trained scorer head (--scoring-head, or the set shipped for the drafter)
-    attention: bool = False  # reads the attention scorer (--attention-heads)
-    taps: bool = False  # reads the head through the probe taps (ProbeTaps), not in its own pass
-    spread: str = "0.11"  # the flat gate's threshold by prompt tokens (``compress.spread.SpreadCurve``): the seed's 0.11
+    build: Callable[[ScorerParts], Scorer]
+    needs: Needs = Needs()
+    spread: str = SEED_SPREAD  # the flat gate's threshold by prompt tokens (``compress.spread.SpreadCurve``)
 
 
-def _lexical(parts: ScorerParts) -> Any:
+def _lexical(parts: ScorerParts) -> Scorer:
     from pflash_proxy.compress import LexicalScorer
 
     return LexicalScorer()
 
 
-def _attention(parts: ScorerParts) -> Any:
+def _attention(parts: ScorerParts) -> Scorer:
     from pflash_proxy.compress.links import Linked
 
-    return Linked(parts.attention)
+    return Linked(parts.need_attention())
 
 
-def _hybrid(parts: ScorerParts) -> Any:
+def _hybrid(parts: ScorerParts) -> Scorer:
     from pflash_proxy.compress.fusion import hybrid
     from pflash_proxy.compress.links import Linked
 
-    return Linked(hybrid(parts.attention))
+    return Linked(hybrid(parts.need_attention()))
 
 
-def _head(parts: ScorerParts) -> Any:
+def _head(parts: ScorerParts) -> Scorer:
     from pflash_proxy.drafter.head import HeadScorer
 
-    return HeadScorer(parts.taps, parts.head, parts.request)
+    return HeadScorer(parts.need_taps(), parts.need_head(), parts.request)
 
 
-def _head_attention(parts: ScorerParts) -> Any:
+def _head_attention(parts: ScorerParts) -> Scorer:
     from pflash_proxy.compress.links import Linked
     from pflash_proxy.drafter.joint import HeadAttentionScorer
 
-    return Linked(HeadAttentionScorer(parts.attention, parts.head, parts.request))
+    return Linked(HeadAttentionScorer(parts.need_attention(), parts.need_head(), parts.request))
 
 
-def _auto(parts: ScorerParts) -> Any:
+def _auto(parts: ScorerParts) -> Scorer:
     from pflash_proxy.compress import LexicalScorer
     from pflash_proxy.compress.routed import RoutedScorer
 
     return RoutedScorer(LexicalScorer(), _head_attention(parts))
 
 
+_HEAD_AND_ATTENTION = Needs(scoring_head=True, attention=True)
+
 # The registry: a new scorer is one entry here plus its own module.
 SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
-    # lexical's flat thresholds: calibrated on the train split of benchmarks/flat_gate (reported/flat-gate/)
-    ScorerEntry("lexical", "BM25, model-free", _lexical, drafter=False, spread="4096:0.156 16384:0.015 32768:0.023"),
+    ScorerEntry("lexical", "BM25, model-free", _lexical, Needs(drafter=False),
+                # calibrated on the train split of benchmarks/flat_gate (reported/flat-gate/)
+                spread="4096:0.156 16384:0.015 32768:0.023"),
     ScorerEntry("attention", "the drafter's retrieval heads, training-free; needs --drafter", _attention,
-                attention=True),
-    ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid, attention=True),
+                Needs(attention=True),
+                spread=SEED_SPREAD),
+    ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid,
+                Needs(attention=True),
+                spread=SEED_SPREAD),
     ScorerEntry("head", "trained probe files: shipped for gemma-3-270m, or from `pflash-proxy train`", _head,
-                head=True, taps=True),
+                Needs(scoring_head=True, head_taps=True),
+                spread=SEED_SPREAD),
     ScorerEntry("head-attention", "the head and attention fused, from one drafter pass", _head_attention,
-                head=True, attention=True),
+                _HEAD_AND_ATTENTION,
+                spread=SEED_SPREAD),
     ScorerEntry("auto", "code by lexical (no drafter pass), everything else by head-attention", _auto,
-                head=True, attention=True),
+                _HEAD_AND_ATTENTION,
+                spread=SEED_SPREAD),
 )}
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
-DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.drafter)  # need a --drafter
+DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.needs.drafter)  # need a --drafter
 
 
 def default_spread(name: str) -> str:
     """The flat gate's thresholds for the scorer named ``name`` (its registry entry; the seed's 0.11 for a scorer
     the registry does not know, such as a plug-in)."""
     entry = SCORERS.get(name)
-    return entry.spread if entry is not None else "0.11"
+    return entry.spread if entry is not None else SEED_SPREAD
 
 
 def scorer_help() -> str:
     """The ``--scorer`` help text, from the registry."""
     names = "; ".join(f"{e.name} ({e.help})" for e in SCORERS.values())
-    return (f"unit relevance: {names}; default lexical, or with --drafter and no --scorer the bench's winner, "
-            "auto (attention for a drafter without a shipped or given head)")
+    return (f"unit relevance: {names}; default lexical, or with --drafter and no --scorer auto (attention for a "
+            "drafter without a shipped or given head)")
 
 
-class DrafterSetupError(Exception):
-    pass
+@dataclass(frozen=True)
+class ProbeFiles:
+    """The probe files given (``--segment-probe``, ``--scoring-head``, ``--request-probe``), or None each."""
+
+    segment_probe: Path | None = None
+    scoring_head: Path | None = None
+    request_probe: Path | None = None
+
+    def with_packaged(self, drafter: Path, hash_cache: Path, scoring_head: bool, segment_probe: bool
+                      ) -> ProbeFiles:
+        """Unset paths that are wanted, from the set shipped for this very drafter (``drafter/trained``), if any.
+        Files given by the user are one set: a shipped file is never mixed into it."""
+        wanted = {"segment_probe": segment_probe, "scoring_head": scoring_head, "request_probe": scoring_head}
+        if any(getattr(self, k) is not None for k in wanted):
+            return self
+        missing = [k for k, want in wanted.items() if want]
+        if not missing or not drafter.is_file():
+            return self
+        from pflash_proxy.drafter.trained import for_drafter_file
+
+        found = for_drafter_file(drafter, hash_cache)
+        if found is None:
+            return self
+        log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})
+        paths = {k: found[k] for k in missing}
+        return ProbeFiles(paths.get("segment_probe"), paths.get("scoring_head"), paths.get("request_probe"))
+
+
+@dataclass
+class ScorerKit:
+    """The parts of the registry's scorers, loaded from one drafter as entries ask for them, each once.
+
+    ``attention_heads``: ``auto`` (calibrated, cached in ``home``), ``all`` (every head of the global layers) or a
+    list such as ``5.0,11.2``. Every attention scorer of one kit shares its content keys. Raises
+    ``DrafterSetupError`` for a missing or mismatched file."""
+
+    drafter: Drafter
+    home: Path
+    files: ProbeFiles = ProbeFiles()
+    attention_heads: str = "auto"
+    _attention: dict[str, AttentionScorer] = field(default_factory=dict, repr=False)
+    _head: tuple[ScorerHeadWeights, RequestProbe | None] | None = field(default=None, repr=False)
+    _taps: dict[int, ProbeTaps] = field(default_factory=dict, repr=False)
+
+    @property
+    def hash_cache(self) -> Path:
+        return self.home / "drafter-hashes.json"
+
+    def scorer(self, name: str, attention_heads: str | None = None) -> Scorer:
+        """The scorer ``--scorer NAME`` serves (with ``--attention-heads``, or this kit's)."""
+        entry = SCORERS.get(name)
+        if entry is None or not entry.needs.drafter:
+            raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
+        return entry.build(self.parts(entry, attention_heads))
+
+    def parts(self, entry: ScorerEntry, attention_heads: str | None = None) -> ScorerParts:
+        n = entry.needs
+        head, request = self.head(entry.name) if n.scoring_head else (None, None)
+        return ScorerParts(attention=self.attention(attention_heads) if n.attention else None, head=head,
+                           request=request, taps=self.taps(head.meta.tap_block) if head and n.head_taps else None)
+
+    def attention(self, heads: str | None = None) -> AttentionScorer:
+        spec = self.attention_heads if heads is None else heads
+        got = self._attention.get(spec)
+        if got is not None:
+            return got
+        from pflash_proxy.config import parse_heads
+        from pflash_proxy.drafter.attention import AttentionScorer
+
+        base = self._attention.get("all")
+        if base is None:
+            base = self._attention["all"] = AttentionScorer(self.drafter)
+        if spec == "auto":
+            from pflash_proxy.drafter.calibrate import calibrated
+
+            got = calibrated(base, self.home, self.hash_cache)
+        elif spec != "all":
+            got = AttentionScorer(self.drafter, heads=parse_heads(spec), keys=base.keys)
+        self._attention[spec] = got = got or base
+        return got
+
+    def head(self, scorer: str) -> tuple[ScorerHeadWeights, RequestProbe | None]:
+        if self._head is None:
+            from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head
+
+            if self.files.scoring_head is None:
+                raise DrafterSetupError(f"scoring_head: --scorer {scorer} needs --scoring-head PATH "
+                                        "(PFLASH_SCORING_HEAD_GGUF)")
+            try:
+                head = load_scorer_head(self.files.scoring_head, self.drafter.path, hash_cache=self.hash_cache)
+                request = None if self.files.request_probe is None else load_request_probe(
+                    self.files.request_probe, self.drafter.path, hash_cache=self.hash_cache)
+            except ProbeError as exc:
+                raise DrafterSetupError(str(exc)) from exc
+            self._head = (head, request)
+        return self._head
+
+    def segment_probe(self) -> SegmentProbe:
+        from pflash_proxy.drafter import ProbeError, load_segment_probe
+
+        if self.files.segment_probe is None:
+            raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
+                                    "(PFLASH_SEGMENT_PROBE_GGUF)")
+        try:
+            return load_segment_probe(self.files.segment_probe, self.drafter.path, hash_cache=self.hash_cache)
+        except ProbeError as exc:
+            raise DrafterSetupError(str(exc)) from exc
+
+    def taps(self, block: int) -> ProbeTaps:
+        """One tap reader per block, so the segment probe and the head share a pass when they read one block."""
+        got = self._taps.get(block)
+        if got is None:
+            from pflash_proxy.drafter.taps import ProbeTaps
+
+            got = self._taps[block] = ProbeTaps(self.drafter, block)
+        return got
 
 
 @dataclass
 class Scoring:
-    segmenter: Any = None  # None → the heuristic UnitSegmenter
-    scorer: Any = None  # None → LexicalScorer
-    drafter: Any = None
+    """What ``build_scorer`` built: None for the heuristic segmenter and the lexical scorer."""
+
+    segmenter: Segmenter | None = None
+    scorer: Scorer | None = None
+    drafter: Drafter | None = None
 
     def close(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"segmenter": getattr(self.segmenter, "name", "heuristic"),
-                               "scorer": getattr(self.scorer, "name", "lexical")}
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {"segmenter": getattr(self.segmenter, "name", "heuristic"),
+                                  "scorer": getattr(self.scorer, "name", "lexical")}
         heads = getattr(self.scorer, "heads", getattr(getattr(self.scorer, "second", None), "heads", "n/a"))
         if heads != "n/a":  # the attention scorer, alone or fused: which heads it reads (None = all)
             out["attention_heads"] = None if heads is None else [f"{L}.{h}" for L, h in sorted(heads)]
@@ -162,21 +324,22 @@ class Scoring:
 
 def build_scorer(settings: Settings) -> Scoring:
     """The segmenter and scorer the settings ask for, with the drafter they read (``Scoring.close`` closes it)."""
-    wants_drafter = SCORERS[settings.scorer].drafter or settings.segmenter != "heuristic"
-    if not wants_drafter:
+    entry = SCORERS[settings.scorer]
+    if not entry.needs.drafter and settings.segmenter == "heuristic":
         if settings.drafter is not None:
-            log.info("--drafter given but --scorer lexical and --segmenter heuristic need no drafter; not loading it")
+            log.info("--drafter given but --scorer %s and --segmenter heuristic need no drafter; not loading it",
+                     settings.scorer)
         return Scoring()
     if settings.drafter is None:
         raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
                                 f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
-    from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
-    from pflash_proxy.drafter.taps import DrafterSegmenter, ProbeTaps
+    from pflash_proxy.drafter.taps import DrafterSegmenter
 
     hash_cache = settings.home / "drafter-hashes.json"
-    settings = _with_packaged_probes(settings, hash_cache)
-    assert settings.drafter is not None  # checked above; the packaged probes never unset it
+    files = ProbeFiles(settings.segment_probe, settings.scoring_head, settings.request_probe)
+    files = files.with_packaged(settings.drafter, hash_cache, entry.needs.scoring_head,
+                                settings.segmenter == "probe")
     try:
         drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
                           n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
@@ -184,35 +347,14 @@ def build_scorer(settings: Settings) -> Scoring:
     except DrafterError as exc:
         raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
     built = Scoring(drafter=drafter)
-    settings = _default_scorer_for_this_drafter(settings)  # after the load: a drafter that cannot load is one line
-    entry = SCORERS[settings.scorer]
+    entry = _default_scorer_for_this_drafter(settings, entry, files)  # after the load: a bad drafter is one line
+    kit = ScorerKit(drafter, settings.home, files, settings.attention_heads)
     try:
-        probe = head = request = None
-        try:
-            if settings.segmenter == "probe":
-                if settings.segment_probe is None:
-                    raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
-                                            "(PFLASH_SEGMENT_PROBE_GGUF)")
-                probe = load_segment_probe(settings.segment_probe, settings.drafter, hash_cache=hash_cache)
-            if entry.head:
-                if settings.scoring_head is None:
-                    raise DrafterSetupError(f"scoring_head: --scorer {settings.scorer} needs --scoring-head PATH "
-                                            "(PFLASH_SCORING_HEAD_GGUF)")
-                head = load_scorer_head(settings.scoring_head, settings.drafter, hash_cache=hash_cache)
-                if settings.request_probe is not None:
-                    request = load_request_probe(settings.request_probe, settings.drafter, hash_cache=hash_cache)
-        except ProbeError as exc:
-            raise DrafterSetupError(str(exc)) from exc
-        # the segment probe and --scorer head read the tap block through ProbeTaps; head-attention reads its
-        # taps in its own pass
-        reader = probe if probe is not None else head if entry.taps else None
-        taps = ProbeTaps(drafter, reader.meta.tap_block) if reader is not None else None
-        if probe is not None:
-            assert taps is not None  # the probe is the reader
-            built.segmenter = DrafterSegmenter(taps, probe)
-        if entry.drafter:
-            attention = _attention_scorer(settings, drafter, hash_cache) if entry.attention else None
-            built.scorer = entry.build(ScorerParts(attention, head, request, taps))
+        if settings.segmenter == "probe":
+            probe = kit.segment_probe()
+            built.segmenter = DrafterSegmenter(kit.taps(probe.meta.tap_block), probe)
+        if entry.needs.drafter:
+            built.scorer = entry.build(kit.parts(entry))
     except (DrafterSetupError, DrafterError) as exc:
         drafter.close()
         raise DrafterSetupError(str(exc)) from exc
@@ -220,54 +362,23 @@ def build_scorer(settings: Settings) -> Scoring:
     return built
 
 
-def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = None, taps: Any = None) -> Any:
-    """The scorer ``--scorer NAME`` serves, from its parts (``ScorerParts``). One place, so ``bench quality``
-    measures exactly what the proxy serves (reference hops included)."""
+def drafter_scorer(name: str, attention: AttentionScorer | None, head: ScorerHeadWeights | None = None,
+                   request: RequestProbe | None = None, taps: ProbeTaps | None = None) -> Scorer:
+    """The scorer ``--scorer NAME`` serves, from parts loaded by the caller (the benchmarks' scripts that load
+    them their own way); the registry entry builds it, as ``build_scorer`` does."""
     entry = SCORERS.get(name)
-    if entry is None or not entry.drafter:
+    if entry is None or not entry.needs.drafter:
         raise ValueError(f"not a drafter scorer: {name!r} (one of {', '.join(DRAFTER_SCORERS)})")
     return entry.build(ScorerParts(attention, head, request, taps))
 
 
-def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
-    """Fill unset probe paths from the set shipped for this very drafter (``drafter/trained``), if any."""
-    heads = SCORERS[settings.scorer].head
-    wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": heads, "request_probe": heads}
-    missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
-    if any(getattr(settings, k) is not None for k in wanted):
-        return settings  # files given by the user are one set: never mix a shipped file into it
-    if not missing or settings.drafter is None or not settings.drafter.is_file():
-        return settings
-    from pflash_proxy.drafter.trained import for_drafter_file
-
-    found = for_drafter_file(settings.drafter, hash_cache)
-    if found is None:
-        return settings
-    log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})
-    return settings.model_copy(update={k: found[k] for k in missing})
-
-
-def _default_scorer_for_this_drafter(settings: Settings) -> Settings:
+def _default_scorer_for_this_drafter(settings: Settings, entry: ScorerEntry, files: ProbeFiles) -> ScorerEntry:
     """The default drafter scorer (auto: head-attention for everything but code) needs a scorer head trained for
     this drafter. With none given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit
     ``--scorer auto`` or ``head-attention`` still stops at the missing file."""
-    if settings.scorer != "auto" or "scorer" in settings.model_fields_set \
-            or settings.scoring_head is not None:
-        return settings
+    if not entry.needs.scoring_head or "scorer" in settings.model_fields_set or files.scoring_head is not None:
+        return entry
     log.warning("no scorer head is shipped or given for this drafter (%s): scoring with --scorer attention; "
                 "`pflash-proxy train --drafter %s --out DIR` trains one for --scorer head-attention",
                 settings.drafter, settings.drafter)
-    return settings.model_copy(update={"scorer": "attention"})
-
-
-def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:
-    from pflash_proxy.config import parse_heads
-    from pflash_proxy.drafter.attention import AttentionScorer
-
-    if settings.attention_heads == "all":
-        return AttentionScorer(drafter)
-    if settings.attention_heads != "auto":
-        return AttentionScorer(drafter, heads=parse_heads(settings.attention_heads))
-    from pflash_proxy.drafter.calibrate import calibrated
-
-    return calibrated(AttentionScorer(drafter), settings.home, hash_cache)
+    return SCORERS["attention"]

@@ -19,7 +19,7 @@ from tests.conftest import make_settings
 def test_config_accepts_exactly_the_registered_scorers():
     assert typing.get_args(Settings.model_fields["scorer"].annotation) == SCORER_NAMES
     assert SCORER_NAMES[0] == "lexical" and "lexical" not in DRAFTER_SCORERS
-    assert set(DRAFTER_SCORERS) == {n for n, e in SCORERS.items() if e.drafter}
+    assert set(DRAFTER_SCORERS) == {n for n, e in SCORERS.items() if e.needs.drafter}
     with pytest.raises(ConfigError, match="scorer"):
         load_settings({"upstream": "http://127.0.0.1:9", "scorer": "no-such-scorer"}, environ={})
 

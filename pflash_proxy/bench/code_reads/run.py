@@ -166,7 +166,7 @@ def build(names: list[str], opts: Any, llama_url: str, work: Path, slot_dir: Pat
             out[name] = f"unknown scorer {name!r} (one of {', '.join(SCORERS)})"
             continue
         extra: dict[str, Any] = {}
-        if entry.drafter:
+        if entry.needs.drafter:
             if not getattr(opts, "drafter", None):
                 out[name] = "unavailable: no drafter configured (--drafter GGUF)"
                 continue
@@ -174,7 +174,7 @@ def build(names: list[str], opts: Any, llama_url: str, work: Path, slot_dir: Pat
                          drafter_timeout_s=getattr(opts, "drafter_timeout", 1800.0))
         settings = bench_settings(llama_url, work / f"proxy-{name}", slot_dir, threshold=opts.threshold, **extra)
         try:
-            scoring = build_scorer(settings) if entry.drafter else None
+            scoring = build_scorer(settings) if entry.needs.drafter else None
         except DrafterSetupError as exc:
             out[name] = f"unavailable: {exc}"
             continue
