@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .scores import LexicalScorer, Scorer, UnitReps, validate_scores
+from .scores import REPS_VERSION, LexicalScorer, Scorer, UnitReps, validate_scores
 from .text import TokenizedText
 from .units import Unit
 
@@ -54,7 +54,7 @@ class FusedScorer:
 
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         a, b = self.first.represent(tt, units), self.second.represent(tt, units)
-        return UnitReps(self.name, a.n_units, a.unit_tokens, (a, b))
+        return UnitReps(self.name, a.n_units, a.unit_tokens, (a, b), REPS_VERSION)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
         a, b = reps.payload

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .scores import RARE_UNITS, LINK_TERMS, Scorer, UnitReps, validate_scores
+from .scores import LINK_TERMS, RARE_UNITS, REPS_VERSION, Scorer, UnitReps, validate_scores
 from .text import TokenizedText
 from .units import Unit
 
@@ -134,7 +134,8 @@ class Linked:
 
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         inner = self.scorer.represent(tt, units)
-        return UnitReps(self.name, inner.n_units, inner.unit_tokens, (inner, ReferenceLinks.build(tt, units)))
+        return UnitReps(self.name, inner.n_units, inner.unit_tokens, (inner, ReferenceLinks.build(tt, units)),
+                        REPS_VERSION)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
         inner, links = reps.payload

@@ -39,7 +39,7 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
    are part of the overhead of step 4);
-   keep the reps and omitted unit texts as a ``RecallSource``.
+   keep the reps and every unit's text (kept and omitted) as a ``RecallSource``.
 Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
 returns ``full-error`` with the original text and the reason; ``compress`` never
 raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
@@ -59,6 +59,7 @@ import numpy as np
 
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
+from .kinds import ContentKind
 from .named import definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines
@@ -238,13 +239,19 @@ class Compressor:
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
             us, ue = list(map(_START, units)), list(map(_END, units))
             lines = tt.lines
+
+            def unit_text(i: int) -> str:
+                return lines[us[i]] if ue[i] - us[i] == 1 else "".join(lines[us[i]:ue[i]])
+
+            omitted_set = set(omitted_ids)
             recall = RecallSource(label, reps, tuple(zip(us, ue)), tuple(toks.tolist()),
-                                  {i: lines[us[i]] if ue[i] - us[i] == 1 else "".join(lines[us[i]:ue[i]])
-                                   for i in omitted_ids})
+                                  {i: unit_text(i) for i in omitted_ids},
+                                  {i: unit_text(i) for i in range(len(units)) if i not in omitted_set},
+                                  tuple(tt.line_tokens), tuple(ContentKind(u.kind).value for u in units))
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
                                       len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)
-        except Exception as e:  # noqa: BLE001 - never fail the request (issue stage 9)
+        except Exception as e:  # noqa: BLE001 - a failure here serves the message whole, never fails the request
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,

@@ -2,7 +2,13 @@
 
 Algorithm (``RecallGate.decide``):
 1. For every stored earlier message, score ALL its units (kept and omitted) against
-   the new question with the scorer that made its reps; validate the scores.
+   the new question; validate the scores.  The serving scorer reads the stored reps
+   when it made them (same ``Scorer.name``, payload of the current ``REPS_VERSION``);
+   reps of another scorer or layout (a session written before a ``--scorer`` change
+   or an upgrade) are made again by the serving scorer from the message's stored text
+   (``RecallSource.scored_text``; kept in a small cache, so a conversation pays it
+   once).  A source stored before its text was kept is scored by the scorer that made
+   it when that one is model-free (lexical), else it is left out of recall (logged).
 2. ``share = sum(scores of omitted units) / sum(all scores)`` over all stored
    messages together (0 when the total is 0).
 3. Below ``theta`` (``PFLASH_CHAT_RECALL``, 0.075) nothing is recalled.
@@ -17,27 +23,59 @@ Algorithm (``RecallGate.decide``):
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .scores import Scorer, UnitReps, validate_scores
+from .gutter import bare_text, find_gutter
+from .kinds import ContentKind
+from .scores import REPS_VERSION, LexicalScorer, Scorer, UnitReps, validate_scores
+from .text import TokenizedText
+from .units import Unit
+
+log = logging.getLogger("pflash_proxy.compress")
 
 __all__ = ["Excerpt", "RecallDecision", "RecallGate", "RecallSource", "format_recall_block"]
 
 
 @dataclass(frozen=True)
 class RecallSource:
-    """What a compressed message leaves for recall (picklable)."""
+    """What a compressed message leaves for recall: plain data, stored with its session.
+
+    ``kept_texts`` with ``omitted_texts`` hold every unit's lines (the message as sent), ``line_tokens`` its
+    per-line token counts and ``unit_kinds`` each unit's ``ContentKind``: enough for any scorer to make its own
+    reps again (``scored_text``). Sources stored before those fields have them empty."""
 
     label: str
     reps: UnitReps
     unit_lines: tuple[tuple[int, int], ...]  # 0-based [start, end) per unit
     unit_tokens: tuple[int, ...]
     omitted_texts: Mapping[int, str] = field(default_factory=dict)  # unit index -> its lines
+    kept_texts: Mapping[int, str] = field(default_factory=dict)  # unit index -> its lines
+    line_tokens: tuple[int, ...] = ()
+    unit_kinds: tuple[str, ...] = ()
 
     @property
     def omitted(self) -> tuple[int, ...]:
         return tuple(sorted(self.omitted_texts))
+
+    def scored_text(self) -> tuple[TokenizedText, list[Unit]] | None:
+        """The message and units as the scorer saw them (behind a line-number gutter, as the pipeline's step 0),
+        or None when this source does not hold all its text."""
+        n = len(self.unit_lines)
+        texts = [self.kept_texts.get(i, self.omitted_texts.get(i)) for i in range(n)]
+        if not n or any(t is None for t in texts) or len(self.unit_kinds) != n:
+            return None
+        text = "".join(t for t in texts if t is not None)
+        tt = TokenizedText.from_text(text, list(self.line_tokens))
+        gutter = find_gutter(tt.lines)
+        work = tt if gutter is None else bare_text(tt, gutter)
+        units = [Unit(i, a, b, t, ContentKind(k)) for i, ((a, b), t, k) in
+                 enumerate(zip(self.unit_lines, self.unit_tokens, self.unit_kinds))]
+        return work, units
 
 
 @dataclass(frozen=True)
@@ -66,16 +104,62 @@ class RecallDecision:
         return bool(self.recalled)
 
 
+RESCORED_KEEP = 8  # step 1: reps made again from stored text, kept per (scorer, message text, units)
+
+
 @dataclass(frozen=True)
 class RecallGate:
     theta: float = 0.075
     recall_budget: int = 2048
+    _rescored: OrderedDict[tuple[str, str, tuple[tuple[int, int], ...]], UnitReps] = field(
+        default_factory=OrderedDict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def reader(self, src: RecallSource, scorer: Scorer) -> tuple[Scorer, UnitReps] | None:
+        """Step 1: the scorer and reps that score ``src`` for a question, or None when nothing can."""
+        reps = src.reps
+        if reps.scorer == scorer.name and reps.version == REPS_VERSION:
+            return scorer, reps
+        made = self.scored_text(src)
+        if made is not None:
+            tt, units = made
+            key = (scorer.name, hashlib.sha1(tt.text.encode("utf-8", "surrogatepass")).hexdigest(), src.unit_lines)
+            with self._lock:
+                got = self._rescored.get(key)
+                if got is not None:
+                    self._rescored.move_to_end(key)
+                    return scorer, got
+            log.info("recall: message %s was scored by %s (reps version %d); scoring it again with %s",
+                     src.label, reps.scorer, reps.version, scorer.name)
+            got = scorer.represent(tt, units)
+            with self._lock:
+                self._rescored[key] = got
+                while len(self._rescored) > RESCORED_KEEP:
+                    self._rescored.popitem(last=False)
+            return scorer, got
+        lexical = LexicalScorer()
+        if reps.scorer == lexical.name and reps.version == REPS_VERSION:  # model-free: rebuilt here
+            return lexical, reps
+        log.warning("recall: message %s was scored by %s (reps version %d) and its text is not stored; %s cannot "
+                    "score it, it is left out of recall", src.label, reps.scorer, reps.version, scorer.name)
+        return None
+
+    @staticmethod
+    def scored_text(src: RecallSource) -> tuple[TokenizedText, list[Unit]] | None:
+        try:
+            return src.scored_text()
+        except ValueError as exc:  # stored text that does not rebuild the message (a damaged record)
+            log.warning("recall: the stored text of message %s is unusable (%s)", src.label, exc)
+            return None
 
     def decide(self, sources: Sequence[RecallSource], question: str, scorer: Scorer) -> RecallDecision:
         cands: list[tuple[float, int, int, float, int]] = []  # (-density, msg, unit, score, tokens)
         total = omitted_mass = 0.0
         for m, src in enumerate(sources):  # step 1
-            s = validate_scores(scorer.score(src.reps, question), src.reps.n_units)
+            found = self.reader(src, scorer)
+            if found is None:
+                continue
+            s = validate_scores(found[0].score(found[1], question), len(src.unit_tokens))
             total += float(s.sum())
             for u in src.omitted:
                 sc = float(s[u])

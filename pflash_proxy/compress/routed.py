@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .kinds import ContentKind
-from .scores import Scorer, UnitReps
+from .scores import REPS_VERSION, Scorer, UnitReps
 from .text import TokenizedText
 from .units import Unit
 
@@ -54,7 +54,7 @@ class RoutedScorer:
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         route = "code" if is_code(units) else "other"
         inner = (self.code if route == "code" else self.other).represent(tt, units)
-        return UnitReps(self.name, inner.n_units, inner.unit_tokens, (route, inner))
+        return UnitReps(self.name, inner.n_units, inner.unit_tokens, (route, inner), REPS_VERSION)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
         route, inner = reps.payload

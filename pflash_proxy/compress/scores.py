@@ -1,8 +1,16 @@
 """Unit relevance: the ``Scorer`` interface and the default lexical (BM25) scorer.
 
 A scorer splits its work in two: ``represent`` reads the message once and returns
-question-independent, picklable ``UnitReps`` (cacheable, stored for recall);
+question-independent ``UnitReps`` (cacheable, stored for recall);
 ``score`` rates those units against any question without re-reading the message.
+
+The reps' format (what a session stores for recall, ``sessions/records.py`` writes it as tagged JSON, never a
+pickle): ``scorer``, the name of the scorer that made them (``Scorer.name``); ``version``, the layout of the
+payload (``REPS_VERSION``: bump it when a built-in scorer changes what its payload holds); ``n_units`` and
+``unit_tokens``; ``payload``, plain data only (None, numbers, strings, lists, tuples, dicts, numeric numpy
+arrays, and the package's own reps classes: ``UnitReps``, the lexical index, ``links.ReferenceLinks``). Only
+the scorer of that name reads a payload of the current version; recall re-scores any other from its text
+(``recall.RecallGate``).
 
 Algorithm (``LexicalScorer``):
 1. Terms (``lexicon.span_terms``): word runs split at ``_`` and camelCase humps
@@ -40,7 +48,7 @@ from .lexicon import hash_tokens, span_hashes, span_term_ids_grouped, text_terms
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["InvalidScores", "LexicalScorer", "Scorer", "UnitReps", "density", "terms", "validate_scores"]
+__all__ = ["InvalidScores", "LexicalScorer", "REPS_VERSION", "Scorer", "UnitReps", "density", "terms", "validate_scores"]
 
 
 RARE_UNITS = 3  # step 3b: a term in at most this many units names something (a variable, a key, a value)
@@ -51,14 +59,18 @@ class InvalidScores(ValueError):
     """A scorer returned scores that cannot be used."""
 
 
+REPS_VERSION = 1  # the payload layouts of the built-in scorers (module docstring); 1: reps stored without a version
+
+
 @dataclass(frozen=True)
 class UnitReps:
-    """Question-independent unit representations (picklable)."""
+    """Question-independent unit representations, in the stored format of the module docstring."""
 
     scorer: str
     n_units: int
     unit_tokens: np.ndarray
     payload: Any
+    version: int = 1  # the payload's layout (``REPS_VERSION`` when made now; 1 for reps stored before the field)
 
 
 @runtime_checkable
@@ -168,7 +180,7 @@ class LexicalScorer:
         indptr = np.searchsorted(term, np.arange(v + 1))
         links = _Links.build(data, line_start, vocab) if self.hops else None
         index = _LexicalIndex(vocab, w, doc.astype(np.int64), indptr.astype(np.int64), links)
-        return UnitReps(self.name, n_units, toks, index)
+        return UnitReps(self.name, n_units, toks, index, REPS_VERSION)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
         if reps.scorer != self.name or not isinstance(reps.payload, _LexicalIndex):

@@ -32,6 +32,7 @@ once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,8 +76,7 @@ class HeadAttentionScorer:
 
     def represent(self, tt: Any, units: Sequence[Any]) -> Any:
         reps = self.attention.represent(tt, units)
-        return type(reps)(scorer=self.name, n_units=reps.n_units, unit_tokens=reps.unit_tokens,
-                          payload={**reps.payload, "head": None})
+        return dataclasses.replace(reps, scorer=self.name, payload={**reps.payload, "head": None})
 
     def score(self, reps: Any, query: str) -> np.ndarray:
         head, attention = self.unit_scores(reps, query)

@@ -8,8 +8,7 @@
 2. ``DrafterSegmenter.segment(tt, kind)`` (``Segmenter`` protocol): segment probe forward on the taps ->
    ``ProbeSegmenter`` units; their token counts are taken from ``tt`` (the upstream tokenizer's exact counts).
    Fewer than two units -> ``CannotSegment`` (the message is served whole).
-3. ``UnitReps`` comes from ``pflash_proxy.compress.scores`` when present, else a local stand-in with the same
-   fields (``scorer, n_units, unit_tokens, payload``).
+3. ``make_reps``: the scorers' ``UnitReps`` (``compress.scores``, its stored format) in the current version.
 """
 
 from __future__ import annotations
@@ -21,26 +20,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pflash_proxy.compress.scores import REPS_VERSION, UnitReps
+from pflash_proxy.compress.units import CannotSegment
+
 from .probes import SegmentProbe
 from .runtime import Drafter, DrafterError
 from .segment import ProbeSegmenter, count_lines, token_lines
 
 
-@dataclass(frozen=True)
-class _LocalUnitReps:
-    scorer: str
-    n_units: int
-    unit_tokens: np.ndarray
-    payload: Any
-
-
-def make_reps(scorer: str, unit_tokens: Sequence[int], payload: Any) -> Any:
-    try:
-        from pflash_proxy.compress.scores import UnitReps
-    except ImportError:
-        UnitReps = _LocalUnitReps  # type: ignore[misc,assignment]  # noqa: N806
+def make_reps(scorer: str, unit_tokens: Sequence[int], payload: Any) -> UnitReps:
     arr = np.asarray(unit_tokens, dtype=np.int64)
-    return UnitReps(scorer=scorer, n_units=len(arr), unit_tokens=arr, payload=payload)
+    return UnitReps(scorer=scorer, n_units=len(arr), unit_tokens=arr, payload=payload, version=REPS_VERSION)
 
 
 @dataclass(frozen=True)
@@ -107,9 +97,5 @@ class DrafterSegmenter:
         units = [make_unit(u.index, u.start_line, u.end_line, int(off[u.end_line] - off[u.start_line]),
                            kind if kind is not None else u.kind) for u in raw]
         if len(units) < 2:
-            try:
-                from pflash_proxy.compress.units import CannotSegment
-            except ImportError:
-                CannotSegment = ValueError  # type: ignore[misc,assignment]  # noqa: N806
             raise CannotSegment(f"segment probe found one unit in {len(tt.lines)} lines")
         return units

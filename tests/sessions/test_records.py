@@ -78,6 +78,8 @@ def test_a_session_record_with_recall_sources_round_trips(name):
     assert back.traces == [{"kind": "compress", "n": [1, 2]}] and back.trace_totals == rec.trace_totals
     (src,) = back.recall_sources
     assert src.unit_lines == out.recall.unit_lines and src.omitted_texts == out.recall.omitted_texts
+    assert src.kept_texts == out.recall.kept_texts and src.line_tokens == out.recall.line_tokens
+    assert src.unit_kinds == out.recall.unit_kinds and src.reps.version == out.recall.reps.version
     q = "What is the vault combination of the Zebulon archive?"
     assert np.array_equal(scorer.score(src.reps, q), scorer.score(out.recall.reps, q))
 

@@ -173,73 +173,30 @@ def test_the_bench_and_the_proxy_build_drafter_scorers_in_one_place(monkeypatch,
         setup.drafter_scorer("lexical", None)
 
 
-async def test_auto_reads_code_without_the_drafter_and_prose_with_it(aiohttp_client, llama_server, tmp_path,
-                                                                      gemma_model):
-    """The default with a drafter: a file read (code) is scored by BM25 with no drafter pass and keeps the asked-
-    about function; a prose document goes through the drafter (head-attention)."""
-    import inspect
-    import textwrap
+@pytest.mark.timeout(900)  # two proxies, a drafter pass each, on two shared cores
+@pytest.mark.parametrize("first,then", [("lexical", "hybrid"), ("hybrid", "lexical")])
+async def test_a_session_stays_recallable_after_the_scorer_changes(aiohttp_client, llama_server, tmp_path,
+                                                                   gemma_model, first, then):
+    """A conversation compressed under one ``--scorer``, continued after a restart under another: the recall
+    follow-up is scored by the new scorer from the stored text (the old reps are another scorer's payload)."""
+    from tests.stages.test_compress_real import TOPICS
 
-    settings = drafter_settings(llama_server, tmp_path, gemma_model)
-    assert settings.scorer == "auto"
+    settings = drafter_settings(llama_server, tmp_path, gemma_model, scorer=first)
+    seed_calibration(settings.home, gemma_model, [[5, 0], [11, 2], [17, 0]])
     proxy = await aiohttp_client(create_app(settings))
-    source = inspect.getsource(textwrap)
-    h, _ = await ask(proxy, [{"role": "user", "content": source + "\n\nWhat does indent do with its predicate?"}])
+    turn1 = [{"role": "user", "content": document() + "\n\nWhat was the name of the silver eagle, the prize bird?"}]
+    h, body = await ask(proxy, turn1)
     assert h["X-PFlash-Mode"] == "compressed"
+    served = served_message(proxy, h["X-PFlash-Session"], 0)
+    await proxy.close()  # the session index stays in --home
+
+    proxy = await aiohttp_client(create_app(drafter_settings(llama_server, tmp_path, gemma_model, scorer=then)))
+    omitted = next(t for t in TOPICS if f"the {t} records list" not in served)
+    turn2 = turn1 + [body["choices"][0]["message"],
+                     {"role": "user", "content": f"What about the {omitted} keepers and their {omitted} ledgers?"}]
+    h2, _ = await ask(proxy, turn2)
+    assert h2["X-PFlash-Session"] == h["X-PFlash-Session"]
+    assert h2["X-PFlash-Mode"] == "recall"
+    assert f"the {omitted} records list" in served_message(proxy, h["X-PFlash-Session"], 2)
     stats = await (await proxy.get("/pflash/stats")).json()
-    assert stats["pflash"]["scorer"] == "auto" and stats["pflash"]["drafter"]["passes"] == 0
-    assert inspect.getsource(textwrap.indent).rstrip("\n") in served_message(proxy, h["X-PFlash-Session"], 0)
-    h, _ = await ask(proxy, [{"role": "user", "content": document() + "\n\nWhat was the name of the silver eagle, "
-                                                        "the prize bird?"}])
-    assert h["X-PFlash-Mode"] == "compressed"
-    stats = await (await proxy.get("/pflash/stats")).json()
-    assert stats["pflash"]["drafter"]["passes"] >= 1
-
-
-def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trained_head(tmp_path, gemma_model,
-                                                                                          monkeypatch, caplog):
-    import pflash_proxy.drafter.trained as trained
-    from pflash_proxy.compress.links import Linked
-
-    settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
-                             attention_heads="all")
-    assert settings.scorer == "auto"  # no --scorer: code by lexical, the rest by head-attention
-    built = build_scorer(settings)  # gemma: the head shipped in the package
-    try:
-        assert built.scorer.name == "auto" and built.scorer.code.name == "lexical"
-        assert built.scorer.other.name == "head-attention" and isinstance(built.scorer.other, Linked)  # hops
-    finally:
-        built.close()
-    monkeypatch.setattr(trained, "for_drafter", lambda sha: None)  # a drafter nobody has trained a head for
-    with caplog.at_level("WARNING", logger="pflash_proxy.drafter"):
-        built = build_scorer(settings)
-    try:
-        assert built.scorer.name == "attention" and "pflash-proxy train --drafter" in caplog.text
-        assert isinstance(built.scorer, Linked)
-    finally:
-        built.close()
-    explicit = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
-                             attention_heads="all", scorer="head-attention")
-    with pytest.raises(DrafterSetupError, match="needs --scoring-head"):  # asked for by name: no substitute
-        build_scorer(explicit)
-
-
-def test_the_bench_and_the_proxy_build_drafter_scorers_in_one_place(monkeypatch):
-    # bench quality's rows come from stages.scorers.drafter_scorer: what it measures is what --scorer NAME serves
-    import pflash_proxy.bench.quality as quality
-    import pflash_proxy.stages.scorers as setup
-    from pflash_proxy.compress.links import Linked
-
-    made = []
-    monkeypatch.setattr(setup, "drafter_scorer", lambda name, *a, **k: made.append(name) or name)
-    monkeypatch.setattr("pflash_proxy.drafter.runtime.Drafter", lambda *a, **k: object())
-    monkeypatch.setattr("pflash_proxy.drafter.attention.AttentionScorer", lambda drafter: "base")
-    monkeypatch.setattr("pflash_proxy.drafter.calibrate.calibrated", lambda base, home, cache: "calibrated")
-    opts = type("Opts", (), {"drafter": "d.gguf", "lengths": [1024], "scoring_head": None})()
-    got = quality.build_scorers(["lexical", "attention", "hybrid"], opts)
-    assert got == {"lexical": None, "attention": "attention", "hybrid": "hybrid"} and made == ["attention", "hybrid"]
-    monkeypatch.undo()
-    hybrid = setup.drafter_scorer("hybrid", object())
-    assert isinstance(hybrid, Linked) and hybrid.name == "hybrid"
-    with pytest.raises(ValueError, match="not a drafter scorer"):
-        setup.drafter_scorer("lexical", None)
+    assert stats["pflash"]["scorer"] == then
