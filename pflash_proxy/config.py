@@ -300,7 +300,7 @@ class Settings(BaseModel):
         if self.min_segment >= self.max_segment:
             raise ValueError("min_segment: must be smaller than max_segment")
         if self.drafter is not None and "scorer" not in self.model_fields_set:
-            # a drafter without an explicit --scorer gets the scorer that won the bench (README, Benchmarks);
+            # a drafter without an explicit --scorer gets DRAFTER_DEFAULT_SCORER (README, Benchmarks, says why);
             # object.__setattr__: assignment validation would run this validator again
             object.__setattr__(self, "scorer", DRAFTER_DEFAULT_SCORER)
         return self

@@ -5,6 +5,9 @@ llama-server's wire vocabulary kept to ``llama/`` (no module that does not spell
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pflash_proxy
@@ -140,3 +143,35 @@ def test_the_wire_field_scan_sees_code_and_not_prose(tmp_path):
                       '    req.set_field("id_slot", 1)\n'
                       "    return self.upstream.tokenize(req), req.timings.cache_n\n")
     assert wire_spellings(sample) == {"id_slot", "cache_n", "upstream.tokenize"}
+
+
+ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\s*\d+", re.IGNORECASE)
+
+
+def issue_references(path: Path) -> list[str]:
+    """``line: text`` of every comment and docstring of ``path`` that points at an issue by number."""
+    source = path.read_text()
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    tree = ast.parse(source, str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                found.append((first.lineno, first.value.value))
+    return [f"{line}: {m.group(0)}" for line, text in found for m in ISSUE_REFERENCE.finditer(text)]
+
+
+def test_no_comment_or_docstring_points_at_an_issue_number():
+    """Comments and docstrings say what the code does and why, not which issue asked for it."""
+    found = {str(p.relative_to(PACKAGE)): refs for p in sorted(PACKAGE.rglob("*.py")) if (refs := issue_references(p))}
+    assert found == {}
+
+
+def test_the_issue_reference_scan_sees_comments_and_docstrings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Fixed in issue 12."""\nx = "issue 3 in a plain string"  # see Issue #4\n'
+                      "def f():\n"
+                      '    """as issues 5 and 6 asked"""\n')
+    assert issue_references(sample) == ["2: Issue #4", "1: issue 12", "4: issues 5"]

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +98,7 @@ def _path(value: Any) -> Path | None:
     return None if value in (None, "") else Path(value)
 
 
-def _longest_index(messages: list[dict]) -> int:
+def _longest_index(messages: list[dict[str, Any]]) -> int:
     best = -1
     for i, m in enumerate(messages):
         if isinstance(m.get("content"), str) and (best < 0 or len(m["content"]) >= len(messages[best]["content"])):
@@ -113,7 +114,7 @@ def _record(row: str, case: Case, turn: int, received: Any, mode: str, **extra: 
             "mode": mode, "missing": list(r.missing), **extra}
 
 
-async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, case: Case) -> list[dict]:
+async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, case: Case) -> list[dict[str, Any]]:
     out = []
     for turn in range(len(case.followups) + 1):
         key = new_id()
@@ -134,7 +135,7 @@ def _int(v: str | None) -> int | None:
     return int(v) if v is not None else None
 
 
-def _baselines(case: Case, served: list[dict], seed: int) -> list[dict]:
+def _baselines(case: Case, served: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     idx = _longest_index(case.messages)
     budget = default_count_tokens(messages_text([served[idx]])) if idx >= 0 and idx < len(served) else None
     full_size = default_count_tokens(messages_text([case.messages[idx]])) if idx >= 0 else 0
@@ -163,7 +164,7 @@ async def run(opts: Any) -> dict[str, Any]:
     llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=max(opts.lengths) + 4096)
     t0 = time.perf_counter()
     await llama.start()
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     try:
         # A request waits for the drafter's pass: give the client more than the drafter's own timeout.
         read_s = getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S) + 600
@@ -218,7 +219,7 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     # "served flat": cases the flat-relevance fallback served whole; their gold is kept by not compressing
     heads = ["row"] + [h for n in lengths for h in (f"{n // 1024}K gold whole", f"{n // 1024}K served flat",
                                                       f"{n // 1024}K kept", f"{n // 1024}K median kept")]
-    groups = [("Gold evidence reaching the upstream whole (main families, first turn)",
+    groups: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [("Gold evidence reaching the upstream whole (main families, first turn)",
                lambda r: r["turn"] == 0 and not r["negative_control"]),
               ("Negative control: aggregation (count/list every X), first turn",
                lambda r: r["turn"] == 0 and r["negative_control"]),
@@ -247,7 +248,7 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     out.append(_by_family(data, pflash_rows))
     per_case = []
     for r0 in [r for r in recs if r["row"] == "full prefill"]:
-        def get(row: str) -> dict | None:
+        def get(row: str) -> dict[str, Any] | None:
             return next((r for r in recs if r["row"] == row and r["case_id"] == r0["case_id"]
                          and r["turn"] == r0["turn"]), None)
         line: list[Any] = [r0["case_id"], r0["turn"]]
@@ -290,7 +291,7 @@ def _by_family(data: dict[str, Any], pflash_rows: list[str]) -> Table:
                  "fallback)", heads, body)
 
 
-def _gold(r: dict | None) -> str:
+def _gold(r: dict[str, Any] | None) -> str:
     return f"{r['gold_whole']}/{r['gold_total']}" if r else "–"
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import socket
 import sys
@@ -190,7 +189,7 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("other", "Options not filed under a concern above.", ()),
 )
 
-_ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name issue 28 and docs/scale-out.md use
+_ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name docs/scale-out.md uses
 
 
 def option_help(name: str) -> str:
@@ -432,11 +431,6 @@ def bind_tcp(hosts: Sequence[str], port: int) -> list[socket.socket]:
             sock.close()
         raise
     return socks
-
-
-def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,7 @@ Every probe reads the drafter's tap, a ``(tokens, d)`` float32 matrix, and appli
 4. ``sigmoid``: numerically stable logistic.
 5. ``ln_linear``: ``LayerNorm(x) @ W.T + c`` without materialising the normalised rows, using
    ``LN(x) @ W.T = rstd * (x @ (g*W).T - mu * sum_j (g*W)_j) + b @ W.T`` with per-row ``mu``, ``rstd``:
-   one matmul on the raw tap plus two row reductions (about 2x faster than normalising first).
+   one matmul on the raw tap plus two row reductions, with no normalised copy of the rows.
 
 Long inputs are processed in row chunks (``CHUNK`` tokens) so the temporaries of a 100K-token tap stay small.
 """

@@ -51,7 +51,7 @@ TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the 
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
-# lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session (issue 12).
+# lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session.
 GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 

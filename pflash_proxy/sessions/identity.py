@@ -116,8 +116,3 @@ def chain(seed: str, message_hashes: Iterable[str]) -> list[str]:
         h = hashlib.sha256((h + mh).encode()).hexdigest()
         out.append(h)
     return out
-
-
-def safe_id(*parts: str) -> str:
-    """A filesystem-safe identifier derived from (never equal to) client-provided strings."""
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]

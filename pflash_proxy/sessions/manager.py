@@ -362,7 +362,7 @@ class SessionManager:
         waits for the task's result, times out after ``HTTP_POLLING_SECONDS`` (1 s) without any result arriving
         and finds the connection closed. Every result of ANY task (a ``GET /slots`` included) wakes those waits
         and restarts the second, so ``/slots`` is asked every ``IDLE_POLL_S`` (more than that second): polling
-        faster kept the slot generating to its context limit (issue 26, item 10). Until ``/slots`` shows the slot
+        faster kept the slot generating to its context limit. Until ``/slots`` shows the slot
         idle it stays leased, so nothing is sent to a busy slot. What the slot holds now was never confirmed by a
         response, so the table stops claiming it (``UpstreamWatch.slot_lost`` would otherwise take the longer prompt for a
         restarted server and empty every slot).

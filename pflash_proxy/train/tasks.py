@@ -1,7 +1,7 @@
 """Training examples: a document, a query with its request span, and the units that answer it.
 
 One ``Example`` per index ``i``, drawn from ``random.Random(seed * 1_000_003 + i)`` so that any example can be
-rebuilt alone (the feature cache is resumable by index). The families, as the issue lists them:
+rebuilt alone (the feature cache is resumable by index). The families:
 
 1. **docstring**: a code document with docstrings removed; the question is a function's docstring summary;
    the gold is the unit holding that function.
