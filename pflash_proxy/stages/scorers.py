@@ -1,10 +1,10 @@
 """The scorer registry (``SCORERS``) and ``build_scorer``: the scorer and segmenter ``--scorer``, ``--segmenter``
 and ``--drafter`` ask for.
 
-``SCORERS`` is the one list of scorers: ``config.ScorerName`` (the values ``--scorer`` accepts), the ``--help``
-text and ``build_scorer`` all read it. An entry says what the scorer needs (a drafter, the trained scorer head,
-the attention scorer, the probe taps) and builds it from those parts (``ScorerParts``); the scorer itself lives
-in its own module.
+``SCORERS`` is the one list of scorers: the values ``--scorer`` accepts (``check_scorer``, the command line's
+choices), the ``--help`` text and ``build_scorer`` all read it. An entry says what the scorer needs (a drafter,
+the trained scorer head, the attention scorer, the probe taps) and builds it from those parts (``ScorerParts``);
+the scorer itself lives in its own module.
 
 1. ``lexical`` scorer and ``heuristic`` segmenter need nothing: the model-free default.
 2. Anything else needs ``--drafter`` (llama-cpp-python, loaded once here, on its own worker thread).
@@ -25,7 +25,7 @@ in its own module.
    (``compress/links.py``).
 4. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
-This module imports nothing of the project at import time (``config`` imports it).
+This module imports nothing of the project at import time (the command line imports it for ``--help``).
 """
 
 from __future__ import annotations
@@ -139,6 +139,12 @@ class DrafterSetupError(Exception):
     pass
 
 
+def check_scorer(name: str) -> None:
+    """``DrafterSetupError`` (one line naming ``scorer``) unless ``name`` is a registered scorer."""
+    if name not in SCORERS:
+        raise DrafterSetupError(f"scorer: unknown scorer {name!r} (one of {', '.join(SCORER_NAMES)})")
+
+
 @dataclass
 class Scoring:
     segmenter: Any = None  # None → the heuristic UnitSegmenter
@@ -162,45 +168,47 @@ class Scoring:
 
 def build_scorer(settings: Settings) -> Scoring:
     """The segmenter and scorer the settings ask for, with the drafter they read (``Scoring.close`` closes it)."""
-    wants_drafter = SCORERS[settings.scorer].drafter or settings.segmenter != "heuristic"
+    check_scorer(settings.compression.scorer)
+    wants_drafter = SCORERS[settings.compression.scorer].drafter or settings.compression.segmenter != "heuristic"
     if not wants_drafter:
-        if settings.drafter is not None:
+        if settings.drafter.path is not None:
             log.info("--drafter given but --scorer lexical and --segmenter heuristic need no drafter; not loading it")
         return Scoring()
-    if settings.drafter is None:
-        raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
-                                f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
+    if settings.drafter.path is None:
+        raise DrafterSetupError(f"drafter: --scorer {settings.compression.scorer} / --segmenter "
+                                f"{settings.compression.segmenter} need --drafter PATH (PFLASH_DRAFTER_GGUF)")
     from pflash_proxy.drafter import ProbeError, load_request_probe, load_scorer_head, load_segment_probe
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
     from pflash_proxy.drafter.taps import DrafterSegmenter, ProbeTaps
 
-    hash_cache = settings.home / "drafter-hashes.json"
+    hash_cache = settings.proxy.home / "drafter-hashes.json"
     settings = _with_packaged_probes(settings, hash_cache)
-    assert settings.drafter is not None  # checked above; the packaged probes never unset it
+    d = settings.drafter
+    assert d.path is not None  # checked above; the packaged probes never unset it
     try:
-        drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
-                          n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
-                          cache_mb=settings.drafter_cache_mb)
+        drafter = Drafter(d.path, n_ctx=d.drafter_ctx, n_threads=d.drafter_threads, n_gpu_layers=d.drafter_gpu_layers,
+                          timeout=d.drafter_timeout_s, cache_mb=d.drafter_cache_mb)
     except DrafterError as exc:
-        raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
+        raise DrafterSetupError(f"drafter: cannot load {settings.drafter.path}: {exc}") from exc
     built = Scoring(drafter=drafter)
     settings = _default_scorer_for_this_drafter(settings)  # after the load: a drafter that cannot load is one line
-    entry = SCORERS[settings.scorer]
+    entry = SCORERS[settings.compression.scorer]
     try:
         probe = head = request = None
         try:
-            if settings.segmenter == "probe":
-                if settings.segment_probe is None:
+            if settings.compression.segmenter == "probe":
+                if settings.drafter.segment_probe is None:
                     raise DrafterSetupError("segment_probe: --segmenter probe needs --segment-probe PATH "
                                             "(PFLASH_SEGMENT_PROBE_GGUF)")
-                probe = load_segment_probe(settings.segment_probe, settings.drafter, hash_cache=hash_cache)
+                probe = load_segment_probe(settings.drafter.segment_probe, settings.drafter.path, hash_cache=hash_cache)
             if entry.head:
-                if settings.scoring_head is None:
-                    raise DrafterSetupError(f"scoring_head: --scorer {settings.scorer} needs --scoring-head PATH "
-                                            "(PFLASH_SCORING_HEAD_GGUF)")
-                head = load_scorer_head(settings.scoring_head, settings.drafter, hash_cache=hash_cache)
-                if settings.request_probe is not None:
-                    request = load_request_probe(settings.request_probe, settings.drafter, hash_cache=hash_cache)
+                if settings.drafter.scoring_head is None:
+                    raise DrafterSetupError(f"scoring_head: --scorer {settings.compression.scorer} needs "
+                                            "--scoring-head PATH (PFLASH_SCORING_HEAD_GGUF)")
+                head = load_scorer_head(settings.drafter.scoring_head, settings.drafter.path, hash_cache=hash_cache)
+                if settings.drafter.request_probe is not None:
+                    request = load_request_probe(settings.drafter.request_probe, settings.drafter.path,
+                                                 hash_cache=hash_cache)
         except ProbeError as exc:
             raise DrafterSetupError(str(exc)) from exc
         # the segment probe and --scorer head read the tap block through ProbeTaps; head-attention reads its
@@ -231,43 +239,43 @@ def drafter_scorer(name: str, attention: Any, head: Any = None, request: Any = N
 
 def _with_packaged_probes(settings: Settings, hash_cache: Any) -> Settings:
     """Fill unset probe paths from the set shipped for this very drafter (``drafter/trained``), if any."""
-    heads = SCORERS[settings.scorer].head
-    wanted = {"segment_probe": settings.segmenter == "probe", "scoring_head": heads, "request_probe": heads}
-    missing = [k for k, want in wanted.items() if want and getattr(settings, k) is None]
-    if any(getattr(settings, k) is not None for k in wanted):
+    heads = SCORERS[settings.compression.scorer].head
+    wanted = {"segment_probe": settings.compression.segmenter == "probe", "scoring_head": heads, "request_probe": heads}
+    missing = [k for k, want in wanted.items() if want and getattr(settings.drafter, k) is None]
+    if any(getattr(settings.drafter, k) is not None for k in wanted):
         return settings  # files given by the user are one set: never mix a shipped file into it
-    if not missing or settings.drafter is None or not settings.drafter.is_file():
+    if not missing or settings.drafter.path is None or not settings.drafter.path.is_file():
         return settings
     from pflash_proxy.drafter.trained import for_drafter_file
 
-    found = for_drafter_file(settings.drafter, hash_cache)
+    found = for_drafter_file(settings.drafter.path, hash_cache)
     if found is None:
         return settings
     log.info("using the packaged probes trained for this drafter: %s", {k: str(found[k]) for k in missing})
-    return settings.model_copy(update={k: found[k] for k in missing})
+    return settings.with_options(**{k: found[k] for k in missing})
 
 
 def _default_scorer_for_this_drafter(settings: Settings) -> Settings:
     """The default drafter scorer (auto: head-attention for everything but code) needs a scorer head trained for
     this drafter. With none given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit
     ``--scorer auto`` or ``head-attention`` still stops at the missing file."""
-    if settings.scorer != "auto" or "scorer" in settings.model_fields_set \
-            or settings.scoring_head is not None:
+    if settings.compression.scorer != "auto" or "scorer" in settings.compression.model_fields_set \
+            or settings.drafter.scoring_head is not None:
         return settings
     log.warning("no scorer head is shipped or given for this drafter (%s): scoring with --scorer attention; "
                 "`pflash-proxy train --drafter %s --out DIR` trains one for --scorer head-attention",
-                settings.drafter, settings.drafter)
-    return settings.model_copy(update={"scorer": "attention"})
+                settings.drafter.path, settings.drafter.path)
+    return settings.with_options(scorer="attention")
 
 
 def _attention_scorer(settings: Settings, drafter: Any, hash_cache: Any) -> Any:
     from pflash_proxy.config import parse_heads
     from pflash_proxy.drafter.attention import AttentionScorer
 
-    if settings.attention_heads == "all":
+    if settings.drafter.attention_heads == "all":
         return AttentionScorer(drafter)
-    if settings.attention_heads != "auto":
-        return AttentionScorer(drafter, heads=parse_heads(settings.attention_heads))
+    if settings.drafter.attention_heads != "auto":
+        return AttentionScorer(drafter, heads=parse_heads(settings.drafter.attention_heads))
     from pflash_proxy.drafter.calibrate import calibrated
 
-    return calibrated(AttentionScorer(drafter), settings.home, hash_cache)
+    return calibrated(AttentionScorer(drafter), settings.proxy.home, hash_cache)
