@@ -163,8 +163,7 @@ async def bench(tokens: int, threshold: int, work: Path) -> list[dict]:
                             await r.read()
                     if arm != "direct":  # the erase emptied the slots behind the proxy's back: start it afresh
                         await runner.cleanup()
-                        fresh = settings.model_copy(update={"home": work / f"home-{dialect}-{arm}",
-                                                            "pflash": arm == "proxy"})
+                        fresh = settings.with_options(home=work / f"home-{dialect}-{arm}", pflash=arm == "proxy")
                         runner = web.AppRunner(create_app(fresh))
                         await runner.setup()
                         await web.TCPSite(runner, "127.0.0.1", port).start()

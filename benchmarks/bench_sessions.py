@@ -43,7 +43,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pflash_proxy.config import Settings  # noqa: E402
+from pflash_proxy.config import SessionOptions, Settings  # noqa: E402
 from pflash_proxy.llama.spawn import SAFE_FLAGS, find_llama_server, free_port  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
 from tests.conftest import LlamaServer  # noqa: E402
@@ -266,7 +266,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sessions"))
     a = ap.parse_args()
     if a.idle_wait is None:
-        a.idle_wait = float(getattr(Settings.model_fields.get("idle_save_s"), "default", 0) or 0) + 5
+        a.idle_wait = float(SessionOptions().idle_save_s) + 5
     asyncio.run(main_async(a))
 
 

@@ -83,8 +83,8 @@ async def run(args: argparse.Namespace) -> None:
                             threshold=args.threshold, port=free_port())
         runner = web.AppRunner(create_app(settings))
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", settings.port).start()
-        base = f"http://127.0.0.1:{settings.port}"
+        await web.TCPSite(runner, "127.0.0.1", settings.proxy.port).start()
+        base = f"http://127.0.0.1:{settings.proxy.port}"
         case = generate_case(args.family, args.tokens, 0, args.seed)
         t0 = time.monotonic()
         async with aiohttp.ClientSession() as http:
@@ -107,7 +107,7 @@ async def run(args: argparse.Namespace) -> None:
                  "prompt_tokens": int(headers["X-PFlash-Prompt-Tokens"]),
                  "kept_prompt_tokens": int(headers["X-PFlash-Kept-Tokens"]),
                  "server_prompt_tokens": body["usage"]["prompt_tokens"], "turn_seconds": round(seconds, 1),
-                 "scorer": settings.scorer, "threshold": settings.threshold, **shots}
+                 "scorer": settings.compression.scorer, "threshold": settings.compression.threshold, **shots}
         (out / "run.json").write_text(json.dumps(facts, indent=2) + "\n")
         print(json.dumps(facts, indent=2))
     finally:

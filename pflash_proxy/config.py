@@ -1,17 +1,24 @@
-"""One typed configuration for the proxy.
+"""One typed configuration for the proxy: ``Settings``, one group of options per concern (``GROUPS``: proxy,
+upstream, sessions, compression, drafter, limits, cluster, inspector; ``serve --help`` shows the same groups).
+
+Every option has one name, unique across the groups: ``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔
+``prefill_curve = ...`` in TOML ↔ ``settings.compression.prefill_curve`` (three fields are named after their group's
+switch instead: ``upstream.url`` is ``--upstream``, ``sessions.enabled`` ``--sessions``, ``drafter.path``
+``--drafter``; ``OPTIONS`` maps each name to its group and field).
 
 Sources, highest precedence first:
 
 1. CLI flags (only the ones actually given on the command line);
-2. ``PFLASH_*`` environment variables (``PFLASH_PORT``, ``PFLASH_UPSTREAM`` ... one per field, plus the
+2. ``PFLASH_*`` environment variables (``PFLASH_PORT``, ``PFLASH_UPSTREAM`` ... one per option, plus the
    seed's historical names listed in ``SEED_ENV_ALIASES``; ``PFLASH_PUBLIC_HOST`` is comma-separated,
    ``PFLASH_LLAMA_SERVER_ARGS`` space-separated);
 3. a TOML file (``--config`` or ``PFLASH_CONFIG``; see ``configs/pflash-proxy.toml``);
 4. the defaults below (production defaults from the PFlash seeds).
 
-The merged mapping is validated once by pydantic.  An invalid value stops start-up with *one* line that
-names the option and where it came from (``ConfigError``).  The state directory is resolved at call time from
-``PFLASH_HOME`` so tests can point it at ``tmp_path``.
+The merged mapping (flat, by option name) is validated once by pydantic.  An invalid value stops start-up with
+*one* line that names the option and where it came from (``ConfigError``).  ``--scorer`` names an entry of the
+scorer registry, which sits above this module: the command line and the stages check it.  The state directory is
+resolved at call time from ``PFLASH_HOME`` so tests can point it at ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -20,19 +27,16 @@ import os
 import re
 import socket
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
-from pflash_proxy.compress.budget import DEFAULT_CURVE
+from pflash_proxy.compress.budget import DEFAULT_CURVE, BudgetCurve
 from pflash_proxy.compress.pipeline import CompressionSettings
-from pflash_proxy.stages.scorers import SCORER_NAMES  # the one list of scorers
 
-if TYPE_CHECKING:
-    ScorerName = str
-else:
-    ScorerName = Literal[SCORER_NAMES]  # the values --scorer accepts: the registry's names
 _COMPRESSION = CompressionSettings()  # the compression defaults, written once (compress/pipeline.py)
 DRAFTER_DEFAULT_SCORER = "auto"  # --scorer with --drafter and no --scorer: code by lexical, else head-attention (README)
 
@@ -44,7 +48,6 @@ SEED_ENV_ALIASES: dict[str, str] = {
     "PFLASH_DRAFTER_GGUF": "drafter",
     "PFLASH_QUERY_PIN": "query_pin",
     "PFLASH_FALLBACK_SPREAD": "fallback_spread",
-    "PFLASH_COLD_HISTORY": "cold_history",
     "PFLASH_CHAT_RECALL": "chat_recall",
 }
 
@@ -73,7 +76,7 @@ def private_dir(path: Path) -> Path:
 
 def parse_heads(v: str) -> list[tuple[int, int]]:
     """``--attention-heads 5.0,11.2`` → [(5, 0), (11, 2)]; ValueError on anything else."""
-    out = []
+    out: list[tuple[int, int]] = []
     for item in v.replace(" ", "").split(","):
         layer, head = item.split(".")
         out.append((int(layer), int(head)))
@@ -84,7 +87,7 @@ def parse_heads(v: str) -> list[tuple[int, int]]:
 
 def split_hosts(value: str) -> list[str]:
     """llama-server's ``--host`` forms: comma-separated addresses (blanks ignored); ``[::1]`` is taken as ``::1``."""
-    out = []
+    out: list[str] = []
     for host in value.split(","):
         host = host.strip()
         if host.startswith("[") and host.endswith("]"):
@@ -106,36 +109,89 @@ class ConfigError(Exception):
     """Invalid configuration: the message is one line naming the option."""
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class Options(BaseModel):
+    """One group of settings: its fields are options of their own name (``alias``: the option's name where the
+    field's differs from it), unique across the groups."""
 
-    # --- proxy ---
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class ProxyOptions(Options):
+    """Where the proxy listens and keeps its state."""
+
     host: str = "127.0.0.1"  # listen addresses, comma-separated (llama-server's --host forms; ``.sock`` = UNIX)
-    public_host: list[str] = Field(default_factory=list)  # Host names /pflash/* answers besides loopback ones
     port: int = Field(8090, ge=0, le=65535)
-    upstream: str | None = None
-    max_body_mb: float = Field(64, gt=0)
     log_json: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     home: Path = Field(default_factory=state_home)
+
+    @field_validator("host")
+    @classmethod
+    def _hosts(cls, v: str) -> str:
+        hosts = split_hosts(v)
+        if not hosts:
+            raise ValueError("needs at least one address")
+        return ",".join(hosts)
+
+    @model_validator(mode="after")
+    def _one_port(self) -> ProxyOptions:
+        if self.port == 0 and len(self.tcp_hosts) > 1:
+            raise ValueError("port: --port 0 is not supported with several TCP addresses in --host")
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        """``--host 127.0.0.1,::1`` → ["127.0.0.1", "::1"]: one listening socket each."""
+        return split_hosts(self.host)
+
+    @property
+    def tcp_hosts(self) -> list[str]:
+        return [h for h in self.hosts if not h.endswith(".sock")]
+
+    @property
+    def unix_paths(self) -> list[str]:
+        return [h for h in self.hosts if h.endswith(".sock")]
+
+    @property
+    def local_url(self) -> str:
+        """The URL this machine's commands (``stats``, ``warm``, ``show``) reach the proxy at: its first TCP
+        address (a wildcard address through the loopback of its family)."""
+        host = (self.tcp_hosts or ["127.0.0.1"])[0]
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        return f"http://{format_host(host)}:{self.port}"
+
+
+class UpstreamOptions(Options):
+    """The llama-server behind the proxy: one it is given (``--upstream``) or one it starts (``--spawn``)."""
+
+    url: str | None = Field(None, alias="upstream")
     upstream_timeout_s: float = Field(600, gt=0)
     upstream_wait_s: float = Field(60, ge=0)  # a request waits this long for a (re)starting llama-server, then 503
     upstream_api_key: str | None = None  # llama-server's --api-key, for the proxy's own calls
-    drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
-    api_key: str | None = None  # lets non-loopback clients read the inspector (Authorization: Bearer)
-
-    # --- spawned llama-server ---
     spawn: bool = False
     model: Path | None = None
     llama_server: Path | None = None
-    llama_server_args: list[str] = Field(default_factory=list)
+    llama_server_args: list[str] = Field(default_factory=list)  # after ``--`` on the command line
     parallel: int = Field(2, ge=1, le=64)
     ctx_size: int = Field(32768, ge=256)
     spawn_threads: int | None = Field(None, ge=1)
     spawn_max_tokens: int | None = Field(None, ge=0)  # the spawned server's -n (None: 256 for a base model)
     startup_timeout_s: float = Field(300, gt=0)
 
-    # --- sessions / snapshots ---
+    @field_validator("url")
+    @classmethod
+    def _upstream_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+
+class SessionOptions(Options):
+    """Conversations pinned to slots, snapshotted to disk and restored."""
+
+    drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
     slot_save_path: Path | None = None
     max_cache_gb: float = Field(20, gt=0)
     save_every_turn: bool = False
@@ -145,59 +201,35 @@ class Settings(BaseModel):
     session_ttl_days: float = Field(30, ge=0)
     max_sessions: int = Field(10000, ge=1)
     max_index_mb: float = Field(1024, gt=0)  # the session index's bytes on disk; least recently used go beyond
-    sessions: bool = True
-    progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
+    enabled: bool = Field(True, alias="sessions")  # off: requests forwarded as they are (no compression either)
     cache_isolation: Literal["credential", "shared"] = "credential"  # slots' KV across credentials (isolation.py)
     allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
+
+
+class LimitOptions(Options):
+    """What one client may hold of the proxy: body sizes, waits, the queue."""
+
+    max_body_mb: float = Field(64, gt=0)
+    progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
     max_pending_mb: float = Field(1024, ge=0)  # request bodies held in memory at once; beyond: 429 (0 = no bound)
     body_timeout_s: float = Field(60, ge=0)  # a request body not in whole this long after its headers: 408
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
     queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
 
-    # --- several nodes (docs/scale-out.md) ---
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+class ClusterOptions(Options):
+    """Several proxies sharing one session index (docs/scale-out.md)."""
+
     index: str = "embedded"  # the session index: "embedded" (diskcache in --home) or redis://HOST:PORT/DB (shared)
     node_id: str | None = None  # this node's name in a shared index (default HOSTNAME:PORT)
     advertise_url: str | None = None  # the URL other nodes forward turns to (default http://HOST:PORT)
     heartbeat_s: float = Field(2, gt=0)  # a node renews its heartbeat this often; it expires after 3 of them
     cluster_peers: list[str] = Field(default_factory=list)  # the node URLs a turn may be forwarded to
     cluster_secret: str | None = None  # shared by the nodes: signs heartbeats and forwarded turns (HMAC-SHA256)
-
-    # --- compression (seed defaults: the compress package's own, ``CompressionSettings``) ---
-    pflash: bool = True
-    threshold: int = Field(_COMPRESSION.threshold, ge=1)
-    prefill_curve: str = DEFAULT_CURVE
-    query_pin: int = Field(_COMPRESSION.query_pin, ge=0)
-    fallback_spread: float | None = Field(None, ge=0, le=1)  # one flat threshold; None: the scorer's own curve
-    chat_recall: bool = True
-    theta: float = Field(_COMPRESSION.theta, ge=0, le=1)
-    recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0)
-    max_prompt_tokens: int = Field(225280, ge=1)
-    cold_history: Literal["raw"] = "raw"
-    min_segment: int = Field(_COMPRESSION.min_segment, ge=1)
-    max_segment: int = Field(_COMPRESSION.max_segment, ge=2)
-    scorer: ScorerName = "lexical"
-    segmenter: Literal["heuristic", "probe"] = "heuristic"
-
-    # --- drafter / probes ---
-    drafter: Path | None = None
-    drafter_gpu_layers: int = 0
-    drafter_threads: int = Field(2, ge=1)
-    drafter_ctx: int = Field(32768, ge=512)
-    drafter_cache_mb: int = Field(512, ge=0)
-    drafter_timeout_s: float = Field(120, gt=0)
-    attention_heads: str = "auto"
-    segment_probe: Path | None = None
-    request_probe: Path | None = None
-    scoring_head: Path | None = None
-
-    @field_validator("upstream")
-    @classmethod
-    def _upstream_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if not (v.startswith("http://") or v.startswith("https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/")
 
     @field_validator("index")
     @classmethod
@@ -237,41 +269,24 @@ class Settings(BaseModel):
             raise ValueError("must be at least 16 characters (e.g. `openssl rand -hex 32`)")
         return v.strip() if v is not None else None
 
-    @field_validator("host")
-    @classmethod
-    def _hosts(cls, v: str) -> str:
-        hosts = split_hosts(v)
-        if not hosts:
-            raise ValueError("needs at least one address")
-        return ",".join(hosts)
 
-    @field_validator("public_host", mode="before")
-    @classmethod
-    def _public_hosts(cls, v: Any) -> list[str]:
-        items = [v] if isinstance(v, str) else list(v or [])
-        out = []
-        for item in items:
-            if not isinstance(item, str):
-                raise ValueError("expected host names")
-            for name in item.split(","):
-                name = name.strip().lower().rstrip(".")
-                if name:
-                    if not PUBLIC_HOST.match(name):
-                        raise ValueError(f"{name!r} is not a host name (give it without scheme or port)")
-                    out.append(name.removeprefix("[").removesuffix("]"))
-        return out
+class CompressionOptions(Options):
+    """A new long message shortened to a budget; omitted lines recalled into later questions (seed defaults: the
+    compress package's own, ``compress.pipeline.CompressionSettings``)."""
 
-    @field_validator("attention_heads")
-    @classmethod
-    def _heads(cls, v: str) -> str:
-        v = v.strip().lower()
-        if v in ("auto", "all"):
-            return v
-        try:
-            parse_heads(v)
-        except ValueError:
-            raise ValueError("expected 'auto', 'all' or LAYER.HEAD pairs like '5.0,11.2'") from None
-        return v
+    pflash: bool = True
+    threshold: int = Field(_COMPRESSION.threshold, ge=1)
+    prefill_curve: str = DEFAULT_CURVE
+    query_pin: int = Field(_COMPRESSION.query_pin, ge=0)
+    fallback_spread: float | None = Field(None, ge=0, le=1)  # one flat threshold; None: the scorer's own curve
+    chat_recall: bool = True
+    theta: float = Field(_COMPRESSION.theta, ge=0, le=1)
+    recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0)
+    max_prompt_tokens: int = Field(225280, ge=1)
+    min_segment: int = Field(_COMPRESSION.min_segment, ge=1)
+    max_segment: int = Field(_COMPRESSION.max_segment, ge=2)
+    scorer: str = "lexical"  # a name of the scorer registry (stages/scorers.py), checked when the stages are built
+    segmenter: Literal["heuristic", "probe"] = "heuristic"
 
     @field_validator("prefill_curve")
     @classmethod
@@ -290,73 +305,200 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Settings":
-        if not self.spawn and not self.upstream:
-            raise ValueError("upstream: give --upstream URL or --spawn")
-        if self.spawn and self.upstream:
-            raise ValueError("upstream: --upstream and --spawn are exclusive")
-        if self.port == 0 and len(self.tcp_hosts) > 1:
-            raise ValueError("port: --port 0 is not supported with several TCP addresses in --host")
+    def _segments(self) -> CompressionOptions:
         if self.min_segment >= self.max_segment:
             raise ValueError("min_segment: must be smaller than max_segment")
-        if self.drafter is not None and "scorer" not in self.model_fields_set:
-            # a drafter without an explicit --scorer gets DRAFTER_DEFAULT_SCORER (README, Benchmarks, says why);
-            # object.__setattr__: assignment validation would run this validator again
-            object.__setattr__(self, "scorer", DRAFTER_DEFAULT_SCORER)
         return self
 
-    # Derived paths and addresses ---------------------------------------------------------------------------
-    @property
-    def hosts(self) -> list[str]:
-        """``--host 127.0.0.1,::1`` → ["127.0.0.1", "::1"]: one listening socket each."""
-        return split_hosts(self.host)
+    def pipeline(self, spread: str | float) -> CompressionSettings:
+        """The compress package's settings for these options; ``spread``: the flat gate's threshold when
+        ``--fallback-spread`` is not given (the scorer's own curve)."""
+        return CompressionSettings(
+            threshold=self.threshold, curve=BudgetCurve.parse(self.prefill_curve), query_pin=self.query_pin,
+            fallback_spread=self.fallback_spread if self.fallback_spread is not None else spread, theta=self.theta,
+            recall_budget=self.recall_budget, min_segment=self.min_segment, max_segment=self.max_segment)
 
-    @property
-    def tcp_hosts(self) -> list[str]:
-        return [h for h in self.hosts if not h.endswith(".sock")]
 
-    @property
-    def unix_paths(self) -> list[str]:
-        return [h for h in self.hosts if h.endswith(".sock")]
+class DrafterOptions(Options):
+    """A small model that scores units for the attention and head scorers, and its probe files."""
 
-    @property
-    def local_url(self) -> str:
-        """The URL this machine's commands (``stats``, ``warm``, ``show``) reach the proxy at: its first TCP
-        address (a wildcard address through the loopback of its family)."""
-        host = (self.tcp_hosts or ["127.0.0.1"])[0]
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-        return f"http://{format_host(host)}:{self.port}"
+    path: Path | None = Field(None, alias="drafter")
+    drafter_gpu_layers: int = 0
+    drafter_threads: int = Field(2, ge=1)
+    drafter_ctx: int = Field(32768, ge=512)
+    drafter_cache_mb: int = Field(512, ge=0)
+    drafter_timeout_s: float = Field(120, gt=0)
+    attention_heads: str = "auto"
+    segment_probe: Path | None = None
+    request_probe: Path | None = None
+    scoring_head: Path | None = None
 
+    @field_validator("attention_heads")
+    @classmethod
+    def _heads(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("auto", "all"):
+            return v
+        try:
+            parse_heads(v)
+        except ValueError:
+            raise ValueError("expected 'auto', 'all' or LAYER.HEAD pairs like '5.0,11.2'") from None
+        return v
+
+
+class InspectorOptions(Options):
+    """Who may read the inspector (/pflash/ui) and /pflash/*."""
+
+    public_host: list[str] = Field(default_factory=list)  # Host names /pflash/* answers besides loopback ones
+    api_key: str | None = None  # lets non-loopback clients read the inspector (Authorization: Bearer)
+
+    @field_validator("public_host", mode="before")
+    @classmethod
+    def _public_hosts(cls, v: Any) -> list[str]:
+        items = [v] if isinstance(v, str) else list(v or [])
+        out = []
+        for item in items:
+            if not isinstance(item, str):
+                raise ValueError("expected host names")
+            for name in item.split(","):
+                name = name.strip().lower().rstrip(".")
+                if name:
+                    if not PUBLIC_HOST.match(name):
+                        raise ValueError(f"{name!r} is not a host name (give it without scheme or port)")
+                    out.append(name.removeprefix("[").removesuffix("]"))
+        return out
+
+
+# The groups, in the order of ``serve --help``: attribute of ``Settings`` → its model.
+GROUPS: dict[str, type[Options]] = {
+    "proxy": ProxyOptions, "upstream": UpstreamOptions, "sessions": SessionOptions,
+    "compression": CompressionOptions, "drafter": DrafterOptions, "limits": LimitOptions,
+    "cluster": ClusterOptions, "inspector": InspectorOptions,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its name (``--NAME``, ``PFLASH_NAME``, ``NAME =`` in TOML), its group and field there."""
+
+    name: str
+    group: str
+    field: str
+    info: FieldInfo
+
+
+def _options() -> dict[str, Option]:
+    out: dict[str, Option] = {}
+    for group, model in GROUPS.items():
+        for field, info in model.model_fields.items():
+            name = info.alias or field
+            if name in out or name in GROUPS and name != group:
+                raise RuntimeError(f"option {name!r} is defined twice")  # pragma: no cover - a coding error
+            out[name] = Option(name, group, field, info)
+    return out
+
+
+OPTIONS: dict[str, Option] = _options()  # every option by its name, in groups' order
+FIELDS = set(OPTIONS)  # the option names
+
+
+def _values(options: BaseModel) -> dict[str, Any]:
+    """A group's values by option name, for a copy: all of them but a scorer not given (a drafter's default,
+    derived again)."""
+    values = options.model_dump(by_alias=True)
+    if isinstance(options, CompressionOptions) and "scorer" not in options.model_fields_set:
+        values.pop("scorer")
+    return values
+
+
+class Settings(BaseModel):
+    """All settings, one group per concern (``GROUPS``). Built from groups (``Settings(compression=...)``) or from
+    option names (``Settings(upstream="http://...", threshold=8192)``: each goes into its group)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    proxy: ProxyOptions = Field(default_factory=ProxyOptions)
+    upstream: UpstreamOptions = Field(default_factory=UpstreamOptions)
+    sessions: SessionOptions = Field(default_factory=SessionOptions)
+    compression: CompressionOptions = Field(default_factory=CompressionOptions)
+    drafter: DrafterOptions = Field(default_factory=DrafterOptions)
+    limits: LimitOptions = Field(default_factory=LimitOptions)
+    cluster: ClusterOptions = Field(default_factory=ClusterOptions)
+    inspector: InspectorOptions = Field(default_factory=InspectorOptions)
+
+    def __init__(self, **options: Any) -> None:  # groups, or options by name (``_by_option_name``)
+        super().__init__(**options)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _by_option_name(cls, data: Any) -> Any:
+        """Option names given flat go into their group (``threshold=`` → ``compression``); a group given whole
+        (a model or a mapping) is taken as it is, with any of its options also given flat on top."""
+        if not isinstance(data, Mapping):
+            return data
+        out: dict[str, Any] = {}
+        flat: dict[str, dict[str, Any]] = {}
+        for key, value in data.items():
+            if key in GROUPS and isinstance(value, (Mapping, BaseModel)):
+                out[key] = value
+            elif key in OPTIONS:
+                flat.setdefault(OPTIONS[key].group, {})[key] = value
+            else:
+                out[key] = value  # refused below (extra="forbid")
+        for group, values in flat.items():
+            base = out.get(group)
+            out[group] = {**(_values(base) if isinstance(base, BaseModel) else base or {}), **values}
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if not self.upstream.spawn and not self.upstream.url:
+            raise ValueError("upstream: give --upstream URL or --spawn")
+        if self.upstream.spawn and self.upstream.url:
+            raise ValueError("upstream: --upstream and --spawn are exclusive")
+        if self.drafter.path is not None and "scorer" not in self.compression.model_fields_set:
+            # a drafter without an explicit --scorer gets DRAFTER_DEFAULT_SCORER (README, Benchmarks), in a copy
+            # (the group given may be shared) that still counts the scorer as not given
+            compression = self.compression.model_copy()
+            object.__setattr__(compression, "scorer", DRAFTER_DEFAULT_SCORER)
+            object.__setattr__(self, "compression", compression)  # assignment validation would rerun this
+        return self
+
+    def with_options(self, **options: Any) -> Settings:
+        """A copy with the options named (flat names, as for the constructor) replaced, validated again."""
+        given = {g: _values(getattr(self, g)) for g in GROUPS}
+        for name, value in options.items():
+            if name not in OPTIONS:
+                raise ValueError(f"{name}: unknown option")
+            given[OPTIONS[name].group][name] = value
+        return Settings(**given)
+
+    # Derived from several groups -----------------------------------------------------------------------------
     @property
     def effective_node_id(self) -> str:
-        return self.node_id or f"{socket.gethostname()}:{self.port}"
+        return self.cluster.node_id or f"{socket.gethostname()}:{self.proxy.port}"
 
     @property
     def effective_advertise_url(self) -> str:
         """The URL other nodes reach this one at: ``--advertise-url``, else the first TCP address (a wildcard
         address named by the host name)."""
-        if self.advertise_url:
-            return self.advertise_url
-        host = (self.tcp_hosts or ["127.0.0.1"])[0]
+        if self.cluster.advertise_url:
+            return self.cluster.advertise_url
+        host = (self.proxy.tcp_hosts or ["127.0.0.1"])[0]
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
-        return f"http://{format_host(host)}:{self.port}"
+        return f"http://{format_host(host)}:{self.proxy.port}"
 
     @property
     def effective_slot_save_path(self) -> Path:
-        return (self.slot_save_path or self.home / "slots").expanduser()
-
-    @property
-    def max_body_bytes(self) -> int:
-        return int(self.max_body_mb * 1024 * 1024)
-
-
-FIELDS = set(Settings.model_fields)
+        return (self.sessions.slot_save_path or self.proxy.home / "slots").expanduser()
 
 
 # PFLASH_* variables that are not settings: set-up, tests and benches read them
 NON_SETTING_ENV = {"PFLASH_CONFIG", "PFLASH_TEST_MODEL_DIR", "PFLASH_WHEELHOUSE", "PFLASH_AGENTS_CACHE"}
 _WARNED: set[str] = set()
+# Options that no longer exist, with why: a configuration file naming one still loads (one line on stderr)
+REMOVED = {"cold_history": "an uncached earlier history is always prefilled as it is (its one value, raw)"}
 
 
 def _warn_unknown(key: str) -> None:
@@ -371,6 +513,12 @@ def _warn_unknown(key: str) -> None:
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     print(f"pflash-proxy: ignoring unknown environment variable {key}{hint}", file=sys.stderr)
+
+
+def _warn_removed(key: str, path: Path) -> None:
+    import sys
+
+    print(f"pflash-proxy: ignoring {key} in {path}: the option was removed ({REMOVED[key]})", file=sys.stderr)
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
@@ -424,6 +572,9 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
         for key, value in _flatten_toml(data).items():
+            if key in REMOVED:
+                _warn_removed(key, path)
+                continue
             if key not in FIELDS:
                 raise ConfigError(f"{key}: unknown option in {path}")
             merged[key] = value
@@ -440,9 +591,12 @@ def load_settings(
         return Settings(**merged)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or _option_from_msg(err["msg"])
+        parts = [str(p) for p in err["loc"]]
+        if parts and parts[0] in GROUPS:  # (group, option, ...): the option names it
+            parts = parts[1:2]
+        loc = ".".join(parts) or _option_from_msg(err["msg"])
         msg = err["msg"].removeprefix("Value error, ")
-        if not err["loc"] and ":" in msg:
+        if not parts and ":" in msg:
             loc, msg = msg.split(":", 1)
             msg = msg.strip()
         source = sources.get(loc)

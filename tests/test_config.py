@@ -17,18 +17,20 @@ def test_precedence_cli_over_env_over_file(tmp_path):
     f = write(tmp_path, 'upstream = "http://file:1"\n[proxy]\nport = 1111\nhost = "0.0.0.0"\n[compression]\nthreshold = 7\n')
     env = {"PFLASH_PORT": "2222", "PFLASH_THRESHOLD": "8"}
     s = load_settings({"port": "3333"}, environ=env, config_file=f)
-    assert s.port == 3333 and s.threshold == 8 and s.host == "0.0.0.0" and s.upstream == "http://file:1"
+    assert s.proxy.port == 3333 and s.compression.threshold == 8 and s.proxy.host == "0.0.0.0"
+    assert s.upstream.url == "http://file:1"
     s = load_settings({}, environ=env, config_file=f)
-    assert s.port == 2222
+    assert s.proxy.port == 2222
 
 
 def test_seed_variable_names_are_accepted(tmp_path):
     env = {"PFLASH_UPSTREAM": "http://x:1", "PFLASH_FALLBACK_SPREAD": "0.2", "PFLASH_QUERY_PIN": "64",
            "PFLASH_CHAT_RECALL": "0.05", "PFLASH_SEGMENT_PROBE_GGUF": "/p.gguf"}
     s = load_settings({}, environ=env)
-    assert s.fallback_spread == 0.2 and s.query_pin == 64 and s.theta == 0.05 and s.chat_recall
-    assert str(s.segment_probe) == "/p.gguf"
-    assert not load_settings({}, environ={**env, "PFLASH_CHAT_RECALL": "0"}).chat_recall
+    c = s.compression
+    assert c.fallback_spread == 0.2 and c.query_pin == 64 and c.theta == 0.05 and c.chat_recall
+    assert str(s.drafter.segment_probe) == "/p.gguf"
+    assert not load_settings({}, environ={**env, "PFLASH_CHAT_RECALL": "0"}).compression.chat_recall
 
 
 @pytest.mark.parametrize("cli,env,needle", [
@@ -58,32 +60,36 @@ def test_state_home_follows_env_at_call_time(monkeypatch, tmp_path):
     monkeypatch.setenv("PFLASH_HOME", str(tmp_path / "a"))
     assert state_home() == tmp_path / "a"
     monkeypatch.setenv("PFLASH_HOME", str(tmp_path / "b"))
-    assert load_settings({"upstream": "http://x:1"}, environ={"PFLASH_HOME": str(tmp_path / "b")}).home == tmp_path / "b"
+    assert load_settings({"upstream": "http://x:1"}, environ={"PFLASH_HOME": str(tmp_path / "b")}).proxy.home \
+        == tmp_path / "b"
 
 
 def test_example_config_file_is_valid():
     from pathlib import Path
 
     s = load_settings({}, environ={}, config_file=Path(__file__).parent.parent / "configs" / "pflash-proxy.toml")
-    assert s.threshold == 16384 and s.prefill_curve.startswith("16384:0.315")
+    assert s.compression.threshold == 16384 and s.compression.prefill_curve.startswith("16384:0.315")
 
 
 def test_attention_heads_accept_auto_all_and_layer_head_pairs():
     from pflash_proxy.config import parse_heads
     base = {"upstream": "http://x:1"}
-    assert load_settings(base, environ={}).attention_heads == "auto"
-    assert load_settings({**base, "attention_heads": "ALL"}, environ={}).attention_heads == "all"
-    assert parse_heads(load_settings({**base, "attention_heads": "5.0, 11.2"}, environ={}).attention_heads) \
+    assert load_settings(base, environ={}).drafter.attention_heads == "auto"
+    assert load_settings({**base, "attention_heads": "ALL"}, environ={}).drafter.attention_heads == "all"
+    assert parse_heads(load_settings({**base, "attention_heads": "5.0, 11.2"}, environ={}).drafter.attention_heads) \
         == [(5, 0), (11, 2)]
 
 
 def test_a_drafter_without_a_scorer_gets_the_benchs_winner(tmp_path):
     from pflash_proxy.config import DRAFTER_DEFAULT_SCORER
     base = {"upstream": "http://x:1"}
-    assert load_settings(base, environ={}).scorer == "lexical"
-    assert load_settings({**base, "drafter": "/d.gguf"}, environ={}).scorer == DRAFTER_DEFAULT_SCORER
-    assert load_settings({**base, "drafter": "/d.gguf"}, environ={"PFLASH_SCORER": "lexical"}).scorer == "lexical"
-    assert load_settings({**base, "drafter": "/d.gguf", "scorer": "attention"}, environ={}).scorer == "attention"
+    def scorer(cli, env):
+        return load_settings({**base, **cli}, environ=env).compression.scorer
+
+    assert scorer({}, {}) == "lexical"
+    assert scorer({"drafter": "/d.gguf"}, {}) == DRAFTER_DEFAULT_SCORER
+    assert scorer({"drafter": "/d.gguf"}, {"PFLASH_SCORER": "lexical"}) == "lexical"
+    assert scorer({"drafter": "/d.gguf", "scorer": "attention"}, {}) == "attention"
 
 
 def test_state_directories_are_created_or_tightened_to_0700(tmp_path):
@@ -105,8 +111,53 @@ def test_the_documented_toml_names_every_setting():
     import re
     from pathlib import Path
 
-    from pflash_proxy.config import Settings
+    from pflash_proxy.config import OPTIONS
 
     text = (Path(__file__).parent.parent / "configs" / "pflash-proxy.toml").read_text()
     named = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.M)) | set(re.findall(r"([a-z_]+)(?= /| ?:)", text))
-    assert set(Settings.model_fields) <= named, sorted(set(Settings.model_fields) - named)
+    assert set(OPTIONS) <= named, sorted(set(OPTIONS) - named)
+
+
+def test_settings_are_grouped_by_concern_and_built_from_option_names_too(tmp_path):
+    from pflash_proxy.config import GROUPS, OPTIONS, CompressionOptions, Settings
+
+    s = Settings(upstream="http://x:1", threshold=7, drafter=tmp_path / "d.gguf", sessions=False, max_queue=3)
+    assert s.upstream.url == "http://x:1" and s.compression.threshold == 7 and s.drafter.path == tmp_path / "d.gguf"
+    assert not s.sessions.enabled and s.limits.max_queue == 3
+    assert list(GROUPS) == ["proxy", "upstream", "sessions", "compression", "drafter", "limits", "cluster",
+                            "inspector"]
+    assert {o.group for o in OPTIONS.values()} == set(GROUPS)
+    assert sum(len(m.model_fields) for m in GROUPS.values()) == len(OPTIONS)  # each option in one group, once
+    # a group given whole, with its options given flat on top; the group object given is not changed
+    given = CompressionOptions(threshold=9, theta=0.5)
+    s = Settings(upstream="http://x:1", compression=given, threshold=11, drafter="/d.gguf")
+    assert (s.compression.threshold, s.compression.theta, s.compression.scorer) == (11, 0.5, "auto")
+    assert (given.threshold, given.scorer) == (9, "lexical")
+    # a copy with options replaced is validated again; a drafter's default scorer stays a default
+    copy = s.with_options(port=5)
+    assert copy.proxy.port == 5 and copy.compression.scorer == "auto" and "scorer" not in \
+        copy.compression.model_fields_set
+    assert s.with_options(scorer="lexical").compression.scorer == "lexical"
+    with pytest.raises(ValueError, match="threshold"):
+        s.with_options(threshold=0)
+
+
+def test_an_invalid_option_inside_a_group_is_named_by_its_option(tmp_path):
+    for cli, needle in (({"threshold": "0"}, "threshold (from --threshold)"),
+                        ({"min_segment": "600"}, "min_segment (from --min-segment): must be smaller than max_segment"),
+                        ({"public_host": ["http://x"]}, "public_host (from --public-host)"),
+                        ({"port": "0", "host": "127.0.0.1,::1"}, "port (from --port): --port 0 is not supported")):
+        with pytest.raises(ConfigError) as exc:
+            load_settings({"upstream": "http://x:1", **cli}, environ={})
+        assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_the_removed_cold_history_is_gone_from_flags_and_env_and_ignored_in_a_file(tmp_path, capsys):
+    from pflash_proxy.config import OPTIONS, SEED_ENV_ALIASES
+
+    assert "cold_history" not in OPTIONS and "PFLASH_COLD_HISTORY" not in SEED_ENV_ALIASES
+    f = write(tmp_path, 'upstream = "http://x:1"\n[compression]\ncold_history = "raw"\n')
+    assert load_settings({}, environ={}, config_file=f).upstream.url == "http://x:1"
+    assert "ignoring cold_history" in capsys.readouterr().err
+    load_settings({"upstream": "http://x:1"}, environ={"PFLASH_COLD_HISTORY": "raw"})
+    assert "unknown environment variable PFLASH_COLD_HISTORY" in capsys.readouterr().err

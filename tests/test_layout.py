@@ -1,6 +1,7 @@
-"""The package's shape: the contract and the engine seam at the bottom, no lower package reaching up into the
-server, no stage probed for hooks it does not declare, the stage modules gone from the package root, and
-llama-server's wire vocabulary kept to ``llama/`` (no module that does not spell it yet may start to)."""
+"""The package's shape: the contract, the configuration and the engine seam at the bottom, no lower package
+reaching up into the server, no stage probed for hooks it does not declare, the stage modules gone from the
+package root, and llama-server's wire vocabulary kept to ``llama/`` (no module that does not spell it yet may start
+to)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ def test_no_lower_package_imports_the_server():
 def test_the_contract_imports_nothing_of_the_project_at_run_time():
     project = [m for m in _imports(PACKAGE / "contract.py", runtime_only=True) if m.startswith("pflash_proxy")]
     assert project == []
+
+
+def test_the_configuration_imports_only_the_compress_package_of_the_project():
+    """``config`` sits under everything that reads settings: the scorer registry (``stages/``) and the rest above
+    it check their own values; no import of a package above, lazy or not."""
+    project = {m for m in _imports(PACKAGE / "config.py") if m.startswith("pflash_proxy")}
+    above = {m for m in project if not m.startswith("pflash_proxy.compress")}
+    assert above == set(), sorted(above)
 
 
 def test_no_stage_is_probed_for_undeclared_hooks():

@@ -1,6 +1,7 @@
 """Command line: ``pflash-proxy serve|ls|rm|stats|warm|show|bench|train``.
 
-``serve`` flags are generated from the ``Settings`` model so every option has exactly one name:
+``serve`` flags are generated from the groups of ``Settings`` (``config.OPTIONS``; ``serve --help`` shows one
+section per group) so every option has exactly one name:
 ``--prefill-curve`` ↔ ``PFLASH_PREFILL_CURVE`` ↔ ``prefill_curve = ...`` in TOML (one flag has an alias:
 ``--snapshot-every-turn`` for ``--save-every-turn``).  Flags default to
 "not given" so that only what the user typed overrides the environment and the file.  Anything after ``--``
@@ -18,10 +19,11 @@ import typing
 from typing import Any, Sequence
 
 from pflash_proxy import __version__
-from pflash_proxy.config import ConfigError, Settings, format_host, load_settings, private_dir
-from pflash_proxy.stages.scorers import scorer_help
+from pflash_proxy.config import (GROUPS, OPTIONS, CompressionOptions, ConfigError, DrafterOptions, Settings,
+                                 format_host, load_settings, private_dir)
+from pflash_proxy.stages.scorers import SCORER_NAMES, DrafterSetupError, check_scorer, scorer_help
 
-_S = Settings(upstream="http://127.0.0.1:8080")  # the defaults, for the help texts
+_C, _D = CompressionOptions(), DrafterOptions()  # the defaults, for the help texts
 
 _HELP = {
     # proxy
@@ -62,7 +64,8 @@ _HELP = {
                         "line)",
     # sessions and snapshots
     "sessions": "pin conversations to slots and snapshot them to disk; --no-sessions forwards requests as they "
-                "are (default on)",
+                "are: no slot pinning, snapshots or history, and so no compression or recall either (those need "
+                "the session's served history to know which message is new; default on)",
     "slot_save_path": "where slot snapshots go; with --upstream it must be the llama-server's own "
                       "--slot-save-path (default HOME/slots)",
     "max_cache_gb": "bound of the snapshots on disk; the least recently used are evicted beyond it (default 20)",
@@ -83,33 +86,32 @@ _HELP = {
     # compression
     "pflash": "compress a new long message to the budget of --prefill-curve; --no-pflash forwards messages whole "
               "(default on)",
-    "threshold": f"act only on a new message of at least this many tokens (default {_S.threshold})",
+    "threshold": f"act only on a new message of at least this many tokens (default {_C.threshold})",
     "prefill_curve": f"budget ratio curve 'TOKENS:RATIO ...': the share of a message kept by prompt size (default "
-                     f"'{_S.prefill_curve}')",
-    "query_pin": f"tokens at the message's tail (the request) that are always kept (default {_S.query_pin})",
+                     f"'{_C.prefill_curve}')",
+    "query_pin": f"tokens at the message's tail (the request) that are always kept (default {_C.query_pin})",
     "fallback_spread": "serve a message whole when its relevance is flatter than this spread (0-1; default "
-                       f"{_S.fallback_spread})",
+                       f"{_C.fallback_spread})",
     "chat_recall": "bring omitted lines back into a later short question about them (default on)",
-    "theta": f"recall when the omitted share of relevance for a question exceeds this (0-1; default {_S.theta})",
-    "recall_budget": f"tokens of excerpts recall may prepend to a question (default {_S.recall_budget})",
+    "theta": f"recall when the omitted share of relevance for a question exceeds this (0-1; default {_C.theta})",
+    "recall_budget": f"tokens of excerpts recall may prepend to a question (default {_C.recall_budget})",
     "max_prompt_tokens": "refuse (400) a prompt longer than this with compression on (default "
-                         f"{_S.max_prompt_tokens})",
-    "cold_history": "an uncached earlier history: 'raw' prefills it as served (default raw)",
-    "min_segment": f"smallest unit of a message, in tokens (default {_S.min_segment})",
-    "max_segment": f"largest unit of a message, in tokens (default {_S.max_segment})",
+                         f"{_C.max_prompt_tokens})",
+    "min_segment": f"smallest unit of a message, in tokens (default {_C.min_segment})",
+    "max_segment": f"largest unit of a message, in tokens (default {_C.max_segment})",
     "scorer": scorer_help(),  # from the scorer registry (stages/scorers.py)
     "segmenter": "how a message is cut into units: 'heuristic' (lines and blank lines) or 'probe' (a drafter's "
                  "segment probe; default heuristic)",
     # drafter
     "drafter": "a small GGUF (the drafter) whose attention or head scores units, with --scorer attention/head "
                "(default: none, the lexical scorer needs no model)",
-    "drafter_gpu_layers": f"drafter layers on the GPU (default {_S.drafter_gpu_layers})",
-    "drafter_threads": f"CPU threads of the drafter (default {_S.drafter_threads})",
+    "drafter_gpu_layers": f"drafter layers on the GPU (default {_D.drafter_gpu_layers})",
+    "drafter_threads": f"CPU threads of the drafter (default {_D.drafter_threads})",
     "drafter_ctx": f"the drafter's context in tokens; a longer message is scored in windows (default "
-                   f"{_S.drafter_ctx})",
-    "drafter_cache_mb": f"memory for the drafter's cached representations (default {_S.drafter_cache_mb})",
+                   f"{_D.drafter_ctx})",
+    "drafter_cache_mb": f"memory for the drafter's cached representations (default {_D.drafter_cache_mb})",
     "drafter_timeout_s": "a message the drafter has not scored in this many seconds is served whole (default "
-                         f"{_S.drafter_timeout_s:g})",
+                         f"{_D.drafter_timeout_s:g})",
     "attention_heads": "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads "
                        "once, cached in the state directory), 'all' (every head of the global layers) or "
                        "LAYER.HEAD,... (default auto)",
@@ -160,34 +162,26 @@ _HELP = {
                    "pages out (default none; also PFLASH_PUBLIC_HOST, comma-separated)",
 }
 
-# serve --help, by concern: (title, what the group is about, its options); an option of none lands in the last
-SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("proxy", "Where the proxy listens and keeps its state.", ("host", "port", "home", "log_json", "log_level")),
-    ("upstream", "The llama-server behind the proxy: one you run (--upstream) or one it starts (--spawn). Arguments "
-                 "after `--` go to the spawned llama-server as they are, e.g. `pflash-proxy serve --spawn -- "
-                 "--flash-attn on`.",
-     ("upstream", "spawn", "model", "llama_server", "spawn_max_tokens", "parallel", "ctx_size", "spawn_threads",
-      "startup_timeout_s", "upstream_timeout_s", "upstream_wait_s", "upstream_api_key")),
-    ("sessions and snapshots", "Conversations pinned to slots, saved to disk when they lose one and restored "
-                               "when they come back.",
-     ("sessions", "slot_save_path", "max_cache_gb", "save_every_turn", "shutdown_save_timeout_s",
-      "session_ttl_days", "max_sessions", "max_index_mb", "allow_slot_actions", "drop_volatile_lines",
-      "idle_save_s", "idle_save_mb_s", "cache_isolation")),
-    ("compression", "A new long message shortened to a budget before llama-server reads it; omitted lines recalled "
-                    "into later questions.",
-     ("pflash", "threshold", "prefill_curve", "query_pin", "fallback_spread", "chat_recall", "theta",
-      "recall_budget", "max_prompt_tokens", "cold_history", "min_segment", "max_segment", "scorer", "segmenter")),
-    ("drafter", "A small model that scores units for the attention and head scorers (the lexical default needs "
-                "none).",
-     ("drafter", "drafter_gpu_layers", "drafter_threads", "drafter_ctx", "drafter_cache_mb", "drafter_timeout_s",
-      "attention_heads", "segment_probe", "scoring_head", "request_probe")),
-    ("limits", "What one client may hold of the proxy: body sizes, waits, the queue.",
-     ("max_body_mb", "max_pending_mb", "body_timeout_s", "max_queue", "queue_timeout_s", "progress_interval_s")),
-    ("cluster", "Several proxies sharing one session index (docs/scale-out.md).",
-     ("index", "node_id", "advertise_url", "heartbeat_s", "cluster_peers", "cluster_secret")),
-    ("inspector", "The inspector (/pflash/ui) and /pflash/*: who may read them.", ("api_key", "public_host")),
-    ("other", "Options not filed under a concern above.", ()),
-)
+# serve --help, by concern: (title, what the group is about, its options), one per group of ``Settings``
+_GROUP_TEXT: dict[str, tuple[str, str]] = {
+    "proxy": ("proxy", "Where the proxy listens and keeps its state."),
+    "upstream": ("upstream", "The llama-server behind the proxy: one you run (--upstream) or one it starts "
+                 "(--spawn). Arguments after `--` go to the spawned llama-server as they are, e.g. `pflash-proxy "
+                 "serve --spawn -- --flash-attn on`."),
+    "sessions": ("sessions and snapshots", "Conversations pinned to slots, saved to disk when they lose one and "
+                 "restored when they come back."),
+    "compression": ("compression", "A new long message shortened to a budget before llama-server reads it; "
+                    "omitted lines recalled into later questions."),
+    "drafter": ("drafter", "A small model that scores units for the attention and head scorers (the lexical "
+                "default needs none)."),
+    "limits": ("limits", "What one client may hold of the proxy: body sizes, waits, the queue."),
+    "cluster": ("cluster", "Several proxies sharing one session index (docs/scale-out.md)."),
+    "inspector": ("inspector", "The inspector (/pflash/ui) and /pflash/*: who may read them."),
+}
+SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (*_GROUP_TEXT[group], tuple(o.name for o in OPTIONS.values() if o.group == group and o.name != "llama_server_args"))
+    for group in GROUPS)
+_CHOICES: dict[str, tuple[str, ...]] = {"scorer": SCORER_NAMES}  # options whose values a registry above names
 
 _ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name docs/scale-out.md uses
 
@@ -195,7 +189,7 @@ _ALIASES = {"save_every_turn": ("--snapshot-every-turn",)}  # the name docs/scal
 def option_help(name: str) -> str:
     """An option's help with its default shown: booleans say "(flag)" and their default, others "(default: …)"
     unless the text already names its default."""
-    field = Settings.model_fields[name]
+    field = OPTIONS[name].info
     text = _HELP.get(name) or name.replace("_", " ")
     if field.annotation is bool:
         return f"{text} (flag)" if "default" in text else f"{text} (flag; default {'on' if field.default else 'off'})"
@@ -206,29 +200,22 @@ def option_help(name: str) -> str:
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    groups: dict[str, Any] = {}
-    where = {name: title for title, _, names in SERVE_GROUPS for name in names}
-    described = {title: description for title, description, _ in SERVE_GROUPS}
-    for title in described:  # in this order; "other" only when an option is in no group
-        if title != "other":
-            groups[title] = parser.add_argument_group(title, described[title])
-    for name, field in Settings.model_fields.items():
-        if name == "llama_server_args":
-            continue
-        title = where.get(name, "other")
-        if title not in groups:
-            groups[title] = parser.add_argument_group(title, described[title])
-        group = groups[title]
-        flag = "--" + name.replace("_", "-")
-        flags = [flag, *_ALIASES.get(name, ())]
-        ann = field.annotation
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": option_help(name)}
-        if ann is bool:
-            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
-        elif typing.get_origin(ann) is list:  # repeatable: --public-host a --public-host b
-            group.add_argument(flag, action="append", metavar="NAME", **kwargs)
-        else:
-            group.add_argument(*flags, metavar=_metavar(ann), **kwargs)
+    for title, description, names in SERVE_GROUPS:
+        group = parser.add_argument_group(title, description)
+        for name in names:
+            flag = "--" + name.replace("_", "-")
+            flags = [flag, *_ALIASES.get(name, ())]
+            ann = OPTIONS[name].info.annotation
+            kwargs: dict[str, Any] = {"dest": name, "default": None, "help": option_help(name)}
+            if ann is bool:
+                group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
+            elif typing.get_origin(ann) is list:  # repeatable: --public-host a --public-host b
+                group.add_argument(flag, action="append", metavar="NAME", **kwargs)
+            elif name in _CHOICES:
+                choices = _CHOICES[name]
+                group.add_argument(*flags, choices=choices, metavar="{" + ",".join(choices) + "}", **kwargs)
+            else:
+                group.add_argument(*flags, metavar=_metavar(ann), **kwargs)
 
 
 def _metavar(ann: Any) -> str:
@@ -329,12 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
             return 2
-    cli = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    cli = {k: v for k, v in vars(args).items() if k in OPTIONS}
     if extra:
         cli["llama_server_args"] = extra
     try:
         if args.command == "serve":
             settings = load_settings(cli, config_file=args.config)
+            check_scorer(settings.compression.scorer)  # the registry's names, known here and not in config
             return serve(settings)
         settings = _loose_settings(args)
         if args.command == "show":
@@ -344,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pflash_proxy.cli import admin
 
         return admin.run(args, settings)
-    except ConfigError as exc:
+    except (ConfigError, DrafterSetupError) as exc:
         print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
         return 2
 
@@ -365,22 +353,22 @@ def serve(settings: Settings) -> int:
 
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
-    from pflash_proxy.stages.scorers import DrafterSetupError
     from pflash_proxy.llama.spawn import SpawnError
 
-    setup_logging(settings.log_level, settings.log_json)
-    private_dir(settings.home)
+    proxy = settings.proxy
+    setup_logging(proxy.log_level, proxy.log_json)
+    private_dir(proxy.home)
     try:  # before anything starts: a port in use is one line and exit 1, never a start-up to unwind
-        socks = bind_tcp(settings.tcp_hosts, settings.port)
+        socks = bind_tcp(proxy.tcp_hosts, proxy.port)
     except OSError as exc:
-        where = ", ".join(f"{h}:{settings.port}" for h in settings.tcp_hosts)
+        where = ", ".join(f"{h}:{proxy.port}" for h in proxy.tcp_hosts)
         print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     app = create_app(settings)
 
-    port = socks[0].getsockname()[1] if socks else settings.port  # the one bound, also for --port 0
-    listen = [f"http://{format_host(h)}:{port}" for h in settings.tcp_hosts] + \
-        [f"unix://{p}" for p in settings.unix_paths]
+    port = socks[0].getsockname()[1] if socks else proxy.port  # the one bound, also for --port 0
+    listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
+        [f"unix://{p}" for p in proxy.unix_paths]
 
     def announce(_: str) -> None:
         print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)
@@ -395,8 +383,8 @@ def serve(settings: Settings) -> int:
     try:
         # one site per bound TCP socket (IPv6 ones IPv6-only, as llama-server binds several), one UnixSite per
         # .sock; no port: run_app would add a TCPSite on every interface
-        web.run_app(app, sock=socks or None, path=settings.unix_paths or None, print=announce, access_log=None,
-                    shutdown_timeout=settings.shutdown_save_timeout_s, handler_cancellation=True, loop=loop)
+        web.run_app(app, sock=socks or None, path=proxy.unix_paths or None, print=announce, access_log=None,
+                    shutdown_timeout=settings.sessions.shutdown_save_timeout_s, handler_cancellation=True, loop=loop)
     except SpawnError as exc:
         print(f"pflash-proxy: cannot start llama-server: {exc}", file=sys.stderr)
         return 1
@@ -404,7 +392,7 @@ def serve(settings: Settings) -> int:
         print(f"pflash-proxy: invalid configuration: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the listening socket: address in use, permission denied, no such address
-        where = ", ".join([f"{h}:{settings.port}" for h in settings.tcp_hosts] + settings.unix_paths)
+        where = ", ".join([f"{h}:{proxy.port}" for h in proxy.tcp_hosts] + proxy.unix_paths)
         print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

@@ -28,7 +28,7 @@ def _store_and_snapshots(settings: Settings):
     from pflash_proxy.sessions.index import open_index
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
-    store = open_index(settings.home, settings.index)
+    store = open_index(settings.proxy.home, settings.cluster.index)
     return store, SnapshotManager(store, Upstream(None), settings.effective_slot_save_path, 0)
 
 
@@ -81,7 +81,7 @@ def cmd_rm(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _proxy_url(args: argparse.Namespace, settings: Settings) -> str:
-    return (getattr(args, "url", None) or settings.local_url).rstrip("/")
+    return (getattr(args, "url", None) or settings.proxy.local_url).rstrip("/")
 
 
 def _http(method: str, url: str, payload: dict | None = None, timeout: float = 3600) -> dict:

@@ -41,8 +41,8 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace, settings: Any) -> int:
-    base = (args.url or settings.local_url).rstrip("/")
-    key = args.key or settings.api_key  # settings.api_key: PFLASH_API_KEY or the configuration file
+    base = (args.url or settings.proxy.local_url).rstrip("/")
+    key = args.key or settings.inspector.api_key  # the inspector key: PFLASH_API_KEY or the configuration file
     try:
         if not args.session:
             data = get(base, "/pflash/api/sessions", key)

@@ -136,8 +136,9 @@ def serve_command(settings: Settings, args: argparse.Namespace, port: int) -> li
 def start_proxy(settings: Settings, args: argparse.Namespace) -> StartedProxy:
     from pflash_proxy.llama.spawn import die_with_parent, free_port
 
-    port = settings.port if settings.port and port_free("127.0.0.1", settings.port) else free_port()
-    home = private_dir(settings.home)
+    wanted = settings.proxy.port
+    port = wanted if wanted and port_free("127.0.0.1", wanted) else free_port()
+    home = private_dir(settings.proxy.home)
     log_path = home / "wrap-serve.log"
     with open(log_path, "ab") as logf:
         # a session of its own: the terminal's Ctrl-C reaches the agent, and this process stops the proxy after it
@@ -326,8 +327,8 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
     previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         binary = find_agent(args.agent, environ)
-        url = (args.url or settings.local_url).rstrip("/")
-        timeout_s = args.startup_timeout_s or settings.startup_timeout_s + 60
+        url = (args.url or settings.proxy.local_url).rstrip("/")
+        timeout_s = args.startup_timeout_s or settings.upstream.startup_timeout_s + 60
         state = probe(url)
         if state in ("absent", "other"):
             if not (args.spawn or args.upstream):

@@ -155,7 +155,7 @@ def _gives(args: Sequence[str], *flags: str) -> bool:
 def turn_flags(settings: Settings, facts: ModelFacts) -> list[str]:
     """The end-of-turn stops and the generation cap for this model (module docstring, steps 2 and 3)."""
     args: list[str] = []
-    user = settings.llama_server_args
+    user = settings.upstream.llama_server_args
     if not facts.chat_template and not facts.chatml_end_token and \
             not _gives(user, "--chat-template", "--chat-template-file"):
         for stop in CHATML_STOPS:
@@ -168,7 +168,7 @@ def turn_flags(settings: Settings, facts: ModelFacts) -> list[str]:
 
 def generation_cap(settings: Settings, facts: ModelFacts) -> int:
     """The spawned server's ``-n`` (module docstring, step 3); 0 = none."""
-    cap = settings.spawn_max_tokens
+    cap = settings.upstream.spawn_max_tokens
     if cap is None:
         cap = BASE_MODEL_MAX_TOKENS if not facts.chat_template else 0
     return cap
@@ -200,13 +200,13 @@ def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
 def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: bool,
                 turn: Sequence[str] = ()) -> list[str]:
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(settings.parallel), "-c", str(settings.ctx_size), *SAFE_FLAGS,
+            "-np", str(settings.upstream.parallel), "-c", str(settings.upstream.ctx_size), *SAFE_FLAGS,
             "--slot-save-path", str(settings.effective_slot_save_path)]
     if swa:
         args.append("--swa-full")
-    if settings.spawn_threads:
-        args += ["-t", str(settings.spawn_threads)]
-    return args + list(turn) + list(settings.llama_server_args)
+    if settings.upstream.spawn_threads:
+        args += ["-t", str(settings.upstream.spawn_threads)]
+    return args + list(turn) + list(settings.upstream.llama_server_args)
 
 
 class LlamaServerSupervisor:
@@ -219,14 +219,14 @@ class LlamaServerSupervisor:
         self.restarts = 0
         self._stopping = False
         self._monitor: asyncio.Task | None = None
-        self.log_path = settings.home / "llama-server.log"
+        self.log_path = settings.proxy.home / "llama-server.log"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        binary = find_llama_server(self.settings.llama_server)
-        model = self.settings.model
+        binary = find_llama_server(self.settings.upstream.llama_server)
+        model = self.settings.upstream.model
         if model is None:
-            model = await loop.run_in_executor(None, default_model, self.settings.home)
+            model = await loop.run_in_executor(None, default_model, self.settings.proxy.home)
         if not Path(model).is_file():
             raise SpawnError(f"model: {model} does not exist")
         self.model = Path(model)
@@ -239,7 +239,7 @@ class LlamaServerSupervisor:
         self.upstream.turn_cap = turn_cap(self.settings, facts)
         self.upstream.set_ready(False, "llama-server is starting")
         await self._launch()
-        await self._wait_healthy(self.settings.startup_timeout_s)
+        await self._wait_healthy(self.settings.upstream.startup_timeout_s)
         self._monitor = asyncio.create_task(self._supervise())
 
     async def _launch(self) -> None:
@@ -281,7 +281,7 @@ class LlamaServerSupervisor:
             await asyncio.sleep(backoff)
             try:
                 await self._launch()
-                await self._wait_healthy(self.settings.startup_timeout_s)
+                await self._wait_healthy(self.settings.upstream.startup_timeout_s)
                 backoff = 1.0
             except (SpawnError, OSError) as exc:
                 log.error("llama-server restart failed: %s", exc)

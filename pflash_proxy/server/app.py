@@ -39,24 +39,25 @@ log = logging.getLogger("pflash_proxy.app")
 def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
     # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
-    app = web.Application(client_max_size=settings.max_body_bytes,
+    app = web.Application(client_max_size=settings.limits.max_body_bytes,
                           middlewares=[gate_middleware_factory(), error_middleware_factory()])
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app[METRICS].bind(lambda: collect_stats(app))
-    app[UPSTREAM] = Upstream(settings.upstream, read_timeout_s=settings.upstream_timeout_s,
-                             api_key=settings.upstream_api_key, wait_s=settings.upstream_wait_s)
+    up = settings.upstream
+    app[UPSTREAM] = Upstream(up.url, read_timeout_s=up.upstream_timeout_s, api_key=up.upstream_api_key,
+                             wait_s=up.upstream_wait_s)
     app[SUPERVISOR] = None
-    app[BODIES] = BodyBudget(int(settings.max_pending_mb * 2**20))
+    app[BODIES] = BodyBudget(int(settings.limits.max_pending_mb * 2**20))
     app[STREAMS] = set()
     app[PEERS] = {}
     app.on_cleanup.append(close_peers)
     app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
-    steps = [_upstream_ctx, *([_spawn_ctx] if settings.spawn else []), _stages_ctx(stages)]
+    steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))
     add_routes(app)
-    app[API_KEY] = settings.api_key
+    app[API_KEY] = settings.inspector.api_key
     pipeline = app[PIPELINE]
     app.add_subapp(PREFIX, create_inspector(InspectorViews(  # /pflash/ui and /pflash/api (loopback or --api-key)
         upstream=app[UPSTREAM], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app))))
@@ -85,7 +86,7 @@ async def _end_streams_before_the_deadline(app: web.Application) -> None:
     def cancel() -> None:
         for task in list(streams):
             task.cancel()
-    asyncio.get_running_loop().call_later(max(0.0, app[SETTINGS].shutdown_save_timeout_s - 0.5), cancel)
+    asyncio.get_running_loop().call_later(max(0.0, app[SETTINGS].sessions.shutdown_save_timeout_s - 0.5), cancel)
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

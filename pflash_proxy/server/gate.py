@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -36,6 +36,8 @@ from pflash_proxy.server.keys import SETTINGS
 
 if TYPE_CHECKING:
     from aiohttp.typedefs import Handler, Middleware
+
+    from pflash_proxy.config import Settings
 
 SLASH_OK = ("/", "/pflash/ui/")  # trailing slashes the proxy itself serves
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")
@@ -90,20 +92,20 @@ def host_name(value: str) -> str | None:
     return name or None
 
 
-def local_host(name: str, settings: Any) -> bool:
+def local_host(name: str, settings: Settings) -> bool:
     """Whether ``/pflash/*`` answers under Host ``name``: a loopback name or address, an address the proxy
     listens on, or a ``--public-host``."""
     from pflash_proxy.inspector.routes import is_loopback
 
     if name == "localhost" or is_loopback(name):
         return True
-    if name in settings.public_host:
+    if name in settings.inspector.public_host:
         return True
     try:
         ipaddress.ip_address(name)
     except ValueError:
         return False
-    return name in {h.lower() for h in settings.tcp_hosts if h not in ("0.0.0.0", "::")}
+    return name in {h.lower() for h in settings.proxy.tcp_hosts if h not in ("0.0.0.0", "::")}
 
 
 def refuse_path(raw_path: str, problem: str) -> web.Response:

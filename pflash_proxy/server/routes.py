@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, dialect_for, holds_surrogate, stream_style_for
+from pflash_proxy.config import Settings
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
@@ -58,8 +59,8 @@ GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
 
 async def read_body(request: web.Request) -> bytes:
     """The body, bounded in size, in bytes held across requests and in time (``server/bodies.py``)."""
-    settings = request.app[SETTINGS]
-    return await read_bounded(request, request.app[BODIES], settings.max_body_bytes, settings.body_timeout_s)
+    limits = request.app[SETTINGS].limits
+    return await read_bounded(request, request.app[BODIES], limits.max_body_bytes, limits.body_timeout_s)
 
 
 def _path_qs(request: web.Request) -> str:
@@ -168,7 +169,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         else:
             req = parse_request(request, raw, dialect, app[SETTINGS])
         try:
-            prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
+            prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
             if req.forward_to is not None:  # another node holds the session (sessions/cluster.py)
                 forwarded = await forward_to_node(request, req, style, prepared)
                 if forwarded is not None:
@@ -176,7 +177,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                     status = result.status
                     return resp
                 await pipeline.finish(req)  # that node is gone: the stages run again and serve it here
-                prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].progress_interval_s)
+                prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
         except ProxyError as exc:
             if req.state.get(PROGRESS_STARTED) is None:
                 raise
@@ -233,12 +234,12 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, p
     peer = peers.get(url)
     if peer is None:
         settings = request.app[SETTINGS]
-        peer = Upstream(url, read_timeout_s=settings.upstream_timeout_s + settings.queue_timeout_s,
+        peer = Upstream(url, read_timeout_s=settings.upstream.upstream_timeout_s + settings.limits.queue_timeout_s,
                         connect_timeout_s=5, wait_s=0)
         await peer.start()
         peers[url] = peer
     via = req.response_headers.get(VIA_HEADER, "")
-    secret = request.app[SETTINGS].cluster_secret
+    secret = request.app[SETTINGS].cluster.cluster_secret
     mark = sign_forward(secret, via, request.method, req.path_qs, req.raw_body, time.time()) if secret and via \
         else via or "1"  # without a secret the receiver honours no mark: it finds itself the holder and serves
     headers = [*forwardable_headers(request.headers), (FORWARDED_HEADER, mark)]
@@ -262,7 +263,7 @@ async def close_peers(app: web.Application) -> None:
         await peer.close()
 
 
-def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Any) -> ProxyRequest:
+def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Settings) -> ProxyRequest:
     """The body as JSON (400 otherwise), checked, typed and, on the conversation routes, translated into the
     internal conversation by the route's dialect."""
     try:
@@ -286,11 +287,11 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise BadRequest(f"invalid request: {where}: {err['msg']}", code="invalid_request") from exc
-    cleaned = dialect.prepare(body, settings.drop_volatile_lines) if dialect is not None else None
+    cleaned = dialect.prepare(body, settings.sessions.drop_volatile_lines) if dialect is not None else None
     req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, cleaned or body, model)
     forwarded = request.headers.getall(FORWARDED_HEADER, [])
     if forwarded:  # another node's turn, when it is signed with the shared secret; a client's own is ignored
-        req.forwarded_by = verify_forward(settings.cluster_secret, forwarded, request.method, req.path_qs, raw,
+        req.forwarded_by = verify_forward(settings.cluster.cluster_secret, forwarded, request.method, req.path_qs, raw,
                                           time.time())
         if req.forwarded_by is None:
             log.warning("ignoring an %s header that is not signed by a cluster node", FORWARDED_HEADER)
@@ -353,7 +354,7 @@ def add_routes(app: web.Application) -> None:
 async def slot_action(request: web.Request) -> web.StreamResponse:
     """Clients' slot actions overwrite what the proxy keeps in a slot: refused (403) unless allowed, and then
     run under a lease of that very slot, after which the table no longer claims to know its content."""
-    if not request.app[SETTINGS].allow_slot_actions:
+    if not request.app[SETTINGS].sessions.allow_slot_actions:
         return error_response(403, "slot actions are reserved to the proxy, which manages the slots' contents "
                                    "(start it with --allow-slot-actions to pass them through)", "slot_actions_refused",
                               "permission_error")

@@ -102,14 +102,14 @@ class Turn:
 
 class ClusterNode:
     def __init__(self, settings: Settings, index: ClusterIndex):
-        self.settings = settings
+        self.queue_timeout_s = settings.limits.queue_timeout_s  # a turn lease is waited for as long as a slot
         self.index = index
         self.node_id = settings.effective_node_id
         self.url = settings.effective_advertise_url
-        self.secret = settings.cluster_secret
-        self.peers = {u.rstrip("/") for u in settings.cluster_peers}
-        self.period = settings.heartbeat_s
-        self.ttl_ms = int(settings.heartbeat_s * HEARTBEAT_PERIODS * 1000)
+        self.secret = settings.cluster.cluster_secret
+        self.peers = {u.rstrip("/") for u in settings.cluster.cluster_peers}
+        self.period = settings.cluster.heartbeat_s
+        self.ttl_ms = int(settings.cluster.heartbeat_s * HEARTBEAT_PERIODS * 1000)
         self.tag = re.sub(r"[^A-Za-z0-9]", "_", self.node_id)[:40]  # this node's temporary snapshot names
         self.live: dict[str, str] = {}  # the nodes whose heartbeat lasted at the last beat
         self._suspect: dict[str, float] = {}  # node -> monotonic time until which it is passed over
@@ -208,7 +208,7 @@ class ClusterNode:
     async def begin_turn(self, sid: str) -> Turn:
         """Hold the session's turn lease (waiting while another node holds it), renewed until ``end_turn``."""
         token = f"{self.node_id}/{uuid.uuid4().hex[:12]}"
-        timeout = self.settings.queue_timeout_s or float("inf")
+        timeout = self.queue_timeout_s or float("inf")
         deadline = time.monotonic() + timeout
         waited = False
         while not await self._run(self.index.acquire_turn, sid, token, self.ttl_ms):

@@ -38,7 +38,8 @@ log = logging.getLogger("pflash_proxy.sessions")
 class UpstreamWatch:
     def __init__(self, settings: Settings, upstream: Upstream, on_ready: Callable[[int], None],
                  on_restart: Callable[[str], None]):
-        self.settings = settings
+        self.settings = settings.upstream  # whether the proxy spawned llama-server
+        self.slot_save_path = settings.effective_slot_save_path
         self.upstream = upstream
         self.model_identity = ""
         self.identity_info: dict[str, Any] = {}
@@ -121,7 +122,7 @@ class UpstreamWatch:
         if status == 501:
             notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
         elif status != 400:
-            unverified.append(f"--slot-save-path {self.settings.effective_slot_save_path}")
+            unverified.append(f"--slot-save-path {self.slot_save_path}")
         if props.get("endpoint_slots") is False:
             notes.append("/slots is disabled, so a hit is checked only by cache_n after the answer")
         window = _sliding_window(props.get("model_path"))

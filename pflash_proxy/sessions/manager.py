@@ -63,17 +63,20 @@ SNAPSHOT_TOTALS_S = 5.0  # a shared index's snapshot totals in the stats are at 
 
 class SessionManager:
     def __init__(self, settings: Settings, upstream: Upstream, index: SessionIndex | None = None):
-        self.settings = settings
+        self.settings = settings.sessions  # its own group; of the others, what the two lines below read
+        self.limits = settings.limits  # the slot queue's bounds
+        self.upstream_timeout_s = settings.upstream.upstream_timeout_s
         self.upstream = upstream
-        self.store: SessionIndex = index if index is not None else open_index(settings.home, settings.index)
+        self.store: SessionIndex = index if index is not None else open_index(settings.proxy.home,
+                                                                              settings.cluster.index)
         # several nodes sharing the index (--index redis://): holders, turn leases, heartbeats (cluster.py)
         self.cluster = ClusterNode(settings, self.store) if is_cluster(self.store) else None  # type: ignore[arg-type]
         self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
-                                         int(settings.max_cache_gb * 1024**3),
+                                         int(settings.sessions.max_cache_gb * 1024**3),
                                          temp_tag=self.cluster.tag if self.cluster is not None else "")
         self.table = self._new_table(1)
         self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
-        self.isolation = CacheIsolation(settings.cache_isolation, upstream)  # --cache-isolation (isolation.py)
+        self.isolation = CacheIsolation(settings.sessions.cache_isolation, upstream)  # --cache-isolation (isolation.py)
         self._pruner: asyncio.Task | None = None
         self._idle_saver: asyncio.Task | None = None
         self._idle_tried: dict[int, int] = {}  # slot id -> its grant count when an idle save of it last failed
@@ -142,7 +145,7 @@ class SessionManager:
             log.warning("session index writable again; sessions are saved as before")
 
     def _new_table(self, n_slots: int) -> SlotTable:
-        return SlotTable(n_slots, self.settings.max_queue, self.settings.queue_timeout_s)
+        return SlotTable(n_slots, self.limits.max_queue, self.limits.queue_timeout_s)
 
     # Lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -373,7 +376,7 @@ class SessionManager:
         task.add_done_callback(self._background.discard)
 
     async def _release_when_idle(self, lease: Lease) -> None:
-        deadline = time.monotonic() + self.settings.upstream_timeout_s
+        deadline = time.monotonic() + self.upstream_timeout_s
         try:
             while time.monotonic() < deadline:
                 try:

@@ -8,12 +8,16 @@
    trace, the savings counters).
 5. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
    the answer's headers go out.
-The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``.
-Imports are lazy: ``config`` reads the scorer registry from this package at import time.
+The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``; each
+stage gets its own group of the settings (``CompressStage`` the ``compression`` options). With ``--no-sessions``
+the list is only ``extra``: requests are forwarded as they are, without compression either (it needs the
+session's served history to know which message is new and to keep what a slot holds consistent).
+Imports are lazy: the command line imports the scorer registry from this package for ``--help``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +26,20 @@ if TYPE_CHECKING:
     from pflash_proxy.contract import Stage
     from pflash_proxy.llama.upstream import Upstream
 
+log = logging.getLogger("pflash_proxy")
+
 
 def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None,
                    extra: Sequence[Stage] = ()) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
     history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
     instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up)."""
-    if not settings.sessions:
+    from pflash_proxy.stages.scorers import check_scorer
+
+    check_scorer(settings.compression.scorer)  # a name the registry does not know stops start-up, sessions or not
+    if not settings.sessions.enabled:
+        if settings.compression.pflash:
+            log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
     from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.stages.chains import ResponseChainStage
@@ -37,18 +48,18 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
     manager = SessionManager(settings, upstream)
     # previous_response_id is expanded into the items it stands for before the session is looked up
     stages: list[Stage] = [ResponseChainStage(manager), SessionStage(manager)]
-    if settings.pflash:
+    if settings.compression.pflash:
         from pflash_proxy.stages.compress import CompressStage
 
         if scorer is not None:
-            stages.append(CompressStage(settings, upstream, scorer=scorer))
+            stages.append(CompressStage(settings.compression, upstream, scorer=scorer))
         else:
             from pflash_proxy.stages.scorers import build_scorer
 
             built = build_scorer(settings)  # loads the drafter when one is configured
-            stages.append(CompressStage(settings, upstream, built.segmenter, built.scorer, built))
+            stages.append(CompressStage(settings.compression, upstream, built.segmenter, built.scorer, built))
     from pflash_proxy.inspector.turns import SavingsStage
 
-    stages.append(SavingsStage(manager, settings.threshold if settings.pflash else None))
+    stages.append(SavingsStage(manager, settings.compression.threshold if settings.compression.pflash else None))
     stages.append(SessionCommitStage(manager))
     return stages + list(extra)

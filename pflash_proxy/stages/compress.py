@@ -37,13 +37,12 @@ import time
 from typing import Any
 
 from pflash_proxy.compress import (
-    BudgetCurve,
-    CompressionSettings, Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
+    Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
     TokenizedText, UnitSegmenter, format_recall_block,
 )
 from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
-from pflash_proxy.config import Settings
+from pflash_proxy.config import CompressionOptions
 from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
@@ -85,19 +84,14 @@ class ContextTooLong(ProxyError):
 class CompressStage(Stage):
     name = "pflash"
 
-    def __init__(self, settings: Settings, upstream: Upstream, segmenter: Segmenter | None = None,
+    def __init__(self, settings: CompressionOptions, upstream: Upstream, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None, resources: Any = None):
-        self.settings = settings
+        self.settings = settings  # the compression options; the compressor gets the compress package's form of them
         self.resources = resources  # owns the drafter, if any (closed on stop)
         self.upstream = upstream
         self.scorer: Scorer = scorer or LexicalScorer()
-        spread = settings.fallback_spread if settings.fallback_spread is not None else default_spread(self.scorer.name)
-        self.csettings = CompressionSettings(
-            threshold=settings.threshold, curve=BudgetCurve.parse(settings.prefill_curve), query_pin=settings.query_pin,
-            fallback_spread=spread, theta=settings.theta, recall_budget=settings.recall_budget,
-            min_segment=settings.min_segment, max_segment=settings.max_segment)
-        self.compressor = Compressor(self.csettings, segmenter or UnitSegmenter(settings.min_segment,
-                                                                               settings.max_segment), self.scorer)
+        segmenter = segmenter or UnitSegmenter(settings.min_segment, settings.max_segment)
+        self.compressor = Compressor(settings.pipeline(default_spread(self.scorer.name)), segmenter, self.scorer)
         self.finder = RequestFinder(query_pin=settings.query_pin)
         self.gate = RecallGate(theta=settings.theta, recall_budget=settings.recall_budget)
         self.counters: dict[str, int] = {}

@@ -1,8 +1,8 @@
 """The scorer registry (``SCORERS``) and ``build_scorer``: the scorer and segmenter ``--scorer``, ``--segmenter``
 and ``--drafter`` ask for.
 
-``SCORERS`` is the one list of scorers: ``config.ScorerName`` (the values ``--scorer`` accepts), the ``--help``
-text, ``build_scorer`` and ``bench quality`` all read it. An entry (``ScorerEntry``) declares, typed:
+``SCORERS`` is the one list of scorers: the values ``--scorer`` accepts (``check_scorer``, the command line's
+choices), the ``--help`` text, ``build_scorer`` and ``bench quality`` all read it. An entry (``ScorerEntry``) declares, typed:
 
 - ``needs`` (``Needs``): a drafter (``--drafter``), the trained scorer head (``--scoring-head``, with
   ``--request-probe`` when given, or the set shipped for the drafter), the attention scorer (over
@@ -28,7 +28,7 @@ Start-up (``build_scorer``):
    ``--scorer`` never changes.
 5. Any missing, corrupt or mismatched file raises ``DrafterSetupError`` with one line naming the option, so
    start-up stops with a clear message instead of serving with a different configuration than asked.
-This module imports nothing of the project at import time (``config`` imports it).
+This module imports nothing of the project at import time (the command line imports it for ``--help``).
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ SEED_SPREAD = "0.11"  # the seed's flat threshold, at every prompt length
 
 class DrafterSetupError(Exception):
     """A scorer or segmenter that cannot be built as configured; the message names the option."""
+
+
+def check_scorer(name: str) -> None:
+    """``DrafterSetupError`` (one line naming ``scorer``) unless ``name`` is a registered scorer."""
+    if name not in SCORERS:
+        raise DrafterSetupError(f"scorer: unknown scorer {name!r} (one of {', '.join(SCORER_NAMES)})")
 
 
 @dataclass(frozen=True)
@@ -324,33 +330,34 @@ class Scoring:
 
 def build_scorer(settings: Settings) -> Scoring:
     """The segmenter and scorer the settings ask for, with the drafter they read (``Scoring.close`` closes it)."""
-    entry = SCORERS[settings.scorer]
-    if not entry.needs.drafter and settings.segmenter == "heuristic":
-        if settings.drafter is not None:
+    c, d = settings.compression, settings.drafter
+    check_scorer(c.scorer)
+    entry = SCORERS[c.scorer]
+    if not entry.needs.drafter and c.segmenter == "heuristic":
+        if d.path is not None:
             log.info("--drafter given but --scorer %s and --segmenter heuristic need no drafter; not loading it",
-                     settings.scorer)
+                     c.scorer)
         return Scoring()
-    if settings.drafter is None:
-        raise DrafterSetupError(f"drafter: --scorer {settings.scorer} / --segmenter {settings.segmenter} need "
-                                f"--drafter PATH (PFLASH_DRAFTER_GGUF)")
+    if d.path is None:
+        raise DrafterSetupError(f"drafter: --scorer {c.scorer} / --segmenter {c.segmenter} need --drafter PATH "
+                                "(PFLASH_DRAFTER_GGUF)")
     from pflash_proxy.drafter.runtime import Drafter, DrafterError
     from pflash_proxy.drafter.taps import DrafterSegmenter
 
-    hash_cache = settings.home / "drafter-hashes.json"
-    files = ProbeFiles(settings.segment_probe, settings.scoring_head, settings.request_probe)
-    files = files.with_packaged(settings.drafter, hash_cache, entry.needs.scoring_head,
-                                settings.segmenter == "probe")
+    home = settings.proxy.home
+    files = ProbeFiles(d.segment_probe, d.scoring_head, d.request_probe)
+    files = files.with_packaged(d.path, home / "drafter-hashes.json", entry.needs.scoring_head,
+                                c.segmenter == "probe")
     try:
-        drafter = Drafter(settings.drafter, n_ctx=settings.drafter_ctx, n_threads=settings.drafter_threads,
-                          n_gpu_layers=settings.drafter_gpu_layers, timeout=settings.drafter_timeout_s,
-                          cache_mb=settings.drafter_cache_mb)
+        drafter = Drafter(d.path, n_ctx=d.drafter_ctx, n_threads=d.drafter_threads, n_gpu_layers=d.drafter_gpu_layers,
+                          timeout=d.drafter_timeout_s, cache_mb=d.drafter_cache_mb)
     except DrafterError as exc:
-        raise DrafterSetupError(f"drafter: cannot load {settings.drafter}: {exc}") from exc
+        raise DrafterSetupError(f"drafter: cannot load {d.path}: {exc}") from exc
     built = Scoring(drafter=drafter)
     entry = _default_scorer_for_this_drafter(settings, entry, files)  # after the load: a bad drafter is one line
-    kit = ScorerKit(drafter, settings.home, files, settings.attention_heads)
+    kit = ScorerKit(drafter, home, files, d.attention_heads)
     try:
-        if settings.segmenter == "probe":
+        if c.segmenter == "probe":
             probe = kit.segment_probe()
             built.segmenter = DrafterSegmenter(kit.taps(probe.meta.tap_block), probe)
         if entry.needs.drafter:
@@ -376,9 +383,10 @@ def _default_scorer_for_this_drafter(settings: Settings, entry: ScorerEntry, fil
     """The default drafter scorer (auto: head-attention for everything but code) needs a scorer head trained for
     this drafter. With none given or shipped, a defaulted scorer is ``attention`` (training-free); an explicit
     ``--scorer auto`` or ``head-attention`` still stops at the missing file."""
-    if not entry.needs.scoring_head or "scorer" in settings.model_fields_set or files.scoring_head is not None:
+    if not entry.needs.scoring_head or "scorer" in settings.compression.model_fields_set \
+            or files.scoring_head is not None:
         return entry
     log.warning("no scorer head is shipped or given for this drafter (%s): scoring with --scorer attention; "
                 "`pflash-proxy train --drafter %s --out DIR` trains one for --scorer head-attention",
-                settings.drafter, settings.drafter)
+                settings.drafter.path, settings.drafter.path)
     return SCORERS["attention"]

@@ -190,25 +190,25 @@ def test_path_problem_and_host_name():
 
 def test_host_takes_llama_servers_comma_separated_forms_and_public_host_repeats(tmp_path):
     s = load_settings({"host": "127.0.0.1, ::1,,[::2]", "upstream": "http://127.0.0.1:9"}, environ={})
-    assert s.hosts == ["127.0.0.1", "::1", "::2"] and s.tcp_hosts == s.hosts
-    assert s.local_url == "http://127.0.0.1:8090"
-    assert load_settings({"host": "::1", "upstream": "http://x:1"}, environ={}).local_url == "http://[::1]:8090"
-    assert load_settings({"host": "0.0.0.0", "upstream": "http://x:1"}, environ={}).local_url == \
+    assert s.proxy.hosts == ["127.0.0.1", "::1", "::2"] and s.proxy.tcp_hosts == s.proxy.hosts
+    assert s.proxy.local_url == "http://127.0.0.1:8090"
+    assert load_settings({"host": "::1", "upstream": "http://x:1"}, environ={}).proxy.local_url == "http://[::1]:8090"
+    assert load_settings({"host": "0.0.0.0", "upstream": "http://x:1"}, environ={}).proxy.local_url == \
         "http://127.0.0.1:8090"
     s = load_settings({"host": "/tmp/p.sock,127.0.0.1", "upstream": "http://x:1"}, environ={})
-    assert s.unix_paths == ["/tmp/p.sock"] and s.tcp_hosts == ["127.0.0.1"]
+    assert s.proxy.unix_paths == ["/tmp/p.sock"] and s.proxy.tcp_hosts == ["127.0.0.1"]
     with pytest.raises(ConfigError, match="host"):
         load_settings({"host": " , ", "upstream": "http://x:1"}, environ={})
     with pytest.raises(ConfigError, match="port 0"):
         load_settings({"host": "127.0.0.1,::1", "port": 0, "upstream": "http://x:1"}, environ={})
     env = {"PFLASH_HOST": "127.0.0.1,::1", "PFLASH_PUBLIC_HOST": "proxy.lan, GPU-Box.", "PFLASH_UPSTREAM": "http://x:1"}
     s = load_settings({}, environ=env)
-    assert s.hosts == ["127.0.0.1", "::1"] and s.public_host == ["proxy.lan", "gpu-box"]
+    assert s.proxy.hosts == ["127.0.0.1", "::1"] and s.inspector.public_host == ["proxy.lan", "gpu-box"]
     args = build_parser().parse_args(["serve", "--public-host", "a.lan", "--public-host", "b.lan,c.lan",
                                       "--host", "127.0.0.1,::1"])
     s = load_settings({k: v for k, v in vars(args).items() if k in ("public_host", "host")} |
                       {"upstream": "http://x:1"}, environ=env)  # the flag replaces the variable
-    assert s.public_host == ["a.lan", "b.lan", "c.lan"]
+    assert s.inspector.public_host == ["a.lan", "b.lan", "c.lan"]
     with pytest.raises(ConfigError, match="public_host"):
         load_settings({"public_host": ["http://a.lan:80"], "upstream": "http://x:1"}, environ={})
 

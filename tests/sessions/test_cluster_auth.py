@@ -79,9 +79,9 @@ def test_a_clients_internal_header_is_never_passed_on():
 def test_the_cluster_settings_are_checked():
     base = {"upstream": "http://127.0.0.1:9"}
     s = load_settings({**base, "cluster_peers": ["http://a:1/, http://b:2"]}, environ={})
-    assert s.cluster_peers == ["http://a:1", "http://b:2"]
+    assert s.cluster.cluster_peers == ["http://a:1", "http://b:2"]
     s = load_settings(base, environ={"PFLASH_CLUSTER_PEERS": "http://a:1,http://b:2", "PFLASH_CLUSTER_SECRET": SECRET})
-    assert s.cluster_peers == ["http://a:1", "http://b:2"] and s.cluster_secret == SECRET
+    assert s.cluster.cluster_peers == ["http://a:1", "http://b:2"] and s.cluster.cluster_secret == SECRET
     for bad in ({"cluster_peers": ["a:1"]}, {"cluster_secret": "short"}):
         with pytest.raises(ConfigError):
             load_settings({**base, **bad}, environ={})

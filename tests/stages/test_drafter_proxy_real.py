@@ -50,7 +50,7 @@ def seed_calibration(home, gemma_model, heads):
 async def test_drafter_scorer_keeps_the_needle_through_the_proxy(aiohttp_client, llama_server, tmp_path, gemma_model,
                                                                  scorer):
     settings = drafter_settings(llama_server, tmp_path, gemma_model, scorer=scorer)
-    seed_calibration(settings.home, gemma_model, [[5, 0], [11, 2], [17, 0]])
+    seed_calibration(settings.proxy.home, gemma_model, [[5, 0], [11, 2], [17, 0]])
     proxy = await aiohttp_client(create_app(settings))
     question = "What was the name of the silver eagle, the prize bird?"
     h, body = await ask(proxy, [{"role": "user", "content": document() + "\n\n" + question}])
@@ -102,7 +102,7 @@ async def test_auto_reads_code_without_the_drafter_and_prose_with_it(aiohttp_cli
     import textwrap
 
     settings = drafter_settings(llama_server, tmp_path, gemma_model)
-    assert settings.scorer == "auto"
+    assert settings.compression.scorer == "auto"
     proxy = await aiohttp_client(create_app(settings))
     source = inspect.getsource(textwrap)
     h, _ = await ask(proxy, [{"role": "user", "content": source + "\n\nWhat does indent do with its predicate?"}])
@@ -124,7 +124,7 @@ def test_the_default_scorer_falls_back_to_attention_for_a_drafter_without_a_trai
 
     settings = make_settings("http://127.0.0.1:1", tmp_path, drafter=gemma_model, drafter_ctx=1024,
                              attention_heads="all")
-    assert settings.scorer == "auto"  # no --scorer: code by lexical, the rest by head-attention
+    assert settings.compression.scorer == "auto"  # no --scorer: code by lexical, the rest by head-attention
     built = build_scorer(settings)  # gemma: the head shipped in the package
     try:
         assert built.scorer.name == "auto" and built.scorer.code.name == "lexical"
@@ -182,7 +182,7 @@ async def test_a_session_stays_recallable_after_the_scorer_changes(aiohttp_clien
     from tests.stages.test_compress_real import TOPICS
 
     settings = drafter_settings(llama_server, tmp_path, gemma_model, scorer=first)
-    seed_calibration(settings.home, gemma_model, [[5, 0], [11, 2], [17, 0]])
+    seed_calibration(settings.proxy.home, gemma_model, [[5, 0], [11, 2], [17, 0]])
     proxy = await aiohttp_client(create_app(settings))
     turn1 = [{"role": "user", "content": document() + "\n\nWhat was the name of the silver eagle, the prize bird?"}]
     h, body = await ask(proxy, turn1)

@@ -1,27 +1,37 @@
 """The stage list and the scorer registry (``stages/``): one stage order for the app and the bench, and one list
-of scorers that ``config``, ``--help`` and ``build_scorer`` all read."""
+of scorers that ``--scorer``'s choices, ``--help``, the stages' start-up check and ``build_scorer`` all read."""
 
 from __future__ import annotations
 
-import typing
-
 import pytest
 
-from pflash_proxy.cli import build_parser
-from pflash_proxy.config import ConfigError, Settings, load_settings
+from pflash_proxy.cli import build_parser, main
+from pflash_proxy.config import load_settings
 from pflash_proxy.contract import Stage
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.stages import default_stages
-from pflash_proxy.stages.scorers import DRAFTER_SCORERS, SCORER_NAMES, SCORERS, build_scorer, drafter_scorer
+from pflash_proxy.stages.scorers import (DRAFTER_SCORERS, SCORER_NAMES, SCORERS, DrafterSetupError, build_scorer,
+                                         drafter_scorer)
 from tests.conftest import make_settings
 
 
-def test_config_accepts_exactly_the_registered_scorers():
-    assert typing.get_args(Settings.model_fields["scorer"].annotation) == SCORER_NAMES
+def test_exactly_the_registered_scorers_are_accepted(tmp_path, capsys, monkeypatch):
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    assert tuple(next(a for a in serve._actions if a.dest == "scorer").choices) == SCORER_NAMES
     assert SCORER_NAMES[0] == "lexical" and "lexical" not in DRAFTER_SCORERS
     assert set(DRAFTER_SCORERS) == {n for n, e in SCORERS.items() if e.needs.drafter}
-    with pytest.raises(ConfigError, match="scorer"):
-        load_settings({"upstream": "http://127.0.0.1:9", "scorer": "no-such-scorer"}, environ={})
+    # the configuration layer sits below the registry: a name from the environment or a file is checked when the
+    # stages are built (start-up), with one line naming the option; sessions or compression off change nothing
+    settings = load_settings({"upstream": "http://127.0.0.1:9", "home": str(tmp_path)},
+                             environ={"PFLASH_SCORER": "nope"})
+    for off in ({}, {"pflash": False}, {"sessions": False}):
+        with pytest.raises(DrafterSetupError, match="^scorer: unknown scorer 'nope' \\(one of lexical, "):
+            default_stages(settings.with_options(**off), Upstream("http://127.0.0.1:9"))
+    # serve stops before it listens or spawns anything: exit 2 and that one line
+    monkeypatch.setenv("PFLASH_SCORER", "nope")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--home", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == ("pflash-proxy: invalid configuration: scorer: unknown scorer 'nope' "
+                                               f"(one of {', '.join(SCORER_NAMES)})")
 
 
 def test_help_names_every_registered_scorer():
@@ -69,13 +79,37 @@ def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path
     from pflash_proxy.stages.compress import CompressStage
 
     upstream = Upstream("http://127.0.0.1:9")
-    own = CompressStage(make_settings("http://127.0.0.1:9", tmp_path), upstream)
-    assert own.csettings.fallback_spread == SpreadCurve.parse(SCORERS["lexical"].spread)
-    given = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "b", fallback_spread=0.11), upstream)
-    assert given.csettings.fallback_spread == SpreadCurve.parse(0.11)
+    own = CompressStage(make_settings("http://127.0.0.1:9", tmp_path).compression, upstream)
+    assert own.compressor.settings.fallback_spread == SpreadCurve.parse(SCORERS["lexical"].spread)
+    given = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "b", fallback_spread=0.11).compression,
+                          upstream)
+    assert given.compressor.settings.fallback_spread == SpreadCurve.parse(0.11)
 
     class Head:  # a drafter scorer by name: its registry entry's thresholds (the seed's 0.11 for the head)
         name = "head"
 
-    head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c"), upstream, scorer=Head())
-    assert head.csettings.fallback_spread.at(32768) == 0.11
+    head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c").compression, upstream, scorer=Head())
+    assert head.compressor.settings.fallback_spread.at(32768) == 0.11
+    assert not hasattr(head, "csettings")  # one copy of the options: the stage's group, the compressor's form of it
+
+
+def test_no_sessions_means_no_compression_either_and_says_so(tmp_path, caplog):
+    """``--no-sessions`` forwards requests as they are: compression needs the session's served history (which
+    message is new, what the slot holds), so it is off too, and start-up, ``--help`` and the README say so."""
+    import logging
+    from pathlib import Path
+
+    upstream = Upstream("http://127.0.0.1:9")
+    with caplog.at_level(logging.INFO, logger="pflash_proxy"):
+        assert default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False), upstream) == []
+    assert "--no-sessions: requests are forwarded as they are, without compression or recall" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pflash_proxy"):
+        default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False, pflash=False), upstream)
+    assert "--no-sessions" not in caplog.text  # nothing to say: compression was asked off as well
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    text = " ".join(next(a for a in serve._actions if a.dest == "sessions").help.split())
+    assert "--no-sessions forwards requests as they are" in text and "no compression or recall either" in text
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert "| `--no-sessions` | forward requests as they are: no slot pinning, snapshots or served history, and so " \
+           "no compression or recall either" in readme
