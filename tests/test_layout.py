@@ -85,12 +85,7 @@ NOT_YET_ON_THE_SEAM = {
     "server/control.py": {"/slots", "/tokenize", "upstream.call"},  # `/`: whether llama-server serves a page
     "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
     "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
-    "sessions/isolation.py": {"upstream.slot_action"},  # the erase of another credential's slot
-    "sessions/liveness.py": {"/slots", "cache_n", "upstream.call", "upstream.props", "upstream.slots"},
-    "sessions/manager.py": {"cache_n", "upstream.call", "upstream.slots"},
-    "sessions/snapshots.py": {"upstream.slot_action"},
     "stages/compress.py": {"upstream.input_tokens", "upstream.tokenize"},
-    "stages/sessions.py": {"cache_n", "id_slot"},
 }
 
 

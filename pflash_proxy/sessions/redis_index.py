@@ -75,6 +75,8 @@ def _text(v: Any) -> str | None:
 class RedisIndex:
     """``SessionIndex`` and ``ClusterIndex`` in one Redis database (module docstring)."""
 
+    remote = True  # every call is a round trip to the Redis server
+
     def __init__(self, url: str, *, prefix: str = PREFIX, timeout_s: float = 5.0):
         try:
             import redis
@@ -113,6 +115,9 @@ class RedisIndex:
 
     def close(self) -> None:
         self.r.close()
+
+    def as_cluster(self) -> RedisIndex:
+        return self  # several nodes share it
 
     def describe(self) -> str:
         """Where the index is, without credentials."""

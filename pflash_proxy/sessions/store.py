@@ -203,6 +203,8 @@ def _open(directory: Path) -> diskcache.Cache:
 class SessionStore:
     """The embedded ``SessionIndex``: one diskcache directory (module docstring)."""
 
+    remote = False  # local SQLite, the snapshot records in memory
+
     def __init__(self, directory: Path):
         private_dir(directory)
         self.cache = _open(directory)
@@ -220,6 +222,9 @@ class SessionStore:
 
     def close(self) -> None:
         self.cache.close()
+
+    def as_cluster(self) -> None:
+        return None  # this proxy's own
 
     # Sessions -----------------------------------------------------------------------------------------------
     def write_mark(self) -> int | None:

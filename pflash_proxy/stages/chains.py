@@ -21,15 +21,14 @@ turn.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 from typing import Any
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
-from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.index import SessionIndex, StoreError
+from pflash_proxy.sessions.index import SessionIndex
+from pflash_proxy.sessions.service import SessionService
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -39,24 +38,20 @@ _MAX_DEPTH = 100_000  # parents followed when expanding an id (a chain is one se
 class ResponseChainStage(Stage):
     name = "response-chains"
 
-    def __init__(self, manager: SessionManager):
-        self.manager = manager
+    def __init__(self, sessions: SessionService):
+        self.sessions = sessions
         self.counters = {"expanded": 0, "unknown": 0}
 
     async def on_request(self, req: ProxyRequest) -> None:
         if req.dialect is None or req.dialect.name != "responses":
             return
-        owner = self.manager.owner(req.headers)
+        owner = self.sessions.owner(req.headers)
         items = _items(req.body.get("input"))
         previous = req.body.get("previous_response_id")
         parent: tuple[str, int] | None = None
         if isinstance(previous, str) and previous:
-            try:
-                found = await asyncio.get_running_loop().run_in_executor(
-                    None, expand, self.manager.store, previous, owner)
-            except StoreError as exc:
-                self.manager.store_failed("looking up a previous response", exc)
-                found = None
+            found = await self.sessions.index_work(lambda index: expand(index, previous, owner),
+                                                   "looking up a previous response")
             if found is None:
                 self.counters["unknown"] += 1
                 return  # llama-server answers it (400: not supported)
@@ -84,14 +79,9 @@ class ResponseChainStage(Stage):
             return
         rid, sid = response["id"], ctx.record.id
         all_items = pending["items"] + [o for o in response["output"] if isinstance(o, dict)]
-        store = self.manager.store
-
-        def save() -> None:
-            record(store, rid, sid, pending["owner"], all_items, pending["parent"])
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, save)
-        except StoreError as exc:
-            self.manager.store_failed("recording a response", exc)
+        await self.sessions.index_work(
+            lambda index: record(index, rid, sid, pending["owner"], all_items, pending["parent"]),
+            "recording a response")
 
     def stats(self) -> dict[str, Any]:
         return {"previous_response_expanded": self.counters["expanded"],

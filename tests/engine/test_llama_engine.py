@@ -59,7 +59,8 @@ async def test_the_identity_matches_the_session_layer_on_a_real_server(llama_ser
     upstream = Upstream(llama_server.url)
     await upstream.start()
     try:
-        watch = UpstreamWatch(make_settings(llama_server.url, tmp_path), upstream, lambda n: None, lambda r: None)
+        watch = UpstreamWatch(make_settings(llama_server.url, tmp_path), LlamaServerEngine(upstream), lambda n: None,
+                              lambda r: None)
         await watch.ensure_ready()
         info = await LlamaServerEngine(upstream).describe()
         assert info.identity == watch.model_identity and info.n_slots == watch.n_slots
