@@ -135,3 +135,13 @@ def test_the_wire_field_scan_sees_code_and_not_prose(tmp_path):
                       '    req.set_field("id_slot", 1)\n'
                       "    return self.upstream.tokenize(req), req.timings.cache_n\n")
     assert wire_spellings(sample) == {"id_slot", "cache_n", "upstream.tokenize"}
+
+
+def test_the_session_stages_call_the_session_service_only():
+    """The stages reach neither the manager's table, index, cluster node, snapshots nor isolation, and never
+    choose a worker thread themselves: the service decides where an index call runs."""
+    internals = {"store", "table", "cluster", "snapshots", "isolation", "watch"}
+    for name in ("stages/sessions.py", "stages/chains.py"):
+        tree = ast.parse((PACKAGE / name).read_text())
+        reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert reached & (internals | {"run_in_executor", "to_thread"}) == set(), name

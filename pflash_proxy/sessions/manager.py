@@ -303,9 +303,9 @@ class SessionManager:
             lost = None
             if not vouched:
                 prefetched = lease.prefetched
-                covered = isinstance(prefetched, SlotsPrefetch) and prefetched.covers(slot, self.table,
-                                                                                      self.watch.restarts)
-                lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
+                covered = prefetched.task if prefetched is not None and prefetched.covers(
+                    slot, self.table, self.watch.restarts) else None
+                lost = await self.watch.slot_lost(slot, covered)
             if lost is None:
                 self.counters["hits"] += 1
                 self.counters["hits_vouched"] += int(vouched)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
@@ -126,7 +127,8 @@ class RedisIndex:
 
     # Sessions -----------------------------------------------------------------------------------------------
     @_guarded
-    def lookup(self, seed: str, messages: list[dict[str, Any]]) -> tuple[SessionRecord | None, int, list[str]]:
+    def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]
+               ) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
         hashes = [message_hash(m) for m in messages]
         values = chain(seed, hashes)
@@ -160,7 +162,7 @@ class RedisIndex:
         return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None:
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()

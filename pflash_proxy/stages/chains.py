@@ -32,6 +32,7 @@ from pflash_proxy.sessions.service import SessionService
 
 log = logging.getLogger("pflash_proxy.sessions")
 
+Item = dict[str, Any]  # one item of a Responses input or output (JSON)
 _MAX_DEPTH = 100_000  # parents followed when expanding an id (a chain is one session's turns)
 
 
@@ -83,15 +84,15 @@ class ResponseChainStage(Stage):
             lambda index: record(index, rid, sid, pending["owner"], all_items, pending["parent"]),
             "recording a response")
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"previous_response_expanded": self.counters["expanded"],
                 "previous_response_unknown": self.counters["unknown"]}
 
 
-def expand(store: SessionIndex, rid: str, owner: str | None) -> list[dict] | None:
+def expand(store: SessionIndex, rid: str, owner: str | None) -> list[Item] | None:
     """The items response ``rid`` stands for (its chain's inputs and outputs, in order), or None when the proxy
     did not record it for ``owner`` (or a link of its chain is gone)."""
-    parts: list[list[dict]] = []
+    parts: list[list[Item]] = []
     seen: set[str] = set()
     at: str | None = rid
     while at is not None:
@@ -104,7 +105,7 @@ def expand(store: SessionIndex, rid: str, owner: str | None) -> list[dict] | Non
     return [item for part in reversed(parts) for item in part]
 
 
-def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: list[dict],
+def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: list[Item],
            parent: tuple[str, int] | None) -> None:
     """Record response ``rid`` of session ``sid``: ``items`` is its whole chain; ``parent`` the expanded
     ``previous_response_id`` and how many of ``items`` it stands for."""
@@ -124,12 +125,12 @@ def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: li
                              "items": items[start:], "n": len(items), "digest": digest(items)})
 
 
-def digest(items: list[dict]) -> str:
+def digest(items: list[Item]) -> str:
     blob = json.dumps(items, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _items(value: Any) -> list[dict]:
+def _items(value: object) -> list[Item]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

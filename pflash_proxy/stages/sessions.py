@@ -1,5 +1,9 @@
 """The session stages of the pipeline: identity → served history → slot lease → restore → verify.
 
+The stages call the session service (``sessions/service.py``) only: it finds and leases sessions, prepares
+slots, commits histories and decides where each index call runs; the engine's own vocabulary (how a request is
+pinned to a slot, what an answer's cache report looks like) stays behind ``engine.Engine``.
+
 ``SessionStage.on_request`` (chat routes):
 1. Seed = upstream model identity + the request's owner (its credential headers, hashed: ``identity``) (+ the
    ``X-PFlash-Session`` name, if given); find the session whose served history is the longest prefix of the
@@ -11,8 +15,9 @@
 3. Lease a slot (queueing in the proxy, never at a busy slot).  If the lease displaced another session whose
    slot content has no current snapshot, save it first.  If this session is not resident but has a snapshot
    for this model identity, restore it; a failed restore deletes the snapshot and falls back to full prefill.
-4. Pin the request with ``id_slot`` and add ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers. A whole
-   (non-streamed) answer's ``Cache``/``Cached-Tokens`` are what llama-server reused (its ``timings.cache_n``,
+4. Pin the request to its slot (``Slots.pin_fields``: llama-server's ``id_slot``) and add
+   ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers. A whole (non-streamed) answer's ``Cache``/
+   ``Cached-Tokens`` are what the engine reused (its cache report, ``Engine.cache_report``;
    ``manager.reported_cache``: a hit or restore that reused far less is a ``miss`` with ``X-PFlash-Cache-Reason``,
    a miss that reused a prefix the slot held a ``hit-prefix``); a stream's headers leave before that is known,
    so they carry the expectation, and the log line and the inspector trace carry the answer.
@@ -28,7 +33,7 @@ node left in the shared directory, or prefills cold), and ``on_finish`` frees th
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) starts
 writing the served history to disk as the request is forwarded; the answer's headers wait for the write
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it.
-``on_response`` compares the server's ``timings.cache_n`` with the table's expectation; ``on_finish`` releases
+``on_response`` compares the tokens the answer's cache report says were reused with the table's expectation; ``on_finish`` releases
 the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
 idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
 never land on a busy slot.  The conversation routes (chat, Anthropic Messages, Responses) all work on the
