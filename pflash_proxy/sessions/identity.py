@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key", "api-key")
 
 
-def _canonical_content(content: object) -> list[dict[str, Any]]:
+def _canonical_content(content: object) -> list[dict[str, object]]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -101,7 +101,7 @@ def credential(headers: Mapping[str, str], salt: str) -> str | None:
 
 
 def namespace_seed(model_identity: str, explicit_name: str | None = None, owner: str | None = None) -> str:
-    ns_fields: dict[str, Any] = {"model": model_identity, "explicit": explicit_name}
+    ns_fields: dict[str, str | None] = {"model": model_identity, "explicit": explicit_name}
     if owner is not None:  # requests without a credential keep the seeds they always had
         ns_fields["owner"] = owner
     ns = json.dumps(ns_fields, sort_keys=True)

@@ -226,7 +226,7 @@ class RedisIndex:
 
     # Responses ----------------------------------------------------------------------------------------------
     @_guarded
-    def response(self, rid: str) -> dict[str, Any] | None:
+    def response(self, rid: str) -> dict[str, object] | None:
         data = self._get(f"{self.p}response:{rid}")
         entry = decode("response", data, f"response:{rid[:40]}") if data else None
         return entry if isinstance(entry, dict) else None
@@ -241,7 +241,7 @@ class RedisIndex:
             return None
 
     @_guarded
-    def put_response(self, rid: str, entry: dict[str, Any]) -> bool:
+    def put_response(self, rid: str, entry: Mapping[str, object]) -> bool:
         sid = entry["session"]
         if not self.r.exists(f"{self.p}session:{sid}"):
             return False

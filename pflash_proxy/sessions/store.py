@@ -267,7 +267,7 @@ class SessionStore:
         return rec if rec is not None and rec.id == sid else None
 
     @_guarded
-    def read(self, key: tuple[str, ...]) -> Any:
+    def read(self, key: tuple[str, ...]) -> object:
         """``cache.get`` that survives a concurrent rewrite: diskcache keeps large values in files, and a reader
         whose row pointed at the file a writer just replaced gets the default (None) although the key exists;
         read again then (the writer's new row is committed by the time its old file is gone)."""
@@ -278,7 +278,7 @@ class SessionStore:
         return self.cache.get(key)
 
     @_guarded
-    def write(self, key: tuple[str, ...], value: Any) -> None:
+    def write(self, key: tuple[str, ...], value: object) -> None:
         self.cache.set(key, value)
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
@@ -363,7 +363,7 @@ class SessionStore:
 
     # Responses (stages/chains.py) -------------------------------------------------------------------------
     @_guarded
-    def response(self, rid: str) -> dict[str, Any] | None:
+    def response(self, rid: str) -> dict[str, object] | None:
         """One recorded response (``put_response``), or None (unknown, pruned, or written by an older index)."""
         data = self.read(("response", rid))
         entry = decode("response", data, f"response {rid[:40]}") if data else None
@@ -379,9 +379,9 @@ class SessionStore:
         return ids[-1] if ids else None
 
     @_guarded
-    def put_response(self, rid: str, entry: dict[str, Any]) -> bool:
+    def put_response(self, rid: str, entry: Mapping[str, object]) -> bool:
         """Record response ``rid`` (``entry["session"]`` owns it); False when that session is gone meanwhile."""
-        sid = entry["session"]
+        sid = str(entry["session"])
         with self.cache.transact():
             if ("session", sid) not in self.cache:
                 return False

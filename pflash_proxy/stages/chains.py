@@ -97,11 +97,14 @@ def expand(store: SessionIndex, rid: str, owner: str | None) -> list[Item] | Non
     at: str | None = rid
     while at is not None:
         entry = store.response(at)
-        if entry is None or entry.get("owner") != owner or at in seen or len(seen) >= _MAX_DEPTH:
+        items = entry.get("items") if entry is not None else None
+        if entry is None or entry.get("owner") != owner or at in seen or len(seen) >= _MAX_DEPTH \
+                or not isinstance(items, list):
             return None
         seen.add(at)
-        parts.append(entry["items"])
-        at = entry.get("parent")
+        parts.append(items)
+        parent = entry.get("parent")
+        at = parent if isinstance(parent, str) else None
     return [item for part in reversed(parts) for item in part]
 
 
