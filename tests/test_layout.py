@@ -145,3 +145,13 @@ def test_the_session_stages_call_the_session_service_only():
         tree = ast.parse((PACKAGE / name).read_text())
         reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert reached & (internals | {"run_in_executor", "to_thread"}) == set(), name
+
+
+def test_the_session_layer_depends_on_the_engine_protocol_only():
+    """No module of ``sessions/`` nor the session stages imports ``llama/`` (but its install hint for extras): the
+    engine behind them is whatever ``engine.Engine`` the caller hands the manager."""
+    paths = [*sorted((PACKAGE / "sessions").rglob("*.py")), PACKAGE / "stages/sessions.py", PACKAGE / "stages/chains.py"]
+    for path in paths:
+        llama = {m for m in _imports(path) if m.startswith("pflash_proxy.llama")} - {
+            "pflash_proxy.llama.extras", "pflash_proxy.llama.extras.install_hint"}
+        assert llama == set(), path
