@@ -210,6 +210,7 @@ class LlamaServerEngine:
     def __init__(self, upstream: Upstream):
         self.upstream = upstream
         self._slots = LlamaServerSlots(upstream)
+        self._props: dict[str, object] | None = None  # the last /props answer (``setup_warning`` reads it)
 
     @property
     def slots(self) -> LlamaServerSlots:
@@ -250,6 +251,7 @@ class LlamaServerEngine:
     async def describe(self, *, wait: bool = True) -> EngineInfo:
         status, data = await _call(self.upstream, "GET", "/props", wait=wait)
         if status == 200 and isinstance(data, dict):
+            self._props = data
             return identity_of(data)
         if status in (200, 503):
             raise EngineNotReady(f"upstream /props unavailable ({status})")
@@ -278,13 +280,14 @@ class LlamaServerEngine:
         return status == 200
 
     async def setup_warning(self, save_dir: str) -> str | None:
-        """Step 6."""
-        try:
-            status, props = await _call(self.upstream, "GET", "/props", wait=False)
-        except (EngineUnreachable, EngineNotReady):
-            status, props = 0, None
-        if status != 200 or not isinstance(props, dict):
-            props = {}
+        """Step 6, from the ``/props`` answer ``describe`` read (asked now when it read none)."""
+        props = self._props
+        if props is None:
+            try:
+                status, data = await _call(self.upstream, "GET", "/props", wait=False)
+            except (EngineUnreachable, EngineNotReady):
+                status, data = 0, None
+            props = data if status == 200 and isinstance(data, dict) else {}
         notes = []
         unverified = ["--no-cache-idle-slots", "-sps 0"]
         saving = await self._slots.can_save()
