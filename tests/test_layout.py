@@ -97,12 +97,7 @@ NOT_YET_ON_THE_SEAM = {
     "server/control.py": {"/slots", "/tokenize", "upstream.call"},  # `/`: whether llama-server serves a page
     "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
     "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
-    "sessions/isolation.py": {"upstream.slot_action"},  # the erase of another credential's slot
-    "sessions/liveness.py": {"/slots", "cache_n", "upstream.call", "upstream.props", "upstream.slots"},
-    "sessions/manager.py": {"cache_n", "upstream.call", "upstream.slots"},
-    "sessions/snapshots.py": {"upstream.slot_action"},
     "stages/compress.py": {"upstream.input_tokens", "upstream.tokenize"},
-    "stages/sessions.py": {"cache_n", "id_slot"},
 }
 
 
@@ -184,3 +179,23 @@ def test_the_issue_reference_scan_sees_comments_and_docstrings(tmp_path):
                       "def f():\n"
                       '    """as issues 5 and 6 asked"""\n')
     assert issue_references(sample) == ["2: Issue #4", "1: issue 12", "4: issues 5"]
+
+
+def test_the_session_stages_call_the_session_service_only():
+    """The stages reach neither the manager's table, index, cluster node, snapshots nor isolation, and never
+    choose a worker thread themselves: the service decides where an index call runs."""
+    internals = {"store", "table", "cluster", "snapshots", "isolation", "watch"}
+    for name in ("stages/sessions.py", "stages/chains.py"):
+        tree = ast.parse((PACKAGE / name).read_text())
+        reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert reached & (internals | {"run_in_executor", "to_thread"}) == set(), name
+
+
+def test_the_session_layer_depends_on_the_engine_protocol_only():
+    """No module of ``sessions/`` nor the session stages imports ``llama/`` (but its install hint for extras): the
+    engine behind them is whatever ``engine.Engine`` the caller hands the manager."""
+    paths = [*sorted((PACKAGE / "sessions").rglob("*.py")), PACKAGE / "stages/sessions.py", PACKAGE / "stages/chains.py"]
+    for path in paths:
+        llama = {m for m in _imports(path) if m.startswith("pflash_proxy.llama")} - {
+            "pflash_proxy.llama.extras", "pflash_proxy.llama.extras.install_hint"}
+        assert llama == set(), path

@@ -24,22 +24,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _store_and_snapshots(settings: Settings):
-    from pflash_proxy.llama.upstream import Upstream
     from pflash_proxy.sessions.index import open_index
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
     store = open_index(settings.proxy.home, settings.cluster.index)
-    return store, SnapshotManager(store, Upstream(None), settings.effective_slot_save_path, 0)
+    return store, SnapshotManager(store, None, settings.effective_slot_save_path, 0)  # deletes, never saves
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
-    from pflash_proxy.sessions.index import is_cluster
-
     store, _ = _store_and_snapshots(settings)
     snaps = sorted(store.snapshots(), key=lambda r: -r.last_use)
     # a shared index (--index redis://) also says which node holds each session and which nodes are alive
-    holders: dict[str, str] = store.holders() if is_cluster(store) else {}
-    nodes: dict[str, str] = store.nodes() if is_cluster(store) else {}
+    shared = store.as_cluster()
+    holders: dict[str, str] = shared.holders() if shared is not None else {}
+    nodes: dict[str, str] = shared.nodes() if shared is not None else {}
     store.close()
     if args.json:
         print(json.dumps([{**s.__dict__, **({"node": holders.get(s.session)} if nodes or holders else {})}

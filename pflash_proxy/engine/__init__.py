@@ -12,10 +12,13 @@ and fault injection. Nothing in this package knows a server's wire format: the n
    (``describe``: slot count, per-slot context, an identity that changes with the model), readiness
    (``not_ready_reason``, ``wait_ready``, ``healthy``) and restarts (``on_restart`` listeners, ``note_restart``;
    ``epoch``/``vouches``: whether the engine provably kept its state since a point in time, from what
-   ``start_watching`` starts); ``address`` and ``stats`` for logs, ``report_markers`` for the relay.
+   ``start_watching`` starts); ``reachable`` (whether the engine is there at all, for a shutdown that must not
+   wait on one that is gone); ``setup_warning`` (what the proxy relies on that the engine cannot show, said once
+   at start-up); ``address`` and ``stats`` for logs, ``report_markers`` for the relay.
 2. ``Slots`` (``Engine.slots``; None when the engine has no addressable slots): pin a request body to a slot,
-   save a slot's state under a file name and restore it, erase a slot, and what each slot holds and whether it is
-   busy (``states``; None when the engine does not say).
+   save a slot's state under a file name and restore it (the tokens written or loaded; None when the engine does
+   not say), erase a slot, and what each slot holds and whether it is busy (``states``; None when the engine
+   does not say).
 3. Errors: one hierarchy, each also the ``ProxyError`` the server answers with, so a caller that does not catch
    them still gives the client a correct status: ``EngineUnreachable`` (502: refused, reset, DNS;
    ``EngineTimeout``, 504, no answer in time), ``EngineRefused`` (502: the server answered, with an error status;
@@ -150,12 +153,13 @@ class Slots(Protocol):
         """``body`` without any slot pin a client put in it."""
         ...
 
-    async def save(self, slot: int, name: str) -> int:
-        """Write ``slot``'s state to the file ``name`` in the engine's save directory; the tokens written."""
+    async def save(self, slot: int, name: str) -> int | None:
+        """Write ``slot``'s state to the file ``name`` in the engine's save directory; the tokens written (None:
+        the engine does not say)."""
         ...
 
-    async def restore(self, slot: int, name: str) -> int:
-        """Load the file ``name`` into ``slot``; the tokens restored."""
+    async def restore(self, slot: int, name: str) -> int | None:
+        """Load the file ``name`` into ``slot``; the tokens restored (None: the engine does not say)."""
         ...
 
     async def erase(self, slot: int) -> None:
@@ -225,6 +229,17 @@ class Engine(Protocol):
 
     async def healthy(self, timeout_s: float = 2.0) -> bool:
         """One health probe that never raises."""
+        ...
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """False only when the engine is gone (it refuses connections, or its health probe answers with an
+        error); a probe that gets no answer within ``timeout_s`` counts as reachable (a loaded machine)."""
+        ...
+
+    async def setup_warning(self, save_dir: str) -> str | None:
+        """One line for the log naming what the proxy relies on that the engine cannot show it (settings it does
+        not report; ``save_dir``: where the proxy expects its slot files), or None when nothing is left
+        unverified."""
         ...
 
     def on_restart(self, listener: Callable[[str], object]) -> None:

@@ -9,7 +9,9 @@ It behaves like a server with a prefix cache per slot, at no cost and with no so
    or slot 0, the tokens shared with what the slot holds come from the cache (all but the last when the whole prompt
    matches, as llama.cpp does), one token is generated, and the answer carries the report ``cache_report`` reads
    (under ``fake_report``: the fake's own wire format, no real server's).
-3. Slots are token lists; ``save``/``restore`` copy them to and from named files in memory (``files``), refused
+3. Slots are token lists; ``save``/``restore`` copy them to and from named files, in memory (``files``) or, with
+   ``save_dir``, as files of JSON in that directory (what a proxy that checks, renames and
+   checksums its snapshot files needs), refused
    like a real server would: saving disabled (``can_save=False``: 501), an invalid name (``/`` or ``..``: 400),
    a missing or too long file (400; the slot is then empty, as a failed restore leaves it).
 4. Faults: ``fail(op, error, times=1)`` makes the next ``times`` calls of ``op`` (a method name) raise ``error``;
@@ -27,6 +29,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pflash_proxy.engine import (CacheReport, EngineError, EngineInfo, EngineNotReady, EngineRefused, Piece,
                                  SlotState)
@@ -76,10 +79,11 @@ class FakeSlot:
 class FakeSlots:
     """Step 3: the fake's slots (``Slots``)."""
 
-    def __init__(self, engine: FakeEngine, n_slots: int):
+    def __init__(self, engine: FakeEngine, n_slots: int, save_dir: Path | None = None):
         self.engine = engine
         self.slots = [FakeSlot() for _ in range(n_slots)]
         self.files: dict[str, list[str]] = {}
+        self.save_dir = save_dir
         self.saving = True
         self.busy: set[int] = set()
         self.report_states = True
@@ -107,8 +111,20 @@ class FakeSlots:
             raise EngineRefused(f"slot {slot} save", 501, "This server does not support slots action.")
         self._check_name(name)
         tokens = list(self._slot(slot).tokens)
-        self.files[name] = tokens
+        if self.save_dir is not None:
+            (self.save_dir / name).write_text(json.dumps(tokens))
+        else:
+            self.files[name] = tokens
         return len(tokens)
+
+    def _read(self, name: str) -> list[str] | None:
+        if self.save_dir is None:
+            return self.files.get(name)
+        try:
+            tokens = json.loads((self.save_dir / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return [str(t) for t in tokens] if isinstance(tokens, list) else None
 
     async def restore(self, slot: int, name: str) -> int:
         await self.engine._enter("restore")
@@ -116,7 +132,7 @@ class FakeSlots:
             raise EngineRefused(f"slot {slot} restore", 501, "This server does not support slots action.")
         self._check_name(name)
         target = self._slot(slot)
-        tokens = self.files.get(name)
+        tokens = self._read(name)
         if tokens is None or len(tokens) > self.engine.n_ctx:
             target.tokens, target.prompt_tokens = [], None  # a failed restore leaves the slot empty
             raise EngineRefused(f"slot {slot} restore", 400, "Failed to restore slot")
@@ -143,9 +159,10 @@ class FakeSlots:
 class FakeEngine:
     """An in-memory engine with ``n_slots`` slots of ``n_ctx`` tokens each (``Engine`` and ``Slots``)."""
 
-    def __init__(self, n_slots: int = 2, n_ctx: int = 4096, *, model: str = "fake-model", wait_s: float = 0.0):
+    def __init__(self, n_slots: int = 2, n_ctx: int = 4096, *, model: str = "fake-model", wait_s: float = 0.0,
+                 save_dir: Path | None = None):
         self.n_ctx, self.model, self.wait_s = n_ctx, model, wait_s
-        self._slots = FakeSlots(self, n_slots)
+        self._slots = FakeSlots(self, n_slots, save_dir)
         self._faults: dict[str, list[EngineError]] = {}
         self._reason: str | None = None
         self._ready = asyncio.Event()
@@ -236,6 +253,12 @@ class FakeEngine:
         except EngineError:
             return False
         return True
+
+    async def reachable(self, timeout_s: float) -> bool:
+        return await self.healthy(timeout_s)
+
+    async def setup_warning(self, save_dir: str) -> str | None:
+        return None
 
     def on_restart(self, listener: Callable[[str], object]) -> None:
         self._listeners.append(listener)

@@ -20,8 +20,14 @@ wait for a restarting server, the proxy's own ``--upstream-api-key``); this modu
    ``id_task``, ``n_prompt_tokens`` per slot); whether saving is enabled is asked with a save of an invalid file
    name, which llama-server refuses before it touches a slot (400: enabled, 501: no ``--slot-save-path``).
 5. Continuity: ``epoch``/``vouches`` are the transport's sentinel (``llama/sentinel.py``: one kept-alive
-   connection to a loopback llama-server), started by ``start_watching``.
-6. Errors: the transport's become the seam's (``UpstreamUnavailable`` → ``EngineUnreachable``, ``UpstreamTimeout``
+   connection to a loopback llama-server), started by ``start_watching``. ``reachable``: ``GET /health``, where
+   only a refused connection or an error status means gone (no answer in time: a loaded machine).
+6. ``setup_warning``: the flags the proxy relies on that the attached server's API cannot show. Shown, so never
+   named: the slot count (``/props`` ``total_slots``) and ``--slot-save-path`` (the probe of step 4). Not shown
+   by b11434's ``/props`` or ``/slots``: ``--no-cache-idle-slots`` and ``-sps 0``, and ``--swa-full``, which
+   matters only for a sliding-window model (read from the GGUF at ``model_path`` when this host can read it);
+   ``endpoint_slots: false`` in ``/props`` is said too (hits are then checked by ``cache_n`` only).
+7. Errors: the transport's become the seam's (``UpstreamUnavailable`` → ``EngineUnreachable``, ``UpstreamTimeout``
    → ``EngineTimeout``, ``UpstreamNotReady`` → ``EngineNotReady``); an answer with an error status, or without the
    field asked for, is ``EngineRefused`` with that status and the start of its body.
 """
@@ -32,6 +38,8 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
+
 from pflash_proxy.engine import (CacheReport, EngineInfo, EngineNotReady, EngineRefused, EngineTimeout,
                                  EngineUnreachable, Piece, SlotState)
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
@@ -73,6 +81,11 @@ def _int(value: object) -> int:
     if isinstance(value, (int, float, str)):
         return int(value)
     raise TypeError(f"not a count: {value!r}")
+
+
+def _reported(value: object) -> int | None:
+    """A save's ``n_saved`` or a restore's ``n_restored``: None when the server does not say."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _ms(timings: Mapping[str, object], key: str) -> float | None:
@@ -158,11 +171,11 @@ class LlamaServerSlots:
             raise EngineRefused(f"slot {slot} {action}", status, _detail(data))
         return data if isinstance(data, dict) else {}
 
-    async def save(self, slot: int, name: str) -> int:
-        return _int((await self._action(slot, "save", name)).get("n_saved"))
+    async def save(self, slot: int, name: str) -> int | None:
+        return _reported((await self._action(slot, "save", name)).get("n_saved"))
 
-    async def restore(self, slot: int, name: str) -> int:
-        return _int((await self._action(slot, "restore", name)).get("n_restored"))
+    async def restore(self, slot: int, name: str) -> int | None:
+        return _reported((await self._action(slot, "restore", name)).get("n_restored"))
 
     async def erase(self, slot: int) -> None:
         await self._action(slot, "erase", None)
@@ -197,6 +210,7 @@ class LlamaServerEngine:
     def __init__(self, upstream: Upstream):
         self.upstream = upstream
         self._slots = LlamaServerSlots(upstream)
+        self._props: dict[str, object] | None = None  # the last /props answer (``setup_warning`` reads it)
 
     @property
     def slots(self) -> LlamaServerSlots:
@@ -237,6 +251,7 @@ class LlamaServerEngine:
     async def describe(self, *, wait: bool = True) -> EngineInfo:
         status, data = await _call(self.upstream, "GET", "/props", wait=wait)
         if status == 200 and isinstance(data, dict):
+            self._props = data
             return identity_of(data)
         if status in (200, 503):
             raise EngineNotReady(f"upstream /props unavailable ({status})")
@@ -254,6 +269,45 @@ class LlamaServerEngine:
 
     async def healthy(self, timeout_s: float = 2.0) -> bool:
         return await self.upstream.health(timeout_s=timeout_s)
+
+    async def reachable(self, timeout_s: float) -> bool:
+        try:
+            status, _ = await self.upstream.call("GET", "/health", timeout_s=timeout_s, check_ready=False)
+        except UpstreamTimeout:
+            return True
+        except UpstreamUnavailable:
+            return False
+        return status == 200
+
+    async def setup_warning(self, save_dir: str) -> str | None:
+        """Step 6, from the ``/props`` answer ``describe`` read (asked now when it read none)."""
+        props = self._props
+        if props is None:
+            try:
+                status, data = await _call(self.upstream, "GET", "/props", wait=False)
+            except (EngineUnreachable, EngineNotReady):
+                status, data = 0, None
+            props = data if status == 200 and isinstance(data, dict) else {}
+        notes = []
+        unverified = ["--no-cache-idle-slots", "-sps 0"]
+        saving = await self._slots.can_save()
+        if saving is False:
+            notes.append("it has no --slot-save-path, so sessions cannot be snapshotted or restored")
+        elif saving is None:
+            unverified.append(f"--slot-save-path {save_dir}")
+        if props.get("endpoint_slots") is False:
+            notes.append("/slots is disabled, so a hit is checked only by cache_n after the answer")
+        window = _sliding_window(props.get("model_path"))
+        if window is None:
+            unverified.append("--swa-full (for a sliding-window model)")
+        elif window:
+            unverified.append("--swa-full")
+        if not notes and not unverified:
+            return None
+        return (f"llama-server at {self.upstream.base_url}: {('; '.join(notes) + '; ') if notes else ''}the proxy "
+                f"cannot verify from /props or /slots that it runs with {' '.join(unverified)}; without them idle "
+                "slots can be cleared or mixed and every turn is re-prefilled (the proxy checks cache_n after each "
+                "response and counts mismatches in /pflash/stats)")
 
     def on_restart(self, listener: Callable[[str], object]) -> None:
         self.upstream.add_restart_listener(listener)
@@ -275,3 +329,16 @@ class LlamaServerEngine:
 
     def stats(self) -> dict[str, object]:
         return {"sentinel": self.upstream.sentinel.stats()}
+
+
+def _sliding_window(model_path: object) -> bool | None:
+    """Whether the model at ``model_path`` (``/props``, read here when this host can) uses a sliding window; None
+    when it cannot be read."""
+    if not isinstance(model_path, str) or not model_path:
+        return None
+    try:
+        from pflash_proxy.llama.spawn import gguf_facts
+
+        return gguf_facts(Path(model_path)).sliding_window is not None
+    except Exception:  # noqa: BLE001 - another host's path, not a GGUF, unreadable: unknown
+        return None

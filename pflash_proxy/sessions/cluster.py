@@ -40,11 +40,14 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import QueueTimeout
-from pflash_proxy.sessions.index import ClusterIndex, StoreError
+from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
+
+T = TypeVar("T")
 
 log = logging.getLogger("pflash_proxy.cluster")
 
@@ -119,8 +122,8 @@ class ClusterNode:
                          "heartbeat_failures": 0, "foreign_holders": 0}
         self._foreign_logged: set[str] = set()
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await run(self.index, fn, *args)
 
     # 1. Heartbeat -------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,7 +179,8 @@ class ClusterNode:
 
     # 2. Placement -------------------------------------------------------------------------------------------
     async def place(self, sid: str, forwarded_by: str | None) -> tuple[str, str] | None:
-        """(node, URL) of the live node that holds ``sid``, or None to serve the turn here (module docstring, 2)."""
+        """(node, URL) of the live node that holds ``sid``, or None to serve the turn here (module docstring, 2);
+        a turn placed elsewhere counts as forwarded (``peer_failed`` takes it back)."""
         if forwarded_by:
             return None
         holder = await self._run(self.index.holder, sid)
@@ -195,6 +199,7 @@ class ClusterNode:
                             "(--cluster-secret/--cluster-peers); its sessions are served here", holder[:80])
         if url is None or url.rstrip("/") == self.url:
             return None
+        self.counters["forwarded_out"] += 1
         return holder, url
 
     def peer_failed(self, node: str) -> None:
@@ -240,8 +245,11 @@ class ClusterNode:
         except StoreError as exc:  # it expires by itself
             log.warning("could not release session %s's turn lease: %s", turn.sid[:8], exc)
 
-    async def claim(self, sid: str) -> str | None:
-        """Make this node the session's holder; returns the node it was taken over from (None: no takeover)."""
+    async def claim(self, sid: str, forwarded_by: str | None = None) -> str | None:
+        """Make this node the session's holder; returns the node it was taken over from (None: no takeover).
+        ``forwarded_by``: the node that forwarded this turn here (counted)."""
+        if forwarded_by:
+            self.counters["forwarded_in"] += 1
         seen = await self._run(self.index.holder, sid)
         if seen == self.node_id:
             return None
@@ -252,6 +260,10 @@ class ClusterNode:
         log.info("session %s taken over from node %s", sid[:8], seen)
         return seen
 
-    def stats(self) -> dict[str, Any]:
+    def note_takeover(self, cache: str) -> None:
+        """A turn taken over here was served as ``cache`` (``hit``/``restored``/``miss``)."""
+        self.counters[f"takeover_{cache}"] += 1
+
+    def stats(self) -> dict[str, object]:
         return {"node": self.node_id, "url": self.url, "index": self.index.describe(),
                 "nodes_alive": len(self.live), "nodes": dict(self.live), **self.counters}

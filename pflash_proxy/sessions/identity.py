@@ -24,13 +24,13 @@ from typing import Any, Iterable, Mapping
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key", "api-key")
 
 
-def _canonical_content(content: Any) -> list:
+def _canonical_content(content: object) -> list[dict[str, object]]:
     if content is None:
         return []
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if isinstance(content, list):
-        parts = []
+        parts: list[dict[str, Any]] = []
         for part in content:
             if isinstance(part, dict):
                 kind = part.get("type", "text")
@@ -41,7 +41,7 @@ def _canonical_content(content: Any) -> list:
             else:
                 parts.append({"type": "text", "text": str(part)})
         # adjacent text parts render identically to their concatenation
-        merged: list = []
+        merged: list[dict[str, Any]] = []
         for p in parts:
             if merged and p.get("type") == "text" and merged[-1].get("type") == "text":
                 merged[-1] = {"type": "text", "text": merged[-1]["text"] + p["text"]}
@@ -51,9 +51,9 @@ def _canonical_content(content: Any) -> list:
     return [{"type": "other", "value": content}]
 
 
-def _canonical_tool_calls(calls: Any) -> list:
-    out = []
-    for call in calls or []:
+def _canonical_tool_calls(calls: object) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for call in calls if isinstance(calls, list) else []:
         if not isinstance(call, dict):
             continue
         fn = call.get("function") or {}
@@ -68,7 +68,7 @@ def _canonical_tool_calls(calls: Any) -> list:
     return out
 
 
-def canonical_message(msg: dict) -> dict:
+def canonical_message(msg: Mapping[str, object]) -> dict[str, object]:
     return {
         "role": msg.get("role"),
         "content": _canonical_content(msg.get("content")),
@@ -78,7 +78,7 @@ def canonical_message(msg: dict) -> dict:
     }
 
 
-def message_hash(msg: dict) -> str:
+def message_hash(msg: Mapping[str, object]) -> str:
     blob = json.dumps(canonical_message(msg), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     # surrogatepass: a lone surrogate (a ``\ud800`` escape inside JSON a client sent as a string) hashes too
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
@@ -101,7 +101,7 @@ def credential(headers: Mapping[str, str], salt: str) -> str | None:
 
 
 def namespace_seed(model_identity: str, explicit_name: str | None = None, owner: str | None = None) -> str:
-    ns_fields: dict[str, Any] = {"model": model_identity, "explicit": explicit_name}
+    ns_fields: dict[str, str | None] = {"model": model_identity, "explicit": explicit_name}
     if owner is not None:  # requests without a credential keep the seeds they always had
         ns_fields["owner"] = owner
     ns = json.dumps(ns_fields, sort_keys=True)

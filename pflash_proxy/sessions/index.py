@@ -3,8 +3,12 @@
 The embedded backend is ``store.SessionStore`` (one diskcache/SQLite directory per proxy); a shared backend (for
 several proxies in front of one pool of llama-servers) implements the same protocol. Callers never see the layer
 below: every backend raises ``StoreError`` for a failure of it (disk full, a damaged file, a lock timeout, a
-lost connection), which callers treat as "serve without the index", never as a failed request. Calls block:
-callers on the event loop run them in an executor.
+lost connection), which callers treat as "serve without the index", never as a failed request. Calls block; an
+index declares whether it is ``remote`` (every call may wait on a network round trip), and ``run`` alone decides
+from that where a call made from the event loop runs: a remote index's always in a worker thread, a local one's
+on the loop when the caller marks it small (a few in-memory or SQLite reads, one short write) and in a worker
+thread otherwise. An index several nodes share says so with ``as_cluster`` (``ClusterIndex``: holders, turn
+leases, heartbeats).
 
 A session record is typed per feature: the served history (``sessions``), the recall sources compression keeps
 for later turns (``recall_sources``, ``stages/compress.py``) and the inspector's traces and totals (``traces``,
@@ -17,11 +21,16 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field, fields
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from pflash_proxy.compress.recall import RecallSource
+
+
+T = TypeVar("T")
 
 
 class StoreError(Exception):
@@ -109,8 +118,14 @@ class SessionIndex(Protocol):
     """What the proxy keeps about sessions, responses and snapshots (``store.SessionStore`` documents each key)."""
 
     salt: str  # the random salt owners' credentials are hashed with; the same across restarts
+    # every call may wait on a network round trip (a server several nodes share): ``run`` never makes one on the
+    # event loop; a local index (False) answers small calls in well under a millisecond
+    remote: bool
 
     def close(self) -> None: ...
+    def as_cluster(self) -> ClusterIndex | None:
+        """This index as the one several nodes share, or None when it is this proxy's own."""
+        ...
 
     # sessions
     def write_mark(self) -> int | None:
@@ -120,11 +135,12 @@ class SessionIndex(Protocol):
     def unchanged_since(self, mark: int | None) -> bool:
         """True when no write that can change a ``lookup``'s answer began or ended since ``mark``."""
         ...
-    def lookup(self, seed: str, messages: list[dict[str, Any]]) -> tuple[SessionRecord | None, int, list[str]]: ...
+    def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]
+               ) -> tuple[SessionRecord | None, int, list[str]]: ...
     def get(self, sid: str) -> SessionRecord | None: ...
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord: ...
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None: ...
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None: ...
     def update_record(self, rec: SessionRecord) -> None: ...
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]: ...
@@ -134,9 +150,9 @@ class SessionIndex(Protocol):
     def volume(self) -> int: ...
 
     # responses (stages/chains.py)
-    def response(self, rid: str) -> dict[str, Any] | None: ...
+    def response(self, rid: str) -> dict[str, object] | None: ...
     def last_response(self, sid: str) -> str | None: ...
-    def put_response(self, rid: str, entry: dict[str, Any]) -> bool: ...
+    def put_response(self, rid: str, entry: Mapping[str, object]) -> bool: ...
 
     # snapshots (sessions/snapshots.py)
     def snapshot(self, sid: str) -> SnapshotRecord | None: ...
@@ -175,6 +191,9 @@ def open_index(home: Path, url: str | None = None) -> SessionIndex:
     return SessionStore(home / "sessions")
 
 
-def is_cluster(index: SessionIndex) -> bool:
-    """The index is shared by several nodes (it keeps holders, turn leases and heartbeats)."""
-    return callable(getattr(index, "acquire_turn", None))
+async def run(index: SessionIndex, fn: Callable[..., T], *args: object, small: bool = False) -> T:
+    """``fn(*args)``, a call of (or through) ``index`` made from the event loop: on the loop when ``small`` and
+    the index is local, else in a worker thread (the module docstring)."""
+    if small and not index.remote:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

@@ -1,7 +1,7 @@
 """Cache isolation between credentials (``--cache-isolation credential|shared``).
 
 llama-server keeps a slot's KV after a request, and the next request on that slot reuses the longest common token
-prefix, reporting how much (``timings.cache_n``, ``cached_tokens``, and the time itself). A slot that one
+prefix, reporting how much (the answer's cache report, and the time itself). A slot that one
 credential's session leaves would thus tell another credential's request how far its guess matches the other's
 last prompt. Under ``credential`` (the default) the proxy prevents it:
 
@@ -12,7 +12,7 @@ last prompt. Under ``credential`` (the default) the proxy prevents it:
 2. Isolation is in force as soon as the proxy has seen two owners (one user of a server pays nothing).
 3. A request prepared on a slot whose content is another owner's (or unknown) and that did not replace the
    content with its own snapshot (a ``miss``, an anonymous or batch request) gets the slot erased first
-   (``POST /slots/N?action=erase``): it starts empty. When the erase fails (no ``--slot-save-path``: 501), the
+   (``Slots.erase``): it starts empty. When the erase fails (llama-server without ``--slot-save-path``: 501), the
    request is sent with ``cache_prompt: false`` instead, so it reuses nothing either.
 4. A ``hit`` is the session's own content; a ``restored`` slot holds the session's own snapshot, which replaced
    the slot's content in whole; neither is erased.
@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import logging
 
-from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
+from pflash_proxy.engine import EngineError, Slots
 from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
 
 log = logging.getLogger("pflash_proxy.sessions")
 
 
 class CacheIsolation:
-    def __init__(self, mode: str, upstream: Upstream):
+    def __init__(self, mode: str, slots: Slots):
         self.mode = mode
-        self.upstream = upstream
+        self.slots = slots
         self._owners: set[str] = set()  # owners seen, up to two (all that decides whether isolation is in force)
         self.counters = {"isolation_erases": 0, "isolation_cold": 0}
 
@@ -56,8 +55,8 @@ class CacheIsolation:
         if replaced or not self.active or previous is None or previous == key:
             return False
         try:
-            await self.upstream.slot_action(slot.id, "erase")
-        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+            await self.slots.erase(slot.id)
+        except EngineError as exc:
             self.counters["isolation_cold"] += 1
             log.warning("could not erase slot %d before another credential's request (%s); sent with "
                         "cache_prompt: false", slot.id, exc)

@@ -1,33 +1,38 @@
-"""``SessionManager``: the slot table, the session index and the snapshots, kept true against a real llama-server.
+"""``SessionManager``: the slot table, the session index and the snapshots, kept true against the engine behind the
+proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
 
-1. ``ensure_ready``: the ``UpstreamWatch`` (``liveness.py``) reads the server's identity and slot count once per
-   upstream incarnation; the manager sizes the ``SlotTable`` from it (or marks it empty).
+1. ``ensure_ready``: the ``UpstreamWatch`` (``liveness.py``) reads the engine's identity and slot count once per
+   engine incarnation; the manager sizes the ``SlotTable`` from it (or marks it empty).
 2. ``prepare_slot``: save a displaced session (unless its snapshot is current), restore this session's
    snapshot when it is not resident (after any save of it that is still running: a session displaced a moment
    ago may come back while its slot is being saved); report ``hit``/``restored``/``miss`` and the tokens
-   expected from cache. Every save (``_save``) first asks llama-server's ``/slots`` whether the slot is idle and
-   still holds what the table learnt there (``UpstreamWatch.unsaveable``): a slot a restart emptied is never
-   saved, and a save that cannot be verified, or that llama-server answers with fewer tokens than expected,
-   leaves the session's previous snapshot as it was.
-3. ``observe``: after each response, compare ``timings.cache_n`` with the expectation; a shortfall marks the
-   slot unknown, logs it, and counts in ``cache_mismatches``.  Then record what the slot now holds; the caller
-   reports the server's ``cache_n``, not the expectation, to the client.
-4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced either the upstream's sentinel
-   (``llama/sentinel.py``) vouches that llama-server's process is the one that answered when the slot's content was
-   last learnt (``Slot.epoch``: no ``/slots`` call at all), or the watch checks llama-server's own ``/slots`` record
-   of that slot (``slot_lost``), else the table is emptied and the session's snapshot restored. When a hit is
-   likely and not vouched for, that ``/slots`` answer is asked before the lease, beside the session lookup
-   (``prefetch_slots``), and used only if no other lease of the slot came between.
+   expected from cache. Every save (``_save``) first asks the engine's slot states (``Slots.states``) whether the
+   slot is idle and still holds what the table learnt there (``UpstreamWatch.unsaveable``): a slot a restart
+   emptied is never saved, and a save that cannot be verified, or that the engine answers with fewer tokens than
+   expected, leaves the session's previous snapshot as it was.
+3. ``observe``: after each response, compare the tokens its cache report (``Engine.cache_report``) says came
+   from the cache with the expectation; a shortfall marks the slot unknown, logs it, and counts in
+   ``cache_mismatches``.  Then record what the slot now holds; the caller reports the engine's number, not the
+   expectation, to the client.
+4. Restarts (``liveness.py``) empty the table; before a ``hit`` is announced either the engine vouches that it
+   is the process that answered when the slot's content was last learnt (``Engine.vouches(Slot.epoch)``; no
+   slot-state call at all), or the watch checks the engine's own record of that slot (``slot_lost``), else the
+   table is emptied and the session's snapshot restored. When a hit is likely and not vouched for, those states
+   are asked before the lease, beside the session lookup (``prefetch_slots``), and used only if no other lease
+   of the slot came between.
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s`` (none at all
-   when llama-server does not answer ``/health``: nothing could be saved); with a
+   when the engine is gone, ``Engine.reachable``: nothing could be saved); with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
 6. ``prune`` at start-up, every hour and every 64 history writes: sessions unused for ``--session-ttl-days``,
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
    their snapshots (never one that holds a slot or is in flight).
 7. Idle saves (``--idle-save-s``, 0 = off): a resident session idle that long whose snapshot is not current is
    snapshotted once per change, one save at a time and on average at most ``--idle-save-mb-s`` of snapshot
-   written per second, never while its slot is busy (a lease, and ``/slots`` right before); so a crash of
-   llama-server costs a session at most the turn in flight, and the restart path restores the rest.
+   written per second, never while its slot is busy (a lease, and the slot's state right before); so a crash
+   of the engine costs a session at most the turn in flight, and the restart path restores the rest.
+8. Index calls: where they run is decided by the index's declared ``remote`` (``index.run``): a local index's
+   snapshot records are in memory and its files local, so they are read on the loop; a remote one is asked in a
+   worker thread.
 """
 
 from __future__ import annotations
@@ -35,71 +40,75 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pflash_proxy.config import Settings
-from pflash_proxy.dialects import cache_counts
-from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.contract import RelayResult
-from pflash_proxy.sessions.identity import credential
+from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable, Slots
 from pflash_proxy.sessions.cluster import ClusterNode
+from pflash_proxy.sessions.identity import credential
+from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index, run
 from pflash_proxy.sessions.isolation import CacheIsolation
-from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, is_cluster,
-                                         open_index)
-from pflash_proxy.sessions.liveness import UpstreamWatch
+from pflash_proxy.sessions.liveness import StatesAnswer, UpstreamWatch
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
-from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.sessions")
 
+T = TypeVar("T")
+
 CACHE_SLACK = 0.9  # the chat template may re-render the last few tokens of a turn; allow 10 % below
 PRUNE_EVERY_S = 3600.0
-# release_when_idle's /slots interval: above llama-server's 1 s wait for a result, which any result restarts
+# release_when_idle's slot-state interval: above llama-server's 1 s wait for a result, which any result restarts
 IDLE_POLL_S = 1.5
 SNAPSHOT_TOTALS_S = 5.0  # a shared index's snapshot totals in the stats are at most this old (plus one listing)
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, upstream: Upstream, index: SessionIndex | None = None):
+    def __init__(self, settings: Settings, engine: Engine, index: SessionIndex | None = None):
         self.settings = settings.sessions  # its own group; of the others, what the two lines below read
         self.limits = settings.limits  # the slot queue's bounds
         self.upstream_timeout_s = settings.upstream.upstream_timeout_s
-        self.upstream = upstream
+        self.engine = engine
+        if engine.slots is None:
+            raise ValueError("sessions need an engine whose slots can be addressed (Engine.slots)")
+        self.slots: Slots = engine.slots
         self.store: SessionIndex = index if index is not None else open_index(settings.proxy.home,
                                                                               settings.cluster.index)
         # several nodes sharing the index (--index redis://): holders, turn leases, heartbeats (cluster.py)
-        self.cluster = ClusterNode(settings, self.store) if is_cluster(self.store) else None  # type: ignore[arg-type]
-        self.snapshots = SnapshotManager(self.store, upstream, settings.effective_slot_save_path,
+        shared = self.store.as_cluster()
+        self.cluster = ClusterNode(settings, shared) if shared is not None else None
+        self.snapshots = SnapshotManager(self.store, self.slots, settings.effective_slot_save_path,
                                          int(settings.sessions.max_cache_gb * 1024**3),
                                          temp_tag=self.cluster.tag if self.cluster is not None else "")
         self.table = self._new_table(1)
-        self.watch = UpstreamWatch(settings, upstream, self._on_ready, self._on_restart)
-        self.isolation = CacheIsolation(settings.sessions.cache_isolation, upstream)  # --cache-isolation (isolation.py)
-        self._pruner: asyncio.Task | None = None
-        self._idle_saver: asyncio.Task | None = None
+        self.watch = UpstreamWatch(settings, engine, self._on_ready, self._on_restart)
+        self.isolation = CacheIsolation(settings.sessions.cache_isolation, self.slots)  # --cache-isolation (isolation.py)
+        self._pruner: asyncio.Task[None] | None = None
+        self._idle_saver: asyncio.Task[None] | None = None
         self._idle_tried: dict[int, int] = {}  # slot id -> its grant count when an idle save of it last failed
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # what ``_spawn`` started, of any result
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
                          "slots_lost": 0, "hits_vouched": 0, "saves_refused": 0, "idle_saves": 0,
                          "prefix_hits": 0, "restores_empty": 0}
         self._store_down = False
         self._writes = 0
-        self._bound: asyncio.Task | None = None
+        self._bound: asyncio.Task[list[str]] | None = None
         self._slot_seeds: dict[int, tuple[str, str]] = {}  # slot id -> (session, its seed), as last leased
         # a shared index's snapshot count and bytes, as last listed in a worker thread (``_snapshot_totals``)
         self._totals: tuple[int, int] = (0, 0)
         self._totals_at = -SNAPSHOT_TOTALS_S
-        self._totals_task: asyncio.Future | None = None
+        self._totals_task: asyncio.Future[list[SnapshotRecord]] | None = None
 
     @property
     def model_identity(self) -> str:
         return self.watch.model_identity
 
     @property
-    def identity_info(self) -> dict[str, Any]:
+    def identity_info(self) -> dict[str, object]:
         return self.watch.identity_info
 
     async def ensure_ready(self, wait: bool = True) -> None:
@@ -119,7 +128,7 @@ class SessionManager:
         """The read-only view of the sessions and slots (the inspector's)."""
         return ManagerView(self)
 
-    def owner(self, headers: Any) -> str | None:
+    def owner(self, headers: Mapping[str, str]) -> str | None:
         """The hash of a request's credential (``identity.credential``): whose sessions and responses it reaches."""
         return credential(headers, self.store.salt)
 
@@ -135,9 +144,14 @@ class SessionManager:
         """Every 64 history writes, check the index's byte bound in the background (``prune``)."""
         self._writes += 1
         if self._writes % 64 == 0 and (self._bound is None or self._bound.done()):
-            self._bound = asyncio.create_task(self.prune())
-            self._background.add(self._bound)
-            self._bound.add_done_callback(self._background.discard)
+            self._bound = self._spawn(self.prune())
+
+    def _spawn(self, work: Coroutine[object, object, T]) -> asyncio.Task[T]:
+        """Run ``work`` in the background, kept until it ends (``stop`` cancels what is left)."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def store_ok(self) -> None:
         if self._store_down:
@@ -158,7 +172,7 @@ class SessionManager:
         self.watch.start()
         try:
             await self.ensure_ready(wait=False)  # down: say so now, never wait for it at start-up
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+        except (EngineUnreachable, EngineNotReady) as exc:
             log.warning("upstream not reachable at start-up (%s); will retry on the first request", exc)
 
     async def stop(self) -> None:
@@ -168,8 +182,9 @@ class SessionManager:
                 task.cancel()
         resident = [s for s in self.table.slots if s.session and not s.session.startswith("anon-")
                     and not s.snapshot_current and s.tokens]
-        if resident and self.watch.ready and not await self._upstream_alive():
-            # a dead llama-server saves nothing: do not wait for it; the sessions keep their last snapshots
+        if resident and self.watch.ready and not await self.engine.reachable(timeout_s=10):
+            # a dead engine saves nothing: do not wait for it; the sessions keep their last snapshots (a slow
+            # answer, a loaded machine, counts as alive: a shutdown never skips saves that could still be made)
             log.warning("llama-server does not answer: %d resident sessions not saved at shutdown (their last "
                         "snapshots, if any, stay)", len(resident))
         else:
@@ -182,17 +197,6 @@ class SessionManager:
         for task in list(self._background):
             task.cancel()
         self.store.close()
-
-    async def _upstream_alive(self) -> bool:
-        """False when llama-server is gone (its port refuses, or /health is not 200); a slow answer (a loaded
-        machine) counts as alive, so a shutdown never skips saves that could still be made."""
-        try:
-            status, _ = await self.upstream.call("GET", "/health", timeout_s=10, check_ready=False)
-        except UpstreamTimeout:
-            return True
-        except UpstreamUnavailable:
-            return False
-        return status == 200
 
     async def save_all_resident(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
@@ -265,7 +269,7 @@ class SessionManager:
         self._slot_seeds[lease.slot.id] = (lease.session, seed)
 
     def prefetch_slots(self, seed: str) -> SlotsPrefetch | None:
-        """Ask ``GET /slots`` now, while the session is looked up and leased, when a hit is likely: an idle slot
+        """Ask the slots' states (``Slots.states``) now, while the session is looked up and leased, when a hit is likely: an idle slot
         holds a known prefix of a session of this very namespace (``seed``). ``slot_lost`` uses the answer only
         for a slot that nobody else leased since it was asked (``SlotsPrefetch.covers``); otherwise, or when it
         failed, it asks again."""
@@ -274,30 +278,20 @@ class SessionManager:
         idle = [s for s in self.table.slots if not s.busy]
         likely = [s for s in idle if s.known and s.served_hashes and s.session is not None
                   and self._slot_seeds.get(s.id) == (s.session, seed)]
-        if not likely or all(self.upstream.sentinel.vouches(s.epoch) for s in likely):
-            return None  # no hit likely, or the sentinel vouches for every likely one: no check will be asked
-        task = asyncio.ensure_future(self._fetch_slots())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.counters["upstream_restarts"])
+        if not likely or all(self.engine.vouches(s.epoch) for s in likely):
+            return None  # no hit likely, or the engine vouches for every likely one: no check will be asked
+        task = self._spawn(self.watch.states())
+        return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.watch.restarts)
 
-    async def _snapshot_read(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, a read of the snapshot index and directory: at once with the embedded index (its snapshot
-        records are in memory, the files local); in a worker thread with a shared one (it answers over the network,
-        and the shared directory may be a remote mount)."""
-        if self.cluster is None:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
-
-    async def _fetch_slots(self) -> tuple[bool, list[dict] | None]:
-        try:
-            return True, await self.upstream.slots()
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
-            return False, None
+    async def _snapshot_read(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)``, a read of the snapshot index and directory: at once with a local index (its snapshot
+        records are in memory, the files local); in a worker thread with a remote one (it answers over the
+        network, and a directory nodes share may be a remote mount)."""
+        return await run(self.store, fn, *args, small=True)
 
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
-        lease.epoch = self.upstream.sentinel.current()  # before any call: a break from now on ends it
-        notices = self.upstream.restart_notices  # a restart noticed meanwhile (the health monitor) is not noticed twice
+        lease.epoch = self.engine.epoch()  # before any call: a break from now on ends it
+        notices = self.watch.restarts  # a restart noticed meanwhile (the health monitor) is not noticed twice
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
@@ -308,21 +302,21 @@ class SessionManager:
             return "miss", 0
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
-            vouched = self.upstream.sentinel.vouches(slot.epoch)  # the same server process since it was learnt
+            vouched = self.engine.vouches(slot.epoch)  # the same server process since it was learnt
             lost = None
             if not vouched:
                 prefetched = lease.prefetched
-                covered = prefetched is not None and prefetched.covers(slot, self.table,
-                                                                       self.counters["upstream_restarts"])
-                lost = await self.watch.slot_lost(slot, prefetched.task if covered else None)
+                covered = prefetched.task if prefetched is not None and prefetched.covers(
+                    slot, self.table, self.watch.restarts) else None
+                lost = await self.watch.slot_lost(slot, covered)
             if lost is None:
                 self.counters["hits"] += 1
                 self.counters["hits_vouched"] += int(vouched)
                 slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
-            if self.upstream.restart_notices == notices:
-                self.upstream.notify_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
+            if self.watch.restarts == notices:
+                self.engine.note_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
         async with self.snapshots.lock(lease.session):  # after a save of this session still running (evicted)
@@ -334,7 +328,7 @@ class SessionManager:
             if snap is not None and _is_prefix(snap.served_hashes, served_hashes):
                 try:
                     ok = await self.snapshots.restore(slot.id, snap)
-                except (UpstreamUnavailable, UpstreamTimeout) as exc:
+                except EngineUnreachable as exc:
                     log.warning("restore failed: %s", exc)
                     ok = False
                 if not ok:
@@ -357,34 +351,31 @@ class SessionManager:
         return lease
 
     def release_when_idle(self, lease: Lease) -> None:
-        """Release ``lease`` once llama-server has stopped working on its slot.
+        """Release ``lease`` once the engine has stopped working on its slot (``Slots.states``).
 
         A request that ended before its response did (the client left, the stream broke) may leave llama-server
         busy on the slot: the proxy has closed its upstream connection (the handler is cancelled with the client),
         and llama-server cancels a streamed task at its next write, a non-streamed one when its HTTP thread, which
         waits for the task's result, times out after ``HTTP_POLLING_SECONDS`` (1 s) without any result arriving
-        and finds the connection closed. Every result of ANY task (a ``GET /slots`` included) wakes those waits
-        and restarts the second, so ``/slots`` is asked every ``IDLE_POLL_S`` (more than that second): polling
-        faster kept the slot generating to its context limit. Until ``/slots`` shows the slot
+        and finds the connection closed. Every result of ANY task (llama-server's slot listing included) wakes
+        those waits and restarts the second, so the states are asked every ``IDLE_POLL_S`` (more than that
+        second): polling faster kept the slot generating to its context limit. Until the engine shows the slot
         idle it stays leased, so nothing is sent to a busy slot. What the slot holds now was never confirmed by a
         response, so the table stops claiming it (``UpstreamWatch.slot_lost`` would otherwise take the longer prompt for a
         restarted server and empty every slot).
         """
         lease.slot.known = False
-        task = asyncio.create_task(self._release_when_idle(lease))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self._release_when_idle(lease))
 
     async def _release_when_idle(self, lease: Lease) -> None:
         deadline = time.monotonic() + self.upstream_timeout_s
         try:
             while time.monotonic() < deadline:
-                try:
-                    data = await self.upstream.slots()
-                except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
+                ok, states = await self.watch.states()
+                if not ok:
                     return  # not reachable: nothing runs there now (restart detection does the rest)
-                info = next((s for s in data or () if isinstance(s, dict) and s.get("id") == lease.slot.id), None)
-                if info is None or not info.get("is_processing"):
+                info = next((s for s in states or () if s.id == lease.slot.id), None)
+                if info is None or not info.busy:
                     return
                 await asyncio.sleep(IDLE_POLL_S)
         finally:
@@ -400,21 +391,21 @@ class SessionManager:
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str],
                     learnt: tuple[int, int | None, int | None]) -> bool:
-        """Snapshot slot ``slot_id`` as session ``sid``, once llama-server's ``/slots`` shows it idle and still
+        """Snapshot slot ``slot_id`` as session ``sid``, once the engine's slot states show it idle and still
         holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens`` and ``epoch``:
         ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected, nothing is
         written and the session's previous snapshot stays. True when a snapshot was written."""
         task_seen, prompt_tokens, epoch = learnt
-        notices = self.upstream.restart_notices
-        # after a turn, /slots counts what the slot's cache holds: the prompt and the generated tokens (less one)
+        notices = self.watch.restarts
+        # after a turn, the slot's state counts what its cache holds: the prompt and the generated tokens (less one)
         why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
         if why is not None:
             self.counters["saves_refused"] += 1
             log.warning("not saving session %s from slot %d: %s; its previous snapshot, if any, stays", sid[:8],
                         slot_id, why)
             if why.startswith(("no task has run", "its task ids went back")) \
-                    and self.upstream.restart_notices == notices:  # the server restarted, and nobody noticed yet
-                self.upstream.notify_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
+                    and self.watch.restarts == notices:  # the server restarted, and nobody noticed yet
+                self.engine.note_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
             return False
         try:
             await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
@@ -423,33 +414,34 @@ class SessionManager:
             self.counters["saves_refused"] += 1
             log.warning("%s; the file is not kept, the previous snapshot, if any, stays", exc)
             return False
-        except (SlotActionFailed, UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout, OSError, StoreError) as exc:
+        except (EngineError, OSError, StoreError) as exc:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
             return False
 
     def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
                 ) -> int | None:
-        """Learn what the slot holds from the answer; returns the server's ``cache_n`` (None when not told)."""
-        counts = cache_counts(result.final_json)  # timings, or the dialect's usage (Anthropic, Responses)
+        """Learn what the slot holds from the answer; returns the tokens the engine took from its cache (None when
+        not told)."""
+        report = self.engine.cache_report(result.final_json)
         slot = lease.slot
-        if counts is None:
+        if report is None:
             if result.status != 200:
                 return None  # the server rejected the request; the slot keeps what it had
             slot.known = False  # cannot verify (client gone, stream cut): treat content as unknown
             return None
-        cache_n, prompt_n, predicted_n = counts["cache_n"], counts["prompt_n"], counts["predicted_n"]
-        if expected and cache_n < expected * CACHE_SLACK - 8:
+        cached = report.cached_tokens
+        if expected and cached < expected * CACHE_SLACK - 8:
             self.counters["cache_mismatches"] += 1
             log.warning("slot %d: server reused %d cached tokens, the table expected ~%d (%s); slot content unknown",
-                        slot.id, cache_n, expected, cache)
-        slot.prompt_tokens = cache_n + prompt_n
-        slot.tokens = cache_n + prompt_n + predicted_n
+                        slot.id, cached, expected, cache)
+        slot.prompt_tokens = report.prompt_tokens
+        slot.tokens = report.prompt_tokens + report.generated_tokens
         slot.served_hashes = served_hashes
         slot.known = True
         slot.epoch = lease.epoch  # what the server said in that epoch; a break since then is not vouched for
         slot.snapshot_current = False
-        return cache_n
+        return cached
 
     async def _idle_save_loop(self) -> None:
         """Step 7: snapshot resident sessions idle for ``--idle-save-s`` whose snapshot is not current."""
@@ -477,8 +469,8 @@ class SessionManager:
             return
         for slot in self.idle_due(idle_s):
             sid = slot.session
-            if sid is None or not self.upstream.sentinel.alive and not await self.upstream.health(timeout_s=2):
-                return  # llama-server is down: nothing can be saved (the restart path restores what was)
+            if sid is None or self.engine.epoch() is None and not await self.engine.healthy(timeout_s=2):
+                return  # the engine is down: nothing can be saved (the restart path restores what was)
             t0 = time.monotonic()
             ok = await self._snapshot_now(sid)
             if slot.session == sid:
@@ -486,7 +478,7 @@ class SessionManager:
             if not ok:
                 continue
             self.counters["idle_saves"] += 1
-            rec = self.store.snapshot(sid) if self.cluster is None else None
+            rec = self.store.snapshot(sid) if not self.store.remote else None
             size = rec.size if rec is not None else 0
             # the I/O budget: one save at a time, and on average at most --idle-save-mb-s
             pause = size / (self.settings.idle_save_mb_s * 1e6) - (time.monotonic() - t0)
@@ -494,15 +486,13 @@ class SessionManager:
                 await asyncio.sleep(pause)
 
     def save_in_background(self, sid: str) -> None:
-        task = asyncio.create_task(self._snapshot_now(sid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self._snapshot_now(sid))
 
     def _snapshot_totals(self) -> tuple[int, int]:
-        """(snapshots, bytes) in the index. The embedded index keeps its snapshot records in memory; a shared one
+        """(snapshots, bytes) in the index. A local index keeps its snapshot records in memory; a remote one
         lists them over the network (every node's), so that listing runs in a worker thread at most every
         SNAPSHOT_TOTALS_S and the stats show the last one (a scrape never stalls the loop)."""
-        if self.cluster is None:
+        if not self.store.remote:
             try:
                 snaps = self.store.snapshots()
             except StoreError as exc:
@@ -519,7 +509,7 @@ class SessionManager:
             self._totals_task.add_done_callback(self._totals_listed)
         return self._totals
 
-    def _totals_listed(self, fut: asyncio.Future) -> None:
+    def _totals_listed(self, fut: asyncio.Future[list[SnapshotRecord]]) -> None:
         self._totals_task = None
         self._totals_at = time.monotonic()
         exc = fut.exception() if not fut.cancelled() else None
@@ -529,40 +519,40 @@ class SessionManager:
             snaps = fut.result()
             self._totals = (len(snaps), sum(s.size for s in snaps))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         n_snaps, snap_bytes = self._snapshot_totals()
         return {**self.counters, **self.isolation.counters, "cache_isolation": self.isolation.mode,
                 "cache_isolation_active": self.isolation.active, "store_available": not self._store_down, "slots": len(self.table.slots),
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
-                "table": self.table.describe(), "sentinel": self.upstream.sentinel.stats(),
+                "table": self.table.describe(), **self.engine.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
 
 
 PREFIX_HIT_MIN = 32  # a "miss" that reused at least this many tokens reused someone's prefix (``hit-prefix``)
 
 
-def reported_cache(announced: str, expected: int, cache_n: int) -> tuple[str, str | None]:
+def reported_cache(announced: str, expected: int, cached: int) -> tuple[str, str | None]:
     """What a turn announced as ``announced`` (``hit``/``restored``/``miss``, ``expected`` tokens from cache) is
-    reported as once llama-server said it reused ``cache_n`` prompt tokens, and why when it is a miss after all:
+    reported as once the engine said it reused ``cached`` prompt tokens, and why when it is a miss after all:
     a hit or restore that reused clearly less is a ``miss``; a miss that reused a prefix already in the slot (a
     new session opening like the slot's last one) is a ``hit-prefix``."""
-    if announced in ("hit", "restored") and cache_n < expected * CACHE_SLACK - 8:
-        return "miss", f"announced {announced} (~{expected} tokens), llama-server reused {cache_n}"
-    if announced == "miss" and cache_n >= PREFIX_HIT_MIN:
+    if announced in ("hit", "restored") and cached < expected * CACHE_SLACK - 8:
+        return "miss", f"announced {announced} (~{expected} tokens), llama-server reused {cached}"
+    if announced == "miss" and cached >= PREFIX_HIT_MIN:
         return "hit-prefix", None
     return announced, None
 
 
 class SlotsPrefetch:
-    """A ``GET /slots`` asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    """The slots' states asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
     the grant count of every idle slot, the table itself and the restarts noticed so far."""
 
-    def __init__(self, task: asyncio.Future, table: SlotTable, grants: dict[int, int], restarts: int):
+    def __init__(self, task: Awaitable[StatesAnswer], table: SlotTable, grants: dict[int, int], restarts: int):
         self.task, self.table, self.grants, self.restarts = task, table, grants, restarts
 
-    def covers(self, slot: Any, table: SlotTable, restarts: int) -> bool:
+    def covers(self, slot: Slot, table: SlotTable, restarts: int) -> bool:
         """The answer speaks for ``slot`` as it is under the current lease: the slot was idle when it was asked,
         exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
         return (table is self.table and restarts == self.restarts and slot.id in self.grants
@@ -584,7 +574,7 @@ class ManagerView:
         return self._m.model_identity
 
     @property
-    def identity_info(self) -> dict[str, Any]:
+    def identity_info(self) -> dict[str, object]:
         return dict(self._m.identity_info)
 
     @property

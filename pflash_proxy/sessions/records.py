@@ -177,7 +177,7 @@ def _untagged(x: Any, depth: int = 0) -> Any:
     return {k: _untagged(v, d) for k, v in x.items()}
 
 
-def _list(x: Any) -> list:
+def _list(x: object) -> list[Any]:
     if not isinstance(x, list):
         raise RecordError("a tagged value without its list")
     return x

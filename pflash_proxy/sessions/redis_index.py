@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
@@ -75,6 +76,8 @@ def _text(v: Any) -> str | None:
 class RedisIndex:
     """``SessionIndex`` and ``ClusterIndex`` in one Redis database (module docstring)."""
 
+    remote = True  # every call is a round trip to the Redis server
+
     def __init__(self, url: str, *, prefix: str = PREFIX, timeout_s: float = 5.0):
         try:
             import redis
@@ -114,6 +117,9 @@ class RedisIndex:
     def close(self) -> None:
         self.r.close()
 
+    def as_cluster(self) -> RedisIndex:
+        return self  # several nodes share it
+
     def describe(self) -> str:
         """Where the index is, without credentials."""
         u = urlparse(self.url)
@@ -121,7 +127,8 @@ class RedisIndex:
 
     # Sessions -----------------------------------------------------------------------------------------------
     @_guarded
-    def lookup(self, seed: str, messages: list[dict[str, Any]]) -> tuple[SessionRecord | None, int, list[str]]:
+    def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]
+               ) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
         hashes = [message_hash(m) for m in messages]
         values = chain(seed, hashes)
@@ -155,7 +162,7 @@ class RedisIndex:
         return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict[str, Any]]) -> None:
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()
@@ -219,7 +226,7 @@ class RedisIndex:
 
     # Responses ----------------------------------------------------------------------------------------------
     @_guarded
-    def response(self, rid: str) -> dict[str, Any] | None:
+    def response(self, rid: str) -> dict[str, object] | None:
         data = self._get(f"{self.p}response:{rid}")
         entry = decode("response", data, f"response:{rid[:40]}") if data else None
         return entry if isinstance(entry, dict) else None
@@ -234,7 +241,7 @@ class RedisIndex:
             return None
 
     @_guarded
-    def put_response(self, rid: str, entry: dict[str, Any]) -> bool:
+    def put_response(self, rid: str, entry: Mapping[str, object]) -> bool:
         sid = entry["session"]
         if not self.r.exists(f"{self.p}session:{sid}"):
             return False

@@ -19,9 +19,12 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from pflash_proxy.errors import QueueFull, QueueTimeout
+
+if TYPE_CHECKING:
+    from pflash_proxy.sessions.manager import SlotsPrefetch
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
@@ -77,7 +80,8 @@ class Lease:
     resident: bool  # the slot already held this session's prefix
     evicted: Evicted | None = None
     released: bool = False
-    prefetched: Any = None  # a GET /slots asked while the lease was sought (``SessionManager.prefetch_slots``)
+    # the slots' states asked while the lease was sought (``SessionManager.prefetch_slots``)
+    prefetched: SlotsPrefetch | None = None
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
     reason: str | None = None  # why the session is a miss although it had a snapshot (``prepare_slot``)
 
@@ -90,7 +94,7 @@ class SlotTable:
         self.refused = {"queue_full": 0, "queue_timeout": 0}
         self.slots = [Slot(i) for i in range(n_slots)]
         self._busy_sessions: set[str] = set()
-        self._queue: deque[tuple[str, asyncio.Future, bool]] = deque()  # (session, future, resident_only)
+        self._queue: deque[tuple[str, asyncio.Future[Lease | None], bool]] = deque()  # (session, future, resident_only)
         self.waits = 0
 
     def resident(self, session: str) -> Slot | None:
@@ -149,7 +153,7 @@ class SlotTable:
     async def acquire(self, session: str, resident_only: bool = False) -> Lease | None:
         """A lease on the session's slot, or on another one (displacing its holder, ``Lease.evicted``).
         ``resident_only``: only the slot the session holds now; None once it holds none (never displaces)."""
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
         self._queue.append((session, fut, resident_only))
         self._drain()
         if not fut.done():
@@ -178,7 +182,9 @@ class SlotTable:
                                    retry_after=self._retry_after()) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result())
+                granted = fut.result()
+                if granted is not None:  # None: a resident_only lease the session no longer had
+                    self.release(granted)
             else:
                 try:
                     self._queue.remove((session, fut, resident_only))
@@ -208,7 +214,7 @@ class SlotTable:
             lease = self._try_lease(session, resident_only)
             if lease is not None:
                 self._queue.remove(item)
-                fut.set_result(lease or None)
+                fut.set_result(lease if isinstance(lease, Lease) else None)
 
     def forget(self, session: str) -> None:
         """The session's prefix is no longer in its slot (e.g. a failed restore wiped it)."""
@@ -229,6 +235,6 @@ class SlotTable:
             else:
                 slot.known = False
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, object]]:
         return [{"id": s.id, "session": s.session[:8] if s.session else None, "tokens": s.tokens, "busy": s.busy,
                  "known": s.known, "snapshot_current": s.snapshot_current} for s in self.slots]

@@ -1,7 +1,8 @@
-"""SSD snapshots of slots: one file per session in the upstream's ``--slot-save-path``.
+"""SSD snapshots of slots: one file per session in the engine's save directory (llama-server's
+``--slot-save-path``), written and loaded through ``engine.Slots``.
 
-1. Save: ``POST /slots/{id}?action=save`` to a temporary name; a file of 0 tokens, or clearly fewer than the slot
-   holds (``n_saved``), is deleted and the previous snapshot kept (``SnapshotRejected``); otherwise ``os.replace``
+1. Save: ``Slots.save`` to a temporary name; a file of 0 tokens, or clearly fewer than the slot holds (the tokens
+   the engine says it wrote), is deleted and the previous snapshot kept (``SnapshotRejected``); otherwise ``os.replace``
    onto ``pf-<safe id>.bin`` (never a client string), ``chmod 0600``, and only then the index entry: a crash
    leaves an orphan temp file, never an index entry pointing at half a file. In a directory several nodes
    share, each save has a name of its own (``pf-<id>.<random>.bin``) and the previous file is removed once the
@@ -10,7 +11,7 @@
 2. Restore only when the index says the file belongs to the running model identity (file, size, KV layout):
    llama-server itself does not check, and a failed restore wipes the slot.  A failed restore deletes the
    snapshot; the caller serves the request by full prefill, and so does a restore that loaded none or clearly
-   fewer of the file's tokens than its record says (``n_restored``).  Before a restore the file is checked
+   fewer of the file's tokens than its record says (the tokens the engine says it loaded).  Before a restore the file is checked
    against the size and CRC-32 recorded when it was saved (about 0.25 s per GB): llama-server restores a file
    whose header is intact but whose KV data is damaged without complaint, and then answers from garbage.  A file that
    is missing, truncated or corrupt is dropped (``damaged`` in the stats) and never reaches llama-server.
@@ -36,8 +37,8 @@ from collections.abc import AsyncIterator
 from typing import Callable
 
 from pflash_proxy.config import private_dir
+from pflash_proxy.engine import EngineRefused, Slots
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError
-from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
 
 log = logging.getLogger("pflash_proxy.snapshots")
 
@@ -46,8 +47,9 @@ SUFFIX = ".bin"
 
 
 class SnapshotManager:
-    def __init__(self, store: SessionIndex, upstream: Upstream, directory: Path, max_bytes: int,
+    def __init__(self, store: SessionIndex, slots: Slots | None, directory: Path, max_bytes: int,
                  temp_tag: str = ""):
+        """``slots``: None where nothing is saved or restored (``pflash-proxy rm`` deletes snapshots)."""
         self.store = store
         # several nodes share the directory (cluster.py): each names its temporary files with its own tag and
         # removes only those (another node's may be in the middle of a save)
@@ -55,7 +57,7 @@ class SnapshotManager:
         # and each save gets a name of its own (step 1): a node killed between the rename and the index write
         # leaves an orphan, while the session's previous snapshot stays whole for the node that takes it over
         self.versioned = bool(temp_tag)
-        self.upstream = upstream
+        self._slots = slots
         self.dir = directory
         self.max_bytes = max_bytes
         self._writing: set[str] = set()  # temporary names of saves in flight
@@ -78,6 +80,12 @@ class SnapshotManager:
             if not entry[1][0] and self._locks.get(sid) is entry:
                 del self._locks[sid]
 
+    @property
+    def slots(self) -> Slots:
+        if self._slots is None:
+            raise RuntimeError("this SnapshotManager has no engine to save or restore with")
+        return self._slots
+
     def filename(self, sid: str) -> str:
         if self.versioned:
             return f"{PREFIX}{sid}.{uuid.uuid4().hex[:12]}{SUFFIX}"
@@ -94,8 +102,8 @@ class SnapshotManager:
         t0 = time.monotonic()
         self._writing.add(tmp)
         try:
-            data = await self.upstream.slot_action(slot, "save", tmp)
-            short = too_short(data.get("n_saved"), tokens)
+            saved = await self.slots.save(slot, tmp)
+            short = too_short(saved, tokens)
             if short is None and not (self.dir / tmp).stat().st_size:
                 short = "an empty file"
             if short is not None:  # the previous snapshot, if any, stays: it is what the session had
@@ -113,7 +121,7 @@ class SnapshotManager:
             log.warning("cannot chmod %s to 0600 (run proxy and llama-server as one user)", final)
         loop = asyncio.get_running_loop()
         size, checksum = await loop.run_in_executor(None, file_checksum, self.dir / final)
-        tokens = int(data["n_saved"]) if isinstance(data.get("n_saved"), int) else tokens
+        tokens = saved if saved is not None else tokens
         # the index (a shared one answers over the network) and the eviction's listing: in a worker thread
         rec, evicted, stray = await loop.run_in_executor(
             None, self._index_saved, SnapshotRecord(session=sid, file=final, tokens=tokens,
@@ -197,14 +205,14 @@ class SnapshotManager:
             await loop.run_in_executor(None, self.delete, rec.session)
             return False
         try:
-            data = await self.upstream.slot_action(slot, "restore", rec.file)
-        except SlotActionFailed as exc:
+            restored = await self.slots.restore(slot, rec.file)
+        except EngineRefused as exc:
             self.stats["restore_failures"] += 1
             log.warning("restore of session %s into slot %d failed (%s); deleting the snapshot", rec.session[:8],
                         slot, exc)
             await loop.run_in_executor(None, self.delete, rec.session)
             return False
-        short = too_short(data.get("n_restored"), rec.tokens)
+        short = too_short(restored, rec.tokens)
         if short is not None:  # e.g. a file saved from an emptied slot: nothing to announce, nothing to keep
             self.stats["restore_failures"] += 1
             log.warning("restore of session %s into slot %d loaded %s, its record says %d tokens; deleting the "
@@ -222,7 +230,7 @@ class SnapshotManager:
         if self.on_timing is not None:
             self.on_timing("restore", time.monotonic() - t0)
         log.info("restored session %s into slot %d (%s tokens) in %.0f ms", rec.session[:8], slot,
-                 data.get("n_restored"), (time.monotonic() - t0) * 1000)
+                 restored, (time.monotonic() - t0) * 1000)
         return True
 
     def delete(self, sid: str) -> bool:
@@ -289,11 +297,11 @@ class SnapshotManager:
 
 
 class SnapshotRejected(Exception):
-    """A save that llama-server answered with fewer tokens than the slot holds: the file is not kept."""
+    """A save that the engine answered with fewer tokens than the slot holds: the file is not kept."""
 
 
 def too_short(n: object, expected: int) -> str | None:
-    """``n`` tokens (a save's ``n_saved``, a restore's ``n_restored``) described when they are none, or clearly
+    """``n`` tokens (what a save wrote, what a restore loaded) described when they are none, or clearly
     fewer than the ``expected`` ones (the last generated token is never in the cache: a few short is normal);
     None when ``n`` is fine or not reported (an older server)."""
     if not isinstance(n, int) or isinstance(n, bool):

@@ -44,6 +44,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 import diskcache
@@ -68,7 +69,7 @@ def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-class KeyDisk(diskcache.Disk):
+class KeyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no types
     """diskcache's ``Disk`` with a fast path for this index's keys (tuples of one to three short strings).
 
     diskcache stores a key that is not a str/bytes/number as ``pickletools.optimize(pickle.dumps(key))``: for a
@@ -94,9 +95,9 @@ class KeyDisk(diskcache.Disk):
                     KeyDisk.fast = data == pickletools.optimize(pickle.dumps(key, protocol=5))
                     if not KeyDisk.fast:
                         log.warning("diskcache key encoding differs from the fast path; using diskcache's own")
-                        return super().put(key)
+                        return super().put(key)  # type: ignore[no-any-return]
                 return sqlite3.Binary(data), False
-        return super().put(key)
+        return super().put(key)  # type: ignore[no-any-return]
 
     def get(self, key: Any, raw: bool) -> Any:
         if raw:
@@ -152,7 +153,7 @@ def _parse_key(data: bytes) -> tuple[str, ...] | None:
     return None
 
 
-def _tuple_key(key: tuple) -> bytes | None:
+def _tuple_key(key: tuple[object, ...]) -> bytes | None:
     """``pickletools.optimize(pickle.dumps(key, 5))`` for a tuple of 1-3 distinct strings of < 256 UTF-8 bytes, else
     None."""
     op = KeyDisk._TUPLE_OPS.get(len(key))
@@ -203,6 +204,8 @@ def _open(directory: Path) -> diskcache.Cache:
 class SessionStore:
     """The embedded ``SessionIndex``: one diskcache directory (module docstring)."""
 
+    remote = False  # local SQLite, the snapshot records in memory
+
     def __init__(self, directory: Path):
         private_dir(directory)
         self.cache = _open(directory)
@@ -220,6 +223,9 @@ class SessionStore:
 
     def close(self) -> None:
         self.cache.close()
+
+    def as_cluster(self) -> None:
+        return None  # this proxy's own
 
     # Sessions -----------------------------------------------------------------------------------------------
     def write_mark(self) -> int | None:
@@ -241,7 +247,7 @@ class SessionStore:
                 self._writes_done += 1
 
     @_guarded
-    def lookup(self, seed: str, messages: list[dict]) -> tuple[SessionRecord | None, int, list[str]]:
+    def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
         hashes = [message_hash(m) for m in messages]
         chain_values = chain(seed, hashes)
@@ -261,7 +267,7 @@ class SessionStore:
         return rec if rec is not None and rec.id == sid else None
 
     @_guarded
-    def read(self, key: tuple) -> Any:
+    def read(self, key: tuple[str, ...]) -> object:
         """``cache.get`` that survives a concurrent rewrite: diskcache keeps large values in files, and a reader
         whose row pointed at the file a writer just replaced gets the default (None) although the key exists;
         read again then (the writer's new row is committed by the time its old file is gone)."""
@@ -272,7 +278,7 @@ class SessionStore:
         return self.cache.get(key)
 
     @_guarded
-    def write(self, key: tuple, value: Any) -> None:
+    def write(self, key: tuple[str, ...], value: object) -> None:
         self.cache.set(key, value)
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
@@ -280,7 +286,7 @@ class SessionStore:
         return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: list[dict]) -> None:
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()
@@ -304,7 +310,7 @@ class SessionStore:
         # last use on its own key: pruning ranks every session without unpickling their served histories
         self.cache.set(("used", rec.id), rec.last_use)
 
-    def _last_uses(self, keys: list | None = None) -> dict[str, float]:
+    def _last_uses(self, keys: list[tuple[str, ...]] | None = None) -> dict[str, float]:
         keys = list(self.cache.iterkeys()) if keys is None else keys
         used = {k[1]: t for k in keys if k[0] == "used" and isinstance(t := self.cache.get(k), (int, float))}
         for k in keys:  # records written before the "used" key existed
@@ -343,7 +349,7 @@ class SessionStore:
                         self.cache.delete(("chain", h))
         return victims
 
-    def _drop_legacy_responses(self, keys: list) -> None:
+    def _drop_legacy_responses(self, keys: list[tuple[str, ...]]) -> None:
         """Indexes written before responses had their own entries kept the items per session
         (``("response-items", sid)``) and an unpruned ``("response", rid)`` → ``(sid,)``: both go."""
         legacy = [k for k in keys if k[0] == "response-items"]
@@ -357,7 +363,7 @@ class SessionStore:
 
     # Responses (stages/chains.py) -------------------------------------------------------------------------
     @_guarded
-    def response(self, rid: str) -> dict | None:
+    def response(self, rid: str) -> dict[str, object] | None:
         """One recorded response (``put_response``), or None (unknown, pruned, or written by an older index)."""
         data = self.read(("response", rid))
         entry = decode("response", data, f"response {rid[:40]}") if data else None
@@ -373,9 +379,9 @@ class SessionStore:
         return ids[-1] if ids else None
 
     @_guarded
-    def put_response(self, rid: str, entry: dict) -> bool:
+    def put_response(self, rid: str, entry: Mapping[str, object]) -> bool:
         """Record response ``rid`` (``entry["session"]`` owns it); False when that session is gone meanwhile."""
-        sid = entry["session"]
+        sid = str(entry["session"])
         with self.cache.transact():
             if ("session", sid) not in self.cache:
                 return False

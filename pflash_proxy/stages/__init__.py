@@ -41,13 +41,16 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
+    from pflash_proxy.llama.engine import LlamaServerEngine
     from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 
-    manager = SessionManager(settings, upstream)
+    manager = SessionManager(settings, LlamaServerEngine(upstream))
+    sessions = SessionService(manager)  # what the session stages call
     # previous_response_id is expanded into the items it stands for before the session is looked up
-    stages: list[Stage] = [ResponseChainStage(manager), SessionStage(manager)]
+    stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions)]
     if settings.compression.pflash:
         from pflash_proxy.stages.compress import CompressStage
 
@@ -61,5 +64,5 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
     from pflash_proxy.inspector.turns import SavingsStage
 
     stages.append(SavingsStage(manager, settings.compression.threshold if settings.compression.pflash else None))
-    stages.append(SessionCommitStage(manager))
+    stages.append(SessionCommitStage(sessions))
     return stages + list(extra)

@@ -21,42 +21,38 @@ turn.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 from typing import Any
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
-from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.index import SessionIndex, StoreError
+from pflash_proxy.sessions.index import SessionIndex
+from pflash_proxy.sessions.service import SessionService
 
 log = logging.getLogger("pflash_proxy.sessions")
 
+Item = dict[str, Any]  # one item of a Responses input or output (JSON)
 _MAX_DEPTH = 100_000  # parents followed when expanding an id (a chain is one session's turns)
 
 
 class ResponseChainStage(Stage):
     name = "response-chains"
 
-    def __init__(self, manager: SessionManager):
-        self.manager = manager
+    def __init__(self, sessions: SessionService):
+        self.sessions = sessions
         self.counters = {"expanded": 0, "unknown": 0}
 
     async def on_request(self, req: ProxyRequest) -> None:
         if req.dialect is None or req.dialect.name != "responses":
             return
-        owner = self.manager.owner(req.headers)
+        owner = self.sessions.owner(req.headers)
         items = _items(req.body.get("input"))
         previous = req.body.get("previous_response_id")
         parent: tuple[str, int] | None = None
         if isinstance(previous, str) and previous:
-            try:
-                found = await asyncio.get_running_loop().run_in_executor(
-                    None, expand, self.manager.store, previous, owner)
-            except StoreError as exc:
-                self.manager.store_failed("looking up a previous response", exc)
-                found = None
+            found = await self.sessions.index_work(lambda index: expand(index, previous, owner),
+                                                   "looking up a previous response")
             if found is None:
                 self.counters["unknown"] += 1
                 return  # llama-server answers it (400: not supported)
@@ -84,37 +80,35 @@ class ResponseChainStage(Stage):
             return
         rid, sid = response["id"], ctx.record.id
         all_items = pending["items"] + [o for o in response["output"] if isinstance(o, dict)]
-        store = self.manager.store
+        await self.sessions.index_work(
+            lambda index: record(index, rid, sid, pending["owner"], all_items, pending["parent"]),
+            "recording a response")
 
-        def save() -> None:
-            record(store, rid, sid, pending["owner"], all_items, pending["parent"])
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, save)
-        except StoreError as exc:
-            self.manager.store_failed("recording a response", exc)
-
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"previous_response_expanded": self.counters["expanded"],
                 "previous_response_unknown": self.counters["unknown"]}
 
 
-def expand(store: SessionIndex, rid: str, owner: str | None) -> list[dict] | None:
+def expand(store: SessionIndex, rid: str, owner: str | None) -> list[Item] | None:
     """The items response ``rid`` stands for (its chain's inputs and outputs, in order), or None when the proxy
     did not record it for ``owner`` (or a link of its chain is gone)."""
-    parts: list[list[dict]] = []
+    parts: list[list[Item]] = []
     seen: set[str] = set()
     at: str | None = rid
     while at is not None:
         entry = store.response(at)
-        if entry is None or entry.get("owner") != owner or at in seen or len(seen) >= _MAX_DEPTH:
+        items = entry.get("items") if entry is not None else None
+        if entry is None or entry.get("owner") != owner or at in seen or len(seen) >= _MAX_DEPTH \
+                or not isinstance(items, list):
             return None
         seen.add(at)
-        parts.append(entry["items"])
-        at = entry.get("parent")
+        parts.append(items)
+        parent = entry.get("parent")
+        at = parent if isinstance(parent, str) else None
     return [item for part in reversed(parts) for item in part]
 
 
-def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: list[dict],
+def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: list[Item],
            parent: tuple[str, int] | None) -> None:
     """Record response ``rid`` of session ``sid``: ``items`` is its whole chain; ``parent`` the expanded
     ``previous_response_id`` and how many of ``items`` it stands for."""
@@ -134,12 +128,12 @@ def record(store: SessionIndex, rid: str, sid: str, owner: str | None, items: li
                              "items": items[start:], "n": len(items), "digest": digest(items)})
 
 
-def digest(items: list[dict]) -> str:
+def digest(items: list[Item]) -> str:
     blob = json.dumps(items, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _items(value: Any) -> list[dict]:
+def _items(value: object) -> list[Item]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

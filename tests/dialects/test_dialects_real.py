@@ -45,7 +45,7 @@ def billing_line() -> str:  # what Claude Code puts first in its system prompt, 
 
 
 def sessions_of(proxy):
-    return proxy.app[PIPELINE].stages[0].manager.store
+    return next(s for s in proxy.app[PIPELINE].stages if s.name == "sessions").manager.store
 
 
 def omitted_topic(served_text: str) -> str:

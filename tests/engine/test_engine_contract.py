@@ -210,3 +210,10 @@ async def test_the_answer_that_carries_the_report_is_marked(harness):
     raw = json.dumps(await harness.complete(chat(unique(5)))).encode()
     assert any(m in raw for m in harness.engine.report_markers)
     assert not any(m in b'{"choices": [{"delta": {"content": "x"}}]}' for m in harness.engine.report_markers)
+
+
+async def test_an_engine_that_is_there_is_reachable_and_says_what_it_cannot_show(harness):
+    e = harness.engine
+    assert await e.reachable(5)
+    warning = await e.setup_warning("/the/save/dir")
+    assert warning is None or (isinstance(warning, str) and warning)  # one line for the log, or nothing

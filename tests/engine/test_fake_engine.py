@@ -80,3 +80,25 @@ async def test_a_request_waits_for_a_starting_engine_up_to_its_wait():
     fake.set_ready(False, "loading")
     with pytest.raises(EngineNotReady):
         await fake.count_text("a b")
+
+
+async def test_slot_files_in_a_save_directory_restore_what_was_saved(tmp_path):
+    fake = FakeEngine(save_dir=tmp_path)
+    body = fake.slots.pin({"messages": [{"role": "user", "content": "a b\nc \\n d"}]}, 1)
+    await fake.complete(body)
+    held = list(fake.slots.slots[1].tokens)
+    assert await fake.slots.save(1, "one.bin") == len(held) and (tmp_path / "one.bin").is_file()
+    (tmp_path / "one.bin").rename(tmp_path / "two.bin")  # a proxy renames its files: the name is what counts
+    await fake.slots.erase(1)
+    assert await fake.slots.restore(0, "two.bin") == len(held) and fake.slots.slots[0].tokens == held
+    (tmp_path / "bad.bin").write_text("not json")
+    with pytest.raises(EngineRefused):
+        await fake.slots.restore(0, "bad.bin")
+    assert fake.slots.files == {}  # nothing kept in memory
+
+
+async def test_an_engine_whose_probe_fails_is_not_reachable():
+    fake = FakeEngine()
+    assert await fake.reachable(1) and await fake.setup_warning("/x") is None
+    fake.fail("healthy", EngineUnreachable("down"))
+    assert not await fake.reachable(1)

@@ -59,7 +59,8 @@ async def test_the_identity_matches_the_session_layer_on_a_real_server(llama_ser
     upstream = Upstream(llama_server.url)
     await upstream.start()
     try:
-        watch = UpstreamWatch(make_settings(llama_server.url, tmp_path), upstream, lambda n: None, lambda r: None)
+        watch = UpstreamWatch(make_settings(llama_server.url, tmp_path), LlamaServerEngine(upstream), lambda n: None,
+                              lambda r: None)
         await watch.ensure_ready()
         info = await LlamaServerEngine(upstream).describe()
         assert info.identity == watch.model_identity and info.n_slots == watch.n_slots
@@ -141,3 +142,32 @@ async def test_a_slow_engine_times_out_and_a_closed_port_is_unreachable(aiohttp_
     finally:
         await upstream.close()
         await closed.close()
+
+
+async def test_reachable_is_false_only_for_an_engine_that_is_gone(aiohttp_server):
+    """A shutdown skips its saves only when the server is gone: a refused port or an error status; a health probe
+    that gets no answer in time is a loaded machine, still reachable."""
+    async def slow_health(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({"status": "ok"})
+
+    async def quiet_save(request: web.Request) -> web.Response:
+        return web.json_response({"id_slot": 0})  # a server that does not say how many tokens it wrote
+
+    app = web.Application()
+    app.router.add_get("/health", slow_health)
+    app.router.add_post("/slots/{id}", quiet_save)
+    slow = await aiohttp_server(app)
+    loading = await aiohttp_server(_faulty_app())
+    upstreams = [Upstream(str(slow.make_url("")), wait_s=0), Upstream(str(loading.make_url("")), wait_s=0),
+                 Upstream(f"http://127.0.0.1:{free_port()}", wait_s=0)]
+    for u in upstreams:
+        await u.start()
+    try:
+        quiet, busy, gone = (LlamaServerEngine(u) for u in upstreams)
+        assert await quiet.reachable(0.2)
+        assert not await busy.reachable(2) and not await gone.reachable(2)
+        assert await quiet.slots.save(0, "a.bin") is None and await quiet.slots.restore(0, "a.bin") is None
+    finally:
+        for u in upstreams:
+            await u.close()

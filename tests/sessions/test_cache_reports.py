@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pflash_proxy.engine import SlotState
 from pflash_proxy.sessions.liveness import disagreement
 from pflash_proxy.sessions.manager import reported_cache
 from pflash_proxy.sessions.snapshots import too_short
@@ -28,7 +29,7 @@ def test_saves_and_restores_of_no_tokens_are_refused():
 
 def test_slots_records_that_contradict_the_table():
     assert disagreement(None, 1, -1, 100) == "slot 1 is gone"
-    assert disagreement({"id": 0, "id_task": -1}, 0, 5, 100).startswith("no task has run")
-    assert disagreement({"id": 0, "id_task": 3}, 0, 9, 100).startswith("its task ids went back")
-    assert disagreement({"id": 0, "id_task": 12, "n_prompt_tokens": 2000}, 0, 9, 1000).startswith("its last prompt")
-    assert disagreement({"id": 0, "id_task": 12, "n_prompt_tokens": 1004}, 0, 9, 1000) is None
+    assert disagreement(SlotState(0, False, None, None), 0, 5, 100).startswith("no task has run")
+    assert disagreement(SlotState(0, False, 3, None), 0, 9, 100).startswith("its task ids went back")
+    assert disagreement(SlotState(0, False, 12, 2000), 0, 9, 1000).startswith("its last prompt")
+    assert disagreement(SlotState(0, False, 12, 1004), 0, 9, 1000) is None

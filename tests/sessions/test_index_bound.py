@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pflash_proxy.config import Settings
+from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.store import SnapshotRecord
-from pflash_proxy.llama.upstream import Upstream
 
 
 async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, max_index_mb=0.5)
-    mgr = SessionManager(settings, Upstream("http://127.0.0.1:9"))
+    mgr = SessionManager(settings, FakeEngine())
     try:
         ids = []
         for i in range(40):
@@ -29,7 +29,7 @@ async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
 
 def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch):
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path)
-    mgr = SessionManager(settings, Upstream("http://127.0.0.1:9"))
+    mgr = SessionManager(settings, FakeEngine())
     try:
         store = mgr.store
         store.put_snapshot(SnapshotRecord("s1", "f1", 10, [], "m", 100))

@@ -7,8 +7,8 @@ import json
 
 import diskcache
 
-from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
+from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.store import SessionStore
 from tests.conftest import make_settings
@@ -50,7 +50,7 @@ def test_the_embedded_index_is_a_session_index(tmp_path):
 
 
 async def test_the_managers_view_reads_without_changing(tmp_path):
-    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), Upstream("http://127.0.0.1:9"))
+    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine())
     view = mgr.view()
     lease = await mgr.table.acquire("s1")
     lease.slot.tokens, lease.slot.served_hashes = 10, ["h"]

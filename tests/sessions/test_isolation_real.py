@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.llama.upstream import SlotActionFailed, Upstream
+from pflash_proxy.engine import EngineRefused
+from pflash_proxy.llama.engine import LlamaServerSlots
 from tests.conftest import start_llama_server
 from tests.sessions.test_sessions_real import DOC_A, ask, chat, make_proxy
 
@@ -79,14 +80,10 @@ async def test_completion_route_of_b_and_a(aiohttp_client, one_slot, tmp_path, m
 
 
 async def test_failed_erase_sends_the_request_uncached(aiohttp_client, one_slot, tmp_path, monkeypatch):
-    real = Upstream.slot_action
+    async def no_erase(self, slot):  # fault injection: erase refused
+        raise EngineRefused(f"slot {slot} erase", 501, "not supported")
 
-    async def no_erase(self, slot, action, filename=None, timeout_s=120):  # fault injection: erase refused
-        if action == "erase":
-            raise SlotActionFailed(action, slot, 501, {"error": "not supported"})
-        return await real(self, slot, action, filename, timeout_s)
-
-    monkeypatch.setattr(Upstream, "slot_action", no_erase)
+    monkeypatch.setattr(LlamaServerSlots, "erase", no_erase)
     proxy = await make_proxy(aiohttp_client, one_slot, tmp_path)
     await ask(proxy, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
     _, b1 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_B)

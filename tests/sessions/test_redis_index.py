@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, is_cluster, open_index
+from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, open_index
 from pflash_proxy.sessions.redis_index import RedisIndex
 from pflash_proxy.sessions.store import SessionStore
 from tests.redis_server import RedisServer, binary
@@ -35,12 +35,12 @@ def redis_server(tmp_path):
 def index(request, tmp_path):
     if request.param == "embedded":
         idx: SessionIndex = open_index(tmp_path)
-        assert isinstance(idx, SessionStore)
+        assert isinstance(idx, SessionStore) and idx.as_cluster() is None and not idx.remote
     else:
         server = RedisServer.start(tmp_path / "redis")
         request.addfinalizer(server.stop)
         idx = open_index(tmp_path, server.url)
-        assert isinstance(idx, RedisIndex) and is_cluster(idx)
+        assert isinstance(idx, RedisIndex) and idx.as_cluster() is idx and idx.remote
     yield idx
     idx.close()
 
@@ -193,7 +193,7 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     every node's records over the network, run at most every few seconds in a worker thread."""
     import asyncio
 
-    from pflash_proxy.llama.upstream import Upstream
+    from pflash_proxy.engine.fake import FakeEngine
     from pflash_proxy.sessions import manager as manager_module
     from pflash_proxy.sessions.manager import SessionManager
     from tests.conftest import make_settings
@@ -202,7 +202,7 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     for i in range(3):
         idx.put_snapshot(SnapshotRecord(session=f"{i}" * 32, file=f"pf-{i}.bin", tokens=10, served_hashes=[],
                                         model_identity="m", size=1000))
-    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), Upstream("http://127.0.0.1:9"), index=idx)
+    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine(), index=idx)
     threads: list[bool] = []
     listing = idx.snapshots
 

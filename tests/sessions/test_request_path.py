@@ -1,8 +1,8 @@
 """The parsed turn's session bookkeeping without round trips it does not need (issue 29, item 4).
 
-Unit parts: the index's write marks, the /slots prefetch's coverage rule, the served-hash reuse. The real part
-(gemma-3-270m llama-server): a follow-up turn the upstream sentinel vouches for asks one lookup and no
-``GET /slots``; without the sentinel it asks one ``GET /slots`` and is still a verified hit. The history commit runs
+Unit parts: the index's write marks, the slot-state prefetch's coverage rule, the served-hash reuse. The real part
+(gemma-3-270m llama-server): a follow-up turn the engine vouches for (the upstream sentinel) asks one lookup and
+no slot states (``GET /slots``); without the sentinel it asks them once and is still a verified hit. The history commit runs
 beside the upstream request and lands before the answer.
 """
 
@@ -107,20 +107,20 @@ def test_served_hashes_are_reused_only_for_unchanged_messages():
 
 def _spy(manager) -> list[str]:
     events: list[str] = []
-    lookup, slots, acquire = manager.store.lookup, manager.upstream.slots, manager.table.acquire
+    lookup, states, acquire = manager.store.lookup, manager.slots.states, manager.table.acquire
 
     def spy_lookup(*a):
         events.append("lookup")
         return lookup(*a)
 
-    async def spy_slots():
+    async def spy_states():
         events.append("slots")
-        return await slots()
+        return await states()
 
     async def spy_acquire(*a, **kw):
         events.append("lease")
         return await acquire(*a, **kw)
-    manager.store.lookup, manager.upstream.slots, manager.table.acquire = spy_lookup, spy_slots, spy_acquire
+    manager.store.lookup, manager.slots.states, manager.table.acquire = spy_lookup, spy_states, spy_acquire
     return events
 
 
@@ -142,10 +142,10 @@ async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
     manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
     await manager.ensure_ready()
     for _ in range(100):  # the sentinel connects in the background at start
-        if manager.upstream.sentinel.alive:
+        if manager.engine.epoch() is not None:
             break
         await asyncio.sleep(0.05)
-    assert manager.upstream.sentinel.alive
+    assert manager.engine.epoch() is not None
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
     return proxy, manager
@@ -173,7 +173,7 @@ async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slot
         aiohttp_client, llama_server, tmp_path):
     body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
-    manager.upstream.sentinel.cancel()  # what a lost connection leaves: nothing vouches for turn 1's slot
+    manager.engine.stop_watching()  # what a lost connection leaves: nothing vouches for turn 1's slot
     events = _spy(manager)
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200
@@ -191,7 +191,8 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
     body = SAY_HELLO
     proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
     events: list[str] = []
-    save, open_ = manager.store.save_session, manager.upstream.open
+    upstream = manager.engine.upstream  # the transport the relay sends the request with
+    save, open_ = manager.store.save_session, upstream.open
 
     def slow_save(*a):  # fault injection: a slow disk
         events.append("save starts")
@@ -202,7 +203,7 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
     async def spy_open(*a, **kw):
         events.append("forwarded")
         return await open_(*a, **kw)
-    manager.store.save_session, manager.upstream.open = slow_save, spy_open
+    manager.store.save_session, upstream.open = slow_save, spy_open
     nxt = follow_up(body)
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200

@@ -80,3 +80,11 @@ def test_responses_go_with_their_session_and_old_per_session_items_are_swept(tmp
     assert keys == [("response", "r3a"), ("response", "r3b"), ("responses", sessions[3])]
     assert expand(store, "r3b", None) is not None
     store.close()
+
+
+def test_an_entry_without_its_items_is_an_unknown_id_not_a_crash(tmp_path):
+    store = SessionStore(tmp_path / "s")
+    sid = saved_session(store).id
+    store.put_response("r1", {"session": sid, "owner": None, "parent": None, "n": 1, "digest": "x"})
+    assert expand(store, "r1", None) is None  # llama-server answers the id then (400), as for any unknown one
+    store.close()

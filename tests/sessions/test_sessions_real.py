@@ -150,7 +150,7 @@ async def test_pruned_session_loses_its_snapshot_and_starts_over(aiohttp_client,
     h_b, _ = await ask(proxy, chat(DOC_B, "What did pier 4 read?"))  # A is saved to disk to free the slot
     snap_a = one_slot_server.slot_dir / f"pf-{h_a['X-PFlash-Session']}.bin"
     assert snap_a.is_file()
-    manager = proxy.app[PIPELINE].stages[0].manager
+    manager = next(s for s in proxy.app[PIPELINE].stages if s.name == "sessions").manager
     assert await manager.prune() == [h_a["X-PFlash-Session"]]  # B holds the slot, so A is the surplus one
     assert not snap_a.exists()
     h, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 5?"))

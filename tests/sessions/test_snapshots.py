@@ -1,4 +1,5 @@
-"""SnapshotManager without a server: atomic naming, 0600, LRU eviction, start-up reconciliation."""
+"""SnapshotManager without a server: atomic naming, 0600, LRU eviction, start-up reconciliation. The engine's
+slots are a stand-in of ``engine.Slots`` that writes files of a chosen size (the eviction bound is in bytes)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,28 @@ import os
 
 import pytest
 
+from pflash_proxy.engine import EngineRefused
 from pflash_proxy.sessions.snapshots import SnapshotManager
 from pflash_proxy.sessions.store import SessionStore
-from pflash_proxy.llama.upstream import SlotActionFailed
 
 
-class FakeUpstream:
-    """Writes/reads slot files the way llama-server does (in its --slot-save-path)."""
+class SizedSlots:
+    """``Slots.save``/``restore`` writing and reading files of ``size`` bytes in the save directory."""
 
     def __init__(self, directory, size=1000):
         self.dir, self.size, self.calls = directory, size, []
 
-    async def slot_action(self, slot, action, filename=None, timeout_s=120):
-        self.calls.append((slot, action, filename))
-        path = self.dir / filename
-        if action == "save":
-            path.write_bytes(b"k" * self.size)
-            return {"n_saved": 123}
-        if action == "restore":
-            if not path.exists() or path.read_bytes()[:1] != b"k":
-                raise SlotActionFailed(action, slot, 400, {"error": "bad file"})
-            return {"n_restored": 123}
-        raise AssertionError(action)
+    async def save(self, slot, name):
+        self.calls.append((slot, "save", name))
+        (self.dir / name).write_bytes(b"k" * self.size)
+        return 123
+
+    async def restore(self, slot, name):
+        self.calls.append((slot, "restore", name))
+        path = self.dir / name
+        if not path.exists() or path.read_bytes()[:1] != b"k":
+            raise EngineRefused(f"slot {slot} restore", 400, "bad file")
+        return 123
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def mgr(tmp_path):
     slots = tmp_path / "slots"
     slots.mkdir()
     store = SessionStore(tmp_path / "idx")
-    m = SnapshotManager(store, FakeUpstream(slots), slots, max_bytes=2500)
+    m = SnapshotManager(store, SizedSlots(slots), slots, max_bytes=2500)
     yield m
     store.close()
 
@@ -45,7 +46,7 @@ async def test_save_is_atomic_private_and_indexed(mgr):
     path = mgr.dir / rec.file
     assert rec.file == f"pf-{'a' * 32}.bin" and rec.tokens == 123 and rec.size == 1000
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    tmp_name = mgr.upstream.calls[-1][2]
+    tmp_name = mgr.slots.calls[-1][2]
     assert tmp_name != rec.file and not (mgr.dir / tmp_name).exists()  # written under a temp name, then renamed
     assert mgr.restorable("a" * 32, "model-x") is not None
     assert mgr.restorable("a" * 32, "other-model") is None  # never across model identities
@@ -93,16 +94,16 @@ async def test_a_shared_directory_keeps_the_previous_snapshot_until_the_new_one_
     slots = tmp_path / "slots"
     slots.mkdir()
     store = SessionStore(tmp_path / "idx")
-    mgr = SnapshotManager(store, FakeUpstream(slots), slots, max_bytes=10_000, temp_tag="node0")
+    mgr = SnapshotManager(store, SizedSlots(slots), slots, max_bytes=10_000, temp_tag="node0")
     sid = "f" * 32
     first = await mgr.save(0, sid, 10, ["h1"], "m")
     assert first.file.startswith(f"pf-{sid}.") and mgr.on_disk(sid)
-    assert mgr.upstream.calls[-1][2].startswith("pf-tmp-node0-")
+    assert mgr.slots.calls[-1][2].startswith("pf-tmp-node0-")
 
     def killed(rec):
         raise KeyboardInterrupt  # the process dies between the rename and the index write
     store.put_snapshot, put = killed, store.put_snapshot
-    mgr.upstream.size = 1500
+    mgr.slots.size = 1500
     with pytest.raises(KeyboardInterrupt):
         await mgr.save(0, sid, 20, ["h1", "h2"], "m")
     store.put_snapshot = put
@@ -123,18 +124,17 @@ async def test_a_restore_waits_for_a_save_of_the_same_session(tmp_path):
     slots = tmp_path / "slots"
     slots.mkdir()
     store = SessionStore(tmp_path / "idx")
-    up = FakeUpstream(slots)
+    up = SizedSlots(slots)
     mgr = SnapshotManager(store, up, slots, max_bytes=10_000, temp_tag="n")
     sid = "g" * 32
     await mgr.save(0, sid, 10, ["h1"], "m")
     gate = asyncio.Event()
-    plain = up.slot_action
+    plain = up.save
 
-    async def slow(slot, action, filename=None, timeout_s=120):
-        if action == "save":
-            await gate.wait()
-        return await plain(slot, action, filename, timeout_s)
-    up.slot_action = slow
+    async def slow(slot, name):
+        await gate.wait()
+        return await plain(slot, name)
+    up.save = slow
     saving = asyncio.create_task(mgr.save(0, sid, 20, ["h1", "h2"], "m"))
     await asyncio.sleep(0.05)
 

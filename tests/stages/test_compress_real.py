@@ -47,7 +47,7 @@ NEEDLE_TOPIC = "falconry"
 
 
 def session_store(proxy):
-    return proxy.app[PIPELINE].stages[0].manager.store
+    return next(s for s in proxy.app[PIPELINE].stages if s.name == "sessions").manager.store
 
 
 @pytest.fixture

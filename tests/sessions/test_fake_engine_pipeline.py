@@ -1,0 +1,157 @@
+"""A second engine fits: the session stages run on the in-process ``FakeEngine`` (``engine/fake.py``) exactly as
+the server runs them on llama-server: the request is pinned to its slot with the engine's own fields, a session
+the single slot's next lease displaces is saved, it is restored when it comes back, the headers say what the
+engine's cache report says, and a restart empties the table. Where an index call runs is decided by the index's
+declared ``remote``, not by whether nodes share it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
+from pflash_proxy.dialects import dialect_for
+from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
+from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
+from tests.conftest import make_settings
+
+DOC_A = "The depot at plot 3 holds forty crates of pears and the depot at plot 8 holds nine. " * 12
+DOC_B = "A lighthouse keeper logs the ships at dawn, the tide at noon and the wind at dusk. " * 12
+
+
+@dataclass
+class Proxy:
+    engine: FakeEngine
+    manager: SessionManager
+    pipeline: Pipeline
+
+    async def turn(self, messages: list[dict[str, object]]) -> tuple[ProxyRequest, dict[str, object]]:
+        """One chat turn through the session stages and the fake engine, as the server runs it."""
+        body: dict[str, object] = {"messages": messages, "max_tokens": 1}
+        dialect = dialect_for("/v1/chat/completions")
+        assert dialect is not None
+        req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None,
+                           dialect=dialect, conversation=dialect.parse(body), conversation_base=body)
+        await self.pipeline.run_request(req)
+        sent = json.loads(req.forward_bytes())
+        answer = await self.engine.complete(sent)
+        await req.settle()
+        for hook in req.on_answer:
+            hook(answer)
+        await self.pipeline.run_response(req, RelayResult(200, completed=True, final_json=answer))
+        await self.pipeline.finish(req)
+        req.state["sent"] = sent
+        return req, answer
+
+
+def chat(doc: str, *questions: str) -> list[dict[str, object]]:
+    messages: list[dict[str, object]] = [{"role": "system", "content": doc}]
+    for i, q in enumerate(questions):
+        if i:
+            messages.append({"role": "assistant", "content": "ok"})
+        messages.append({"role": "user", "content": q})
+    return messages
+
+
+async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1) -> AsyncIterator[Proxy]:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    engine = FakeEngine(n_slots=n_slots, save_dir=slots)
+    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots), engine, index=index)
+    service = SessionService(manager)
+    pipeline = Pipeline([SessionStage(service), SessionCommitStage(service)])
+    await service.start()
+    try:
+        yield Proxy(engine, manager, pipeline)
+    finally:
+        await service.stop()
+
+
+@pytest.fixture
+async def proxy(tmp_path) -> AsyncIterator[Proxy]:
+    async for p in _proxy(tmp_path):
+        yield p
+
+
+async def test_a_session_is_pinned_saved_when_displaced_and_restored(proxy):
+    req, _ = await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
+    assert req.response_headers["X-PFlash-Cache"] == "miss" and req.state["sent"][PIN_FIELD] == 0
+    assert "id_slot" not in req.state["sent"]  # the fake's own pin, not llama-server's
+    sid_a = req.response_headers["X-PFlash-Session"]
+
+    req, answer = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
+    report = proxy.engine.cache_report(answer)
+    assert report is not None and report.cached_tokens > 200
+    assert req.response_headers["X-PFlash-Cache"] == "hit"
+    assert req.response_headers["X-PFlash-Cached-Tokens"] == str(report.cached_tokens)  # the engine's number
+    assert req.response_headers["X-PFlash-Session"] == sid_a
+    assert proxy.engine.calls.get("states", 0) == 0  # the engine vouched for the slot: nothing asked
+
+    req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # displaces A from the only slot
+    assert req.response_headers["X-PFlash-Cache"] == "miss"
+    assert proxy.manager.counters["evicted_saves"] == 1 and proxy.manager.snapshots.on_disk(sid_a)
+    assert proxy.engine.calls["states"] == 1  # the save checked the slot first
+
+    req, answer = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?", "And in all?"))
+    report = proxy.engine.cache_report(answer)
+    assert req.response_headers["X-PFlash-Cache"] == "restored" and req.response_headers["X-PFlash-Session"] == sid_a
+    assert report is not None and report.cached_tokens > 200  # the restored slot served the prefix
+    stats = proxy.manager.stats()
+    assert (stats["hits"], stats["restored"], stats["misses"], stats["cache_mismatches"]) == (1, 1, 2, 0)
+    assert stats["snap_saves"] == 2 and stats["snap_restores"] == 1  # A when displaced, then B
+
+
+async def test_a_restart_empties_the_table_and_the_snapshot_comes_back(proxy):
+    await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
+    await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved
+    proxy.engine.restart("the test restarted it")
+    assert proxy.manager.counters["upstream_restarts"] == 1 and not proxy.manager.table.slots[0].tokens
+    req, _ = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
+    assert req.response_headers["X-PFlash-Cache"] == "restored"
+
+
+async def test_an_unvouched_hit_is_checked_against_the_slots_state_and_a_lost_one_restored(proxy):
+    await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
+    await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved, B resident
+    proxy.engine.stop_watching()  # nothing vouches for B's slot now
+    req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?"))
+    assert req.response_headers["X-PFlash-Cache"] == "hit" and proxy.manager.counters["hits_vouched"] == 0
+    for s in proxy.engine.slots.slots:  # a restart nobody reported: the slot holds nothing, no task ran
+        s.tokens, s.task, s.prompt_tokens = [], None, None
+    req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?", "Why?"))
+    assert req.response_headers["X-PFlash-Cache"] == "miss"  # B was never saved: prefilled, not a false hit
+    assert proxy.manager.counters["slots_lost"] == 1 and proxy.manager.counters["upstream_restarts"] == 1
+
+
+class RemoteStore(SessionStore):
+    """The embedded index declared remote, as a single-node index over a network would be."""
+
+    remote = True
+
+
+def _lookup_threads(store: SessionStore) -> list[bool]:
+    on_loop: list[bool] = []
+    lookup = store.lookup
+
+    def spy(*a):
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return lookup(*a)
+    store.lookup = spy  # type: ignore[method-assign]
+    return on_loop
+
+
+@pytest.mark.parametrize("remote", [False, True])
+async def test_where_a_lookup_runs_is_decided_by_the_index_declaring_itself_remote(tmp_path, remote):
+    store = (RemoteStore if remote else SessionStore)(tmp_path / "index")
+    assert store.as_cluster() is None  # one node either way
+    async for p in _proxy(tmp_path, index=store):
+        on_loop = _lookup_threads(store)
+        await p.turn(chat("short", "hi"))
+        assert on_loop == [not remote] * len(on_loop) and on_loop, on_loop  # a short history, a local index: the loop
