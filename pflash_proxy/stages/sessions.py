@@ -55,7 +55,7 @@ from pflash_proxy.sessions.identity import message_hash, namespace_seed
 from pflash_proxy.dialects import cache_counts
 from pflash_proxy.inspector.trace import record_cache
 from pflash_proxy.sessions.manager import SessionManager, reported_cache
-from pflash_proxy.sessions.slots import Lease
+from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
 from pflash_proxy.sessions.index import SessionRecord, StoreError
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -294,7 +294,9 @@ class SessionStage(Stage):
                 if target is not None:
                     req.state["_forward_node"], req.forward_to = target
                     return record, matched, hashes, None
-            lease = await mgr.table.acquire(record.id)
+            # a new session goes where llama-server can reuse its opening (a shared system prompt): slots.py step 1
+            share = (hashes, owner if owner is not None else NO_CREDENTIAL) if found is None else None
+            lease = await mgr.table.acquire(record.id, share=share)
             try:
                 if cluster is not None and req is not None:
                     req.state[TURN_KEY] = await cluster.begin_turn(record.id)
