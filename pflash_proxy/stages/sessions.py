@@ -294,8 +294,9 @@ class SessionStage(Stage):
                 if target is not None:
                     req.state["_forward_node"], req.forward_to = target
                     return record, matched, hashes, None
-            # a new session goes where llama-server can reuse its opening (a shared system prompt): slots.py step 1
-            share = (hashes, owner if owner is not None else NO_CREDENTIAL) if found is None else None
+            # a new session (or a fork: one that shares only an opening, a system prompt, is one) goes where
+            # llama-server can reuse that opening (slots.py step 1)
+            share = (hashes, owner if owner is not None else NO_CREDENTIAL) if record is not found else None
             lease = await mgr.table.acquire(record.id, share=share)
             try:
                 if cluster is not None and req is not None:
