@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -181,7 +182,8 @@ async def run_mix(mix: str, variant: str, model: Path, work: Path, a: argparse.N
            "s_per_turn": sum(r["s"] for r in turns) / max(1, len(turns)),
            "errors": sum(1 for r in turns if not r["ok"]), "rows": turns}
     if stats is not None:
-        res["proxy"] = {k: stats.get(k) for k in ("hits", "restored", "misses", "cache_mismatches", "evicted_saves",
+        res["proxy"] = {k: stats.get(k) for k in ("hits", "restored", "misses", "prefix_hits", "cache_mismatches",
+                                                  "saves_refused", "save_failures", "evicted_saves",
                                                   "idle_saves", "isolation_erases", "snap_saves", "snap_restores",
                                                   "snap_save_ms_total", "snap_restore_ms_total", "upstream_restarts")}
     return res
@@ -216,14 +218,24 @@ async def probe(model: Path, work: Path, a: argparse.Namespace) -> dict:
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| mix | run | tokens prefilled | of them after turn 2 | s/turn | errors | proxy: hit / restored / miss |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| mix | run | tokens prefilled | of them after turn 2 | s/turn | errors | proxy: hit / restored / miss "
+             "| load avg |", "|---|---|---:|---:|---:|---:|---|---|"]
     for r in results:
         p = r.get("proxy")
         cache = f"{p['hits']} / {p['restored']} / {p['misses']}" if p else ""
+        load = r.get("load_avg") or {}
         lines.append(f"| {r['mix']} | {r['variant']} | {r['prefilled']:,} | {r['prefilled_after_turn_2']:,} | "
-                     f"{r['s_per_turn']:.2f} | {r['errors']} | {cache} |")
+                     f"{r['s_per_turn']:.2f} | {r['errors']} | {cache} | {load.get('start')}–{load.get('end')} |")
     return lines
+
+
+async def calm(max_load: float, wait_s: float) -> float:
+    """Wait until the 1-minute load average is below ``max_load`` (a shared machine), at most ``wait_s``; returns
+    the seconds waited."""
+    t0 = time.monotonic()
+    while max_load and os.getloadavg()[0] >= max_load and time.monotonic() - t0 < wait_s:
+        await asyncio.sleep(10)
+    return round(time.monotonic() - t0, 1)
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -237,7 +249,10 @@ async def main_async(a: argparse.Namespace) -> None:
     for mix in filter(None, a.mixes.split(",")):
         variants = ["alone", "proxy"] + (["proxy-shared"] if mix == "two-credentials" else [])
         for variant in variants:
+            waited = await calm(a.max_load, a.load_wait_s)
+            load0 = os.getloadavg()[0]
             res = await run_mix(mix, variant, model, work / f"{mix}-{variant}", a)
+            res["load_avg"] = {"waited_s": waited, "start": round(load0, 1), "end": round(os.getloadavg()[0], 1)}
             report["results"].append(res)
             print(json.dumps({k: v for k, v in res.items() if k != "rows"}), flush=True)
             (out / "sessions.json").write_text(json.dumps(report, indent=1))
@@ -262,6 +277,9 @@ def main() -> None:
     ap.add_argument("--idle-wait", type=float, default=None,
                     help="seconds idle before the restart/crash (default: the proxy's --idle-save-s + 5)")
     ap.add_argument("--turn-timeout-s", type=float, default=600)
+    ap.add_argument("--max-load", type=float, default=0,
+                    help="before each run, wait until the 1-minute load average is below this (0: do not wait)")
+    ap.add_argument("--load-wait-s", type=float, default=600, help="the longest such wait per run")
     ap.add_argument("--probe", action="store_true", help="also probe llama-server's RAM cache for pinned requests")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sessions"))
     a = ap.parse_args()

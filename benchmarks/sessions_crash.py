@@ -8,9 +8,11 @@ behind the proxy (in this process, ``--idle-save-s`` as given):
 3. Every session takes its next turn: its ``X-PFlash-Cache``, llama-server's ``timings.cache_n`` against the
    session's history (turn-1 prompt + answer) and the time of the turn.
 
-``cost``: ``--workers`` clients run turns of ``--sessions`` interleaved sessions for ``--seconds``, once with idle
-saves off and once with ``--cost-idle-s``: turns per second and llama-server's prompt time per turn
-(``timings.prompt_ms``) in each arm, and how many idle saves ran.
+``cost``: what background idle saves cost a busy server. ``--active`` busy sessions take one turn right after the
+other while ``--sessions`` others take a turn every ``--think-s`` seconds (idle in between, so with saves on each is
+snapshotted after every turn), all resident in their own slots, for ``--seconds``; once with idle saves off and
+once with ``--cost-idle-s``, alternated over ``--rounds``: the busy sessions' turn times (median, p90, mean) and
+llama-server's prompt time of their turns (``timings.prompt_ms``), and how many idle saves ran and took how long.
 
 Writes ``<out>/sessions-crash.json`` (``crash``) / ``<out>/idle-save-cost.json`` (``cost``) and a markdown table.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -128,40 +131,47 @@ async def run_crash(args: argparse.Namespace, model: Path, work: Path) -> dict:
 async def cost_arm(args: argparse.Namespace, model: Path, work: Path, idle_s: float) -> dict:
     server = start_llama_server(model, work / "llama", parallel=args.slots, ctx_per_slot=2048)
     runner, url = await start_proxy(server, work, idle_s)
-    turns, prompt_ms, turn_s = 0, [], []
+    active_s: list[float] = []
+    active_prompt_ms: list[float] = []
+    background_turns = 0
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as http:
-            history = {i: opening(SUBJECTS[i % len(SUBJECTS)], args.lines) for i in range(args.sessions)}
-            queue: asyncio.Queue[int] = asyncio.Queue()
-            for i in range(args.sessions):
-                queue.put_nowait(i)
+            n = args.active + args.sessions
+            history = {i: opening(SUBJECTS[i % len(SUBJECTS)], args.lines) for i in range(n)}
+            for i in range(n):  # every session's opening first: the timed part is follow-up turns only
+                _, body, _ = await turn(http, url, history[i], args.max_tokens)
+                history[i] = history[i] + [body["choices"][0]["message"], {"role": "user", "content": "And crew 1?"}]
             deadline = time.monotonic() + args.seconds
 
-            async def worker() -> None:
-                nonlocal turns
+            async def worker(i: int, active: bool) -> None:
+                nonlocal background_turns
+                k = 2
                 while time.monotonic() < deadline:
-                    i = await queue.get()
                     h, body, dt = await turn(http, url, history[i], args.max_tokens)
                     history[i] = history[i] + [body["choices"][0]["message"],
-                                               {"role": "user", "content": f"And crew {turns % 29}?"}]
-                    turns += 1
-                    prompt_ms.append(body["timings"]["prompt_ms"])
-                    turn_s.append(dt)
-                    await asyncio.sleep(args.think_s)  # the user reads the answer: the session is idle meanwhile
-                    queue.put_nowait(i)
+                                               {"role": "user", "content": f"And crew {k % 29}?"}]
+                    k += 1
+                    if active:  # a busy session: its next turn at once
+                        active_s.append(dt)
+                        active_prompt_ms.append(body["timings"]["prompt_ms"])
+                    else:  # the user reads the answer: the session sits idle (and is saved, when saves are on)
+                        background_turns += 1
+                        await asyncio.sleep(args.think_s)
 
             t0 = time.monotonic()
-            await asyncio.gather(*(worker() for _ in range(args.workers)))
+            await asyncio.gather(*(worker(i, i < args.active) for i in range(n)))
             elapsed = time.monotonic() - t0
             st = await stats(http, url)
     finally:
         await runner.cleanup()
         server.stop()
-    return {"idle_save_s": idle_s, "turns": turns, "seconds": round(elapsed, 1),
-            "turns_per_s": round(turns / elapsed, 3), "prompt_ms_mean": round(statistics.mean(prompt_ms), 1),
-            "prompt_ms_median": round(statistics.median(prompt_ms), 1),
-            "turn_s_median": round(statistics.median(turn_s), 3), "idle_saves": st.get("idle_saves"),
-            "snap_save_ms_total": round(st.get("snap_save_ms_total", 0), 1)}
+    q = statistics.quantiles(active_s, n=10) if len(active_s) >= 2 else [float("nan")] * 9
+    return {"idle_save_s": idle_s, "active_turns": len(active_s), "background_turns": background_turns,
+            "seconds": round(elapsed, 1), "active_turn_s_median": round(statistics.median(active_s), 3),
+            "active_turn_s_p90": round(q[8], 3), "active_turn_s_mean": round(statistics.mean(active_s), 3),
+            "active_prompt_ms_median": round(statistics.median(active_prompt_ms), 1),
+            "idle_saves": st.get("idle_saves"), "snap_saves": st.get("snap_saves"),
+            "snap_save_ms_total": round(st.get("snap_save_ms_total", 0), 1), "load_avg": round(os.getloadavg()[0], 1)}
 
 
 async def run_cost(args: argparse.Namespace, model: Path, work: Path) -> dict:
@@ -169,8 +179,9 @@ async def run_cost(args: argparse.Namespace, model: Path, work: Path) -> dict:
     for r in range(args.rounds):  # alternate the arms: a shared machine's load drifts
         for idle_s in (0.0, args.cost_idle_s):
             arms.append({"round": r, **await cost_arm(args, model, work / f"cost-{r}-{idle_s}", idle_s)})
-    return {"mode": "cost", "slots": args.slots, "sessions": args.sessions, "workers": args.workers,
-            "think_s": args.think_s, "seconds_per_arm": args.seconds, "arms": arms}
+    return {"mode": "cost", "slots": args.slots, "active": args.active, "sessions": args.sessions,
+            "lines": args.lines, "max_tokens": args.max_tokens, "think_s": args.think_s,
+            "seconds_per_arm": args.seconds, "arms": arms}
 
 
 def markdown(report: dict) -> str:
@@ -187,16 +198,17 @@ def markdown(report: dict) -> str:
                        f"{r['cache_n']} | {r['share']:.1%} | {r['prompt_n']} | {r['turn_s']} |")
         out += ["", f"All restored with ≥ 90 %: **{report['all_restored_90pct']}**; counters: {report['counters']}"]
         return "\n".join(out) + "\n"
-    out = [f"{report['workers']} clients, {report['sessions']} sessions on {report['slots']} slots, "
-           f"{report['think_s']} s between a session's turns, {report['seconds_per_arm']} s per arm", "",
-           "| round | idle saves after | turns | turns/s | prompt ms mean | prompt ms median | turn s median "
-           "| idle saves | save ms total |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [f"{report['active']} busy session(s) (each turn right after the last) beside {report['sessions']} that "
+           f"take a turn every {report['think_s']} s, all resident on {report['slots']} slots; "
+           f"{report['seconds_per_arm']} s per arm", "",
+           "| round | idle saves after | busy turns | busy turn s median | p90 | mean | busy prompt ms median "
+           "| other turns | idle saves | save ms total | load avg |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for a in report["arms"]:
         arm = "off" if not a["idle_save_s"] else f"{a['idle_save_s']} s"
-        out.append(f"| {a['round']} | {arm} | {a['turns']} | "
-                   f"{a['turns_per_s']} | {a['prompt_ms_mean']} | {a['prompt_ms_median']} | {a['turn_s_median']} | "
-                   f"{a['idle_saves']} | {a['snap_save_ms_total']} |")
+        out.append(f"| {a['round']} | {arm} | {a['active_turns']} | {a['active_turn_s_median']} | "
+                   f"{a['active_turn_s_p90']} | {a['active_turn_s_mean']} | {a['active_prompt_ms_median']} | "
+                   f"{a['background_turns']} | {a['idle_saves']} | {a['snap_save_ms_total']} | {a['load_avg']} |")
     return "\n".join(out) + "\n"
 
 
@@ -207,10 +219,10 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=40, help="document lines per session (~25 tokens each)")
     ap.add_argument("--idle-save-s", type=float, default=2.0)
     ap.add_argument("--max-tokens", type=int, default=4, help="tokens generated per turn")
-    ap.add_argument("--sessions", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--sessions", type=int, default=4, help="cost: sessions that sit idle --think-s between turns")
+    ap.add_argument("--active", type=int, default=1, help="cost: busy sessions, timed (a turn right after the last)")
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--think-s", type=float, default=1.5)
+    ap.add_argument("--think-s", type=float, default=3.0)
     ap.add_argument("--cost-idle-s", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sessions-crash")

@@ -229,7 +229,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                              env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_for_proxy(url, 20)
+        await wait_for_proxy(url, 120, proxy, work / "proxy.log")  # a loaded machine imports slowly
         rss0 = rss_kb(proxy.pid)
         soak = Soak(url, args)
 

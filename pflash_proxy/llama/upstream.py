@@ -9,7 +9,9 @@
    that never reached the server (connection refused, or llama-server's own 503 while it loads the model) waits
    the same way for ``/health`` and is sent again, so a restart behind the proxy costs clients time, not errors;
    so is a request whose connection broke before the server took it (a stale pooled connection, or one closed
-   while its body was being written).
+   while its body was being written). A request the server was working on when it went away (killed or restarted
+   mid-prefill, nothing answered yet) is sent once more when the server is back, its wait counted from the loss;
+   once an answer's headers arrived (a stream under way) nothing is sent again.
 4. Typed helpers for the server's own API (``/props``, ``/slots``, ``/tokenize``, slot save/restore, exact
    input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
    authenticate (a client's own ``Authorization`` travels only with its own requests).
@@ -164,9 +166,22 @@ class Upstream:
         deadline = loop.time() + (self.wait_s if wait else 0)
         await self.wait_ready(deadline)
         url = self.base_url + path_qs
+        resent = False
         while True:
             try:
                 resp = await self._send(method, url, path_qs, headers, body)
+            except _LostInFlight:
+                # The server went away under a request it had taken (killed or restarted mid-prefill) and no answer
+                # came: the client has received nothing of it, so once the server is back it is sent once more. The
+                # wait starts now, not when the request was first sent (a long prefill may have used it all).
+                if resent or not wait:
+                    raise
+                resent = True
+                deadline = loop.time() + self.wait_s
+                if not await self._wait_alive(deadline):
+                    raise
+                log.info("upstream went away under %s %s before answering; sending it again", method, path_qs)
+                continue
             except UpstreamUnavailable as exc:
                 if not isinstance(exc.__cause__, aiohttp.ClientConnectorError) or not await self._wait_alive(deadline):
                     raise
@@ -198,9 +213,13 @@ class Upstream:
                     raise
                 log.debug("upstream connection closed under the request (%s); retrying %s %s once", exc, method,
                           path_qs)
-                return await self.session.request(
-                    method, url, headers=headers, data=body, allow_redirects=False, compress=False
-                )
+                try:
+                    return await self.session.request(
+                        method, url, headers=headers, data=body, allow_redirects=False, compress=False
+                    )
+                except (aiohttp.ClientConnectionError, OSError) as again:  # refused or cut again: the server is gone
+                    raise _LostInFlight(f"upstream {self.base_url} went away under the request: "
+                                        f"{again.__class__.__name__}: {again}") from again
         except asyncio.TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.base_url} did not answer in time") from exc
         except (aiohttp.ClientConnectionError, OSError) as exc:
@@ -282,6 +301,11 @@ class Upstream:
         if status != 200:
             raise SlotActionFailed(action, slot, status, data)
         return data if isinstance(data, dict) else {}
+
+
+class _LostInFlight(UpstreamUnavailable):
+    """``_send``: the connection broke under a request before any answer, and the immediate resend could not reach
+    the server either (``open`` waits for it and sends the request once more)."""
 
 
 class SlotActionFailed(Exception):

@@ -66,9 +66,12 @@ class StatsCollector:
         yield g
         sess = s.get("sessions")
         if sess:
-            c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held", labels=["cache"])
-            for key, label in (("hits", "hit"), ("restored", "restored"), ("misses", "miss")):
-                c.add_metric([label], float(sess.get(key, 0)))
+            c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held (hit-prefix: a new "
+                                    "session whose opening llama-server found in the slot)", labels=["cache"])
+            prefix = sess.get("prefix_hits", 0)  # misses that llama-server answered reusing a prefix: not twice
+            for label, n in (("hit", sess.get("hits", 0)), ("restored", sess.get("restored", 0)),
+                             ("hit-prefix", prefix), ("miss", max(0, sess.get("misses", 0) - prefix))):
+                c.add_metric([label], float(n))
             yield c
             for key, help_ in {**SESSION_COUNTERS, **SNAPSHOT_COUNTERS}.items():
                 if key in sess:

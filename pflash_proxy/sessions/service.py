@@ -45,7 +45,7 @@ from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import namespace_seed
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, run
 from pflash_proxy.sessions.manager import SessionManager, SlotsPrefetch, reported_cache
-from pflash_proxy.sessions.slots import Lease
+from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -174,7 +174,10 @@ class SessionService:
                 target = await cluster.place(record.id, forwarded_by)
                 if target is not None:
                     return Found(record, matched, hashes, None, forward=target)
-            lease = await table.acquire(record.id)
+            # a new session (or a fork: one that shares only an opening, a system prompt, is one) goes where
+            # llama-server can reuse that opening (slots.py step 1)
+            share = (hashes, owner if owner is not None else NO_CREDENTIAL) if record is not found else None
+            lease = await table.acquire(record.id, share=share)
             turn: Turn | None = None
             try:
                 if cluster is not None:

@@ -2,7 +2,11 @@
 
 1. A request *leases* a slot for its session.  The session's own slot if it is resident (a cache hit);
    otherwise a free slot, else the least-recently-used idle one (slots whose snapshot is current are cheaper
-   to hand over and go first).  The lease reports the session it displaced so the caller can save it.
+   to hand over and go first).  A new session (``share``: its message hashes and owner) goes instead to the idle
+   slot whose session opened with the most of the same messages (a shared system prompt) and the same owner,
+   free slots or not: llama-server then reuses that prefix rather than prefilling it, as its own slot choice
+   does, and the displaced session is saved and restored later at no prefill.  The lease reports the session it
+   displaced so the caller can save it.
 2. One request per session at a time, and never two requests on one slot: a lease marks both busy.  Nothing
    is ever sent to a busy slot; requests that cannot be placed wait in the proxy, in arrival order (a waiter
    that is blocked only by its own session's running request does not hold up the others).
@@ -73,6 +77,30 @@ def _evicted(slot: Slot) -> Evicted | None:
                    slot.prompt_tokens, slot.task_seen, slot.epoch)
 
 
+Share = tuple[list[str], str]  # a new session's message hashes and owner key (``SlotTable.acquire``, step 1)
+
+
+def _sharing(idle: list[Slot], share: Share | None) -> Slot | None:
+    """Step 1: the idle slot whose session's served messages begin with the longest run of ``share``'s (at
+    least one), of the same owner; the least recently used among equals. None without one."""
+    if share is None:
+        return None
+    hashes, owner = share
+    best: Slot | None = None
+    best_n = 0
+    for slot in idle:
+        if slot.session is None or slot.session.startswith("anon-") or not slot.known or slot.owner != owner:
+            continue
+        n = 0
+        for a, b in zip(slot.served_hashes, hashes):
+            if a != b:
+                break
+            n += 1
+        if n > best_n or (n and n == best_n and best is not None and slot.last_used < best.last_used):
+            best, best_n = slot, n
+    return best
+
+
 @dataclass
 class Lease:
     slot: Slot
@@ -95,6 +123,7 @@ class SlotTable:
         self.slots = [Slot(i) for i in range(n_slots)]
         self._busy_sessions: set[str] = set()
         self._queue: deque[tuple[str, asyncio.Future[Lease | None], bool]] = deque()  # (session, future, resident_only)
+        self._shares: dict[str, Share] = {}  # a queued new session's ``share`` (step 1)
         self.waits = 0
 
     def resident(self, session: str) -> Slot | None:
@@ -112,7 +141,8 @@ class SlotTable:
     def queued(self) -> int:
         return len(self._queue)
 
-    def _try_lease(self, session: str, resident_only: bool = False) -> Lease | None | bool:
+    def _try_lease(self, session: str, resident_only: bool = False, share: Share | None = None
+                   ) -> Lease | None | bool:
         """A lease, None (wait), or False: ``resident_only`` and the session holds no slot any more."""
         if session in self._busy_sessions:
             return None
@@ -137,7 +167,8 @@ class SlotTable:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        pick = min(idle, key=lambda s: (s.session is not None, not s.snapshot_current, s.last_used, s.id))
+        pick = _sharing(idle, share) or min(idle, key=lambda s: (s.session is not None, not s.snapshot_current,
+                                                                 s.last_used, s.id))
         evicted = _evicted(pick)
         pick.session, pick.tokens, pick.prompt_tokens, pick.served_hashes = session, 0, 0, []
         pick.known, pick.snapshot_current, pick.busy = True, False, True
@@ -146,14 +177,18 @@ class SlotTable:
         return Lease(pick, session, resident=False, evicted=evicted)
 
     @overload
-    async def acquire(self, session: str, resident_only: Literal[False] = False) -> Lease: ...
+    async def acquire(self, session: str, resident_only: Literal[False] = False, share: Share | None = None
+                      ) -> Lease: ...
     @overload
-    async def acquire(self, session: str, resident_only: bool) -> Lease | None: ...
+    async def acquire(self, session: str, resident_only: bool, share: Share | None = None) -> Lease | None: ...
 
-    async def acquire(self, session: str, resident_only: bool = False) -> Lease | None:
+    async def acquire(self, session: str, resident_only: bool = False, share: Share | None = None) -> Lease | None:
         """A lease on the session's slot, or on another one (displacing its holder, ``Lease.evicted``).
-        ``resident_only``: only the slot the session holds now; None once it holds none (never displaces)."""
+        ``resident_only``: only the slot the session holds now; None once it holds none (never displaces).
+        ``share``: a new session's message hashes and owner key (step 1)."""
         fut: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        if share is not None:
+            self._shares[session] = share
         self._queue.append((session, fut, resident_only))
         self._drain()
         if not fut.done():
@@ -191,6 +226,8 @@ class SlotTable:
                 except ValueError:
                     pass
             raise
+        finally:
+            self._shares.pop(session, None)
 
     def _retry_after(self) -> int:
         """Seconds a refused client should wait: a rough share of the queue per slot, 1 to 60."""
@@ -211,7 +248,7 @@ class SlotTable:
             if fut.done():
                 self._queue.remove(item)
                 continue
-            lease = self._try_lease(session, resident_only)
+            lease = self._try_lease(session, resident_only, self._shares.get(session))
             if lease is not None:
                 self._queue.remove(item)
                 fut.set_result(lease if isinstance(lease, Lease) else None)

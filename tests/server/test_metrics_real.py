@@ -34,3 +34,23 @@ async def test_metrics_are_prometheus_with_histograms_and_help(aiohttp_client, l
     assert samples[("pflash_session_turns_total", (("cache", "miss"),))] == 1
     assert fams["pflash_session_turns"].type == "counter"
     assert fams["pflash_snapshot_bytes"].type == "gauge" and samples[("pflash_upstream_ready", ())] == 1
+
+
+async def test_session_turns_count_a_new_session_that_reused_a_prefix_as_hit_prefix(aiohttp_client, llama_server,
+                                                                                     tmp_path):
+    """A new session whose opening (a shared system prompt) llama-server found in the slot is ``hit-prefix``, and
+    is not counted as a ``miss`` too: the labels add up to the chat turns."""
+    import uuid
+
+    proxy = await aiohttp_client(create_app(make_settings(llama_server.url, tmp_path,
+                                                          slot_save_path=llama_server.slot_dir)))
+    system = f"Policy {uuid.uuid4().hex}: " + " ".join(f"Rule {i}: answer in one short sentence." for i in range(12))
+    for question in ("What is rule 3?", "What is rule 7?"):
+        r = await proxy.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": system},
+                                                                        {"role": "user", "content": question}],
+                                                           "max_tokens": 2, "temperature": 0})
+        assert r.status == 200, await r.text()
+    assert r.headers["X-PFlash-Cache"] == "hit-prefix", dict(r.headers)
+    fams = {f.name: f for f in text_string_to_metric_families(await (await proxy.get("/pflash/metrics")).text())}
+    turns = {s.labels["cache"]: s.value for s in fams["pflash_session_turns"].samples}
+    assert turns == {"hit": 0, "restored": 0, "hit-prefix": 1, "miss": 1}

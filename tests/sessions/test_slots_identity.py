@@ -158,3 +158,24 @@ async def test_a_resident_only_lease_never_displaces_another_session():
     assert t.resident("C") is t.slots[0] and t.queued == 0
     again = await t.acquire("C", resident_only=True)  # a resident session is leased as usual
     assert again is not None and again.resident
+
+
+async def test_a_new_session_goes_to_the_slot_that_shares_its_opening_even_over_a_free_one():
+    """A new session whose first messages (a shared system prompt) a resident session of the same owner opened
+    with is placed on that slot, so llama-server reuses the prefix; without ``share``, a free slot first."""
+    t = SlotTable(3)
+    a = await t.acquire("a")
+    a.slot.served_hashes, a.slot.owner = ["sys", "doc-a", "answer-a"], "-"
+    t.release(a)
+    b = await t.acquire("b")
+    b.slot.served_hashes, b.slot.owner = ["other-sys", "doc-b"], "-"
+    t.release(b)
+    plain = await t.acquire("c")
+    assert plain.slot.session == "c" and plain.evicted is None  # the free slot
+    t.release(plain)
+    plain.slot.session, plain.slot.served_hashes = None, []
+    new = await t.acquire("d", share=(["sys", "doc-d"], "-"))
+    assert new.slot is a.slot and new.evicted is not None and new.evicted.session == "a"
+    t.release(new)
+    other_owner = await t.acquire("e", share=(["other-sys", "doc-e"], "key-x"))
+    assert other_owner.slot is not b.slot and other_owner.evicted is None  # never onto another owner's content

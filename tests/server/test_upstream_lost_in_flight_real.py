@@ -1,0 +1,151 @@
+"""A request llama-server was working on when it died (mid-prefill: nothing answered yet) is sent once more when the
+server is back, however long the prefill had run; a stream whose bytes already reached the client is not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.llama
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
+
+
+class DiesMidPrefill:
+    """A TCP relay in front of the real llama-server that plays a llama-server dying under a request it has taken.
+
+    While armed, the first chat request is held ``hold_s`` without an answer (a long prefill), then every
+    connection is reset (RST) at once, and with ``down_s`` the port refuses connections that long (the process
+    gone, its successor loading); ``resets_after`` further chat requests (one sent again at once, meeting the dying
+    server still accepting) are reset as soon as they arrive. Every other connection is relayed as it is."""
+
+    def __init__(self, target_port: int, hold_s: float, down_s: float, resets_after: int = 0):
+        self.target_port, self.hold_s, self.down_s = target_port, hold_s, down_s
+        self.armed, self.resets_after, self.chats = True, resets_after, 0
+        self.port = 0
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    @staticmethod
+    def _reset(writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+        writer.transport.abort()
+
+    async def _die(self) -> None:
+        assert self.server is not None
+        if self.down_s:
+            self.server.close()  # the port refuses from now on
+        for w in list(self.writers):
+            self._reset(w)
+        if self.down_s:
+            await asyncio.sleep(self.down_s)
+            await self.start()  # the successor listens on the same port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Every request on the connection (a pooled one carries several) is looked at as it begins: on loopback a
+        small request arrives in one read."""
+        self.writers.add(writer)
+        up_writer: asyncio.StreamWriter | None = None
+        back: asyncio.Task | None = None
+        try:
+            while data := await reader.read(65536):
+                if data.startswith(b"POST /v1/chat/completions"):
+                    self.chats += 1
+                    if self.armed:
+                        self.armed = False
+                        await asyncio.sleep(self.hold_s)  # llama-server prefilling: nothing is answered
+                        await self._die()
+                        return
+                    if self.resets_after:
+                        self.resets_after -= 1
+                        self._reset(writer)
+                        return
+                if up_writer is None:
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+                    back = asyncio.create_task(self._pipe(up_reader, writer))
+                up_writer.write(data)
+                await up_writer.drain()
+        except (asyncio.CancelledError, ConnectionError, OSError):
+            writer.close()
+        finally:
+            self.writers.discard(writer)
+            if up_writer is not None:
+                up_writer.close()
+            if back is not None:
+                back.cancel()
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            dst.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("down_s,resets_after", [(0.5, 0), (0, 1)], ids=["refused-then-back", "still-accepting"])
+async def test_a_request_cut_mid_prefill_is_sent_again_once_the_server_is_back(aiohttp_client, llama_server, tmp_path,
+                                                                             stream, down_s, resets_after):
+    """The prefill outlasts ``--upstream-wait-s``: the wait for the server to come back starts when the request was
+    lost, not when it was sent; and a request whose immediate resend is cut too (the dying server still accepted
+    it) waits for the server and is sent once more (before: ``502 upstream_unreachable`` in both cases)."""
+    from pflash_proxy.server.app import create_app
+
+    fault = DiesMidPrefill(urlparse(llama_server.url).port, hold_s=3.0, down_s=down_s,
+                           resets_after=resets_after)
+    port = await fault.start()
+    settings = make_settings(f"http://127.0.0.1:{port}", tmp_path, slot_save_path=llama_server.slot_dir,
+                             upstream_wait_s=2)
+    proxy = await aiohttp_client(create_app(settings))
+    try:
+        resp = await proxy.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        text = await resp.text()
+        assert resp.status == 200, text
+        assert fault.chats == 2 + resets_after  # the lost one, (its reset immediate resend,) the one answered
+        if stream:
+            events = [json.loads(line[5:]) for line in text.splitlines()
+                      if line.startswith("data:") and line[5:].strip().startswith("{")]
+            assert events and not any("error" in e for e in events), text
+        else:
+            assert (await resp.json())["choices"][0]["message"]["content"] is not None
+    finally:
+        await fault.close()
+
+
+async def test_a_request_lost_twice_is_not_sent_a_third_time(aiohttp_client, llama_server, tmp_path):
+    """Once: a request that each time meets a server going away (the request may be what kills it) gets 502."""
+    from pflash_proxy.server.app import create_app
+
+    fault = DiesMidPrefill(urlparse(llama_server.url).port, hold_s=0.2, down_s=0, resets_after=3)
+    port = await fault.start()
+    settings = make_settings(f"http://127.0.0.1:{port}", tmp_path, slot_save_path=llama_server.slot_dir,
+                             upstream_wait_s=5)
+    proxy = await aiohttp_client(create_app(settings))
+    try:
+        resp = await proxy.post("/v1/chat/completions", json=CHAT)
+        assert resp.status == 502, await resp.text()
+        assert fault.chats == 4  # the lost one, its immediate resend, the one after the wait and its immediate one
+    finally:
+        await fault.close()
