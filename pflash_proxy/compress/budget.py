@@ -12,9 +12,9 @@ Algorithm:
 3. ``BudgetSelector.select``: keep every pinned unit; then walk the rest by density
    (descending; ties by lower index) and keep each unit that still fits under the
    budget; finally, while the kept total is below ``budget - tol`` (tol = 2%), add the
-   remaining unit that brings the total closest to the budget without passing
-   ``budget + tol``.  Returns kept indices in original order.  Pinned units are kept
-   even when they alone exceed the budget.
+   remaining unit that brings the total closest to the budget without passing it:
+   the budget is a ceiling.  Returns kept indices in original order.  Pinned units are
+   kept even when they alone exceed the budget.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class BudgetSelector:
             if len(rest) == 0:
                 break
             after = total + toks[rest]
-            ok = after <= budget_tokens + tol
+            ok = after <= budget_tokens
             if not ok.any():
                 break
             cand = rest[ok]

@@ -26,8 +26,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    The optional named definitions (step 2) join them, most relevant first (their best unit's
    density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
    The note and marker lines cost tokens too: the selection is rerun with the budget
-   lowered by their estimated size (``approx_tokens``) so the served message lands on
-   budget.  A definition the cutter had to cut (longer than its largest unit,
+   lowered by their estimated size (``approx_tokens``) and the parts added below (by the
+   excess, when a round passed the budget) so the served message lands on the budget, at
+   most it: the budget is a ceiling, passed only when the always-kept units leave no room.  A definition the cutter had to cut (longer than its largest unit,
    ``named.definition_blocks``: at most ``2 * max_segment`` tokens) is not served in part
    when the rest is small: the selection's partly kept blocks, most relevant first, get
    their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
@@ -70,7 +71,8 @@ from .spread import SpreadCurve, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
-__all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Mode", "first_choice"]
+__all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Landing", "Mode", "first_choice",
+           "landed", "landing_key"]
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
@@ -258,27 +260,36 @@ class Compressor:
                               pinned: set[int], source: Source, label: str, n_lines: int,
                               blocks: tuple[tuple[int, ...], ...] = (),
                               outline: tuple[tuple[int, str, str | None], ...] = ()) -> list[int]:
-        """Step 4: select so that kept units plus note/marker lines land on the budget.
+        """Step 4: select so that kept units plus note/marker lines (and the parts ``close_blocks`` adds) land on
+        the budget, never past it.
 
-        Reselects with ``budget - overhead`` until the overhead estimate stops changing
-        (at most 4 rounds) and returns the round whose served total is closest to the
-        budget.
+        Reselects with the selection's budget lowered by the last round's note, marker and ``close_blocks``
+        tokens (when that round passed the budget: lowered by its excess) until it lands within ``LAND_SLACK``
+        below the budget, the selection's budget repeats, or ``LAND_ROUNDS`` rounds, and returns the best round
+        (``landing_key``: at most the budget and closest to it, else the least over; the always-kept units alone
+        can pass it).
         """
-        best: tuple[int, list[int]] | None = None
-        overhead = 0
+        best: tuple[tuple[bool, int], list[int]] | None = None
         n = len(units)
         starts = np.fromiter(map(_START, units), dtype=np.int64, count=n)
         ends = np.fromiter(map(_END, units), dtype=np.int64, count=n)
-        for _ in range(4):
-            kept = close_blocks(self._select(units, dens, max(budget - overhead, 1), pinned, toks), blocks,
-                                toks, dens, budget)
-            new = self._overhead(starts, ends, kept, source, label, n_lines, outline, int(NAMES_SHARE * budget))
-            served = int(toks[kept].sum()) + new
-            if best is None or abs(served - budget) < best[0]:
-                best = (abs(served - budget), kept)
-            if new == overhead:
+        room = budget
+        seen = {room}
+        for _ in range(LAND_ROUNDS):
+            chosen = self._select(units, dens, max(room, 1), pinned, toks)
+            kept = close_blocks(chosen, blocks, toks, dens, budget)
+            extra = self._overhead(starts, ends, kept, source, label, n_lines, outline, int(NAMES_SHARE * budget))
+            extra += int(toks[kept].sum()) - int(toks[chosen].sum())
+            served = int(toks[chosen].sum()) + extra
+            key = landing_key(served, budget)
+            if best is None or key < best[0]:
+                best = (key, kept)
+            if landed(served, budget):
                 break
-            overhead = new
+            room = room - (served - budget) if served > budget else budget - extra
+            if room in seen:
+                break
+            seen.add(room)
         assert best is not None  # the loop runs at least once
         return best[1]
 
@@ -304,6 +315,43 @@ class Compressor:
         if outline and names_room > 0:
             names = names_tokens(marker_names(outline, list(zip(a.tolist(), b.tolist())), names_room))
         return approx_tokens(note_line(source, shown, n_lines, label)) + int(marker_tokens_arrays(a, b).sum()) + names
+
+
+LAND_SLACK = 0.015  # step 4: a served total within this share below the budget has landed
+LAND_ROUNDS = 6  # step 4: selections tried to land on the budget
+
+
+def landing_key(served: int, budget: int) -> tuple[bool, int]:
+    """Order of landings (smaller is better): at most the budget first, then the closest to it."""
+    return served > budget, abs(served - budget)
+
+
+def landed(served: int, budget: int, slack: float = LAND_SLACK) -> bool:
+    """A served total on the budget: at most it, and within ``slack`` of it."""
+    return budget - slack * budget <= served <= budget
+
+
+@dataclass
+class Landing:
+    """A caller's landing of a compressed outcome on its budget, once the served text is counted exactly (the
+    proxy re-tokenizes it: the note/marker estimate can be off): ``next_adjust`` gives the ``budget_adjust`` of
+    the next re-run (None once landed), ``offer`` takes that run's outcome and count; ``best`` is the best so far
+    (``landing_key``). An offer no better than the best steps the adjustment back half way."""
+    target: int
+    best: tuple[CompressionOutcome, int]
+    adjust: int = 0
+
+    def next_adjust(self) -> int | None:
+        if landed(self.best[1], self.target):
+            return None
+        self.adjust += self.best[1] - self.target
+        return self.adjust
+
+    def offer(self, outcome: CompressionOutcome, count: int) -> None:
+        if landing_key(count, self.target) < landing_key(self.best[1], self.target):
+            self.best = (outcome, count)
+        else:
+            self.adjust -= (self.best[1] - self.target) // 2  # overshot: step back half way
 
 
 NAMES_SHARE = 0.025  # step 6: the names omission markers give take at most this share of the budget

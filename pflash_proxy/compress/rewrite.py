@@ -38,7 +38,7 @@ __all__ = ["MARKER_RE", "MAX_NOTE_NAMES", "OmittedRange", "Rewriter", "Rewritten
 
 Source = Literal["tool", "paste", "prompt"]
 Outline = Sequence[tuple[int, str, str | None]]  # (line, name, owner) per definition: ``named.outline``
-MARKER_RE = r"^\[… (\d+) lines? omitted: lines? (\d+)(?:–(\d+))?(?: — (.+?))? …\]$"
+MARKER_RE = r"^\[… (\d{1,3}(?:,\d{3})*) lines? omitted: lines? (\d+)(?:–(\d+))?(?: — (.+?))? …\]$"
 MAX_NOTE_NAMES = 8
 
 

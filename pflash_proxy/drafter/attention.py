@@ -38,6 +38,9 @@ The Speculative Prefill idea (arXiv 2502.02789), computed from query/key taps so
    alone would call needles flat; ``benchmarks/README.md`` has the spread of both kinds).
 5. Content plus question longer than one drafter context is scored window by window
    (``AttentionScorer.attention_windows``): each window holds a slice of the content followed by the question.
+6. Reads of one content (its key: the drafter session) hold one lock (``session_lock``, striped): two requests
+   reading the same file at once are scored one after the other, the second from the first's kept state and
+   keys; a pass that still starts from a state kept outside that order is read again from token 0.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from .segment import token_lines, unit_token_spans
 from .taps import make_reps, text_key
 
 QUERY_SEP = "\n\n"
+_LOCK_STRIPES = 64  # reads of one content are serialised by one of this many locks (``session_lock``)
 BUILTIN_SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}  # llama.cpp set_swa_pattern defaults
 SINK = 4  # leading tokens every head dumps attention on (the attention sink)
 LOCAL = 8  # content tokens right before the question: attended for position, not meaning
@@ -196,6 +200,13 @@ class AttentionScorer:
         # keys are captured for every global layer, so scorers with other head sets can share the cache
         self.capture = tuple(sorted(set(self.layers) | set(global_layers(drafter.meta, drafter.n_layer))))
         self.keys = keys if keys is not None else KeyCache()
+        self._locks = tuple(threading.RLock() for _ in range(_LOCK_STRIPES))
+
+    def session_lock(self, session: str | None) -> threading.RLock:
+        """The lock a read of ``session``'s content holds: two requests reading the same content at once (the
+        same file in two sessions, a client's retry) read it one after the other, the second from the first's
+        kept state and keys, instead of both clearing and restoring the one drafter session under each other."""
+        return self._locks[hash(session) % _LOCK_STRIPES]
 
     # ---------------------------------------------------------------- attention of a question
     def per_layer(self, keys: dict[int, np.ndarray], queries: dict[int, np.ndarray], tail: int = 0
@@ -224,21 +235,26 @@ class AttentionScorer:
         state kept under ``session``) it reads the question alone; ``cold`` reads the content again, for a
         caller that needs the content's taps."""
         n = len(content)
-        cached = None if cold else self.keys.get(session)
-        if cached is not None and any(len(cached.get(L, ())) != n for L in self.capture):
-            cached = None
-        if cached is None and session is not None:  # a kept state is no use without the content's keys:
-            self.drafter.forget(session)  # read everything in this one pass, not the question first
-        r = self.drafter.trace(np.concatenate([content, qt]), session=session, attend_from=n,
-                               qk_layers=self.capture, taps=taps, flash=True, save_prefix=n)
-        if r.start == n and cached is not None:  # the question was read on top of the kept content state
-            return self.per_layer(cached, r.queries, tail), r
-        if r.start != 0:
-            raise DrafterError(f"drafter pass started at token {r.start}, expected 0 or {n}")
-        keys = {L: r.keys[L][:n] for L in self.capture}
-        if session is not None:
-            self.keys.put(session, keys)
-        return self.per_layer(keys, r.queries, tail), r
+        with self.session_lock(session):
+            cached = None if cold else self.keys.get(session)
+            if cached is not None and any(len(cached.get(L, ())) != n for L in self.capture):
+                cached = None
+            for _ in range(2):
+                if cached is None and session is not None:  # a kept state is no use without the content's keys:
+                    self.drafter.forget(session)  # read everything in this one pass, not the question first
+                r = self.drafter.trace(np.concatenate([content, qt]), session=session, attend_from=n,
+                                       qk_layers=self.capture, taps=taps, flash=True, save_prefix=n)
+                if r.start == n and cached is not None:  # the question was read on top of the kept content state
+                    return self.per_layer(cached, r.queries, tail), r
+                if r.start == 0:
+                    break
+                cached = None  # a state kept by a read this lock did not order (another scorer): read it all again
+            else:
+                raise DrafterError(f"drafter pass started at token {r.start}, expected 0 or {n}")
+            keys = {L: r.keys[L][:n] for L in self.capture}
+            if session is not None:
+                self.keys.put(session, keys)
+            return self.per_layer(keys, r.queries, tail), r
 
     def token_attention(self, content: np.ndarray, question: str, session: str | None = None, tail: int = 0
                         ) -> np.ndarray:

@@ -98,15 +98,16 @@ class HeadAttentionScorer:
                 p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
             rel = token_relevance(a, att.heads)
             return self._head(reps, tap[n:]), peak_mass(rel, p["starts"], p["ends"])
-        if p["head"] is None:  # step 6: the same text read before (another request): its taps are kept
-            kept = self.taps.get(f"{session}:tap{self.tap}")
-            if kept is not None and len(kept[self.tap]) == n:
-                p["head"] = unit_reps(self.head, kept[self.tap], p["starts"], p["ends"])
-        a, r = att.read(content, qt, session, tail, taps=(self.tap,), cold=p["head"] is None)
-        tap = r.taps[self.tap]
-        if r.start == 0:  # the content was read in this pass
-            p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
-            self.taps.put(f"{session}:tap{self.tap}", {self.tap: tap[:n].copy()})
+        with att.session_lock(session):  # a concurrent read of the same text finishes (and keeps its taps) first
+            if p["head"] is None:  # step 6: the same text read before (another request): its taps are kept
+                kept = self.taps.get(f"{session}:tap{self.tap}")
+                if kept is not None and len(kept[self.tap]) == n:
+                    p["head"] = unit_reps(self.head, kept[self.tap], p["starts"], p["ends"])
+            a, r = att.read(content, qt, session, tail, taps=(self.tap,), cold=p["head"] is None)
+            tap = r.taps[self.tap]
+            if r.start == 0:  # the content was read in this pass
+                p["head"] = unit_reps(self.head, tap[:n], p["starts"], p["ends"])
+                self.taps.put(f"{session}:tap{self.tap}", {self.tap: tap[:n].copy()})
         rel = token_relevance(a, att.heads)
         return self._head(reps, tap[n - r.start:]), peak_mass(rel, p["starts"], p["ends"])
 

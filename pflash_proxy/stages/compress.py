@@ -18,7 +18,8 @@ persists what was served):
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
    the tokens the upstream would prefill (the uncached part) → flat fallback (``--fallback-spread``, or the
    scorer's own thresholds by prompt length: ``scorers.default_spread``) → rewrite.  The served message
-   is re-tokenized; if the note/marker estimate moved it off budget by more than 1.5 %, one corrected run.
+   is re-tokenized; if the note/marker estimate put it past the budget, or more than 1.5 % below it, a few
+   corrected runs (the budget is a ceiling: only the always-kept units pass it).
 3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
    the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
 4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
@@ -40,6 +41,7 @@ from pflash_proxy.compress import (
     Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
     TokenizedText, UnitSegmenter, format_recall_block,
 )
+from pflash_proxy.compress.pipeline import Landing
 from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
@@ -53,7 +55,6 @@ from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.compress")
 
-_BUDGET_SLACK = 0.015
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
@@ -253,7 +254,7 @@ class CompressStage(Stage):
         record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
-                  "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
+                  "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
         if outcome.mode != "compressed":
@@ -277,29 +278,23 @@ class CompressStage(Stage):
         return "compressed", prompt_tokens, kept_prompt
 
     async def _land_on_budget(self, tt, request, uncached, in_conversation, source, label, outcome):
-        """Measure the served message exactly; while the note/marker estimate leaves it more than 1.5 % off the
-        budget, re-select with the measured error taken off (a few cheap rounds, best one kept: each reuses the
-        first round's units and scores)."""
+        """Measure the served message exactly; while it is past the budget or more than ``LAND_SLACK`` below it
+        (the note/marker estimate off), re-select with the measured error taken off (``Landing``: a few cheap
+        rounds, each reusing the first round's units and scores) and keep the best: at most the budget and
+        closest to it, else the least over."""
         loop = asyncio.get_running_loop()
-        target = outcome.budget_tokens
-        best = (outcome, await self._count(outcome.text))
-        adjust = 0
+        landing = Landing(outcome.budget_tokens, (outcome, await self._count(outcome.text)))
         for _ in range(_BUDGET_ROUNDS):
-            error = best[1] - target
-            if abs(error) <= _BUDGET_SLACK * target:
+            adjust = landing.next_adjust()
+            if adjust is None:
                 break
-            adjust += error
             retry = await loop.run_in_executor(None, lambda a=adjust: self.compressor.compress(
                 tt, request, uncached, in_conversation, source, label, budget_adjust=a,
                 analysis=outcome.analysis))  # the same units and scores: no second drafter pass
             if retry.mode != "compressed":
                 break
-            count = await self._count(retry.text)
-            if abs(count - target) < abs(best[1] - target):
-                best = (retry, count)
-            else:
-                adjust -= error // 2  # overshot: step back half way
-        return best
+            landing.offer(retry, await self._count(retry.text))
+        return landing.best
 
     async def _cold(self, ctx: SessionContext, messages: list[dict], idx: int) -> tuple[str, int, int] | None:
         """An uncached earlier history of at least ``threshold`` tokens is prefilled as it is (never compressed):

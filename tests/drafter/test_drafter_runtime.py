@@ -466,3 +466,42 @@ def test_head_attention_reads_a_message_longer_than_the_context_in_one_windowed_
                                    reps.payload["ends"][first]), rtol=2e-3, atol=1e-5)
     finally:
         d.close()
+
+
+def test_two_concurrent_reads_of_the_same_content_both_score(gemma) -> None:
+    """Two requests reading the same message at once (two sessions reading one file): the second's pass used to
+    start from the state the first had just kept, without its keys ("drafter pass started at token N"). Both
+    are scored now, equal to a lone cold scorer's answer."""
+    import threading
+
+    from pflash_proxy.drafter.attention import AttentionScorer
+    from pflash_proxy.drafter.runtime import Drafter
+    d = Drafter(gemma, n_ctx=4096, n_batch=64)
+    try:
+        text = doc(20, seed=5)
+        units = _units(text, 5)
+        sc = AttentionScorer(d)
+        question = "How many crates does warehouse 70 hold?"
+        results: dict[str, object] = {}
+
+        def score(name: str) -> None:
+            try:
+                results[name] = sc.score(sc.represent(tt_of(text), units), question)
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                results[name] = exc
+
+        first = threading.Thread(target=score, args=("first",))
+        first.start()
+        time.sleep(0.2)  # the first pass is under way (~900 tokens)
+        second = threading.Thread(target=score, args=("second",))
+        second.start()
+        first.join(600)
+        second.join(600)
+        assert isinstance(results["first"], np.ndarray), results["first"]
+        assert isinstance(results["second"], np.ndarray), results["second"]
+        d.forget(sc.represent(tt_of(text), units).payload["session"])
+        cold = AttentionScorer(d).score(sc.represent(tt_of(text), units), question)
+        np.testing.assert_allclose(results["first"], cold, rtol=2e-3, atol=1e-6)
+        np.testing.assert_allclose(results["second"], cold, rtol=2e-3, atol=1e-6)
+    finally:
+        d.close()

@@ -97,8 +97,9 @@ async def test_long_document_is_compressed_to_budget_with_markers_and_prefix_reu
     assert h["X-PFlash-Mode"] == "compressed"
     prompt_tokens = int(h["X-PFlash-Prompt-Tokens"])
     budget = BudgetCurve.parse(CURVE).budget(prompt_tokens)
-    # The server's own count of what it received is within ±2 % of the curve's budget.
-    assert abs(body["usage"]["prompt_tokens"] - budget) <= 0.02 * budget
+    # The server's own count of what it received is at most the curve's budget (a ceiling, note and markers
+    # included; a few tokens where the template joins the message) and within a unit or so of it.
+    assert 0.95 * budget <= body["usage"]["prompt_tokens"] <= budget + 4
     assert int(h["X-PFlash-Kept-Tokens"]) == pytest.approx(body["usage"]["prompt_tokens"], abs=8)
     served = served_message(proxy, h["X-PFlash-Session"], 0)
     ranges = check_markers(served, doc + "\n\n" + question)

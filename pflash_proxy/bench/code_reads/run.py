@@ -204,7 +204,7 @@ async def _read(http: aiohttp.ClientSession, proxy: Proxy, recorder: Recorder, s
     return {"case_id": case.case_id, "split": case.split, "package": case.package, "kind": case.kind,
             "shared": case.shared, "shape": shape, "variant": variant, "status": status, "mode": mode,
             "gold": served is not None and gold_block(text, case.span, shape) in served,
-            "tokens_in": tokens_in, "tokens_kept": kept_tokens,
+            "tokens_in": tokens_in, "tokens_kept": kept_tokens, "budget": fields.get("budget_tokens"),
             "kept": round(kept_tokens / tokens_in, 4) if tokens_in and kept_tokens is not None else 1.0,
             "units": [fields.get("units_kept"), fields.get("units_in")], "gutter": fields.get("gutter"),
             "reason": reason, "seconds": round(time.perf_counter() - t0, 3), "pflash_ms": fields.get("pflash_ms")}
