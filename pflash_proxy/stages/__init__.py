@@ -20,16 +20,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.contract import Stage
+    from pflash_proxy.engine import Engine
     from pflash_proxy.llama.upstream import Upstream
 
 
-def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None,
-                   extra: Sequence[Stage] = ()) -> list[Stage]:
+def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None, extra: Sequence[Stage] = (),
+                   engine: Engine | None = None) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
     history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
-    instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up)."""
+    instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up).
+    ``engine``: the seam the compression and savings stages call (default: llama-server on ``upstream``)."""
     if not settings.sessions:
         return list(extra)
+    if engine is None:
+        from pflash_proxy.llama.engine import LlamaServerEngine
+
+        engine = LlamaServerEngine(upstream)
     from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
@@ -41,14 +47,14 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
         from pflash_proxy.stages.compress import CompressStage
 
         if scorer is not None:
-            stages.append(CompressStage(settings, upstream, scorer=scorer))
+            stages.append(CompressStage(settings, engine, scorer=scorer))
         else:
             from pflash_proxy.stages.scorers import build_scorer
 
             built = build_scorer(settings)  # loads the drafter when one is configured
-            stages.append(CompressStage(settings, upstream, built.segmenter, built.scorer, built))
+            stages.append(CompressStage(settings, engine, built.segmenter, built.scorer, built))
     from pflash_proxy.inspector.turns import SavingsStage
 
-    stages.append(SavingsStage(manager, settings.threshold if settings.pflash else None))
+    stages.append(SavingsStage(manager, settings.threshold if settings.pflash else None, engine))
     stages.append(SessionCommitStage(manager))
     return stages + list(extra)
