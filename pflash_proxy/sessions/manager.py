@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from pflash_proxy.config import Settings
-from pflash_proxy.dialects import cache_counts
+from pflash_proxy.llama.engine import cache_counts
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.contract import RelayResult
 from pflash_proxy.sessions.identity import credential

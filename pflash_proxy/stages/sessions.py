@@ -52,7 +52,7 @@ from pflash_proxy.contract import (VIA_HEADER, ProxyRequest, RelayResult, Sessio
                                    StageHooks)
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash, namespace_seed
-from pflash_proxy.dialects import cache_counts
+from pflash_proxy.llama.engine import cache_counts
 from pflash_proxy.inspector.trace import record_cache
 from pflash_proxy.sessions.manager import SessionManager, reported_cache
 from pflash_proxy.sessions.slots import Lease
