@@ -30,6 +30,8 @@ from aiohttp import web
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.engine import CacheReport
+from pflash_proxy.llama.engine import cache_report
 
 log = logging.getLogger("pflash_proxy.bench")
 
@@ -238,9 +240,15 @@ class ChatResult:
     body: Any = None
 
     @property
+    def report(self) -> CacheReport | None:
+        """What the answer's timings say of the prompt (``llama.engine.cache_report``)."""
+        return cache_report({"timings": self.timings}) if self.timings else None
+
+    @property
     def prompt_n(self) -> int | None:
-        t = self.timings
-        return (t.get("prompt_n") or 0) + (t.get("cache_n") or 0) if t else None
+        """The whole prompt's tokens: cached and evaluated."""
+        report = self.report
+        return report.prompt_tokens if report is not None else None
 
 
 def new_id() -> str:
