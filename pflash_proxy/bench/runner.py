@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -257,11 +258,11 @@ def new_id() -> str:
 
 async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *, stream: bool = True,
                max_tokens: int = 4, bench_id: str | None = None, conversation: str | None = None, retries: int = 60,
-               **extra: Any) -> ChatResult:
+               extra_fields: Mapping[str, object] | None = None, **extra: Any) -> ChatResult:
     """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting).
     ``conversation`` names the proxy session (``X-PFlash-Session``), so cases that share a prefix stay apart."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 1,
-            "stream": stream, **extra}
+            "stream": stream, **extra, **(extra_fields or {})}
     headers = {BENCH_HEADER: bench_id} if bench_id else {}
     if conversation:
         headers["X-PFlash-Session"] = conversation

@@ -165,8 +165,7 @@ async def _resume(a: Arms, opts) -> list[dict]:
         for label, messages in colds[:1] if opts.quick else colds:  # --quick: the one cold run resume replaces
             for slot in range(llama.parallel):
                 await erase_slot(direct, llama.url, slot)
-            pin: dict[str, Any] = pinned(0)  # every cold run on slot 0
-            res = await chat(direct, llama.url, messages, **pin)
+            res = await chat(direct, llama.url, messages, extra_fields=pinned(0))  # every cold run on slot 0
             out.append(_row("direct", res, None, None, case=label))
     return out
 

@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -271,7 +272,7 @@ async def close_peers(app: web.Application) -> None:
         await peer.close()
 
 
-def pin_of(engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
+def pin_of(engine: Engine, body: Mapping[str, object]) -> dict[str, object]:
     """The fields of ``body`` that pin it to a slot of ``engine`` (none without slots)."""
     slots = engine.slots
     if slots is None:
@@ -280,7 +281,7 @@ def pin_of(engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in kept} if len(kept) != len(body) else {}
 
 
-def check_pin(engine: Engine, body: dict[str, Any]) -> None:
+def check_pin(engine: Engine, body: Mapping[str, object]) -> None:
     """A slot pin the client sent itself must be an integer (400, before llama-server would fail on it)."""
     for key, value in pin_of(engine, body).items():
         if value is not None and not is_int(value):
