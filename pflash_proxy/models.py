@@ -1,7 +1,8 @@
 """Typed views of the request bodies the pipeline understands.
 
 Unknown fields are kept (``extra="allow"``) and the proxy forwards the client's own bytes unless a stage
-changes the body, so these models never narrow what a client may send to llama-server.
+changes the body, so these models never narrow what a client may send to llama-server. A slot pin the client
+sends is checked against the engine's own pin fields (``server.routes.check_pin``), not typed here.
 """
 
 from __future__ import annotations
@@ -49,14 +50,12 @@ class ChatCompletionRequest(_Open):
     messages: list[ChatMessage]
     model: str | None = None
     stream: bool = False
-    id_slot: int | None = None
     tools: list[dict[str, Any]] | None = None
 
 
 class CompletionRequest(_Open):
     prompt: Any = None
     stream: bool = False
-    id_slot: int | None = None
 
 
 def message_text(content: Any) -> str:

@@ -81,24 +81,13 @@ WIRE = ("id_slot", "cache_n", "/slots", "/tokenize", "n_predict")
 UPSTREAM_API = ("tokenize", "input_tokens", "slot_action", "slots", "props", "call")
 # Modules that still use them, to move onto ``engine.Engine`` / ``engine.Slots``: an entry may only shrink.
 NOT_YET_ON_THE_SEAM = {
-    "bench/quality.py": {"/tokenize"},
-    "bench/runner.py": {"cache_n"},
-    "bench/sizing.py": {"/tokenize"},
-    "bench/ttft.py": {"/slots", "/tokenize", "cache_n", "id_slot"},
-    "cli/__init__.py": {"/slots", "/tokenize", "cache_n"},  # help texts of the flags for llama-server's routes
-    "cli/show.py": {"cache_n"},  # the per-turn savings read the inspector's trace keys, named after the timings
-    "dialects/__init__.py": {"cache_n"},
-    "dialects/anthropic.py": {"id_slot"},
-    "dialects/anthropic_wire.py": {"cache_n", "id_slot"},
-    "inspector/data.py": {"cache_n"},
-    "inspector/trace.py": {"cache_n"},
-    "inspector/turns.py": {"cache_n"},  # reads the answer's timings itself; to move onto Engine.cache_report
-    "models.py": {"id_slot"},
-    "server/control.py": {"/slots", "/tokenize", "upstream.call"},  # `/`: whether llama-server serves a page
-    "server/metrics.py": {"/slots", "/tokenize", "cache_n"},
-    "server/routes.py": {"/slots", "id_slot"},  # the guard of clients' own slot actions
-    "stages/compress.py": {"upstream.input_tokens", "upstream.tokenize"},
 }
+
+
+# each field as a word of its own (not inside ``invalid_slot_id``), each route after a host or at a path's start
+# (not inside ``HOME/slots``)
+_WIRE_WORD = {w: re.compile((r"(?<![A-Za-z])" if w.startswith("/") else r"(?<!\w)") + re.escape(w) + r"(?!\w)")
+              for w in WIRE}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -115,7 +104,7 @@ def wire_spellings(path: Path) -> set[str]:
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-            out.update(w for w in WIRE if w in node.value)
+            out.update(w for w in WIRE if _WIRE_WORD[w].search(node.value))
         elif isinstance(node, ast.Name) and node.id in WIRE:
             out.add(node.id)
         elif isinstance(node, ast.keyword) and node.arg in WIRE:
@@ -145,8 +134,12 @@ def test_the_wire_field_scan_sees_code_and_not_prose(tmp_path):
                       "def f(req, self):\n"
                       '    """id_slot here too."""\n'
                       '    req.set_field("id_slot", 1)\n'
+                      '    help = "default HOME/slots", "invalid_slot_id", "POST /slotsX"\n'
                       "    return self.upstream.tokenize(req), req.timings.cache_n\n")
     assert wire_spellings(sample) == {"id_slot", "cache_n", "upstream.tokenize"}
+    routes = tmp_path / "routes.py"
+    routes.write_text('URL = "http://127.0.0.1:8080/slots/0?action=erase"\n')
+    assert wire_spellings(routes) == {"/slots"}
 
 
 ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\s*\d+", re.IGNORECASE)

@@ -4,7 +4,7 @@
    threshold 1024), each sized to its length in llama-server's own tokens (``sizing.sized_cases``; not capped
    at a slot: nothing is forwarded, and the proxy admits prompts up to ``--max-prompt-tokens``).
 2. One llama-server (spawned like ``--spawn``, or ``--upstream``) gives the exact token counts PFlash uses
-   (``/tokenize``, ``input_tokens``).  One proxy per available scorer, in dry-run mode: each case goes through
+   (``Engine.count_prompt`` / ``pieces``).  One proxy per available scorer, in dry-run mode: each case goes through
    the real chat route (sessions → PFlash → commit) and is stopped just before the forward; the recorder keeps
    the messages the upstream would receive.  No prefill and no generation (the TTFT bench forwards for real).
 3. Budget: the estimated size of the long message PFlash served (the first scorer's row, ``lexical``); head+tail
@@ -326,7 +326,7 @@ def merge_runs(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
 def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     t, chart = tables(data)
-    notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens, in llama-server's own tokens (/tokenize, "
+    notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens, in llama-server's own tokens (its tokenizer, "
              f"within 3%; not capped at a slot, as nothing is forwarded), seed "
              f"{data['seed']}, threshold {data['threshold']}, families: {', '.join(data['families'])}",
              "measured through the proxy's real chat route (sessions → PFlash → commit), stopped just before the "

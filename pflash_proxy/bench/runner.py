@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -30,6 +31,8 @@ from aiohttp import web
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.engine import CacheReport
+from pflash_proxy.llama.engine import cache_report
 
 log = logging.getLogger("pflash_proxy.bench")
 
@@ -238,9 +241,15 @@ class ChatResult:
     body: Any = None
 
     @property
+    def report(self) -> CacheReport | None:
+        """What the answer's timings say of the prompt (``llama.engine.cache_report``)."""
+        return cache_report({"timings": self.timings}) if self.timings else None
+
+    @property
     def prompt_n(self) -> int | None:
-        t = self.timings
-        return (t.get("prompt_n") or 0) + (t.get("cache_n") or 0) if t else None
+        """The whole prompt's tokens: cached and evaluated."""
+        report = self.report
+        return report.prompt_tokens if report is not None else None
 
 
 def new_id() -> str:
@@ -249,11 +258,11 @@ def new_id() -> str:
 
 async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *, stream: bool = True,
                max_tokens: int = 4, bench_id: str | None = None, conversation: str | None = None, retries: int = 60,
-               **extra: Any) -> ChatResult:
+               extra_fields: Mapping[str, object] | None = None, **extra: Any) -> ChatResult:
     """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting).
     ``conversation`` names the proxy session (``X-PFlash-Session``), so cases that share a prefix stay apart."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 1,
-            "stream": stream, **extra}
+            "stream": stream, **extra, **(extra_fields or {})}
     headers = {BENCH_HEADER: bench_id} if bench_id else {}
     if conversation:
         headers["X-PFlash-Session"] = conversation

@@ -5,7 +5,7 @@ depends on the content (code and logs take more tokens per byte than prose), so 
 more than a 32K slot holds.  For each (family, length, index):
 
 1. generate the case at the nominal length (or, when that would not fit ``cap``, at ``cap / (1 + TOLERANCE)``)
-   and count its text with llama-server's ``/tokenize``;
+   and count its text with llama-server's tokenizer (``llama.direct.tokenize_counter``);
 2. while it is more than ``TOLERANCE`` off (at most ``TRIES`` times), generate it again at
    ``target × wanted / real``: the rng is seeded by the target, so this is another deterministic case;
 3. keep the closest try that is not above ``cap`` (the slot's room, for benches that forward), else the smallest;
@@ -15,27 +15,16 @@ more than a 32K slot holds.  For each (family, length, index):
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping, Sequence
-
-import aiohttp
+from typing import Mapping, Sequence
 
 from pflash_proxy.bench.cases import Case, family_names, generate_case, messages_text
+from pflash_proxy.llama.direct import CountAsync, tokenize_counter
+
+__all__ = ["ROOM", "TOLERANCE", "TRIES", "CountAsync", "sized_case", "sized_cases", "tokenize_counter"]
 
 TOLERANCE = 0.03
 TRIES = 4
 ROOM = 512  # a case leaves this much of one slot for the chat template, the salt line and the reply
-
-CountAsync = Callable[[str], Awaitable[int]]
-
-
-def tokenize_counter(http: aiohttp.ClientSession, llama_url: str) -> CountAsync:
-    async def count(text: str) -> int:
-        async with http.post(llama_url + "/tokenize", json={"content": text}) as r:
-            r.raise_for_status()
-            return len((await r.json())["tokens"])
-
-    return count
-
 
 async def sized_case(count: CountAsync, family: str, length: int, index: int = 0, seed: int = 0,
                      cap: int | None = None) -> Case:

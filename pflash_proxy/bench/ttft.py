@@ -3,12 +3,12 @@
 1. One llama-server (spawned like ``--spawn``, or ``--upstream``) and two in-process proxies in front of it:
    ``pflash`` (PFlash on, the first available scorer) and ``full`` (``pflash=False``: the same proxy, sessions
    and all, full prefill).  Every run's first message starts with a unique salt line, so no run reuses another
-   run's prefix cache (``cache_n`` is recorded to show it); after each run the proxy snapshots its sessions
+   run's prefix cache (the cached tokens are recorded to show it); after each run the proxy snapshots its sessions
    (``/pflash/save``, untimed) so no later run pays for saving a displaced one.
 2. Lengths: ``--prompts`` prompts per length (families cycle through a sectioned document, a prose retrieval
    case and a code case, each sized in the upstream's tokens and capped at one slot), the two arms interleaved
    (the order alternates).  First-token time = streaming, time to the first content chunk; prefill tokens from
-   llama-server's ``timings``.
+   llama-server's ``timings`` (``ChatResult.report``).
 3. Chat replay at the shortest length, each arm in turn: a long document (turn 1), a short follow-up, a long
    paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
    kept.  Per-turn and whole-chat waiting time.  It runs before step 2, and its first turn is step 2's first
@@ -36,6 +36,7 @@ from pflash_proxy.bench.report import Chart, Table, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
 from pflash_proxy.cli.progress import Progress
+from pflash_proxy.llama.direct import erase_slot, pinned
 
 # A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
 PROMPT_FAMILIES = ("multiturn", "ruler_single", "code")
@@ -45,9 +46,10 @@ REPLAY_TURNS = 4  # chat replay: document, follow-up, paste, follow-up (``_repla
 
 def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Any) -> dict[str, Any]:
     fields = proxy.seen(key).fields if proxy is not None and key in proxy.recorder.seen else {}
-    t = res.timings or {}
+    report = res.report
     return {"arm": arm, "status": res.status, "ttft_s": round(res.ttft_s or 0, 3), "total_s": round(res.total_s, 3),
-            "prefill_tokens": t.get("prompt_n"), "cache_n": t.get("cache_n"), "prompt_tokens": res.prompt_n,
+            "prefill_tokens": None if report is None else report.new_tokens,
+            "cached_tokens": None if report is None else report.cached_tokens, "prompt_tokens": res.prompt_n,
             "mode": res.headers.get("X-PFlash-Mode", "off" if arm != "pflash" else "?"),
             "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": fields.get("pflash_ms"),
             "drafter_ms": _drafter_ms(fields), "reply": res.text[:80], **extra}
@@ -162,9 +164,8 @@ async def _resume(a: Arms, opts) -> list[dict]:
         colds = [("cold: same served prompt, slots erased", served), ("cold: original prompt, no PFlash", follow)]
         for label, messages in colds[:1] if opts.quick else colds:  # --quick: the one cold run resume replaces
             for slot in range(llama.parallel):
-                async with direct.post(f"{llama.url}/slots/{slot}?action=erase") as r:
-                    await r.read()
-            res = await chat(direct, llama.url, messages, id_slot=0)
+                await erase_slot(direct, llama.url, slot)
+            res = await chat(direct, llama.url, messages, extra_fields=pinned(0))  # every cold run on slot 0
             out.append(_row("direct", res, None, None, case=label))
     return out
 
@@ -209,9 +210,9 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
             sel = [r for r in data["runs"] if r["length"] == n and r["arm"] == arm]
             st: dict[str, Any] = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
                   "tokens": mean([r["prompt_tokens"] for r in sel]), "pflash_ms": mean([r["pflash_ms"] for r in sel]),
-                  "modes": ",".join(sorted({r["mode"] for r in sel})), "cache_n": max((r["cache_n"] or 0) for r in sel)}
+                  "modes": ",".join(sorted({r["mode"] for r in sel})), "cached": max((r["cached_tokens"] or 0) for r in sel)}
             arm_stats[arm] = st
-            rows.append([f"{n // 1024}K", arm, len(sel), st["modes"], st["tokens"], st["cache_n"], st["ttft_mean"],
+            rows.append([f"{n // 1024}K", arm, len(sel), st["modes"], st["tokens"], st["cached"], st["ttft_mean"],
                          st["ttft_median"], st["pflash_ms"]])
         f, p = arm_stats["full"], arm_stats["pflash"]
         if f["ttft_median"] and p["ttft_median"]:
@@ -222,7 +223,7 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
             pf_full, pf_pf = project(f["tokens"], rate, quad), comp_s + project(p["tokens"], rate, quad)
             proj.append([f"{n // 1024}K", f["tokens"], p["tokens"], comp_s, pf_full, pf_pf, pf_full / pf_pf])
     out = [Table("First-token time, full prefill vs PFlash (interleaved, salted, streaming)",
-                 ["length", "arm", "n", "mode", "prompt tokens (mean)", "max cache_n", "TTFT mean s",
+                 ["length", "arm", "n", "mode", "prompt tokens (mean)", "max cached tokens", "TTFT mean s",
                   "TTFT median s", "compression ms (mean)"], rows)]
     per = []
     for n in data["lengths"]:
@@ -255,7 +256,7 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
     if data.get("resume"):
         out.append(Table("Resume after a llama-server restart vs cold",
                          ["case", "TTFT s", "prefilled tokens", "cached tokens", "proxy cache"],
-                         [[r["case"], r["ttft_s"], r["prefill_tokens"], r["cache_n"], r.get("cache") or "–"]
+                         [[r["case"], r["ttft_s"], r["prefill_tokens"], r["cached_tokens"], r.get("cache") or "–"]
                           for r in data["resume"]]))
     dms = [r["drafter_ms"] for r in data["runs"] if r.get("drafter_ms") is not None]
     out.append(Table("Drafter cost", ["scorer", "drafter ms (mean, represent+score)", "whole compression ms (mean)"],
@@ -272,12 +273,12 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
     quad = getattr(opts, "gpu_quadratic_at", 65536.0)
     notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
              f"{data['prompts']} prompts per length; run took {data['seconds']} s",
-             "cases sized in llama-server's own tokens (/tokenize) to their length, capped at what one slot "
+             "cases sized in llama-server's own tokens to their length, capped at what one slot "
              f"holds with its reply ({data.get('slot_cap_tokens', '?')} tokens)",
              "chat replay (document, then a paste half as long, at least 1.25× the threshold) and resume at the "
              "shortest length",
              "arms: two in-process proxies on one llama-server, PFlash on vs off; every run salted at the start "
-             "of its first message so no run reuses another's prefix cache (max cache_n shows it)",
+             "of its first message so no run reuses another's prefix cache (max cached tokens shows it)",
              "TTFT = time to the first streamed content chunk, measured by the client; both arms pay the same "
              "proxy overheads; PFlash's time includes exact token counting and compression",
              "projection assumptions: target prefill time t(n) = (n + n²/(2Q))/R (per-token cost grows linearly "

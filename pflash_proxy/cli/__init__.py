@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from pflash_proxy import __version__
 from pflash_proxy.config import (GROUPS, OPTIONS, CompressionOptions, ConfigError, DrafterOptions, Settings,
                                  format_host, load_settings, private_dir)
+from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
 from pflash_proxy.stages.scorers import SCORER_NAMES, DrafterSetupError, check_scorer, scorer_help
 
 _C, _D = CompressionOptions(), DrafterOptions()  # the defaults, for the help texts
@@ -53,13 +54,13 @@ _HELP = {
     "upstream_timeout_s": "seconds an upstream request may take before the client gets 504 (default 600)",
     "cache_isolation": "'credential': once the proxy has seen two credentials, a slot whose llama-server KV another "
                        "credential's requests left is erased before it serves a request that does not restore its "
-                       "own snapshot there, so no client learns from the prefix cache (cache_n, time) what another "
+                       "own snapshot there, so no client learns from the prefix cache (the cached token counts, the time) what another "
                        "sent; 'shared': slots' content is reused across credentials (default credential)",
     "upstream_wait_s": "a request that meets llama-server starting or restarting (refused connection, 'Loading "
                        "model') waits this many seconds for it and is then sent, instead of failing (0 = 503 at "
                        "once, default 60)",
-    "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (/props, "
-                        "/tokenize, /slots, token counts, snapshots) send it; client requests keep their own "
+    "upstream_api_key": "the key llama-server was started with (--api-key): the proxy's own calls (the model's "
+                        "properties, token counts, slot states, snapshots) send it; client requests keep their own "
                         "Authorization (default none; better given as PFLASH_UPSTREAM_API_KEY than on the command "
                         "line)",
     # sessions and snapshots
@@ -78,7 +79,8 @@ _HELP = {
     "max_sessions": "keep at most this many sessions; the least recently used go first (default 10000)",
     "max_index_mb": "bound of the session index on disk (histories, recall state); the least recently used "
                     "sessions are forgotten beyond it (default 1024)",
-    "allow_slot_actions": "pass clients' POST /slots/N?action=save|restore|erase through, under a lease of slot N "
+    "allow_slot_actions": f"pass clients' POST {CLIENT_SLOT_ROUTE.format(slot='N')}?action=save|restore|erase "
+                          "through, under a lease of slot N "
                           "(default off: refused with 403, since they overwrite what the proxy keeps in the slots)",
     "drop_volatile_lines": "Anthropic Messages: drop per-request volatile lines (Claude Code's "
                            "'x-anthropic-billing-header: ...cch=...') from the system prompt before session identity "

@@ -2,7 +2,7 @@
 
 Without SESSION: the most recently used sessions, one line each (the client, the last turn's cache result, tokens
 compression saved, tokens reused from the slot, the time saved, an estimate, and the first words). With one (its
-full id or a unique prefix of a listed one): each turn — what the slot held, llama-server's ``cache_n`` and
+full id or a unique prefix of a listed one): each turn — what the slot held, the engine's cached and
 prefilled tokens, the tokens compression kept from the prefill, the time saved (estimated), why a message was
 served whole — then every served message; a compressed (or whole-served) message is printed from its original
 lines — kept lines plain with their line numbers (``>`` marks the request span), each run of omitted units as one
@@ -209,14 +209,14 @@ def print_session(data: dict[str, Any], out: TextIO) -> None:
 
 
 def print_turn(t: dict[str, Any], out: TextIO) -> None:
-    """One turn: what the slot held, llama-server's counts, what was avoided and the time saved (an estimate)."""
+    """One turn: what the slot held, the engine's counts, what was avoided and the time saved (an estimate)."""
     head = f"turn {t['turn']}: {t.get('cache')}"
-    if t.get("prompt_n") is None:
-        out.write(f"{head}, no timings from llama-server (status {t.get('status')})\n")
+    if t.get("prefilled_tokens") is None:
+        out.write(f"{head}, no cache report from the engine (status {t.get('status')})\n")
     else:
         avoided, saved = t.get("tokens_avoided") or {}, t.get("saved_s") or {}
-        prefill = f" in {_secs(t['prompt_ms'] / 1000)}" if t.get("prompt_ms") is not None else ""
-        out.write(f"{head}, cache_n {_n(t['cache_n'])}, prefilled {_n(t['prompt_n'])}{prefill}, "
+        prefill = f" in {_secs(t['prefill_ms'] / 1000)}" if t.get("prefill_ms") is not None else ""
+        out.write(f"{head}, cached {_n(t['cached_tokens'])}, prefilled {_n(t['prefilled_tokens'])}{prefill}, "
                   f"{_n(avoided.get('compression'))} not prefilled thanks to compression; time saved ≈ "
                   f"{_secs(_saved(t))} (compression {_secs(saved.get('compression'))}, cache "
                   f"{_secs(saved.get('cache'))}; estimate)\n")

@@ -12,8 +12,9 @@ conversation: a list of OpenAI-chat-shaped messages (``role``, ``content`` as a 
    everything the proxy did not change stays as the client sent it, so the upstream sees the same tokens
    turn after turn. A message whose text is the same in another shape (a served history recorded from another
    dialect: ``[]`` for ``None``, one text part for a string) is not written back (``text_changed``).
-4. ``chat_body`` is the conversation as a chat body: llama-server converts every dialect to chat internally,
-   so ``/v1/chat/completions/input_tokens`` counts it exactly.
+4. ``chat_body`` is the conversation as a chat body: the engine counts a prompt from a chat body
+   (``Engine.count_prompt``; llama-server converts every dialect to chat internally), so it counts it exactly.
+   What the prefix cache served is read from an answer by the engine too (``Engine.cache_report``).
 5. Errors: a non-streamed error in the dialect's own shape; ``error_event`` ends a stream that already started.
 6. Hostile bodies: ``parse`` refuses (400, ``BadRequest``) a body nested deeper than ``MAX_DEPTH`` containers
    (the session index stores messages: a recursion limit is a crash, not an answer) and, per dialect, every
@@ -27,14 +28,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeGuard
 
 from aiohttp import web
 
+from pflash_proxy.engine import CacheReport
 from pflash_proxy.errors import BadRequest, error_body
 from pflash_proxy.models import message_text
 
-__all__ = ["Conversation", "Dialect", "MAX_DEPTH", "StreamStyle", "cache_counts", "check_depth",
+JsonObject = dict[str, Any]  # a JSON object as ``json.loads`` gives it (a body, a message, a part)
+ReportReader = Callable[[Mapping[str, object] | None], CacheReport | None]  # ``Engine.cache_report``
+
+
+class Translator(Protocol):
+    """An answer of the upstream route in a dialect's own shape: a whole body, or a stream's events."""
+
+    def body(self, status: int, raw: bytes) -> bytes: ...
+    def stream(self, chunk: bytes) -> bytes: ...
+    def end(self) -> bytes: ...
+
+__all__ = ["Conversation", "Dialect", "JsonObject", "ReportReader", "Translator", "MAX_DEPTH", "StreamStyle", "check_depth",
            "check_tool_arguments", "dialect_for",
            "replace_text", "stream_style_for"]
 
@@ -52,7 +66,7 @@ def check_depth(body: Any, limit: int = MAX_DEPTH) -> None:
             stack.extend((v, depth + 1) for v in (x.values() if isinstance(x, dict) else x))
 
 
-def check_tool_arguments(messages: list[dict]) -> None:
+def check_tool_arguments(messages: list[JsonObject]) -> None:
     """400 when a tool call's ``arguments`` string holds JSON nested deeper than ``MAX_DEPTH`` (parsing it would
     recurse past Python's limit) or a string with a lone UTF-16 surrogate escape (``"\\ud800"``: no UTF-8 text can
     hold one). Only strings that could be either (brackets beyond the limit, a ``\\u`` escape) are parsed."""
@@ -107,7 +121,7 @@ def expect(ok: bool, where: str, what: str) -> None:
         raise BadRequest(f"invalid request: {where}: {what}", code="invalid_request")
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -117,7 +131,7 @@ def is_num(v: Any) -> bool:
 
 @dataclass
 class Conversation:
-    messages: list[dict]  # internal, OpenAI-chat-shaped
+    messages: list[JsonObject]  # internal, OpenAI-chat-shaped
     origins: list[Any] = field(default_factory=list)  # per message: where it lives in the client's body
 
 
@@ -126,7 +140,7 @@ class StreamStyle:
 
     done = False
 
-    def error_event(self, err: dict) -> bytes:
+    def error_event(self, err: JsonObject) -> bytes:
         return b"data: " + json.dumps(err).encode() + b"\n\n" + (b"data: [DONE]\n\n" if self.done else b"")
 
 
@@ -139,7 +153,7 @@ _ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentic
                     "rate_limit_error": "rate_limit_error", "unavailable_error": "overloaded_error"}
 
 
-def anthropic_error(err: dict) -> dict:
+def anthropic_error(err: JsonObject) -> JsonObject:
     """An OpenAI-shaped error body in Anthropic's shape."""
     raw = err.get("error")
     inner = raw if isinstance(raw, dict) else {}
@@ -148,12 +162,12 @@ def anthropic_error(err: dict) -> dict:
 
 
 class AnthropicStream(StreamStyle):
-    def error_event(self, err: dict) -> bytes:
+    def error_event(self, err: JsonObject) -> bytes:
         return b"event: error\ndata: " + json.dumps(anthropic_error(err)).encode() + b"\n\n"
 
 
 class ResponsesStream(StreamStyle):
-    def error_event(self, err: dict) -> bytes:
+    def error_event(self, err: JsonObject) -> bytes:
         raw = err.get("error")
         inner = raw if isinstance(raw, dict) else {}
         event = {"type": "error", "code": str(inner.get("code", "error")), "message": str(inner.get("message", "")),
@@ -161,7 +175,7 @@ class ResponsesStream(StreamStyle):
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
 
 
-def cap_turn(chat: dict, cap: int) -> bool:
+def cap_turn(chat: JsonObject, cap: int) -> bool:
     """Lower the chat body's ``max_tokens`` to ``cap`` (a spawned base model's, ``llama/spawn.py`` step 3);
     True when it was higher (the answer's stop at the cap is then the end of its turn)."""
     if cap <= 0 or not isinstance(chat.get("max_tokens"), int) or chat["max_tokens"] <= cap:
@@ -178,45 +192,46 @@ class Dialect:
     stream_style: StreamStyle = OpenAIStream()
     upstream_path: str | None = None  # set when the body travels to another llama-server route (translated)
 
-    def parse(self, body: dict) -> Conversation:
+    def parse(self, body: JsonObject) -> Conversation:
         raise NotImplementedError
 
-    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+    def write_back(self, body: JsonObject, conv: Conversation, messages: list[JsonObject]) -> JsonObject:
         raise NotImplementedError
 
-    def chat_body(self, body: dict, messages: list[dict]) -> dict:
+    def chat_body(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         return {**body, "messages": messages}
 
-    def to_upstream(self, body: dict, messages: list[dict]) -> dict:
+    def to_upstream(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         """The body for ``upstream_path`` (only dialects that set it)."""
         raise NotImplementedError
 
-    def translator(self, turn_capped: bool = False) -> Any:
+    def translator(self, report: ReportReader, turn_capped: bool = False) -> Translator | None:
         """Translates the answer of ``upstream_path`` back into this dialect (``body``, ``stream``, ``end``);
-        ``turn_capped``: the request's ``max_tokens`` was lowered to a spawned base model's cap, so stopping
-        there is the end of its turn (``llama/spawn.py``, step 3)."""
+        ``report`` reads the cache report of an answer or event (``Engine.cache_report``); ``turn_capped``: the
+        request's ``max_tokens`` was lowered to a spawned base model's cap, so stopping there is the end of its
+        turn (``llama/spawn.py``, step 3)."""
         return None
 
-    def session_name(self, body: dict) -> str | None:
+    def session_name(self, body: JsonObject) -> str | None:
         """A conversation name the client sends on its own in the body (none for chat)."""
         return None
 
-    def prepare(self, body: dict, drop_volatile: bool) -> dict | None:
+    def prepare(self, body: JsonObject, drop_volatile: bool) -> JsonObject | None:
         """A body with volatile parts removed before identity and forwarding, or None when nothing changes."""
         return None
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict | None = None, type_: str | None = None) -> web.Response:
+                       headers: JsonObject | None = None, type_: str | None = None) -> web.Response:
         return web.json_response(error_body(status, message, code, type_), status=status, headers=headers)
 
 
-def changed_indices(old: list[dict], new: list[dict]) -> list[int]:
+def changed_indices(old: list[JsonObject], new: list[JsonObject]) -> list[int]:
     if len(old) != len(new):
         raise ValueError(f"a stage changed the number of messages ({len(old)} → {len(new)}); only content may change")
     return [i for i, (a, b) in enumerate(zip(old, new)) if a.get("content") != b.get("content")]
 
 
-def text_changed(old: list[dict], new: list[dict]) -> list[int]:
+def text_changed(old: list[JsonObject], new: list[JsonObject]) -> list[int]:
     """The messages whose *text* a stage changed. A served history recorded from another dialect may hold the
     same text in another shape (``[]`` for ``None``, a string for one text part): nothing to write back there,
     and a message with no text place (a Responses ``function_call``) must not fail the request for it."""
@@ -240,38 +255,6 @@ def replace_text(content: Any, text_idx: list[int] | None, text: str, part_type:
         elif j not in drop:
             out.append(part)
     return out
-
-
-def cache_counts(final: dict | None) -> dict | None:
-    """``{"cache_n", "prompt_n", "predicted_n"}`` from a final answer in any dialect, or None.
-
-    llama-server puts ``timings`` on chat, completion and streamed Responses answers; Anthropic answers carry
-    ``usage.cache_read_input_tokens`` (``input_tokens`` then excludes the cached part); Responses answers carry
-    ``usage.input_tokens_details.cached_tokens`` (``input_tokens`` includes it)."""
-    if not isinstance(final, dict):
-        return None
-    timings = final.get("timings")
-    if isinstance(timings, dict) and "cache_n" in timings:
-        return {k: int(timings.get(k, 0) or 0) for k in ("cache_n", "prompt_n", "predicted_n")}
-    usage = final.get("usage")
-    if not isinstance(usage, dict):
-        inner = final.get("response") or final.get("message")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    try:
-        if "cache_read_input_tokens" in usage:
-            return {"cache_n": int(usage["cache_read_input_tokens"] or 0),
-                    "prompt_n": int(usage.get("input_tokens") or 0),
-                    "predicted_n": int(usage.get("output_tokens") or 0)}
-        details = usage.get("input_tokens_details")
-        if isinstance(details, dict) and "cached_tokens" in details:
-            cached = int(details["cached_tokens"] or 0)
-            return {"cache_n": cached, "prompt_n": max(0, int(usage.get("input_tokens") or 0) - cached),
-                    "predicted_n": int(usage.get("output_tokens") or 0)}
-    except (TypeError, ValueError):
-        return None
-    return None
 
 
 _PLAIN = StreamStyle()

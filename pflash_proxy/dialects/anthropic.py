@@ -33,8 +33,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, anthropic_error, check_depth, expect,
-                                   is_int, is_num, replace_text, text_changed)
+from pflash_proxy.dialects import (AnthropicStream, Conversation, Dialect, JsonObject, ReportReader, anthropic_error,
+                                   check_depth, expect, is_int, is_num, replace_text, text_changed)
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.errors import BadRequest, error_body
 from pflash_proxy.models import message_text
@@ -42,7 +42,7 @@ from pflash_proxy.models import message_text
 VOLATILE_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*\n?", re.IGNORECASE | re.MULTILINE)
 
 
-def _part(block: Any) -> dict:
+def _part(block: Any) -> JsonObject:
     """A content block as an internal part (text → ``{"type": "text", "text"}``; others without markers)."""
     if isinstance(block, str):
         return {"type": "text", "text": block}
@@ -53,7 +53,7 @@ def _part(block: Any) -> dict:
     return {k: v for k, v in block.items() if k != "cache_control"}
 
 
-def _text_indices(blocks: list, idx: list[int]) -> list[int]:
+def _text_indices(blocks: list[Any], idx: list[int]) -> list[int]:
     return [j for j in idx if isinstance(blocks[j], str) or
             (isinstance(blocks[j], dict) and blocks[j].get("type", "text") == "text")]
 
@@ -62,17 +62,17 @@ class AnthropicDialect(Dialect):
     name = "anthropic"
     paths = ("/v1/messages",)  # the routes this dialect owns (dialects/registry.py)
     stream_style = AnthropicStream()
-    upstream_path = "/v1/chat/completions"  # llama-server's /v1/messages drops id_slot: see anthropic_wire
+    upstream_path = "/v1/chat/completions"  # llama-server's /v1/messages drops the slot pin: see anthropic_wire
 
     # Parsing ---------------------------------------------------------------------------------------------
-    def parse(self, body: dict) -> Conversation:
+    def parse(self, body: JsonObject) -> Conversation:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
             raise BadRequest("invalid request: 'messages' must be a list of objects with a 'role'",
                              code="invalid_request")
         check_depth(body)
         _validate(body)
-        out: list[dict] = []
+        out: list[JsonObject] = []
         origins: list[Any] = []
         system = body.get("system")
         if isinstance(system, str):
@@ -109,7 +109,7 @@ class AnthropicDialect(Dialect):
         return Conversation(out, origins)
 
     @staticmethod
-    def _assistant(content: list) -> dict:
+    def _assistant(content: list[Any]) -> JsonObject:
         parts = [_part(b) for b in content if not _is(b, "tool_use")]
         calls = [{"id": b.get("id"), "type": "function",
                   "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input", {}), ensure_ascii=False,
@@ -121,7 +121,7 @@ class AnthropicDialect(Dialect):
         return msg
 
     @staticmethod
-    def _tool(block: dict) -> dict:
+    def _tool(block: JsonObject) -> JsonObject:
         inner = block.get("content")
         content = [_part(b) for b in inner] if isinstance(inner, list) else inner
         msg = {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content}
@@ -130,7 +130,7 @@ class AnthropicDialect(Dialect):
         return msg
 
     # Writing back ----------------------------------------------------------------------------------------
-    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+    def write_back(self, body: JsonObject, conv: Conversation, messages: list[JsonObject]) -> JsonObject:
         changed = text_changed(conv.messages, messages)
         if not changed:
             return body
@@ -156,27 +156,26 @@ class AnthropicDialect(Dialect):
         return new
 
     # Counting, names, volatile lines, errors ------------------------------------------------------------
-    def chat_body(self, body: dict, messages: list[dict]) -> dict:
+    def chat_body(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         chat = to_chat(body, messages)
         chat.pop("stream", None)
-        chat.pop("id_slot", None)
         return chat
 
-    def to_upstream(self, body: dict, messages: list[dict]) -> dict:
+    def to_upstream(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         chat = to_chat(body, messages)
         if chat.get("stream"):  # every event carries timings: message_start gets the prompt's counts
             chat["timings_per_token"] = True
         return chat
 
-    def translator(self, turn_capped: bool = False) -> AnthropicTranslator:
-        return AnthropicTranslator(turn_capped)
+    def translator(self, report: ReportReader, turn_capped: bool = False) -> AnthropicTranslator:
+        return AnthropicTranslator(report, turn_capped)
 
-    def session_name(self, body: dict) -> str | None:
+    def session_name(self, body: JsonObject) -> str | None:
         meta = body.get("metadata")
         user = meta.get("user_id") if isinstance(meta, dict) else None
         return user if isinstance(user, str) and user else None
 
-    def prepare(self, body: dict, drop_volatile: bool) -> dict | None:
+    def prepare(self, body: JsonObject, drop_volatile: bool) -> JsonObject | None:
         system = body.get("system")
         if not drop_volatile or system is None:
             return None
@@ -198,12 +197,12 @@ class AnthropicDialect(Dialect):
         return None if cleaned == system else {**body, "system": cleaned}
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict | None = None, type_: str | None = None) -> web.Response:
+                       headers: JsonObject | None = None, type_: str | None = None) -> web.Response:
         return web.json_response(anthropic_error(error_body(status, message, code, type_)), status=status,
                                  headers=headers)
 
 
-def _validate(body: dict) -> None:
+def _validate(body: JsonObject) -> None:
     """400 for a wrong type in any field the proxy reads or translates to chat itself (step 8)."""
     system = body.get("system")
     expect(system is None or isinstance(system, (str, list)), "system", "must be a string or a list of text blocks")
@@ -243,7 +242,6 @@ def _validate(body: dict) -> None:
            "must be an object ('effort' a string, 'format' an object)")
     for key in ("chat_template_kwargs", "metadata"):
         expect(body.get(key) is None or isinstance(body[key], dict), key, "must be an object")
-    expect(body.get("id_slot") is None or is_int(body["id_slot"]), "id_slot", "must be an integer")
 
 
 _BLOCK_STRINGS = {"text": ("text",), "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),

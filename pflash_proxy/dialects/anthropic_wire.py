@@ -1,9 +1,10 @@
 """Anthropic Messages on the wire to llama-server: sent as chat completions, answered as Anthropic messages.
 
 Why: llama-server's ``/v1/messages`` converts the body to a chat request keeping only a few sampling fields, so
-``id_slot`` is dropped and the request lands on whatever slot the server picks (measured on b11434: every
-request alternated between the two slots whatever ``id_slot`` said). A session could then never be pinned. So
-the proxy does the same conversion itself and sends ``/v1/chat/completions`` with ``id_slot``:
+the slot pin is dropped and the request lands on whatever slot the server picks (measured on b11434: every
+request alternated between the two slots whatever the pin said). A session could then never be pinned. So the
+proxy does the same conversion itself and sends ``/v1/chat/completions``, with the engine's pin fields the stages
+added (``Slots.pin_fields``) carried over by the server (``server/routes.py``):
 
 1. ``to_chat(body)``: the (possibly rewritten) Anthropic body as a chat body, the way llama-server converts it
    (system text blocks joined; images as ``image_url``; ``tool_use`` → ``tool_calls``; each ``tool_result`` a
@@ -11,7 +12,8 @@ the proxy does the same conversion itself and sends ``/v1/chat/completions`` wit
    ``stop_sequences``, ``max_tokens`` (4096 when absent), ``temperature``/``top_p``/``top_k``,
    ``chat_template_kwargs``, and the reasoning fields below). A stream is asked for ``timings_per_token``.
 2. ``AnthropicTranslator.body``: a chat completion (or a chat error) as an Anthropic ``message`` (or error), with
-   ``usage`` = ``cache_read_input_tokens`` / ``input_tokens`` (uncached) / ``output_tokens`` from ``timings``.
+   ``usage`` = ``cache_read_input_tokens`` / ``input_tokens`` (uncached) / ``output_tokens`` from the answer's
+   cache report (``Engine.cache_report``, given to the translator: llama-server's ``timings``).
 3. ``AnthropicTranslator.stream``: chat chunks as Anthropic events — ``message_start``, one content block per
    kind as it appears (``thinking``, ``text``, each ``tool_use`` with ``input_json_delta``), ``message_delta``
    with the stop reason and usage, ``message_stop``. A mid-stream ``{"error": …}`` becomes an ``error`` event.
@@ -52,7 +54,8 @@ import json
 import logging
 from typing import Any
 
-from pflash_proxy.dialects import anthropic_error
+from pflash_proxy.dialects import JsonObject, ReportReader, anthropic_error, is_int
+from pflash_proxy.engine import CacheReport
 from pflash_proxy.models import message_text
 
 log = logging.getLogger("pflash_proxy.dialects")
@@ -62,10 +65,10 @@ _CAPPED_STOP = {**_STOP, "length": "end_turn"}  # AnthropicTranslator(turn_cappe
 _SAMPLING = ("temperature", "top_p", "top_k", "stream")
 
 
-def to_chat(body: dict, messages: list[dict]) -> dict:
+def to_chat(body: JsonObject, messages: list[JsonObject]) -> JsonObject:
     """The chat-completions body llama-server would build from this Anthropic body (``messages``: the internal
     conversation, already holding the proxy's rewrites)."""
-    chat: list[dict] = []
+    chat: list[JsonObject] = []
     for m in messages:
         role = m["role"]
         if role == "system":
@@ -74,7 +77,7 @@ def to_chat(body: dict, messages: list[dict]) -> dict:
         content = m.get("content")
         out: dict[str, Any] = {"role": role}
         if isinstance(content, list):
-            parts: list[dict] = []
+            parts: list[JsonObject] = []
             thinking = ""
             for p in content:
                 kind = p.get("type") if isinstance(p, dict) else None
@@ -122,15 +125,13 @@ def to_chat(body: dict, messages: list[dict]) -> dict:
         if key in body:
             result[key] = body[key]
     _reasoning(body, result)
-    if "id_slot" in body:
-        result["id_slot"] = body["id_slot"]
     return result
 
 
 _EFFORT = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 
 
-def _reasoning(body: dict, result: dict) -> None:
+def _reasoning(body: JsonObject, result: JsonObject) -> None:
     """``thinking`` / ``output_config`` / ``context_management`` as far as llama-server honours them (the table in
     the module docstring); what it cannot honour is dropped and logged at debug."""
     kwargs = dict(body["chat_template_kwargs"]) if isinstance(body.get("chat_template_kwargs"), dict) else {}
@@ -163,14 +164,19 @@ def _reasoning(body: dict, result: dict) -> None:
         log.debug("anthropic: context_management (server-side context editing) dropped: llama-server has none")
 
 
-def _usage(final: dict) -> dict:
-    raw_timings, raw_usage = final.get("timings"), final.get("usage")
-    timings = raw_timings if isinstance(raw_timings, dict) else {}
+def _usage(final: dict[str, Any], report: CacheReport | None) -> dict[str, int]:
+    """Anthropic's ``usage`` from the engine's cache report of a chat answer (or event); the output tokens from
+    the chat ``usage`` when it has them. No report: the chat ``usage`` alone, nothing counted as cached."""
+    raw_usage = final.get("usage")
     usage = raw_usage if isinstance(raw_usage, dict) else {}
-    cached = int(timings.get("cache_n", 0) or (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0)
-    prompt = int(timings["prompt_n"]) if "prompt_n" in timings else max(0, int(usage.get("prompt_tokens", 0)) - cached)
-    output = int(usage.get("completion_tokens", timings.get("predicted_n", 0)) or 0)
-    return {"cache_read_input_tokens": cached, "input_tokens": prompt, "output_tokens": output}
+    completion = usage.get("completion_tokens")
+    if report is not None:
+        output: int = completion if is_int(completion) else report.generated_tokens
+        return {"cache_read_input_tokens": report.cached_tokens, "input_tokens": report.new_tokens,
+                "output_tokens": output}
+    prompt = usage.get("prompt_tokens")
+    return {"cache_read_input_tokens": 0, "input_tokens": prompt if is_int(prompt) else 0,
+            "output_tokens": completion if is_int(completion) else 0}
 
 
 def _tool_input(arguments: Any) -> Any:
@@ -183,14 +189,15 @@ def _tool_input(arguments: Any) -> Any:
     return value if isinstance(value, dict) else {"_value": value}
 
 
-def _event(name: str, data: dict) -> bytes:
+def _event(name: str, data: JsonObject) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
 class AnthropicTranslator:
     """Translates one chat-completions answer (whole or streamed) into the Anthropic Messages dialect."""
 
-    def __init__(self, turn_capped: bool = False) -> None:
+    def __init__(self, report: ReportReader, turn_capped: bool = False) -> None:
+        self._report = report  # the engine's reader of an answer's cache report (``Engine.cache_report``)
         # the request's max_tokens was lowered to a spawned base model's cap: stopping there ends the turn
         self._stops = _CAPPED_STOP if turn_capped else _STOP
         self._buf = b""
@@ -199,8 +206,8 @@ class AnthropicTranslator:
         self._block: tuple[str, Any] | None = None  # the open content block: (kind, tool-call index)
         self._index = -1
         self._stop_reason: str | None = None
-        self._usage: dict = {}
-        self._first: dict | None = None  # the first chunk (its id and model), held until message_start goes out
+        self._usage: dict[str, int] = {}
+        self._first: JsonObject | None = None  # the first chunk (its id and model), held until message_start goes out
 
     # Whole answers ----------------------------------------------------------------------------------------
     def body(self, status: int, raw: bytes) -> bytes:
@@ -214,7 +221,7 @@ class AnthropicTranslator:
             return json.dumps(anthropic_error(data)).encode()
         choice = (data.get("choices") or [{}])[0]
         msg = choice.get("message") or {}
-        content: list[dict] = []
+        content: list[JsonObject] = []
         if msg.get("reasoning_content"):
             content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
         if msg.get("content"):
@@ -225,7 +232,7 @@ class AnthropicTranslator:
                             "input": _tool_input(fn.get("arguments"))})
         out = {"id": data.get("id", ""), "type": "message", "role": "assistant", "content": content,
                "model": data.get("model", ""), "stop_reason": self._stops.get(choice.get("finish_reason"), "end_turn"),
-               "stop_sequence": None, "usage": _usage(data)}
+               "stop_sequence": None, "usage": _usage(data, self._report(data))}
         return json.dumps(out, ensure_ascii=False).encode()
 
     # Streams ----------------------------------------------------------------------------------------------
@@ -261,12 +268,13 @@ class AnthropicTranslator:
             "type": "message_delta", "delta": {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": None},
             "usage": usage}) + _event("message_stop", {"type": "message_stop"}))
 
-    def _chunk(self, data: dict) -> bytes:
+    def _chunk(self, data: JsonObject) -> bytes:
         if "error" in data:
             self._stopped = True
             return _event("error", anthropic_error(data))
-        if "timings" in data or "usage" in data:
-            self._usage = _usage(data)
+        report = self._report(data)
+        if report is not None or isinstance(data.get("usage"), dict):
+            self._usage = _usage(data, report)
         out = b""
         if not self._started:
             if self._first is None:
@@ -294,7 +302,7 @@ class AnthropicTranslator:
                 self._stop_reason = self._stops.get(choice["finish_reason"], "end_turn")
         return out
 
-    def _start(self, first: dict) -> bytes:
+    def _start(self, first: JsonObject) -> bytes:
         """``message_start`` with the prompt's counts when the upstream gave them by now (``timings_per_token``),
         as llama-server's own /v1/messages does: ``input_tokens`` uncached, ``cache_read_input_tokens`` cached."""
         self._started = True
@@ -304,7 +312,7 @@ class AnthropicTranslator:
             "id": first.get("id", ""), "type": "message", "role": "assistant", "content": [],
             "model": first.get("model", ""), "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
-    def _open(self, kind: str, key: Any, block: dict) -> bytes:
+    def _open(self, kind: str, key: Any, block: JsonObject) -> bytes:
         if self._block == (kind, key):
             return b""
         out = self._close_block()
@@ -313,7 +321,7 @@ class AnthropicTranslator:
         return out + _event("content_block_start", {"type": "content_block_start", "index": self._index,
                                                     "content_block": block})
 
-    def _delta(self, delta: dict) -> bytes:
+    def _delta(self, delta: JsonObject) -> bytes:
         return _event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})
 
     def _close_block(self) -> bytes:

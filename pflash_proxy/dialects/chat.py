@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pflash_proxy.dialects import Conversation, Dialect, changed_indices, check_depth, expect
+from pflash_proxy.dialects import Conversation, Dialect, JsonObject, changed_indices, check_depth, expect
 
 
 class ChatDialect(Dialect):
     name = "chat"
     paths = ("/v1/chat/completions", "/chat/completions")  # the routes this dialect owns (dialects/registry.py)
 
-    def parse(self, body: dict) -> Conversation:
+    def parse(self, body: JsonObject) -> Conversation:
         check_depth(body)
         for i, m in enumerate(body["messages"]):
             if isinstance(m, dict):
@@ -31,15 +31,15 @@ class ChatDialect(Dialect):
         messages = [m if isinstance(m, dict) else dict(m) for m in body["messages"]]
         return Conversation(messages, list(range(len(messages))))
 
-    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+    def write_back(self, body: JsonObject, conv: Conversation, messages: list[JsonObject]) -> JsonObject:
         changed_indices(conv.messages, messages)  # only content may change
         return {**body, "messages": list(messages)}
 
-    def chat_body(self, body: dict, messages: list[dict]) -> dict:
+    def chat_body(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         return {**body, "messages": messages}
 
 
-def _check_message(m: dict, where: str) -> None:
+def _check_message(m: JsonObject, where: str) -> None:
     for key in ("tool_call_id", "name", "reasoning_content"):
         expect(key not in m or isinstance(m[key], str), f"{where}.{key}", "must be a string")
     content = m.get("content")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pflash_proxy.dialects import (Conversation, Dialect, ResponsesStream, check_depth, expect, replace_text,
+from pflash_proxy.dialects import (Conversation, Dialect, JsonObject, ResponsesStream, check_depth, expect, replace_text,
                                    text_changed)
 from pflash_proxy.errors import BadRequest
 from pflash_proxy.models import message_text
@@ -26,7 +26,7 @@ from pflash_proxy.models import message_text
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _part(p: Any) -> dict:
+def _part(p: Any) -> JsonObject:
     if isinstance(p, str):
         return {"type": "text", "text": p}
     if isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS:
@@ -45,7 +45,7 @@ def _text_idx(c: Any) -> list[int] | None:
             (isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS)]
 
 
-def _validate(body: dict) -> None:
+def _validate(body: JsonObject) -> None:
     """400 for a wrong type in any field the proxy reads or translates itself (step 5)."""
     expect(body.get("instructions") is None or isinstance(body["instructions"], str), "instructions",
            "must be a string")
@@ -95,10 +95,10 @@ class ResponsesDialect(Dialect):
     paths = ("/v1/responses", "/responses")  # the routes this dialect owns (dialects/registry.py)
     stream_style = ResponsesStream()
 
-    def parse(self, body: dict) -> Conversation:
+    def parse(self, body: JsonObject) -> Conversation:
         check_depth(body)
         _validate(body)
-        out: list[dict] = []
+        out: list[JsonObject] = []
         origins: list[Any] = []
         if isinstance(body.get("instructions"), str):
             out.append({"role": "system", "content": body["instructions"]})
@@ -131,7 +131,7 @@ class ResponsesDialect(Dialect):
                 origins.append(("item", k, None, None))
         return Conversation(out, origins)
 
-    def write_back(self, body: dict, conv: Conversation, messages: list[dict]) -> dict:
+    def write_back(self, body: JsonObject, conv: Conversation, messages: list[JsonObject]) -> JsonObject:
         changed = text_changed(conv.messages, messages)
         if not changed:
             return body
@@ -153,8 +153,8 @@ class ResponsesDialect(Dialect):
                 item[fld] = replace_text(item.get(fld), idx, text, "input_text")
         return new
 
-    def chat_body(self, body: dict, messages: list[dict]) -> dict:
-        chat: list[dict] = []
+    def chat_body(self, body: JsonObject, messages: list[JsonObject]) -> JsonObject:
+        chat: list[JsonObject] = []
         for m in messages:
             role = m["role"]
             if role == "item":
@@ -174,6 +174,6 @@ class ResponsesDialect(Dialect):
             out_body["tools"] = tools
         return out_body
 
-    def session_name(self, body: dict) -> str | None:
+    def session_name(self, body: JsonObject) -> str | None:
         key = body.get("prompt_cache_key")
         return key if isinstance(key, str) and key else None

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
+from pflash_proxy.inspector.trace import current
 from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord
@@ -146,7 +147,7 @@ class InspectorData:
                                                         "last_use": snap.last_use, "hits": snap.hits}}
 
     def summary(self, rec: SessionRecord) -> dict[str, Any]:
-        totals = dict(rec.trace_totals)
+        totals = current(rec.trace_totals)
         tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
         turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
         last = turns[-1] if turns else {}
@@ -161,9 +162,10 @@ class InspectorData:
                 "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served,
                 "savings": {
                     "turns_timed": totals.get("turns_timed", 0),
-                    "prompt_tokens": totals.get("prompt_n", 0) + totals.get("cache_n", 0),
-                    "prefilled_tokens": totals.get("prompt_n", 0), "cached_tokens": totals.get("cache_n", 0),
-                    "prefill_s": round(totals.get("prompt_ms", 0) / 1000, 3),
+                    "prompt_tokens": totals.get("prefilled_tokens", 0) + totals.get("cached_tokens", 0),
+                    "prefilled_tokens": totals.get("prefilled_tokens", 0),
+                    "cached_tokens": totals.get("cached_tokens", 0),
+                    "prefill_s": round(totals.get("prefill_ms", 0) / 1000, 3),
                     "rate_tps": None if rate is None else round(rate, 1),
                     "tokens_avoided": {"compression": totals.get("avoided_compression", 0),
                                        "cache": totals.get("avoided_cache", 0)},
@@ -183,8 +185,8 @@ class InspectorData:
         rec = sessions.session(sid)
         if rec is None:
             return None
-        traces = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") != "turn"]
-        turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
+        traces = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") != "turn"]
+        turns = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
         messages = []
         for i, m in enumerate(rec.served):
             entry: dict[str, Any] = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),
@@ -227,7 +229,7 @@ def view(trace: dict[str, Any]) -> dict[str, Any]:
         return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "share", "excerpts")}
     if trace.get("kind") == "cache":
         return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "announced", "reported",
-                                          "expected_tokens", "cache_n", "reason")}
+                                          "expected_tokens", "cached_tokens", "reason")}
     out = {k: v for k, v in trace.items() if k not in ("units", "kept", "pinned", "text", "v")}
     cols = trace.get("units")
     units = []

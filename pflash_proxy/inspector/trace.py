@@ -1,8 +1,8 @@
 """Compression traces: what ``CompressStage`` decided for a message, kept with the session for the inspector.
 
 ``record_compression`` (a compressed message, or one served whole with a reason), ``record_recall`` (recall
-excerpts prepended to a short turn) and ``record_cache`` (a turn whose reuse of llama-server's cache was not what
-the session layer expected) append one plain-data trace (dicts, lists, numbers, strings: nothing that
+excerpts prepended to a short turn) and ``record_cache`` (a turn whose reuse of the engine's prefix cache was not
+what the session layer expected) append one plain-data trace (dicts, lists, numbers, strings: nothing that
 is stored as a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
 history. What a trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
@@ -16,8 +16,10 @@ history. What a trace holds:
    of the inspector wants to see.
 
 ``record_turn`` (``inspector.turns.SavingsStage``, after the answer) appends a ``turn`` trace: what the slot held
-and what llama-server reported (``timings``: ``cache_n``, ``prompt_n``, ``prompt_ms``), the tokens compression
-kept from the prefill, why messages were served whole, and the time saved, estimated (``inspector.turns``).
+and what the engine reported (``Engine.cache_report``: ``cached_tokens``, ``prefilled_tokens``, ``prefill_ms``,
+``generated_tokens``, ``generate_ms``), the tokens compression kept from the prefill, why messages were served
+whole, and the time saved, estimated (``inspector.turns``). Traces and totals of version 1 named those counts
+after llama-server's ``timings``; ``current`` gives them the names of version 2 when they are read.
 
 Bounds per session: the newest ``MAX_TRACES`` compression and recall traces and, apart from them, the newest
 ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the oldest traces lose their text
@@ -32,9 +34,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pflash_proxy.compress.text import split_lines
+from pflash_proxy.llama.engine import TRACE_NAMES_V1
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -42,7 +46,7 @@ MAX_TRACES = 16
 MAX_TURNS = 64
 MAX_TEXT_CHARS = 4_000_000  # ~16 MB of UTF-8 at worst; ~1M tokens of original text
 REQUEST_CHARS = 4000
-VERSION = 1
+VERSION = 2  # 1: a turn's counts under llama-server's timings names (``current`` renames them)
 
 
 def record_compression(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
@@ -69,15 +73,15 @@ def record_recall(record: Any, idx: int, decision: Any) -> None:
         log.exception("inspector: could not record the recall trace of message %d", idx + 1)
 
 
-def record_cache(record: Any, idx: int, announced: str, reported: str, expected: int, cache_n: int,
+def record_cache(record: Any, idx: int, announced: str, reported: str, expected: int, cached_tokens: int,
                  reason: str | None) -> None:
-    """Append the trace of a turn whose reuse of llama-server's cache differed from what the proxy expected:
-    what it announced (``announced``, ``expected`` tokens), what llama-server reused (``cache_n``) and what the
-    proxy therefore reported (``reported``)."""
+    """Append the trace of a turn whose reuse of the engine's cache differed from what the proxy expected:
+    what it announced (``announced``, ``expected`` tokens), what the engine reused (``cached_tokens``) and what
+    the proxy therefore reported (``reported``)."""
     try:
         _append(record, {"v": VERSION, "kind": "cache", "turn": record.turns, "message": idx, "at": time.time(),
                          "announced": announced, "reported": reported, "expected_tokens": int(expected),
-                         "cache_n": int(cache_n), "reason": reason})
+                         "cached_tokens": int(cached_tokens), "reason": reason})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the cache trace of message %d", idx + 1)
 
@@ -128,11 +132,22 @@ def _request(request: Any, tt: Any) -> dict[str, Any]:
     return out
 
 
+def current(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored trace, or a session's ``trace_totals``, under the names of this version: a count a version 1
+    trace kept under llama-server's ``timings`` name gets the proxy's (a total under both names is added up)."""
+    out = dict(stored)
+    for old, new in TRACE_NAMES_V1.items():
+        if old in out:
+            value = out.pop(old)
+            out[new] = value if out.get(new) is None else out[new] + value
+    return out
+
+
 def record_turn(record: Any, turn: dict[str, Any], totals: dict[str, int]) -> None:
     """Append a turn trace (built by ``inspector.turns``) and add ``totals`` to the session's running totals."""
     try:
         _append(record, turn)
-        merged = dict(record.trace_totals)
+        merged = current(record.trace_totals)
         for k, v in totals.items():
             merged[k] = merged.get(k, 0) + int(v)
         record.trace_totals = merged

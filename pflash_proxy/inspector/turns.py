@@ -2,17 +2,18 @@
 (``trace.record_turn``) and keeps the proxy's totals since start (``/pflash/stats`` under ``savings``, the
 Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_seconds_saved_total``).
 
-1. What llama-server reported: the answer's ``timings`` (``cache_n``: prompt tokens the slot already held,
-   ``prompt_n``: tokens prefilled, ``prompt_ms``: the prefill's time, ``predicted_n``/``predicted_ms``); answers
-   without ``timings`` (an upstream that sends only ``usage``) give the counts and no times. What the proxy
+1. What the engine reported: the answer's cache report (``Engine.cache_report``: ``cached_tokens``, prompt tokens
+   the slot already held, ``prefilled_tokens``, ``prefill_ms``: the prefill's time, ``generated_tokens`` /
+   ``generate_ms``); an answer that reports counts and no times (llama-server's dialect ``usage`` without
+   ``timings``) gives the counts alone. What the proxy
    decided: the slot's state before the turn (``hit``: the slot held the session, ``restored``: its snapshot was
    read back, ``miss``), the compression of the turn's new long message (its traces: tokens before and after,
    the mode) and, for every message served whole, why, in plain words (``plain_reason``).
 2. Tokens avoided, by cause: ``compression`` = the tokens of the turn's compressed messages minus what was served
-   of them; ``cache`` = ``cache_n`` (prompt tokens reused from the slot, whether it held the session or its
+   of them; ``cache`` = ``cached_tokens`` (prompt tokens reused from the slot, whether it held the session or its
    snapshot was restored).
-3. Time saved is an estimate: tokens avoided ÷ the prefill rate llama-server reported on this session (its
-   ``prompt_n`` ÷ ``prompt_ms`` summed over the session's turns that prefilled at least ``MIN_TIMED_PROMPT``
+3. Time saved is an estimate: tokens avoided ÷ the prefill rate the engine reported on this session (its
+   ``prefilled_tokens`` ÷ ``prefill_ms`` summed over the session's turns that prefilled at least ``MIN_TIMED_PROMPT``
    tokens; the turn's own when none did). The real cost of a prefill grows with the context, so a rate measured on
    shorter prefills under-estimates what a long one costs. The proxy's own costs are shown beside it, not taken
    off: the compression's milliseconds, and on a restored turn the preparation before forwarding (the restore,
@@ -33,7 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
-from pflash_proxy.inspector.trace import VERSION, record_turn
+from pflash_proxy.engine import Engine
+from pflash_proxy.inspector.trace import VERSION, current, record_turn
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -42,7 +44,7 @@ MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says
 CAUSES = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
 
-ESTIMATE_NOTE = ("estimate: tokens avoided ÷ the prefill rate (prompt tokens per second) llama-server reported "
+ESTIMATE_NOTE = ("estimate: tokens avoided ÷ the prefill rate (prompt tokens per second) the engine reported "
                  "on this session")
 
 
@@ -83,20 +85,19 @@ def plain_reason(mode: str | None, reason: str | None, threshold: int | None = N
     return reason or mode
 
 
-def _timings(final: dict[str, Any] | None) -> dict[str, Any] | None:
-    """cache_n, prompt_n, prompt_ms, predicted_n, predicted_ms from llama-server's ``timings`` (the counts from
-    the dialect's ``usage`` when there are none)."""
-    if not isinstance(final, dict):
+def _timings(engine: Engine, final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
+    it reports none)."""
+    report = engine.cache_report(final)
+    if report is None:
         return None
-    t = final.get("timings")
-    if isinstance(t, dict) and "prompt_n" in t:
-        out: dict[str, Any] = {k: int(t.get(k) or 0) for k in ("cache_n", "prompt_n", "predicted_n")}
-        out.update({k: round(float(t.get(k) or 0.0), 2) for k in ("prompt_ms", "predicted_ms")})
-        return out
-    from pflash_proxy.dialects import cache_counts
+    timed = report.prompt_ms is not None
 
-    counts = cache_counts(final)
-    return None if counts is None else {**counts, "prompt_ms": None, "predicted_ms": None}
+    def ms(v: float | None) -> float | None:
+        return round(v or 0.0, 2) if timed else None
+    return {"cached_tokens": report.cached_tokens, "prefilled_tokens": report.new_tokens,
+            "generated_tokens": report.generated_tokens, "prefill_ms": ms(report.prompt_ms),
+            "generate_ms": ms(report.generate_ms)}
 
 
 def estimate(tokens: int, rate_tps: float | None) -> float | None:
@@ -105,12 +106,12 @@ def estimate(tokens: int, rate_tps: float | None) -> float | None:
 
 
 def session_rate(totals: Mapping[str, int], turn: dict[str, Any] | None = None) -> float | None:
-    """The prefill rate (tokens/s) llama-server reported on the session (module docstring, step 3)."""
-    n, ms = totals.get("timed_prompt_n", 0), totals.get("timed_prompt_ms", 0)
+    """The prefill rate (tokens/s) the engine reported on the session (module docstring, step 3)."""
+    n, ms = totals.get("timed_prefilled_tokens", 0), totals.get("timed_prefill_ms", 0)
     if n and ms:
         return n * 1000 / ms
-    if turn and turn.get("prompt_ms") and turn.get("prompt_n"):
-        return turn["prompt_n"] * 1000 / turn["prompt_ms"]
+    if turn and turn.get("prefill_ms") and turn.get("prefilled_tokens"):
+        return float(turn["prefilled_tokens"] * 1000 / turn["prefill_ms"])
     return None
 
 
@@ -119,9 +120,10 @@ class SavingsStage(Stage):
 
     name = "savings"
 
-    def __init__(self, manager: Any, threshold: int | None):
+    def __init__(self, manager: Any, threshold: int | None, engine: Engine):
         self.manager = manager  # sessions.manager.SessionManager: its index (``store``)
         self.threshold = threshold  # None: compression is off
+        self.engine = engine  # reads the answer's cache report
         self.counters: dict[str, float] = {"turns": 0, "turns_timed": 0, "prompt_tokens": 0, "prefilled_tokens": 0,
                                            "cached_tokens": 0, "prefill_ms": 0.0, "message_tokens": 0,
                                            "message_served_tokens": 0}
@@ -157,7 +159,7 @@ class SavingsStage(Stage):
                    noted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
         rec = ctx.record
         n = noted["turn"]
-        timings = _timings(result.final_json)
+        timings = _timings(self.engine, result.final_json)
         mode = req.response_headers.get("X-PFlash-Mode")
         messages = []
         avoided_compression = 0
@@ -179,7 +181,8 @@ class SavingsStage(Stage):
             "why": plain_reason(mode, fields.get("pflash_reason"), self.threshold) if not messages else None,
             "messages": messages, "first_byte_ms": first, "queue_ms": fields.get("queue_ms"),
             "prepare_ms": round(prepare_ms, 1), "compression_ms": round(compression_ms, 1),
-            "cache_n": None, "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
+            "cached_tokens": None, "prefilled_tokens": None, "prefill_ms": None, "generated_tokens": None,
+            "generate_ms": None,
             "tokens_avoided": {"compression": avoided_compression, "cache": 0},
             "saved_s": {"compression": None, "cache": None}, "rate_tps": None,
         }
@@ -187,18 +190,19 @@ class SavingsStage(Stage):
         if timings is None:
             return turn, totals
         turn.update(timings)
-        cache_n, prompt_n, prompt_ms = timings["cache_n"], timings["prompt_n"], timings["prompt_ms"]
-        turn["tokens_avoided"]["cache"] = cache_n
-        totals.update({"turns_timed": 1, "prompt_n": prompt_n, "cache_n": cache_n,
-                       "avoided_compression": avoided_compression, "avoided_cache": cache_n})
-        if prompt_ms:
-            totals["prompt_ms"] = round(prompt_ms)
-            if prompt_n >= MIN_TIMED_PROMPT:
-                totals["timed_prompt_n"], totals["timed_prompt_ms"] = prompt_n, max(1, round(prompt_ms))
-        merged = {k: rec.trace_totals.get(k, 0) + totals.get(k, 0) for k in ("timed_prompt_n", "timed_prompt_ms")}
+        cached, prefilled, prefill_ms = timings["cached_tokens"], timings["prefilled_tokens"], timings["prefill_ms"]
+        turn["tokens_avoided"]["cache"] = cached
+        totals.update({"turns_timed": 1, "prefilled_tokens": prefilled, "cached_tokens": cached,
+                       "avoided_compression": avoided_compression, "avoided_cache": cached})
+        if prefill_ms:
+            totals["prefill_ms"] = round(prefill_ms)
+            if prefilled >= MIN_TIMED_PROMPT:
+                totals["timed_prefilled_tokens"], totals["timed_prefill_ms"] = prefilled, max(1, round(prefill_ms))
+        before = current(rec.trace_totals)
+        merged = {k: before.get(k, 0) + totals.get(k, 0) for k in ("timed_prefilled_tokens", "timed_prefill_ms")}
         rate = session_rate(merged, turn)
         turn["rate_tps"] = None if rate is None else round(rate, 1)
-        saved = {"compression": estimate(avoided_compression, rate), "cache": estimate(cache_n, rate)}
+        saved = {"compression": estimate(avoided_compression, rate), "cache": estimate(cached, rate)}
         turn["saved_s"] = saved
         for cause in CAUSES:
             totals[f"saved_ms_{cause}"] = round((saved[cause] or 0.0) * 1000)
@@ -211,13 +215,13 @@ class SavingsStage(Stage):
         c["turns"] += 1
         c["message_tokens"] += sum(m["tokens"] for m in turn["messages"])
         c["message_served_tokens"] += sum(m["served_tokens"] for m in turn["messages"])
-        if turn.get("prompt_n") is None:
+        if turn.get("prefilled_tokens") is None:
             return
         c["turns_timed"] += 1
-        c["prompt_tokens"] += turn["prompt_n"] + turn["cache_n"]
-        c["prefilled_tokens"] += turn["prompt_n"]
-        c["cached_tokens"] += turn["cache_n"]
-        c["prefill_ms"] += turn.get("prompt_ms") or 0.0
+        c["prompt_tokens"] += turn["prefilled_tokens"] + turn["cached_tokens"]
+        c["prefilled_tokens"] += turn["prefilled_tokens"]
+        c["cached_tokens"] += turn["cached_tokens"]
+        c["prefill_ms"] += turn.get("prefill_ms") or 0.0
         for cause in CAUSES:
             self.avoided[cause] += turn["tokens_avoided"][cause]
             self.saved_s[cause] += turn["saved_s"][cause] or 0.0

@@ -183,7 +183,8 @@ def turn_cap(settings: Settings, facts: ModelFacts) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
@@ -218,7 +219,7 @@ class LlamaServerSupervisor:
         self.model: Path | None = None
         self.restarts = 0
         self._stopping = False
-        self._monitor: asyncio.Task | None = None
+        self._monitor: asyncio.Task[None] | None = None
         self.log_path = settings.proxy.home / "llama-server.log"
 
     async def start(self) -> None:

@@ -12,9 +12,9 @@
    while its body was being written). A request the server was working on when it went away (killed or restarted
    mid-prefill, nothing answered yet) is sent once more when the server is back, its wait counted from the loss;
    once an answer's headers arrived (a stream under way) nothing is sent again.
-4. Typed helpers for the server's own API (``/props``, ``/slots``, ``/tokenize``, slot save/restore, exact
-   input-token counts) used by the session and compression layers; with ``--upstream-api-key`` they
-   authenticate (a client's own ``Authorization`` travels only with its own requests).
+4. ``call``: a JSON call to the server's own API, with ``--upstream-api-key`` (a client's own ``Authorization``
+   travels only with its own requests); ``llama.engine.LlamaServerEngine`` speaks that API on it. The helpers
+   ``props``, ``slots`` and ``slot_action`` serve the engine's slot capability.
 5. JSON answers of 1 MiB or more (``/tokenize`` with pieces of a long message) are parsed in a worker thread.
 6. ``sentinel`` (``sentinel.py``): one kept-alive connection to a loopback llama-server that vouches the server
    process has not changed since an epoch; ``notify_restart`` ends the epoch too.
@@ -271,30 +271,16 @@ class Upstream:
             return False
         return status == 200
 
-    async def props(self, wait: bool = True) -> dict:
+    async def props(self, wait: bool = True) -> dict[str, Any]:
         status, data = await self.call("GET", "/props", wait=wait)
         return data if status == 200 and isinstance(data, dict) else {}
 
-    async def slots(self) -> list[dict] | None:
+    async def slots(self) -> list[dict[str, Any]] | None:
         status, data = await self.call("GET", "/slots")
         return data if status == 200 and isinstance(data, list) else None
 
-    async def tokenize(self, text: str, *, add_special: bool = False, with_pieces: bool = False) -> list:
-        status, data = await self.call(
-            "POST", "/tokenize", {"content": text, "add_special": add_special, "with_pieces": with_pieces}
-        )
-        if status != 200 or not isinstance(data, dict):
-            raise UpstreamUnavailable(f"/tokenize failed with {status}")
-        return data["tokens"]
-
-    async def input_tokens(self, chat_body: dict) -> int:
-        """Exact prompt-token count of a chat body (``POST /v1/chat/completions/input_tokens``)."""
-        status, data = await self.call("POST", "/v1/chat/completions/input_tokens", chat_body)
-        if status != 200 or not isinstance(data, dict) or "input_tokens" not in data:
-            raise UpstreamUnavailable(f"input_tokens failed with {status}: {str(data)[:200]}")
-        return int(data["input_tokens"])
-
-    async def slot_action(self, slot: int, action: str, filename: str | None = None, timeout_s: float = 120) -> dict:
+    async def slot_action(self, slot: int, action: str, filename: str | None = None, timeout_s: float = 120
+                          ) -> dict[str, Any]:
         """``POST /slots/{id}?action=save|restore|erase``; raises ``SlotActionFailed`` on any non-200."""
         payload = {"filename": filename} if filename is not None else {}
         status, data = await self.call("POST", f"/slots/{slot}?action={action}", payload, timeout_s=timeout_s)

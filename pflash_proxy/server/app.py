@@ -1,6 +1,8 @@
 """``create_app(settings) -> web.Application``: the composition root, wiring only.
 
-1. Application state under typed keys (``keys.py``): settings, metrics, the ``Upstream`` client, the body budget.
+1. Application state under typed keys (``keys.py``): settings, metrics, the ``Upstream`` transport that relays the
+   clients' requests, the ``Engine`` the proxy's own calls go through (``llama.engine.LlamaServerEngine`` on that
+   transport), the body budget.
 2. Routes (``routes.py``) and the inspector, an aiohttp sub-app mounted at ``/pflash`` that is handed read-only
    views (the upstream, the sessions view of the pipeline, the stats) and nothing else.
 Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import AsyncIterator, Callable
 
@@ -23,12 +26,14 @@ from pflash_proxy.config import Settings
 from pflash_proxy.contract import Pipeline, Stage, StageHooks
 from pflash_proxy.inspector.data import InspectorViews
 from pflash_proxy.inspector.routes import API_KEY, PREFIX, create_inspector
+from pflash_proxy.llama.engine import LlamaServerEngine
 from pflash_proxy.llama.spawn import LlamaServerSupervisor
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.server.bodies import BodyBudget
 from pflash_proxy.server.control import collect_stats
 from pflash_proxy.server.gate import gate_middleware_factory
-from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR, UPSTREAM
+from pflash_proxy.server.keys import (BODIES, ENGINE, METRICS, PEERS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR,
+                                      UPSTREAM)
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.routes import add_routes, close_peers, error_middleware_factory
 from pflash_proxy.stages import default_stages
@@ -47,6 +52,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     up = settings.upstream
     app[UPSTREAM] = Upstream(up.url, read_timeout_s=up.upstream_timeout_s, api_key=up.upstream_api_key,
                              wait_s=up.upstream_wait_s)
+    app[ENGINE] = LlamaServerEngine(app[UPSTREAM])
     app[SUPERVISOR] = None
     app[BODIES] = BodyBudget(int(settings.limits.max_pending_mb * 2**20))
     app[STREAMS] = set()
@@ -113,7 +119,7 @@ def _stages_ctx(stages: list[Stage] | None):
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
             app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
-                None, default_stages, app[SETTINGS], app[UPSTREAM])
+                None, functools.partial(default_stages, app[SETTINGS], app[UPSTREAM], engine=app[ENGINE]))
         hooks = StageHooks(on_snapshot_timing=app[METRICS].observe_snapshot)  # snapshot timings: histograms
         for stage in app[PIPELINE].stages:
             stage.bind(hooks)

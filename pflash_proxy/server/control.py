@@ -11,9 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-
-from pflash_proxy.server.keys import BODIES, METRICS, PIPELINE, UPSTREAM
+from pflash_proxy.llama.api import ROUTE_EXAMPLES, serves_root
+from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PIPELINE, UPSTREAM
 
 
 ROOT_PROBE_S = 30.0  # how long the answer "does llama-server serve /" is kept
@@ -27,12 +26,9 @@ async def upstream_serves_root(request: web.Request) -> bool:
     known = _root_served.get(upstream)
     if known is not None and time.monotonic() - known[0] < ROOT_PROBE_S:
         return known[1]
-    try:
-        status, _ = await upstream.call("GET", "/", timeout_s=3, check_ready=False, wait=False)
-    except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout):
-        status = 0
-    _root_served[upstream] = (time.monotonic(), status == 200)
-    return status == 200
+    served = await serves_root(upstream)
+    _root_served[upstream] = (time.monotonic(), served)
+    return served
 
 
 async def index(request: web.Request) -> web.Response:
@@ -49,7 +45,7 @@ async def index(request: web.Request) -> web.Response:
                    "inspector JSON": ["/pflash/api/overview", "/pflash/api/sessions", "/pflash/api/sessions/ID"],
                    "stats": "/pflash/stats", "metrics (Prometheus)": "/pflash/metrics",
                    "snapshot every resident session": "POST /pflash/save"},
-        "other routes": "forwarded to llama-server as they are (/completion, /tokenize, /slots, /health ...)"})
+        "other routes": f"forwarded to llama-server as they are ({', '.join(ROUTE_EXAMPLES)} ...)"})
 
 
 async def pflash_stats(request: web.Request) -> web.Response:
@@ -72,9 +68,9 @@ async def pflash_save(request: web.Request) -> web.Response:
 
 def collect_stats(app: web.Application) -> dict[str, Any]:
     stats: dict[str, Any] = {"requests": app[METRICS].snapshot()}
-    upstream = app[UPSTREAM]
-    stats["upstream"] = {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
-                         "not_ready_reason": upstream.not_ready_reason}
+    engine = app[ENGINE]
+    stats["upstream"] = {"url": engine.address, "ready": engine.not_ready_reason is None,
+                         "not_ready_reason": engine.not_ready_reason}
     bodies = app[BODIES]
     stats["bodies"] = {"held_bytes": bodies.used, "limit_bytes": bodies.limit, "refused": bodies.refused}
     for stage in app[PIPELINE].stages:

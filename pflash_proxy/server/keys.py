@@ -13,13 +13,16 @@ if TYPE_CHECKING:
     from pflash_proxy.server.metrics import Metrics
     from pflash_proxy.contract import Pipeline
     from pflash_proxy.llama.spawn import LlamaServerSupervisor
+    from pflash_proxy.engine import Engine
     from pflash_proxy.llama.upstream import Upstream
+    from pflash_proxy.server.peers import PeerNode
 
 SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
-UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")
+UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")  # the transport that relays clients' requests
+ENGINE: web.AppKey["Engine"] = web.AppKey("engine")  # the proxy's own calls to the server (engine seam)
 PIPELINE: web.AppKey["Pipeline"] = web.AppKey("pipeline")
 METRICS: web.AppKey["Metrics"] = web.AppKey("metrics")
 SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor")
 BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")
 STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers relaying a stream now
-PEERS: web.AppKey["dict[str, Upstream]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)
+PEERS: web.AppKey["dict[str, PeerNode]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)

@@ -19,18 +19,17 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pflash_proxy.dialects.registry import dialect_paths
+from pflash_proxy.llama.api import KNOWN_ROUTES as ENGINE_ROUTES
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-KNOWN_ROUTES = {*dialect_paths(), "/v1/completions", "/completions", "/completion", "/infill", "/embedding",
-                "/embeddings", "/v1/embeddings", "/rerank", "/v1/rerank", "/v1/models", "/health", "/tokenize",
-                "/slots"}
+KNOWN_ROUTES = {*dialect_paths(), *ENGINE_ROUTES}
 
 # (stats section, key) -> (metric name without pflash_, help); counters get _total from the exposition
 SESSION_COUNTERS = {
-    "cache_mismatches": "Responses whose cache_n fell short of what the slot table expected",
+    "cache_mismatches": "Responses whose cached prompt tokens fell short of what the slot table expected",
     "upstream_restarts": "Times the proxy found llama-server restarted (state lost)",
-    "slots_lost": "Hits refused because llama-server's /slots no longer showed the session's prompt",
-    "hits_vouched": "Hits announced without a /slots check: the upstream sentinel's connection vouched for them",
+    "slots_lost": "Hits refused because the engine's slot report no longer showed the session's prompt",
+    "hits_vouched": "Hits announced without a slot report check: the upstream sentinel's connection vouched for them",
     "evicted_saves": "Snapshots written because a session lost its slot to another",
     "save_failures": "Snapshot saves that failed (the session is re-prefilled later)",
     "sessions_pruned": "Sessions forgotten by age, count or the index byte bound",
@@ -116,7 +115,7 @@ def _savings_metrics(saved: dict[str, Any]) -> Iterator[Metric]:
         seconds.add_metric([cause], float(v))
     yield tokens
     yield seconds
-    yield _counter("prefill_tokens", "Prompt tokens llama-server prefilled (its prompt_n)",
+    yield _counter("prefill_tokens", "Prompt tokens the engine prefilled",
                    saved.get("prefilled_tokens", 0))
     yield _counter("prefill_seconds", "Seconds llama-server reported prefilling (its prompt_ms)",
                    saved.get("prefill_s", 0))

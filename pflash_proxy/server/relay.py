@@ -10,8 +10,9 @@
    event). If upstream dies mid-stream, the unfinished event is dropped and an SSE client gets a final
    ``data: {"error": ...}`` event (and ``[DONE]`` on OpenAI routes) and a clean end of stream; other clients
    get the stream cut, as a direct client would.
-5. The last JSON event (or the whole body, when it is small JSON) is kept so later stages can read
-   ``timings.cache_n`` / ``usage`` without buffering the stream.
+5. The last JSON event that carries the engine's cache report (one of ``Engine.report_markers`` in it), or the
+   whole body when it is small JSON, is kept so later stages can read the report (``Engine.cache_report``)
+   without buffering the stream; the other events are never parsed.
 """
 
 from __future__ import annotations
@@ -43,14 +44,22 @@ PLAIN_STREAM = StreamStyle()
 
 
 class _SSETail:
-    """Keeps the last complete ``data: {json}`` event that carries ``timings`` or ``usage``."""
+    """Keeps the last complete ``data: {json}`` event that carries one of ``markers`` (the engine's
+    ``report_markers``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, markers: tuple[bytes, ...]) -> None:
         self._buf = b""
         self.last: dict | None = None
+        self.markers = markers
+
+    def _marked(self, data: bytes) -> bool:
+        for m in self.markers:
+            if m in data:
+                return True
+        return False
 
     def feed(self, chunk: bytes) -> None:
-        if not self._buf and chunk.endswith(b"\n\n") and b'"timings"' not in chunk and b'"usage"' not in chunk:
+        if not self._buf and chunk.endswith(b"\n\n") and not self._marked(chunk):
             return  # whole events, none of them one to keep (most of a stream): nothing to split or parse
         self._buf += chunk
         if b"\n\n" not in self._buf:
@@ -62,7 +71,7 @@ class _SSETail:
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     payload = line[5:].strip()
-                    if payload.startswith(b"{") and (b'"timings"' in payload or b'"usage"' in payload):
+                    if payload.startswith(b"{") and self._marked(payload):
                         try:
                             self.last = json.loads(payload)
                         except ValueError:
@@ -81,11 +90,14 @@ async def relay(
     prepared: web.StreamResponse | None = None,
     translate: Any = None,
     on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None,
+    markers: tuple[bytes, ...] = (),
 ) -> tuple[web.StreamResponse, RelayResult]:
     """Relay ``upstream`` to the client as it arrives. ``translate`` (a dialect's translator) rewrites a whole
     answer (``body``) or each run of complete SSE events (``stream``, then ``end``) into the client's dialect;
-    ``final_json`` is always the upstream's own (its ``timings``). ``on_answer``: called with a whole answer's
-    ``final_json`` before its headers (``extra_headers``, which they may change) are written."""
+    ``final_json`` is always the upstream's own (its cache report). ``on_answer``: called with a whole answer's
+    ``final_json`` before its headers (``extra_headers``, which they may change) are written. ``markers``: the
+    engine's ``report_markers``; a stream's last event with one is its ``final_json`` (none, as on the transparent
+    routes, whose answers no stage reads: nothing is parsed, ``final_json`` stays None)."""
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
@@ -96,7 +108,9 @@ async def relay(
     elif not is_sse and (translate is not None or (upstream.content_length is not None
                                                    and upstream.content_length <= _MAX_SNIFF_BYTES)):
         result.first_chunk_at = time.monotonic()  # a whole small answer: its headers are its first byte
-        return await _relay_small(upstream, extra_headers, result, "json" in ctype, translate, on_answer)
+        # parsed only for whom reads it: the stages (the engine's markers given) or a translator
+        keep = bool(markers) or bool(on_answer)
+        return await _relay_small(upstream, extra_headers, result, keep and "json" in ctype, translate, on_answer)
     else:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in response_headers(upstream):
@@ -105,8 +119,8 @@ async def relay(
             resp.headers[k] = v
         if upstream.content_length is not None and "Content-Encoding" not in upstream.headers and translate is None:
             resp.content_length = upstream.content_length
-    sniff_json = not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
-    tail = _SSETail() if is_sse else None
+    sniff_json = bool(markers) and not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
+    tail = _SSETail(markers) if is_sse and markers else None
     body_parts: list[bytes] = []
     held = b""  # SSE: bytes after the last complete event, written once the event is complete
 
@@ -133,7 +147,8 @@ async def relay(
                 elif sniff_json:
                     body_parts.append(chunk)
             if held:  # a stream that ended without a blank line after its last event: pass it on as it is
-                tail.feed(held)  # type: ignore[union-attr]
+                if tail is not None:
+                    tail.feed(held)
                 out = translate.stream(held + b"\n\n") if translate is not None else held
                 await resp.write(out)
                 result.bytes_out += len(out)

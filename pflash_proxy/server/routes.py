@@ -11,9 +11,14 @@
    For a base model the proxy spawned, a translated (Anthropic) request's ``max_tokens`` above the spawned
    server's cap is lowered to it and a stop there is the end of the turn (``X-PFlash-Turn-Cap: N``;
    ``llama/spawn.py``, step 3).
-3. ``slot_action``: ``POST /slots/N`` is refused (403) unless ``--allow-slot-actions``; then N must be a plain
-   decimal integer (400 otherwise) and the action runs under a lease of slot N. Only canonical paths get here
-   (``gate.py`` refuses ``/./slots/0``, ``/slots%2F0``, ``/slots/0/`` ... with 400 before any route is chosen).
+   The slot pin the stages set (``Slots.pin_fields``) travels into a translated body as it is, and a pin a
+   client sent itself must be an integer (400). The answer's cache report is read with the engine's
+   ``report_markers`` / ``cache_report`` (``Engine``).
+3. ``slot_action``: a client's own slot action (``llama.api.CLIENT_SLOT_ROUTE``) is refused (403) unless
+   ``--allow-slot-actions``; then its slot must be a plain decimal integer (400 otherwise) and the action runs
+   under a lease of that slot. Only canonical paths get here (``gate.py`` refuses the spellings the server would
+   also route there with 400 before any route is chosen).
+   A turn another node holds is forwarded there through a transport of its own (``peers.PeerNode``).
 4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
    whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
 """
@@ -25,25 +30,30 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
 
-from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, dialect_for, holds_surrogate, stream_style_for
+from pflash_proxy.dialects import (Dialect, cap_turn, check_tool_arguments, dialect_for, holds_surrogate, is_int,
+                                   stream_style_for)
 from pflash_proxy.config import Settings
 from pflash_proxy.dialects.registry import dialect_paths
+from pflash_proxy.engine import Engine
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
 from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
-from pflash_proxy.server.keys import BODIES, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.peers import PeerNode
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
-from pflash_proxy.llama.upstream import Upstream, forwardable_headers
+from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
+from pflash_proxy.llama.upstream import forwardable_headers
 
 log = logging.getLogger("pflash_proxy.access")
 
@@ -52,7 +62,7 @@ TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the 
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
-# lease and ``id_slot``, so nothing ever lands on a slot the table believes holds a session.
+# lease and its pin, so nothing ever lands on a slot the table believes holds a session.
 GENERATING_PATHS = ("/infill", "/embedding", "/embeddings",
                     "/v1/embeddings", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 
@@ -165,9 +175,9 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request)
         if len(raw) >= PARSE_OFF_LOOP_BYTES:  # a large body is parsed in a worker thread: the loop never stalls
             req = await asyncio.get_running_loop().run_in_executor(None, parse_request, request, raw, dialect,
-                                                                   app[SETTINGS])
+                                                                   app[SETTINGS], app[ENGINE])
         else:
-            req = parse_request(request, raw, dialect, app[SETTINGS])
+            req = parse_request(request, raw, dialect, app[SETTINGS], app[ENGINE])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
             if req.forward_to is not None:  # another node holds the session (sessions/cluster.py)
@@ -185,14 +195,15 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             await write_stream_error(req.state[PROGRESS_STARTED], error_body(exc.status, exc.message, exc.code),
                                      style)
             return req.state[PROGRESS_STARTED]
-        upstream = app[UPSTREAM]
+        upstream, engine = app[UPSTREAM], app[ENGINE]
         path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
             body = dialect.to_upstream(req.body, req.messages)
+            body.update(pin_of(engine, req.body))  # the slot the stages (or the client) pinned the request to
             capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py, step 3)
             if capped:
                 req.response_headers[TURN_CAP_HEADER] = str(upstream.turn_cap)
-            path_qs, translate = dialect.upstream_path, dialect.translator(turn_capped=capped)
+            path_qs, translate = dialect.upstream_path, dialect.translator(engine.cache_report, turn_capped=capped)
             payload = json.dumps(body, ensure_ascii=False).encode()
         t0 = time.monotonic()
         up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
@@ -202,7 +213,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             up.release()
             raise
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate, on_answer=req.on_answer)
+                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
@@ -234,8 +245,7 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, p
     peer = peers.get(url)
     if peer is None:
         settings = request.app[SETTINGS]
-        peer = Upstream(url, read_timeout_s=settings.upstream.upstream_timeout_s + settings.limits.queue_timeout_s,
-                        connect_timeout_s=5, wait_s=0)
+        peer = PeerNode(url, read_timeout_s=settings.upstream.upstream_timeout_s + settings.limits.queue_timeout_s)
         await peer.start()
         peers[url] = peer
     via = req.response_headers.get(VIA_HEADER, "")
@@ -245,7 +255,7 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, p
     headers = [*forwardable_headers(request.headers), (FORWARDED_HEADER, mark)]
     t0 = time.monotonic()
     try:
-        up = await peer.open(request.method, req.path_qs, headers, req.raw_body, wait=False)
+        up = await peer.open(request.method, req.path_qs, headers, req.raw_body)
     except (UpstreamUnavailable, UpstreamTimeout, UpstreamNotReady) as exc:
         log.warning("node %s unreachable for a forwarded turn (%s); serving it here", url, exc)
         req.forward_failed, req.forward_to = url, None
@@ -263,7 +273,24 @@ async def close_peers(app: web.Application) -> None:
         await peer.close()
 
 
-def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Settings) -> ProxyRequest:
+def pin_of(engine: Engine, body: Mapping[str, object]) -> dict[str, object]:
+    """The fields of ``body`` that pin it to a slot of ``engine`` (none without slots)."""
+    slots = engine.slots
+    if slots is None:
+        return {}
+    kept = slots.unpin(body)
+    return {k: v for k, v in body.items() if k not in kept} if len(kept) != len(body) else {}
+
+
+def check_pin(engine: Engine, body: Mapping[str, object]) -> None:
+    """A slot pin the client sent itself must be an integer (400, before llama-server would fail on it)."""
+    for key, value in pin_of(engine, body).items():
+        if value is not None and not is_int(value):
+            raise BadRequest(f"invalid request: {key}: must be an integer", code="invalid_request")
+
+
+def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, settings: Settings,
+                  engine: Engine) -> ProxyRequest:
     """The body as JSON (400 otherwise), checked, typed and, on the conversation routes, translated into the
     internal conversation by the route's dialect."""
     try:
@@ -276,6 +303,7 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     if may_hold_surrogate(raw):
         check_strings(body)
+    check_pin(engine, body)
     kind: RouteKind = "chat" if dialect is not None else "completion" if request.path in COMPLETION_PATHS else "generating"
     model: BaseModel | None = None
     try:
@@ -343,7 +371,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
 def add_routes(app: web.Application) -> None:
     for path in dialect_paths() + COMPLETION_PATHS + GENERATING_PATHS:  # dialects: parsed into the conversation
         app.router.add_post(path, parsed)
-    app.router.add_post("/slots/{slot}", slot_action)
+    app.router.add_post(CLIENT_SLOT_ROUTE, slot_action)
     app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
     app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
     app.router.add_post("/pflash/save", guarded(pflash_save))

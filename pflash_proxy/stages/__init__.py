@@ -24,16 +24,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.contract import Stage
+    from pflash_proxy.engine import Engine
     from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy")
 
 
-def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None,
-                   extra: Sequence[Stage] = ()) -> list[Stage]:
+def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None, extra: Sequence[Stage] = (),
+                   engine: Engine | None = None) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
     history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
-    instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up)."""
+    instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up).
+    ``engine``: the seam the session, compression and savings stages call (default: llama-server on ``upstream``)."""
     from pflash_proxy.stages.scorers import check_scorer
 
     check_scorer(settings.compression.scorer)  # a name the registry does not know stops start-up, sessions or not
@@ -41,13 +43,16 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
-    from pflash_proxy.llama.engine import LlamaServerEngine
+    if engine is None:
+        from pflash_proxy.llama.engine import LlamaServerEngine
+
+        engine = LlamaServerEngine(upstream)
     from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 
-    manager = SessionManager(settings, LlamaServerEngine(upstream))
+    manager = SessionManager(settings, engine)
     sessions = SessionService(manager)  # what the session stages call
     # previous_response_id is expanded into the items it stands for before the session is looked up
     stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions)]
@@ -55,14 +60,15 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
         from pflash_proxy.stages.compress import CompressStage
 
         if scorer is not None:
-            stages.append(CompressStage(settings.compression, upstream, scorer=scorer))
+            stages.append(CompressStage(settings.compression, engine, scorer=scorer))
         else:
             from pflash_proxy.stages.scorers import build_scorer
 
             built = build_scorer(settings)  # loads the drafter when one is configured
-            stages.append(CompressStage(settings.compression, upstream, built.segmenter, built.scorer, built))
+            stages.append(CompressStage(settings.compression, engine, built.segmenter, built.scorer, built))
     from pflash_proxy.inspector.turns import SavingsStage
 
-    stages.append(SavingsStage(manager, settings.compression.threshold if settings.compression.pflash else None))
+    stages.append(SavingsStage(manager, settings.compression.threshold if settings.compression.pflash else None,
+                               engine))
     stages.append(SessionCommitStage(sessions))
     return stages + list(extra)

@@ -7,13 +7,14 @@ persists what was served):
    tool definitions, are never shortened), and only the newest of them that is long (an agent's tool output may
    be followed by a short message in the same request).  A message's UTF-8 byte length bounds its token count
    from above, so short messages cost nothing; the whole prompt is counted exactly first
-   (``/v1/chat/completions/input_tokens``, one number): above ``--max-prompt-tokens`` → 400
+   (``Engine.count_prompt``, one number): above ``--max-prompt-tokens`` → 400
    ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
    refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).
    Before any of that the whole prompt is bounded, whatever turn carries its bulk (``_refuse_long_prompt``: its
-   bytes first, then pieces tokenized until the count passes the limit), so history over the limit is refused
+   bytes first, then pieces counted (``Engine.count_text``) until the count passes the limit), so history over the limit is refused
    too, without tokenizing all of it.
-   Then each byte-long candidate, newest first, is tokenized with pieces (exact per-line counts); the first of
+   Then each byte-long candidate, newest first, is tokenized with pieces (``Engine.pieces``: exact per-line
+   counts); the first of
    at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
 2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
    the tokens the upstream would prefill (the uncached part) → flat fallback (``--fallback-spread``, or the
@@ -24,7 +25,8 @@ persists what was served):
    the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
 4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
    counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
-5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log).
+5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log): an engine
+   that is unreachable, not ready or refuses a count (``EngineError``) as much as an internal error.
 Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
 """
 
@@ -45,13 +47,13 @@ from pflash_proxy.compress.pipeline import Landing
 from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
-from pflash_proxy.errors import ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.engine import Engine, EngineError, counts_per_line
+from pflash_proxy.errors import ProxyError
 from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
 from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.stages.scorers import default_spread
 from pflash_proxy.stages.sessions import SessionContext, SessionStage
-from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy.compress")
 
@@ -85,11 +87,11 @@ class ContextTooLong(ProxyError):
 class CompressStage(Stage):
     name = "pflash"
 
-    def __init__(self, settings: CompressionOptions, upstream: Upstream, segmenter: Segmenter | None = None,
+    def __init__(self, settings: CompressionOptions, engine: Engine, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None, resources: Any = None):
         self.settings = settings  # the compression options; the compressor gets the compress package's form of them
         self.resources = resources  # owns the drafter, if any (closed on stop)
-        self.upstream = upstream
+        self.engine = engine
         self.scorer: Scorer = scorer or LexicalScorer()
         segmenter = segmenter or UnitSegmenter(settings.min_segment, settings.max_segment)
         self.compressor = Compressor(settings.pipeline(default_spread(self.scorer.name)), segmenter, self.scorer)
@@ -110,9 +112,9 @@ class CompressStage(Stage):
                 mode, prompt_tokens, kept_tokens = result
         except ContextTooLong:
             raise
-        except (UpstreamUnavailable, UpstreamNotReady, UpstreamTimeout) as exc:
+        except EngineError as exc:  # unreachable, not ready, or a count the engine refused
             mode = "full-error"
-            log.warning("pflash: serving the message whole: upstream call failed: %s", exc)
+            log.warning("pflash: serving the message whole: the engine call failed: %s", exc)
             req.log_fields["pflash_reason"] = str(exc)
         except Exception as exc:  # never fail the request because of compression
             mode = "full-error"
@@ -149,10 +151,10 @@ class CompressStage(Stage):
         Candidates are the messages after the last assistant message that the session has not been served, newest
         first, whose role is not ``system``/``developer`` (instructions are the agent's program and are never
         shortened; tool definitions never are messages). A message's UTF-8 byte length bounds its token count
-        from above, so only those of at least ``threshold`` bytes are counted exactly (``/tokenize`` with pieces:
+        from above, so only those of at least ``threshold`` bytes are counted exactly (``Engine.pieces``:
         the per-line counts the compression needs, so the chosen message is tokenized once); the first of at least
         ``threshold`` tokens wins, so a shorter long-looking message never shields an earlier long one. The whole
-        prompt is counted first (``input_tokens``, one number) and refused above ``--max-prompt-tokens`` before
+        prompt is counted first (``Engine.count_prompt``, one number) and refused above ``--max-prompt-tokens`` before
         any pieces are requested.
         """
         turn = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
@@ -165,7 +167,7 @@ class CompressStage(Stage):
                 continue
             if prompt_tokens is None:
                 await self._refuse_oversized(text)
-                prompt_tokens = await self.upstream.input_tokens(req.chat_body())
+                prompt_tokens = await self.engine.count_prompt(req.chat_body())
                 if prompt_tokens > self.settings.max_prompt_tokens:
                     raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the "
                                          f"{self.settings.max_prompt_tokens} allowed with PFlash on "
@@ -184,7 +186,7 @@ class CompressStage(Stage):
         the limit in characters (16 K to 256 K), in order, until the count passes the limit plus the tokens the cuts between pieces
         can add (``_CUT_SLACK`` each): the request is then refused having tokenized about the limit's worth of
         text and one piece, never all of a huge body. A prompt counted whole that comes near the limit (within
-        ``_TEMPLATE_SLACK`` tokens a message for the chat template) is counted exactly (``input_tokens``)."""
+        ``_TEMPLATE_SLACK`` tokens a message for the chat template) is counted exactly (``count_prompt``)."""
         limit = self.settings.max_prompt_tokens
         texts = [t for m in messages for t in _prompt_texts(m)]
         tools = req.body.get("tools")
@@ -196,7 +198,7 @@ class CompressStage(Stage):
         chunk = min(_COUNT_CHUNK_CHARS, max(_MIN_CHUNK_CHARS, 2 * limit))  # a piece: about the limit's worth
         counted = pieces = 0
         for at in range(0, len(text), chunk):
-            counted += len(await self.upstream.tokenize(text[at:at + chunk]))
+            counted += await self.engine.count_text(text[at:at + chunk])
             pieces += 1
             if counted - pieces * _CUT_SLACK > limit:
                 raise ContextTooLong(f"this request has more than {limit} prompt tokens (more than "
@@ -204,7 +206,7 @@ class CompressStage(Stage):
                                      f"{min(len(text), at + chunk):,} of its {len(text):,} "
                                      "characters), the most allowed with PFlash on (--max-prompt-tokens)")
         if counted + _TEMPLATE_SLACK * len(messages) > limit:
-            prompt_tokens = await self.upstream.input_tokens(req.chat_body())
+            prompt_tokens = await self.engine.count_prompt(req.chat_body())
             if prompt_tokens > limit:
                 raise ContextTooLong(f"this request has {prompt_tokens} prompt tokens, more than the {limit} "
                                      "allowed with PFlash on (--max-prompt-tokens)")
@@ -218,11 +220,11 @@ class CompressStage(Stage):
         if len(text.encode("utf-8")) <= limit:  # no token is shorter than a byte
             return
         sample = text[:_SAMPLE_CHARS]
-        per_token = len(sample) / max(1, len(await self.upstream.tokenize(sample)))
+        per_token = len(sample) / max(1, await self.engine.count_text(sample))
         probe = int(limit * per_token * 1.25) + 1
         if probe >= len(text):
             return  # the exact count costs about as much
-        n = len(await self.upstream.tokenize(text[:probe]))
+        n = await self.engine.count_text(text[:probe])
         if n > limit + 1:
             raise ContextTooLong(f"this request has more than {n - 1} prompt tokens (counted on the first "
                                  f"{probe:,} of {len(text):,} characters of one message), more than the {limit} "
@@ -305,7 +307,7 @@ class CompressStage(Stage):
                           if m.get("role") not in _NEVER_SHORTENED)  # instructions never are candidates
         if len(history.encode("utf-8")) < self.settings.threshold:
             return None
-        n = len(await self.upstream.tokenize(history))
+        n = await self.engine.count_text(history)
         if n < self.settings.threshold:
             return None
         return "full-cold", n, n
@@ -333,26 +335,12 @@ class CompressStage(Stage):
 
     # Token counts ----------------------------------------------------------------------------------------
     async def _tokenized(self, text: str) -> TokenizedText:
-        """Exact per-line token counts from the upstream tokenizer (each token counted on its first line)."""
-        pieces = await self.upstream.tokenize(text, with_pieces=True)
+        """Exact per-line token counts from the engine's tokenizer (each token counted on its first line)."""
         lines = split_lines(text)
-        ends, pos = [], 0
-        for line in lines:
-            pos += len(line.encode("utf-8"))
-            ends.append(pos)
-        counts = [0] * len(lines)
-        offset, li = 0, 0
-        for tok in pieces:
-            piece = tok.get("piece", "") if isinstance(tok, dict) else ""
-            size = len(piece.encode("utf-8")) if isinstance(piece, str) else len(piece)
-            while li < len(lines) - 1 and offset >= ends[li]:
-                li += 1
-            counts[li] += 1
-            offset += size
-        return TokenizedText(text, lines, counts)
+        return TokenizedText(text, lines, counts_per_line(lines, await self.engine.pieces(text)))
 
     async def _count(self, text: str) -> int:
-        return len(await self.upstream.tokenize(text))
+        return await self.engine.count_text(text)
 
     async def stop(self) -> None:
         if self.resources is not None:

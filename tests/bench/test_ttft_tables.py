@@ -8,7 +8,7 @@ from pflash_proxy.bench.ttft import project, report
 
 
 def _run(arm, n, ttft, tokens, mode, pflash_ms=None, case_id="c"):
-    return {"arm": arm, "length": n, "case_id": case_id, "case_tokens": tokens + 5, "ttft_s": ttft, "total_s": ttft + 1, "prefill_tokens": tokens, "cache_n": 3,
+    return {"arm": arm, "length": n, "case_id": case_id, "case_tokens": tokens + 5, "ttft_s": ttft, "total_s": ttft + 1, "prefill_tokens": tokens, "cached_tokens": 3,
             "prompt_tokens": tokens, "mode": mode, "cache": "miss", "pflash_ms": pflash_ms, "drafter_ms": None}
 
 

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from pflash_proxy.dialects import MAX_DEPTH, cache_counts, cap_turn
+from pflash_proxy.dialects import MAX_DEPTH, cap_turn
 from pflash_proxy.dialects.anthropic import AnthropicDialect
 from pflash_proxy.dialects.anthropic_wire import AnthropicTranslator, to_chat
 from pflash_proxy.dialects.chat import ChatDialect
 from pflash_proxy.dialects.responses import ResponsesDialect
+from pflash_proxy.engine import CacheReport
 from pflash_proxy.errors import BadRequest
+from pflash_proxy.llama.engine import cache_report
 from pflash_proxy.sessions.identity import message_hash
 
 CLAUDE = {
@@ -91,7 +93,8 @@ def test_to_chat_is_what_llama_server_would_build():
     assert chat["messages"][0] == {"role": "system", "content": "You are Claude Code."}
     assert chat["messages"][2]["reasoning_content"] == "hmm" and chat["messages"][2]["content"] == "Reading."
     assert chat["messages"][3] == {"role": "tool", "content": "LONG FILE", "tool_call_id": "t1"}
-    assert chat["stop"] == ["END"] and chat["id_slot"] == 1 and chat["tool_choice"] == "required"
+    assert chat["stop"] == ["END"] and chat["tool_choice"] == "required"
+    assert "id_slot" not in chat  # the engine's pin travels as the stages set it (server/routes.py), not as a field
     assert chat["tools"][0]["function"]["parameters"] == {"type": "object"}
     assert "metadata" not in chat and "system" not in chat
 
@@ -109,7 +112,7 @@ def _events(raw: bytes) -> list[tuple[str, dict]]:
 
 
 def test_a_chat_stream_becomes_anthropic_events_with_tool_use():
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     chunks = _sse(
         {"id": "c1", "model": "m", "choices": [{"delta": {"role": "assistant", "content": None}}]},
         {"choices": [{"delta": {"content": "Let me "}}]}, {"choices": [{"delta": {"content": "look."}}]},
@@ -133,7 +136,7 @@ def test_a_chat_stream_becomes_anthropic_events_with_tool_use():
 
 
 def test_a_mid_stream_error_becomes_an_anthropic_error_event():
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     out = t.stream(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
                    b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}\n\n')
     ev = _events(out + t.end())
@@ -141,7 +144,7 @@ def test_a_mid_stream_error_becomes_an_anthropic_error_event():
 
 
 def test_a_whole_chat_answer_becomes_an_anthropic_message():
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     chat = {"id": "c", "model": "m", "choices": [{"finish_reason": "length", "message": {
         "role": "assistant", "content": "Hi",
         "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": "{}"}}]}}],
@@ -173,20 +176,19 @@ def test_responses_items_and_write_back():
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
 
 
-def test_cache_counts_read_every_dialect():
-    assert cache_counts({"timings": {"cache_n": 5, "prompt_n": 2, "predicted_n": 1}}) == \
-        {"cache_n": 5, "prompt_n": 2, "predicted_n": 1}
-    assert cache_counts({"usage": {"cache_read_input_tokens": 7, "input_tokens": 1, "output_tokens": 3}}) == \
-        {"cache_n": 7, "prompt_n": 1, "predicted_n": 3}
+def test_the_cache_report_reads_every_dialect():
+    assert cache_report({"timings": {"cache_n": 5, "prompt_n": 2, "predicted_n": 1}}) == CacheReport(5, 2, 1)
+    assert cache_report({"usage": {"cache_read_input_tokens": 7, "input_tokens": 1, "output_tokens": 3}}) == \
+        CacheReport(7, 1, 3)
     responses = {"usage": {"input_tokens": 10, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 9}}}
-    assert cache_counts(responses) == {"cache_n": 9, "prompt_n": 1, "predicted_n": 2}
-    assert cache_counts({"usage": {"prompt_tokens": 3}}) is None and cache_counts(None) is None
+    assert cache_report(responses) == CacheReport(9, 1, 2)
+    assert cache_report({"usage": {"prompt_tokens": 3}}) is None and cache_report(None) is None
 
 
 def test_message_start_carries_the_prompt_counts_of_the_first_timed_event():
     """llama-server's role-only first event has no timings; with ``timings_per_token`` the next one has them:
     message_start waits for it and reports the same input/cache counts that message_delta ends with."""
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     timed = {"cache_n": 40, "prompt_n": 12, "predicted_n": 1}
     out = t.stream(b"data: " + json.dumps({"id": "c1", "model": "m", "choices": [
         {"delta": {"role": "assistant", "content": None}}]}).encode() + b"\n\n")
@@ -200,12 +202,12 @@ def test_message_start_carries_the_prompt_counts_of_the_first_timed_event():
         "stop_sequence": None, "usage": {"input_tokens": 12, "cache_read_input_tokens": 40, "output_tokens": 0}}})
     assert ev[-2][1]["usage"] == {"output_tokens": 2, "input_tokens": 12, "cache_read_input_tokens": 40}
     # an upstream without per-token timings: message_start goes out with the first content, never held back
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     ev = _events(t.stream(b'data: {"id":"c2","choices":[{"delta":{"content":"a"}}]}\n\n'))
     assert [n for n, _ in ev] == ["message_start", "content_block_start", "content_block_delta"]
     assert ev[0][1]["message"]["usage"]["input_tokens"] == 0
     # a stream that ends right after the role-only event still opens and closes the message
-    t = AnthropicTranslator()
+    t = AnthropicTranslator(cache_report)
     t.stream(b'data: {"id":"c3","choices":[{"delta":{"role":"assistant"}}]}\n\n')
     assert [n for n, _ in _events(t.end())] == ["message_start", "message_delta", "message_stop"]
 
@@ -359,10 +361,10 @@ def test_a_spawned_base_models_cap_lowers_max_tokens_and_ends_the_turn_there():
         kept = dict(body)
         assert not cap_turn(body, cap) and body == kept  # within the cap, or no cap (not a spawned base model)
     whole = json.dumps({"choices": [{"finish_reason": "length", "message": {"content": "Hi"}}]}).encode()
-    assert json.loads(AnthropicTranslator(turn_capped=True).body(200, whole))["stop_reason"] == "end_turn"
-    assert json.loads(AnthropicTranslator().body(200, whole))["stop_reason"] == "max_tokens"
+    assert json.loads(AnthropicTranslator(cache_report, turn_capped=True).body(200, whole))["stop_reason"] == "end_turn"
+    assert json.loads(AnthropicTranslator(cache_report).body(200, whole))["stop_reason"] == "max_tokens"
     for capped, reason in ((True, "end_turn"), (False, "max_tokens")):
-        t = AnthropicTranslator(turn_capped=capped)
+        t = AnthropicTranslator(cache_report, turn_capped=capped)
         ev = _events(t.stream(_sse({"id": "c", "choices": [{"delta": {"content": "Hi"}}]},
                                    {"choices": [{"delta": {}, "finish_reason": "length"}]})) + t.end())
         assert ev[-2][1]["delta"]["stop_reason"] == reason

@@ -1,5 +1,5 @@
 """``LlamaServerEngine`` beyond the shared contract: its cache report reads every answer shape llama-server sends
-as the dialect layer's ``cache_counts`` does, its identity is the one the session index stores beside snapshots,
+(and ``cache_counts`` gives the session layer the same numbers), its identity is the one the session index stores beside snapshots,
 and its errors say what happened (a fake upstream for the faults: refused, unreachable, timed out)."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from pflash_proxy.dialects import cache_counts
 from pflash_proxy.engine import EngineNotReady, EngineRefused, EngineTimeout, EngineUnreachable
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-from pflash_proxy.llama.engine import LlamaServerEngine, cache_report, identity_of
+from pflash_proxy.llama.engine import LlamaServerEngine, cache_counts, cache_report, identity_of
 from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.sessions.liveness import UpstreamWatch
@@ -29,12 +28,15 @@ ANSWERS = [
 ]
 
 
-def test_the_cache_report_reads_what_the_dialect_layer_reads():
-    for answer in ANSWERS:
+EXPECTED = [(7, 3, 1), (0, 40, 0), (12, 4, 2), (5, 1, 0), (25, 5, 3), (9, 0, 0)]  # cached, new, generated
+
+
+def test_the_cache_report_reads_every_answer_shape():
+    for answer, expected in zip(ANSWERS, EXPECTED, strict=True):
         counts, report = cache_counts(answer), cache_report(answer)
         assert counts is not None and report is not None, answer
-        assert (report.cached_tokens, report.new_tokens, report.generated_tokens) == \
-            (counts["cache_n"], counts["prompt_n"], counts["predicted_n"]), answer
+        assert (report.cached_tokens, report.new_tokens, report.generated_tokens) == expected, answer
+        assert (counts["cache_n"], counts["prompt_n"], counts["predicted_n"]) == expected, answer
     timed = cache_report(ANSWERS[0])
     assert timed is not None and (timed.prompt_ms, timed.generate_ms, timed.prompt_tokens) == (1.5, 0.5, 10)
     # OpenAI usage without timings (a server that drops them): cached_tokens is part of prompt_tokens

@@ -74,22 +74,22 @@ async def test_turns_show_cache_prefill_and_time_saved_by_cause(aiohttp_client, 
     comp = next(t for t in a["traces"] if t["kind"] == "compression")
     # turn 1: a miss, compressed: the tokens compression kept from the prefill and their time at the session's rate
     assert t1["turn"] == 1 and t1["cache"] == "miss" and t1["client"] == "claude-cli"
-    assert t1["prompt_n"] > 500 and t1["prompt_ms"] > 0 and t1["cache_n"] >= 0
+    assert t1["prefilled_tokens"] > 500 and t1["prefill_ms"] > 0 and t1["cached_tokens"] >= 0
     assert t1["tokens_avoided"]["compression"] == comp["message_tokens"] - comp["served_tokens"] > 0
     assert t1["rate_tps"] > 0 and t1["saved_s"]["compression"] > 0
     assert t1["messages"] == [{"message": 0, "mode": "compressed", "tokens": comp["message_tokens"],
                                "served_tokens": comp["served_tokens"], "why": None}]
-    # turn 2: restored from the snapshot: the server's cache_n is what the cache saved
-    assert t2["turn"] == 2 and t2["cache"] == "restored" and t2["cache_n"] > 500
-    assert t2["tokens_avoided"] == {"compression": 0, "cache": t2["cache_n"]}
-    assert t2["saved_s"]["cache"] == pytest.approx(t2["cache_n"] / t2["rate_tps"], rel=0.01)
+    # turn 2: restored from the snapshot: the tokens the server reused are what the cache saved
+    assert t2["turn"] == 2 and t2["cache"] == "restored" and t2["cached_tokens"] > 500
+    assert t2["tokens_avoided"] == {"compression": 0, "cache": t2["cached_tokens"]}
+    assert t2["saved_s"]["cache"] == pytest.approx(t2["cached_tokens"] / t2["rate_tps"], rel=0.01)
     s = a["session"]
     assert s["client"] == "claude-cli" and s["first_words"].startswith(document().split()[0])
     assert s["last_cache"] == "restored"
     v = s["savings"]
-    assert v["turns_timed"] == 2 and v["prefilled_tokens"] == t1["prompt_n"] + t2["prompt_n"]
+    assert v["turns_timed"] == 2 and v["prefilled_tokens"] == t1["prefilled_tokens"] + t2["prefilled_tokens"]
     assert v["tokens_avoided"] == {"compression": t1["tokens_avoided"]["compression"],
-                                   "cache": t1["cache_n"] + t2["cache_n"]}
+                                   "cache": t1["cached_tokens"] + t2["cached_tokens"]}
     assert v["saved_s"]["cache"] > 0 and "estimate" in v["note"]
 
     b = await (await client.get(f"/pflash/api/sessions/{sid_b}")).json()
@@ -118,7 +118,7 @@ async def test_turns_show_cache_prefill_and_time_saved_by_cause(aiohttp_client, 
     assert listing.returncode == 0 and "claude-cli" in listing.stdout and "codex_exec" in listing.stdout
     one = await show(sid_b, "--url", base)
     assert one.returncode == 0, one.stderr
-    assert re.search(r"turn 2: restored, cache_n [\d,]+, prefilled", one.stdout)
+    assert re.search(r"turn 2: restored, cached [\d,]+, prefilled", one.stdout)
     assert re.search(r"time saved ≈ \d[^;]*cache [1-9][\d.]*m?s for [\d,]+ tokens", one.stdout)  # not "0 saved"
     assert "stood out" in one.stdout
 
@@ -192,11 +192,29 @@ def test_turn_traces_are_bounded_apart_from_the_compression_traces(monkeypatch):
     rec.traces = [{"kind": "compression", "turn": 1, "message": 0, "text": None, "message_tokens": 10,
                    "served_tokens": 5, "mode": "compressed"}]
     for n in range(1, 5):
-        tr.record_turn(rec, {"kind": "turn", "turn": n}, {"turns_timed": 1, "prompt_n": 100, "timed_prompt_n": 100,
-                                                          "timed_prompt_ms": 50})
+        tr.record_turn(rec, {"kind": "turn", "turn": n}, {"turns_timed": 1, "prefilled_tokens": 100,
+                                                          "timed_prefilled_tokens": 100, "timed_prefill_ms": 50})
     assert [t["kind"] for t in rec.traces] == ["turn", "turn", "compression"]  # the newest compression trace last
     assert [t["turn"] for t in rec.traces[:2]] == [3, 4]
     assert rec.trace_totals["turns_timed"] == 4 and session_rate(rec.trace_totals) == 2000
+
+
+def test_a_session_of_trace_version_1_is_read_under_the_new_names():
+    """Version 1 traces and totals named a turn's counts after llama-server's timings: read, they have the names
+    of version 2, and a new turn adds to the old totals."""
+    rec = SessionRecord(id="f" * 32, seed="s")
+    rec.traces = [{"v": 1, "kind": "turn", "turn": 1, "cache_n": 7, "prompt_n": 3, "prompt_ms": 1.5,
+                   "predicted_n": 1, "predicted_ms": 0.5}]
+    rec.trace_totals = {"turns_timed": 1, "prompt_n": 300, "cache_n": 7, "timed_prompt_n": 300,
+                        "timed_prompt_ms": 100}
+    assert tr.current(rec.traces[0]) == {"v": 1, "kind": "turn", "turn": 1, "cached_tokens": 7,
+                                         "prefilled_tokens": 3, "prefill_ms": 1.5, "generated_tokens": 1,
+                                         "generate_ms": 0.5}
+    tr.record_turn(rec, {"kind": "turn", "turn": 2}, {"turns_timed": 1, "prefilled_tokens": 100,
+                                                      "timed_prefilled_tokens": 100, "timed_prefill_ms": 100})
+    assert rec.trace_totals == {"turns_timed": 2, "prefilled_tokens": 400, "cached_tokens": 7,
+                                "timed_prefilled_tokens": 400, "timed_prefill_ms": 200}
+    assert session_rate(rec.trace_totals) == 2000
 
 
 def test_savings_metrics_by_cause():

@@ -300,3 +300,40 @@ async def test_upstream_cookies_are_never_replayed_to_other_clients(aiohttp_serv
     client.session.cookie_jar.clear()
     await client.get("/b")
     assert seen == [None, None]  # the proxy kept nothing
+
+
+async def test_a_translated_anthropic_request_carries_the_engines_slot_pin(aiohttp_server, aiohttp_client,
+                                                                           tmp_path):
+    """The Anthropic dialect is sent as a chat body: the pin the session stage set travels into it."""
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    resp = await client.post("/v1/messages", json={"model": "m", "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200
+    sent = json.loads(client_requests(seen)[-1]["body"])
+    assert client_requests(seen)[-1]["path_qs"] == "/v1/chat/completions"
+    assert sent["id_slot"] == int(resp.headers["X-PFlash-Slot"])
+    # a client's own pin, sessions off: forwarded as the client sent it
+    plain = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path / "b", sessions=False)
+    resp = await plain.post("/v1/messages", json={"model": "m", "max_tokens": 4, "id_slot": 1,
+                                                  "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and json.loads(client_requests(seen)[-1]["body"])["id_slot"] == 1
+
+
+async def test_a_slot_pin_that_is_no_integer_is_refused_in_the_clients_dialect(aiohttp_server, aiohttp_client,
+                                                                               tmp_path):
+    seen: list = []
+    up = await aiohttp_server(echo_app(seen))
+    client = await proxy_for(aiohttp_client, str(up.make_url("")), tmp_path)
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/completion", {"prompt": "hi"})):
+        for bad in ("0", 1.5, True, [0]):
+            resp = await client.post(path, json={**body, "id_slot": bad})
+            assert resp.status == 400, (path, bad)
+            err = await resp.json()
+            assert "id_slot: must be an integer" in json.dumps(err), err
+            if path == "/v1/messages":
+                assert err["type"] == "error"
+    assert client_requests(seen) == []

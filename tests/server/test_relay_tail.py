@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pflash_proxy.llama.engine import REPORT_MARKERS
 from pflash_proxy.server.relay import _complete_events, _SSETail
 
 
@@ -11,12 +12,12 @@ def test_the_sse_tail_keeps_the_last_timings_event_whatever_the_chunking():
               b'data: {"content":"d"}\n\n', b"data: [DONE]\n\n"]
     stream = b"".join(events)
     for size in (1, 7, 23, len(stream)):  # as relay feeds it: whole events only, the rest held back
-        tail, held = _SSETail(), b""
+        tail, held = _SSETail(REPORT_MARKERS), b""
         for i in range(0, len(stream), size):
             chunk, held = _complete_events(held + stream[i:i + size])
             tail.feed(chunk)
         assert held == b"" and tail.last == {"content": "", "timings": {"cache_n": 5}}, size
-    tail = _SSETail()
+    tail = _SSETail(REPORT_MARKERS)
     for e in events[:3]:  # unfinished events are still gathered across feeds
         tail.feed(e[:10])
         tail.feed(e[10:])

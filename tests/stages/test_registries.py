@@ -8,6 +8,7 @@ import pytest
 from pflash_proxy.cli import build_parser, main
 from pflash_proxy.config import load_settings
 from pflash_proxy.contract import Stage
+from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.stages import default_stages
 from pflash_proxy.stages.scorers import (DRAFTER_SCORERS, SCORER_NAMES, SCORERS, DrafterSetupError, build_scorer,
@@ -78,17 +79,17 @@ def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path
     from pflash_proxy.compress.spread import SpreadCurve
     from pflash_proxy.stages.compress import CompressStage
 
-    upstream = Upstream("http://127.0.0.1:9")
-    own = CompressStage(make_settings("http://127.0.0.1:9", tmp_path).compression, upstream)
+    engine = FakeEngine()
+    own = CompressStage(make_settings("http://127.0.0.1:9", tmp_path).compression, engine)
     assert own.compressor.settings.fallback_spread == SpreadCurve.parse(SCORERS["lexical"].spread)
     given = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "b", fallback_spread=0.11).compression,
-                          upstream)
+                          engine)
     assert given.compressor.settings.fallback_spread == SpreadCurve.parse(0.11)
 
     class Head:  # a drafter scorer by name: its registry entry's thresholds (the seed's 0.11 for the head)
         name = "head"
 
-    head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c").compression, upstream, scorer=Head())
+    head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c").compression, engine, scorer=Head())
     assert head.compressor.settings.fallback_spread.at(32768) == 0.11
     assert not hasattr(head, "csettings")  # one copy of the options: the stage's group, the compressor's form of it
 

@@ -51,7 +51,7 @@ function renderTotals(t) {
     card("tokens saved", fmtInt(t.tokens_saved),
          t.tokens_in ? `${(100 * t.tokens_saved / t.tokens_in).toFixed(0)} % of them, cut by compression` : null),
     card("prefilled / cached", `${fmtInt(t.prefilled_tokens)} / ${fmtInt(t.cached_tokens)}`,
-         `prompt tokens (llama-server's prompt_n / cache_n) · prefill ${secs(t.prefill_s)}`),
+         `prompt tokens (as the engine reported them) · prefill ${secs(t.prefill_s)}`),
     card("time saved (estimate)", `≈ ${secs((saved.compression || 0) + (saved.cache || 0))}`,
          `compression ${secs(saved.compression)} (${fmtInt(avoided.compression)} tokens) · cache ` +
          `${secs(saved.cache)} (${fmtInt(avoided.cache)} tokens)`),

@@ -160,7 +160,7 @@ function savedText(t) {  // "≈ 1.2 s (compression 0.8 s · cache 0.4 s)"
 function turnsView(turns, note) {
   const box = document.getElementById("turns");
   if (!turns.length) { box.replaceChildren(); return; }
-  const head = ["turn", "client", "slot held", "cache_n", "prefilled", "not prefilled (compression)",
+  const head = ["turn", "client", "slot held", "cached", "prefilled", "not prefilled (compression)",
                 "prefill time", "rate", "time saved (estimate)", "first byte", "notes"];
   const rows = turns.map(t => {
     const why = [t.why, ...t.messages.filter(m => m.why).map(m => `message ${m.message + 1}: ${m.why}`)]
@@ -168,20 +168,20 @@ function turnsView(turns, note) {
     if (t.cache === "restored" && t.prepare_ms) why.push(`restore and look-up took ${fmtInt(Math.round(t.prepare_ms - (t.compression_ms || 0)))} ms`);
     if (t.compression_ms) why.push(`compression took ${fmtInt(Math.round(t.compression_ms))} ms`);
     const saved = el("span", {class: "saved", title: note || "",
-                              text: savedText(t) + (t.prompt_n === null ? "" :
+                              text: savedText(t) + (t.prefilled_tokens === null ? "" :
                                 ` (compression ${fmtSecs(t.saved_s.compression)} · cache ${fmtSecs(t.saved_s.cache)})`)});
     return el("tr", {class: "turn", "data-turn": t.turn, "data-cache": t.cache},
       ...[String(t.turn), t.client || "–",
           el("span", {class: "badge cache-" + t.cache, text: t.cache}),
-          fmtInt(t.cache_n), fmtInt(t.prompt_n), fmtInt(t.tokens_avoided.compression),
-          t.prompt_ms === null ? "–" : fmtSecs(t.prompt_ms / 1000),
+          fmtInt(t.cached_tokens), fmtInt(t.prefilled_tokens), fmtInt(t.tokens_avoided.compression),
+          t.prefill_ms === null ? "–" : fmtSecs(t.prefill_ms / 1000),
           t.rate_tps ? `${fmtInt(Math.round(t.rate_tps))} tok/s` : "–", saved,
           t.first_byte_ms === null ? "–" : fmtSecs(t.first_byte_ms / 1000),
           el("span", {class: "why", text: why.join("; ") || "–"})].map(c => el("td", {}, c)));
   });
   box.replaceChildren(el("h2", {text: "Turns"}),
     el("p", {class: "muted", text: "slot held: hit (the slot still held the session), restored (its snapshot was " +
-      "read back), miss (prefilled from the start). cache_n and prefilled are llama-server's own counts; " +
+      "read back), miss (prefilled from the start). cached and prefilled are the engine's own counts; " +
       "time saved is an " + (note || "estimate")}),
     el("table", {class: "grid turns"}, el("tr", {}, head.map(h => el("th", {text: h}))), ...rows));
 }
