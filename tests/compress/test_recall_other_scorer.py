@@ -44,7 +44,7 @@ class Counting:
 def _stored(scorer=None):
     """A compressed needle document's recall source, as a session stores and reads it back."""
     tt = TokenizedText.from_text(document_with_needle())
-    out = Compressor(CompressionSettings(curve="1000:0.12"), scorer=scorer).compress(
+    out = Compressor(CompressionSettings(curve="1000:0.13"), scorer=scorer).compress(
         tt, RequestSpec("sourdough starter yeast acidity", 0, "latest-user"), tt.total_tokens, True, "paste", "1")
     assert out.mode == "compressed" and NEEDLE not in out.text
     rec = SessionRecord(id="a" * 32, seed="s", recall_sources=[out.recall])

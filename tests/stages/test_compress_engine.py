@@ -34,7 +34,7 @@ def _request(text: str) -> ProxyRequest:
 
 
 def _stage(tmp_path, engine: FakeEngine, **kw) -> CompressStage:
-    return CompressStage(make_settings("http://127.0.0.1:9", tmp_path, threshold=512, **kw), engine)
+    return CompressStage(make_settings("http://127.0.0.1:9", tmp_path, threshold=512, **kw).compression, engine)
 
 
 async def test_a_long_tool_output_is_compressed_with_the_fake_engines_counts(tmp_path):
