@@ -39,7 +39,7 @@ async def _chat(client, messages, max_tokens=4, **extra):
 
 
 async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_history(make_proxy):
-    """Issue 13 item 2: B waited behind A on the session's slot and then saved a stale record over A's."""
+    """B waited behind A on the session's slot and then saved a stale record over A's."""
     proxy = await make_proxy()
     turn1 = [{"role": "user", "content": "Say hello."}]
     _, h, body = await _chat(proxy, turn1)
@@ -69,11 +69,13 @@ async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_h
     nxt = a_msgs + [{"role": "assistant", "content": ba["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "Thanks."}]
     _, h3, _ = await _chat(proxy, nxt)
-    assert h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "hit"
+    # B, a fork sharing A's opening, is placed on A's idle slot (sessions/slots.py step 1), so A comes back from
+    # its snapshot; either way it continues its own session, never a miss
+    assert h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] in ("hit", "restored")
 
 
 async def test_a_clients_hidden_fields_never_reach_another_clients_prompt(make_proxy):
-    """Issue 13 item 3: identity ignores fields like reasoning_content; the served copy must not carry them over."""
+    """Identity ignores fields like reasoning_content; the served copy must not carry them over."""
     proxy = await make_proxy()
     secret = "SECRET-OF-CLIENT-A"
     a_msgs = [{"role": "user", "content": "Hi."},

@@ -1,10 +1,11 @@
-"""A message far over --max-prompt-tokens is refused from a prefix, never tokenized whole (issue #26 item 5)."""
+"""A message far over --max-prompt-tokens is refused from a prefix, never tokenized whole (the engine's counts are
+spied on at the seam: ``LlamaServerEngine.count_text`` / ``pieces`` / ``count_prompt``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pflash_proxy.llama.upstream import Upstream
+from pflash_proxy.llama.engine import LlamaServerEngine
 from tests.conftest import make_settings
 from tests.stages.test_compress_real import document
 
@@ -15,18 +16,24 @@ async def test_an_oversized_message_is_refused_from_a_prefix(aiohttp_client, lla
     from pflash_proxy.server.app import create_app
 
     seen: list[tuple[str, int]] = []
-    tokenize, input_tokens = Upstream.tokenize, Upstream.input_tokens
+    count_text, pieces, count_prompt = (LlamaServerEngine.count_text, LlamaServerEngine.pieces,
+                                        LlamaServerEngine.count_prompt)
 
-    async def spy_tokenize(self, text, **kw):
-        seen.append(("tokenize" + ("+pieces" if kw.get("with_pieces") else ""), len(text)))
-        return await tokenize(self, text, **kw)
+    async def spy_count_text(self, text, **kw):
+        seen.append(("tokenize", len(text)))
+        return await count_text(self, text, **kw)
 
-    async def spy_input_tokens(self, body):
+    async def spy_pieces(self, text):
+        seen.append(("tokenize+pieces", len(text)))
+        return await pieces(self, text)
+
+    async def spy_count_prompt(self, body):
         seen.append(("input_tokens", 0))
-        return await input_tokens(self, body)
+        return await count_prompt(self, body)
 
-    monkeypatch.setattr(Upstream, "tokenize", spy_tokenize)
-    monkeypatch.setattr(Upstream, "input_tokens", spy_input_tokens)
+    monkeypatch.setattr(LlamaServerEngine, "count_text", spy_count_text)
+    monkeypatch.setattr(LlamaServerEngine, "pieces", spy_pieces)
+    monkeypatch.setattr(LlamaServerEngine, "count_prompt", spy_count_prompt)
     settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
                              max_prompt_tokens=1500)
     proxy = await aiohttp_client(create_app(settings))
@@ -77,18 +84,24 @@ async def test_a_history_over_the_limit_is_refused_whatever_turn_carries_it(aioh
     from pflash_proxy.server.app import create_app
 
     seen: list[int] = []
-    tokenize, input_tokens = Upstream.tokenize, Upstream.input_tokens
+    count_text, pieces, count_prompt = (LlamaServerEngine.count_text, LlamaServerEngine.pieces,
+                                        LlamaServerEngine.count_prompt)
 
-    async def spy_tokenize(self, text, **kw):
+    async def spy_count_text(self, text, **kw):
         seen.append(len(text))
-        return await tokenize(self, text, **kw)
+        return await count_text(self, text, **kw)
 
-    async def spy_input_tokens(self, body):
+    async def spy_pieces(self, text):
+        seen.append(len(text))
+        return await pieces(self, text)
+
+    async def spy_count_prompt(self, body):
         seen.append(-1)
-        return await input_tokens(self, body)
+        return await count_prompt(self, body)
 
-    monkeypatch.setattr(Upstream, "tokenize", spy_tokenize)
-    monkeypatch.setattr(Upstream, "input_tokens", spy_input_tokens)
+    monkeypatch.setattr(LlamaServerEngine, "count_text", spy_count_text)
+    monkeypatch.setattr(LlamaServerEngine, "pieces", spy_pieces)
+    monkeypatch.setattr(LlamaServerEngine, "count_prompt", spy_count_prompt)
     settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
                              max_prompt_tokens=2000)
     proxy = await aiohttp_client(create_app(settings))
