@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.conftest import make_settings
+from tests.server.test_upstream_restart_real import pipe
 
 pytestmark = pytest.mark.llama
 
@@ -76,7 +77,7 @@ class DiesMidPrefill:
                         return
                 if up_writer is None:
                     up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-                    back = asyncio.create_task(self._pipe(up_reader, writer))
+                    back = asyncio.create_task(pipe(up_reader, writer))
                 up_writer.write(data)
                 await up_writer.drain()
         except (asyncio.CancelledError, ConnectionError, OSError):
@@ -87,17 +88,6 @@ class DiesMidPrefill:
                 up_writer.close()
             if back is not None:
                 back.cancel()
-
-    @staticmethod
-    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            dst.close()
 
     async def close(self) -> None:
         if self.server is not None:

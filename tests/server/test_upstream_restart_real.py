@@ -60,6 +60,18 @@ async def test_health_probes_and_a_zero_wait_still_answer_at_once(aiohttp_client
     assert chat.status in (502, 503)
 
 
+async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Copy one direction of a relayed connection until it ends, then close the other side (the fault relays)."""
+    try:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        dst.close()
+
+
 class ClosesMidBody:
     """A TCP relay in front of the real llama-server that, while armed, resets the first connection that carries
     a chat request as soon as that request begins to arrive (its body still being written): what a llama-server
@@ -87,16 +99,6 @@ class ClosesMidBody:
             return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         up_writer.write(first)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
 
         try:
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
