@@ -278,7 +278,8 @@ class CompressionOptions(Options):
     threshold: int = Field(_COMPRESSION.threshold, ge=1)
     prefill_curve: str = DEFAULT_CURVE
     query_pin: int = Field(_COMPRESSION.query_pin, ge=0)
-    fallback_spread: float | None = Field(None, ge=0, le=1)  # one flat threshold; None: the scorer's own curve
+    # one flat threshold (compress.spread: (N_eff - k) / k); None: the scorer's own curve
+    fallback_spread: float | None = Field(None, ge=-1, le=100)
     chat_recall: bool = True
     theta: float = Field(_COMPRESSION.theta, ge=0, le=1)
     recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0)

@@ -92,8 +92,9 @@ _HELP = {
     "prefill_curve": f"budget ratio curve 'TOKENS:RATIO ...': the share of a message kept by prompt size (default "
                      f"'{_C.prefill_curve}')",
     "query_pin": f"tokens at the message's tail (the request) that are always kept (default {_C.query_pin})",
-    "fallback_spread": "serve a message whole when its relevance is flatter than this spread (0-1; default "
-                       f"{_C.fallback_spread})",
+    "fallback_spread": "serve a cold message that asks for every match whole when its relevance is spread over "
+                       "more units than the budget keeps by more than this (effective relevant units beyond the "
+                       "kept, per kept unit; -1 to 100; default: the scorer's own thresholds by prompt length)",
     "chat_recall": "bring omitted lines back into a later short question about them (default on)",
     "theta": f"recall when the omitted share of relevance for a question exceeds this (0-1; default {_C.theta})",
     "recall_budget": f"tokens of excerpts recall may prepend to a question (default {_C.recall_budget})",

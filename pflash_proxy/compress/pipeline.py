@@ -34,9 +34,11 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
    all such additions stay within ``CLOSE_BUDGET`` of the budget.
 5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
-   prompt's tokens: flat only for zero relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text, the reason one sentence with the
-   numbers the decision used); flat inside a running conversation -> compress anyway (recall can bring
-   lines back).
+   prompt's tokens, of the scores against the request's every-clause (``spread.gate_clause``: the scorer is asked
+   again only for a request that asks for every match in one of several sentences): flat only for zero
+   relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text,
+   the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
+   anyway (recall can bring lines back).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
    are part of the overhead of step 4);
@@ -67,7 +69,7 @@ from .request import RequestSpec, tail_lines
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import SpreadCurve, flat_gate
+from .spread import SpreadCurve, flat_gate, gate_clause
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -229,8 +231,11 @@ class Compressor:
             free = np.ones(len(units), dtype=bool)
             free[list(pinned)] = False
             assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
+            clause = gate_clause(request.text)
+            clause_scores = None if clause is None else \
+                validate_scores(self.scorer.score(reps, clause), len(units))[free]
             sp = flat_gate(scores[free], len(set(kept) - pinned),
-                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text)
+                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text, clause_scores)
             t = _lap(ms, "spread", t)
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,

@@ -8,7 +8,14 @@ how the rest is ranked):
     N_eff = 1 / sum(p_i^2) = sum(s)^2 / sum(s^2)  effective number of relevant units
                                                   (participation ratio; N_eff = n for
                                                   equal scores, ~1 for a single needle)
-    spread = (N_eff - k) / n                      k = unpinned units the budget keeps, n = unpinned units
+    spread = (N_eff - k) / k                      k = unpinned units the budget keeps (at least 1): the
+                                                  effectively relevant units beyond those the budget keeps,
+                                                  per kept unit (> 0: more than it keeps)
+
+The seed divided by n, the unpinned units, instead of k. Measured on the calibration sets
+(``benchmarks/flat_gate/``, train split), one threshold per kept unit holds across prompt lengths and document
+kinds where one per unit does not: the budget keeps a different share of the units of prose and code and of a
+short and a long message, and ``/ n`` shrinks the same excess by that share.
 
 Why the participation ratio rather than Shannon perplexity or "units holding 80% of the mass": both of those grow
 with the long tail of tiny lexical matches that any long message has; N_eff is dominated by the large shares, so
@@ -23,10 +30,18 @@ When it applies (``flat_gate``):
    whatever the spread: measured on generated documents (``benchmarks/flat_gate/``), the lexical spread of a
    pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
    either serves most pointed questions whole or compresses most aggregation requests.
-3. Such a request is flat when ``spread > threshold``, the threshold read from the scorer's curve at the prompt's
+3. What is spread is what the request asks every match *of*: the sentences of the request that hold the
+   every-words (``every_clause``: "List all the steps it takes." of "Which function parses the header? List all
+   the steps it takes."), scored on their own (``Compressor`` asks its scorer again, only when that clause is not
+   the whole request). A request's other sentences point at one thing; an every-clause whose own words have no
+   relevance at all ("all the steps *it* takes") asks for every part of that thing, which the units it points
+   at hold, so it is not flat. Measured on the calibration sets, scoring the whole request instead mixes the
+   pointed sentence's many words into the measure and a pointed question with "list all the steps" reads as
+   spread as a "list every X".
+4. Such a request is flat when ``spread > threshold``, the threshold read from the scorer's curve at the prompt's
    length (``SpreadCurve``: ``tokens:threshold`` points, linear between them, flat beyond; the defaults live
    with each scorer's registry entry, ``stages/scorers.py``), or one number for every length
-   (``PFLASH_FALLBACK_SPREAD``, the seed's 0.11).
+   (``PFLASH_FALLBACK_SPREAD``; 0.11, the seed's number, for a scorer the registry does not know).
 ``Spread.reason`` is the decision in one sentence, with the numbers it used.
 """
 
@@ -37,7 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Spread", "SpreadCurve", "asks_for_every", "flat_gate", "kept_mass", "relevance_spread"]
+__all__ = ["Spread", "SpreadCurve", "asks_for_every", "every_clause", "flat_gate", "gate_clause", "kept_mass",
+           "relevance_spread"]
 
 _EVERY = re.compile(
     r"\b(?:list|name|give|show|find|count|enumerate|collect|quote|extract|report)\b(?:\s+[\w'-]+){0,3}?\s+"
@@ -48,14 +64,26 @@ _EVERY = re.compile(
     r"|\b(?:every|all|each)\s+(?:[\w'-]+\s+){0,3}?(?:that|which|who|where|mentioning|containing|with)\b", re.I)
 
 
+MAX_THRESHOLD = 100.0
+_SENTENCE = re.compile(r"(?<=[.?!])\s+|\n+")
+
+
 def asks_for_every(request: str) -> bool:
     """Step 2: the request asks for every match (or a summary of everything), not for one thing."""
     return bool(_EVERY.search(request or ""))
 
 
+def every_clause(request: str) -> str:
+    """Step 3: the request's sentences that ask for every match, in order (the whole request when none does, or
+    when it is one sentence)."""
+    parts = [p for p in _SENTENCE.split((request or "").strip()) if p.strip()]
+    every = [p for p in parts if _EVERY.search(p)]
+    return " ".join(every) if every and len(every) < len(parts) else request
+
+
 @dataclass(frozen=True)
 class SpreadCurve:
-    """Step 3: the flat threshold as a function of the prompt's tokens."""
+    """Step 4: the flat threshold as a function of the prompt's tokens."""
 
     points: tuple[tuple[int, float], ...]
 
@@ -64,8 +92,9 @@ class SpreadCurve:
             raise ValueError("spread curve: needs at least one point")
         prev = None
         for n, t in self.points:
-            if n <= 0 or not 0.0 <= t <= 1.0:
-                raise ValueError(f"spread curve: point {n}:{t} needs tokens > 0 and a threshold in [0, 1]")
+            if n <= 0 or not -1.0 <= t <= MAX_THRESHOLD:  # spread > -1: negative when N_eff < k
+                raise ValueError(f"spread curve: point {n}:{t} needs tokens > 0 and a threshold in "
+                                 f"[-1, {MAX_THRESHOLD:g}]")
             if prev is not None and n <= prev:
                 raise ValueError(f"spread curve: points must ascend in tokens ({prev} then {n})")
             prev = n
@@ -102,6 +131,7 @@ class Spread:
     flat: bool
     threshold: float = 0.11
     applies: bool = True  # step 2: the request asks for every match (or the relevance is zero)
+    clause: str | None = None  # step 3: the every-clause scored on its own, when it is not the whole request
 
     @property
     def reason(self) -> str:
@@ -112,8 +142,24 @@ class Spread:
                    if self.flat else f"against the {self.kept_units} the budget keeps (spread {self.spread:.3f}, "
                    f"threshold {self.threshold:.3f})")
         what = "for a request that asks for every match" if self.applies else "(a pointed request: not gated)"
+        if self.applies and self.clause is not None:
+            what += f" ({_quote(self.clause)})"
         return (f"relevance {'too flat' if self.flat else 'spread'} {what}: about {self.effective_units:.1f} of the "
                 f"{self.n_units} unpinned units are relevant, {verdict}")
+
+
+def _quote(text: str, most: int = 60) -> str:
+    t = " ".join(text.split())
+    return f"'{t if len(t) <= most else t[:most - 1] + '…'}'"
+
+
+def gate_clause(request: str) -> str | None:
+    """The text the gate needs scores for besides the request's own: its every-clause, when the request asks for
+    every match and that clause is not the whole request; else None."""
+    if not asks_for_every(request):
+        return None
+    clause = every_clause(request)
+    return None if clause == request else clause
 
 
 def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float = 0.11) -> Spread:
@@ -124,17 +170,28 @@ def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float
     if n == 0 or total <= 0.0:
         return Spread(1.0, float(n), 0, n, True, fallback_spread)
     n_eff = total * total / float(np.dot(s, s))
-    spread = (n_eff - kept_units) / n
+    spread = (n_eff - kept_units) / max(1, kept_units)
     return Spread(spread, n_eff, kept_units, n, spread > fallback_spread, fallback_spread)
 
 
-def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: str) -> Spread:
-    """Steps 1-3: the spread, flat only where the gate applies."""
+def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: str,
+              clause_scores: np.ndarray | None = None) -> Spread:
+    """Steps 1-4: the spread, flat only where the gate applies. ``clause_scores``: the unpinned units' scores
+    against ``every_clause(request)`` when that is not the whole request (step 3; the request's own scores are
+    used when None)."""
     sp = relevance_spread(scores, kept_units, threshold)
     if float(np.asarray(scores, dtype=np.float64).sum()) <= 0.0:
         return sp  # step 1
     applies = asks_for_every(request)
-    return Spread(sp.spread, sp.effective_units, sp.kept_units, sp.n_units, sp.flat and applies, threshold, applies)
+    clause = every_clause(request) if applies else request
+    if not applies or clause == request or clause_scores is None:
+        return Spread(sp.spread, sp.effective_units, sp.kept_units, sp.n_units, sp.flat and applies, threshold,
+                      applies)
+    cs = relevance_spread(clause_scores, kept_units, threshold)
+    if float(np.asarray(clause_scores, dtype=np.float64).sum()) <= 0.0:  # "all the steps it takes": its own
+        # words name nothing here, so it asks for every part of what the other sentences point at
+        return Spread(0.0, 0.0, cs.kept_units, cs.n_units, False, threshold, True, clause)
+    return Spread(cs.spread, cs.effective_units, cs.kept_units, cs.n_units, cs.flat, threshold, True, clause)
 
 
 def kept_mass(scores: np.ndarray, kept: np.ndarray, free: np.ndarray) -> float:

@@ -96,3 +96,100 @@ def test_spread_curve_by_prompt_length_and_the_registry_defaults():
     assert default_spread("plug-in") == "0.11"
     for e in SCORERS.values():
         SpreadCurve.parse(e.spread)  # every default parses
+
+
+# ---------------------------------------------------------------- the every-clause and the measure per kept unit
+
+@pytest.mark.parametrize("request_text, clause", [
+    ("Which function parses the header? List all the steps it takes.", "List all the steps it takes."),
+    ("Read util.py and answer: how many functions raise?\nRead({'file_path': 'util.py'})",
+     "Read util.py and answer: how many functions raise?"),
+    ("List every invoice.", "List every invoice."),  # one sentence: the request itself
+    ("Which function parses the header?", "Which function parses the header?"),  # no every-words: itself
+    ("Summarize the document. Then list every date.", "Summarize the document. Then list every date."),
+])
+def test_every_clause(request_text, clause):
+    from pflash_proxy.compress.spread import every_clause, gate_clause
+
+    assert every_clause(request_text) == clause
+    assert gate_clause(request_text) == (None if clause == request_text else clause)
+
+
+def test_the_spread_is_per_kept_unit_so_a_long_message_cannot_dilute_it():
+    """20 equal units of relevance among 400 and a budget that keeps 10: twice what it keeps is relevant. The
+    seed's (N_eff - k) / n read that as 0.025, under 0.11, and compressed a "list every X" that cannot fit."""
+    s = np.zeros(400)
+    s[::20] = 1.0
+    sp = flat_gate(s, 10, 0.11, "List every record that mentions the harbour.")
+    assert sp.effective_units == pytest.approx(20.0) and sp.spread == pytest.approx(1.0) and sp.flat
+    assert "spread 1.000 > 0.110" in sp.reason
+    # the same request with a budget that keeps all of them is not flat
+    assert not flat_gate(s, 20, 0.11, "List every record that mentions the harbour.").flat
+
+
+def test_the_every_clause_is_measured_on_its_own_scores():
+    s_request = np.ones(50)  # the whole request's words are everywhere
+    s_clause = np.zeros(50)
+    s_clause[7] = 5.0  # ... what the every-clause names sits in one unit
+    q = "Which function interleaves the address infos? List all the steps it takes."
+    assert flat_gate(s_request, 10, 0.11, q).flat  # without the clause's scores: the request's
+    sp = flat_gate(s_request, 10, 0.11, q, s_clause)
+    assert not sp.flat and sp.effective_units == pytest.approx(1.0)
+    assert "'List all the steps it takes.'" in sp.reason
+    # an every-clause whose words name nothing here asks for every part of what the rest points at
+    assert not flat_gate(s_request, 10, 0.11, q, np.zeros(50)).flat
+    # an every-clause whose words are everywhere is flat, and its reason says which clause was measured
+    sp = flat_gate(np.zeros(50) + np.eye(50)[3], 10, 0.11, q, s_request)
+    assert sp.flat and "List all the steps it takes." in sp.reason and sp.effective_units == pytest.approx(50.0)
+
+
+class _ByQuery:
+    """A scorer whose scores depend on the query text: flat for any text but the every-clause, peaked for it."""
+
+    name = "by-query"
+
+    def __init__(self, clause: str, peak: int) -> None:
+        self.clause, self.peak = clause, peak
+        self.asked: list[str] = []
+
+    def represent(self, tt, units):
+        from pflash_proxy.compress.scores import UnitReps
+
+        return UnitReps(self.name, len(units), np.array([u.tokens for u in units]), None)
+
+    def score(self, reps, query):
+        self.asked.append(query)
+        out = np.ones(reps.n_units)
+        if query == self.clause:
+            out = np.full(reps.n_units, 0.01)
+            out[self.peak] = 10.0
+        return out
+
+
+def test_the_pipeline_asks_its_scorer_for_the_every_clause_of_a_cold_request():
+    clause = "List all the steps it takes."
+    question = f"Which function interleaves the address infos by family? {clause}"
+    msgs = [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": f"Read base_events.py and answer: {question}"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "Read", "arguments": '{"file_path": "base_events.py"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": asyncio_paste()}]
+    tt = TokenizedText.from_text(msgs[3]["content"])
+    request = RequestFinder().find(msgs, 3, tt)
+    scorer = _ByQuery(clause, 5)
+    comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=0.11), scorer=scorer)
+    out = comp.compress(tt, request, tt.total_tokens, False, "tool", "4")
+    assert scorer.asked == [request.text, clause]
+    assert out.mode == "compressed", out.reason
+    # a pointed request: the scorer is asked once
+    pointed = RequestFinder().find([*msgs[:1], {"role": "user", "content": "Which function interleaves them?"},
+                                    *msgs[2:]], 3, tt)
+    scorer.asked.clear()
+    comp.compress(tt, pointed, tt.total_tokens, False, "tool", "4")
+    assert scorer.asked == [pointed.text]
+
+
+def test_spread_curve_takes_negative_thresholds():
+    assert SpreadCurve.parse("4096:0.01 16384:-0.3").at(16384) == -0.3
+    with pytest.raises(ValueError):
+        SpreadCurve.parse("4096:-1.5")
