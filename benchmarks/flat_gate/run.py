@@ -102,7 +102,7 @@ def parse_per(spec: str) -> dict[int, int]:
 
 
 def sample(cases: list[gate_cases.GateCase], per: dict[int, int], seed: str) -> list[gate_cases.GateCase]:
-    """Up to ``per[band]`` agent-read cases of each band (a seeded sample, in the generator's order otherwise)."""
+    """Up to ``per[band]`` agent-read cases of each band (a seeded sample; all, in order, when they are fewer)."""
     out = []
     for b in LENGTHS:
         mine = [c for c in cases if band(c.target) == b]
@@ -113,8 +113,8 @@ def sample(cases: list[gate_cases.GateCase], per: dict[int, int], seed: str) -> 
 
 
 def all_cases(per: dict[int, int], reads: dict[int, int] | None = None) -> list[tuple[str, gate_cases.GateCase]]:
-    """Per split: ``per[length]`` pointed and aggregation cases of each document kind; the agent_reads files; the
-    code-reads functions (``reads[band]`` of each band, all when None). Ordered by length, shortest first, the
+    """Per split: ``per[length]`` pointed and aggregation cases of each document kind; the agent_reads files and
+    the code-reads functions (``reads[band]`` of each band, all when None). Ordered by length, shortest first, the
     splits and kinds interleaved, so a run stopped early holds whole lengths of both splits."""
     out = []
     for target in LENGTHS:
@@ -127,10 +127,8 @@ def all_cases(per: dict[int, int], reads: dict[int, int] | None = None) -> list[
                             out.append((which, c))
     agents = []
     for which in ("train", "test"):
-        agents += [(which, c) for c in agent_cases(which)]
-        if reads is None or any(reads.values()):
-            crs = code_read_cases(which)
-            agents += [(which, c) for c in (crs if reads is None else sample(crs, reads, f"reads:{which}"))]
+        pool = agent_cases(which) + (code_read_cases(which) if reads is None or any(reads.values()) else [])
+        agents += [(which, c) for c in (pool if reads is None else sample(pool, reads, f"reads:{which}"))]
     return out + sorted(agents, key=lambda wc: band(wc[1].target))
 
 
@@ -243,6 +241,7 @@ def main() -> None:
     ap.add_argument("--per", default="12", help="cases per kind: N, or per length 4096:12,16384:4,32768:2")
     ap.add_argument("--reads", default="all", help="code-reads cases per band: all, N, or 4096:40,16384:20")
     ap.add_argument("--drafter", type=Path)
+    ap.add_argument("--resume", action="store_true", help="keep DIR/rows.jsonl's rows and measure only the rest")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--render", type=Path, nargs="+",
                     help="write the report of earlier runs' flat_gate.json or rows.jsonl again (their rows together)")
@@ -265,11 +264,16 @@ def main() -> None:
     comps = {name: Compressor(CompressionSettings(), scorer=s)
              for name, s in scorers_for(names, args.drafter).items()}
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    path = args.out / "rows.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        if args.resume and path.exists() else []
+    done = {(r["case"], r["scorer"]) for r in rows}
     # case by case, every scorer in turn: the drafter rows after the first read the case's kept state warm
-    with (args.out / "rows.jsonl").open("w") as log:
+    with path.open("a" if args.resume else "w") as log:
         for which, c in cases:
             for name, comp in comps.items():
+                if (c.case_id, name) in done:
+                    continue
                 t = time.perf_counter()
                 r = measure(comp, c)
                 r.update(scorer=name, split=which, case=c.case_id, kind=c.kind, docs=c.docs, band=band(c.target),
@@ -351,10 +355,13 @@ def report(rows: list[dict]) -> str:
                 f"{lost[0]['scorer']} {lost[0]['case']}: {lost[0].get('reason')}"]
     out += ["", "## Calibration: thresholds chosen on train, applied to test", "",
             "`spread`: the product's gate (the spread of the every-clause's scores, on requests that ask for every "
-            "match); `spread-request`: the same threshold on the whole request's scores (the gate before); "
-            "`spread-all`: the spread threshold on every request (the seed's gate); `kept_mass`: flat when the kept "
-            "unpinned units hold less than that share of the unpinned relevance. Threshold: the most pointed and "
-            f"agent cases compressed on train with >= {CONTROL:.0%} of its aggregation cases whole.", ""]
+            "match, per kept unit); `spread-request`: the gate before (the seed's `(N_eff - k) / n` of the whole "
+            "request's scores, on requests that ask for every match); "
+            "`spread-all`: the seed's spread on every request (the seed's gate); `kept_mass`: flat when the kept "
+            "unpinned units hold less than that share of the unpinned relevance; `spread-n`: the every-clause's scores "
+            "with the seed's `/ n`. Threshold (`calibrate`): on train, the best mean share served right (pointed "
+            "and agent reads compressed, aggregation whole) among the thresholds serving >= "
+            f"{CONTROL:.0%} of its aggregation cases whole.", ""]
     for scorer in sorted({r["scorer"] for r in ok}):
         out += [f"### {scorer}", "", "| length | cases train / test | measure | threshold (train) | "
                 "pointed compressed (test) | agent reads compressed (test) | aggregation whole (test) | "
