@@ -10,8 +10,8 @@ Usage: ``python benchmarks/flat_gate/run.py --out DIR [--scorers lexical,...] [-
    package) as cold Claude Code reads (``--reads``: all, or a seeded sample per band).
 2. Each case goes through the real pipeline with the gate off (``in_conversation=True``: a flat outcome is
    compressed anyway), so what the budget keeps is known; recorded per case: the unpinned units' scores (``s``),
-   tokens (``t``) and which of them the budget keeps (``k_idx``), and, for a request whose every-clause is not
-   the whole request, the scores against that clause (``sc``, as the pipeline's gate asks for them); every
+   tokens (``t``) and which of them the budget keeps (``k_idx``), and, for a request that asks for every match,
+   the gate's scores (``sc``: BM25 of its every-clause, ``pipeline.gate_scores``); every
    measure (``value``) is computed from these. Rows go to ``DIR/rows.jsonl`` as they are measured, case by
    case with every scorer in turn (one kit: the drafter rows after the first read the case warm).
 3. Calibration on train only (``calibrate``): per scorer and length, the threshold on each measure with the
@@ -25,6 +25,7 @@ earlier runs' rows (e.g. a drafter run and a lexical run together).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import statistics
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "agent_reads"))
 
 import gate_cases  # noqa: E402
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText  # noqa: E402
-from pflash_proxy.compress.spread import SpreadCurve, asks_for_every, gate_clause, kept_mass  # noqa: E402
+from pflash_proxy.compress.spread import SpreadCurve, asks_for_every, kept_mass  # noqa: E402
 from pflash_proxy.stages.scorers import default_spread  # noqa: E402
 
 LENGTHS = (4096, 16384, 32768)
@@ -156,8 +157,7 @@ def measure(comp: Compressor, case: gate_cases.GateCase) -> dict:
     tot = float(fs.sum())
     n_eff = tot * tot / float(fs @ fs) if tot > 0 else float(n)
     toks = np.array([u.tokens for u in a.units])
-    clause = gate_clause(request.text)  # the gate's step 3: the every-clause's own scores, as the pipeline asks
-    sc = None if clause is None else np.asarray(comp.scorer.score(a.reps, clause), np.float64)[free]
+    sc = None if a.gate_scores is None else np.asarray(a.gate_scores, np.float64)[free]  # the gate's step 3
     keep = np.zeros(len(a.units), bool)
     keep[kept] = True
     return {"mode": out.mode, "units": len(a.units), "gated": asks_for_every(request.text), "zero": tot <= 0,
@@ -181,8 +181,7 @@ MEASURES = ("spread", "spread-request", "spread-n", "spread-all", "kept_mass")
 
 def value(r: dict, measure_name: str) -> float:
     """A row's value of a measure.  ``spread``: the product's gate (``spread.flat_gate``: ``(N_eff - k) / k`` of
-    the scores against the request's every-clause, ``sc``, when that is not the whole request; -1 when the clause
-    has no relevance at all, which the gate never calls flat); ``spread-request``: the previous gate, the seed's
+    the gate's scores ``sc``; -1 when the clause has no relevance at all, which the gate never calls flat); ``spread-request``: the previous gate, the seed's
     ``(N_eff - k) / n`` of the whole request's scores; ``spread-n``: the every-clause's scores with the seed's
     ``/ n`` (the clause alone); ``spread-all``: the seed's on every request; ``kept_mass``: the kept units'
     relevance share."""
@@ -241,18 +240,24 @@ def main() -> None:
     ap.add_argument("--per", default="12", help="cases per kind: N, or per length 4096:12,16384:4,32768:2")
     ap.add_argument("--reads", default="all", help="code-reads cases per band: all, N, or 4096:40,16384:20")
     ap.add_argument("--drafter", type=Path)
+    ap.add_argument("--gate-scores-from", type=Path,
+                    help="with --render: take each row's gate scores (sc) from this lexical run's row of the same "
+                         "case when its unpinned units are the same (rows measured before the gate read BM25)")
     ap.add_argument("--resume", action="store_true", help="keep DIR/rows.jsonl's rows and measure only the rest")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--render", type=Path, nargs="+",
-                    help="write the report of earlier runs' flat_gate.json or rows.jsonl again (their rows together)")
+                    help="write the report of earlier runs' flat_gate.json or rows.jsonl (or .gz) again, their rows "
+                         "together")
     args = ap.parse_args()
     if args.render:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = []
         for path in args.render:
-            text = path.read_text()
-            rows += [json.loads(x) for x in text.splitlines() if x.strip()] if path.suffix == ".jsonl" \
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            rows += [json.loads(x) for x in text.splitlines() if x.strip()] if ".jsonl" in path.name \
                 else json.loads(text)
+        if args.gate_scores_from:
+            rows = with_gate_scores(rows, args.gate_scores_from)
         (args.out / "flat_gate.json").write_text(json.dumps(rows))
         (args.out / "flat_gate.md").write_text(report(rows))
         return
@@ -284,6 +289,24 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in r.items() if k not in ("s", "t", "k_idx", "sc")}), flush=True)
     (args.out / "flat_gate.json").write_text(json.dumps(rows))
     (args.out / "flat_gate.md").write_text(report(rows))
+
+
+def with_gate_scores(rows: list[dict], lexical_rows: Path) -> list[dict]:
+    """The gate's scores are BM25's of the every-clause whatever the scorer (``pipeline.gate_scores``): a row
+    measured when the gate asked the serving scorer gets ``sc`` from the lexical row of its case, when the two
+    rows' unpinned units hold the same tokens (the heuristic segmenter cuts alike for every scorer); else it is
+    left out."""
+    text = gzip.decompress(lexical_rows.read_bytes()).decode() if lexical_rows.suffix == ".gz" \
+        else lexical_rows.read_text()
+    lex = {r["case"]: r for r in map(json.loads, filter(str.strip, text.splitlines())) if r["scorer"] == "lexical"}
+    out = []
+    for r in rows:
+        other = lex.get(r["case"])
+        if r["scorer"] == "lexical" or r["mode"] != "compressed":
+            out.append(r)
+        elif other is not None and other.get("t") == r["t"]:
+            out.append({**r, "sc": other.get("sc")})
+    return out
 
 
 def scorers_for(names: list[str], drafter: Path | None) -> dict[str, object]:

@@ -34,8 +34,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
    all such additions stay within ``CLOSE_BUDGET`` of the budget.
 5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
-   prompt's tokens, of the scores against the request's every-clause (``spread.gate_clause``: the scorer is asked
-   again only for a request that asks for every match in one of several sentences): flat only for zero
+   prompt's tokens, of BM25's scores of the request's every-clause (``gate_scores``, computed with stage 3 for
+   a request that asks for every match, whatever the serving scorer): flat only for zero
    relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
    anyway (recall can bring lines back).
@@ -69,7 +69,7 @@ from .request import RequestSpec, tail_lines
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import SpreadCurve, flat_gate, gate_clause
+from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -118,6 +118,7 @@ class Analysis:
     blocks: tuple[tuple[int, ...], ...] = ()  # step 4: definitions cut into several units (kept whole when small)
     named_optional: tuple[tuple[int, ...], ...] = ()  # step 2: a name's definitions kept while they fit (step 4)
     outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
+    gate_scores: np.ndarray | None = None  # step 5: BM25 of the request's every-clause (``gate_scores``), or None
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,23 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
     k = int(np.searchsorted(starts, first, side="right")) - 1
     return set(range(max(k, 0), len(units)))
+
+
+def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps, scores: np.ndarray,
+                request: str) -> np.ndarray | None:
+    """Step 5's scores: BM25 of the request's every-clause (``spread.every_clause``) over the units, for a request
+    that asks for every match (None otherwise). Whatever the serving scorer: what a "list every X" asks for is
+    the units that spell X, and BM25 tells an every-clause whose words name nothing here (zero) from one whose
+    words are everywhere, where a drafter's relevance of a clause cut from its object ("list all the steps it
+    takes") is spread over the message either way. The lexical scorer's own scores when the clause is the whole
+    request; its reps when it is the serving scorer."""
+    if not asks_for_every(request):
+        return None
+    clause = every_clause(request)
+    if isinstance(scorer, LexicalScorer):
+        return scores if clause == request else validate_scores(scorer.score(reps, clause), len(units))
+    lexical = LexicalScorer()
+    return validate_scores(lexical.score(lexical.represent(work, units), clause), len(units))
 
 
 def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
@@ -211,8 +229,9 @@ class Compressor:
                 t = _lap(ms, "represent", t)
                 scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
+                gate = gate_scores(self.scorer, work, units, reps, scores, request.text)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if is_code(units) else ())
+                                    outline(work.lines, defs) if is_code(units) else (), gate)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -231,11 +250,10 @@ class Compressor:
             free = np.ones(len(units), dtype=bool)
             free[list(pinned)] = False
             assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
-            clause = gate_clause(request.text)
-            clause_scores = None if clause is None else \
-                validate_scores(self.scorer.score(reps, clause), len(units))[free]
+            gate = analysis.gate_scores
             sp = flat_gate(scores[free], len(set(kept) - pinned),
-                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text, clause_scores)
+                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
+                           None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,

@@ -32,12 +32,13 @@ When it applies (``flat_gate``):
    either serves most pointed questions whole or compresses most aggregation requests.
 3. What is spread is what the request asks every match *of*: the sentences of the request that hold the
    every-words (``every_clause``: "List all the steps it takes." of "Which function parses the header? List all
-   the steps it takes."), scored on their own (``Compressor`` asks its scorer again, only when that clause is not
-   the whole request). A request's other sentences point at one thing; an every-clause whose own words have no
-   relevance at all ("all the steps *it* takes") asks for every part of that thing, which the units it points
-   at hold, so it is not flat. Measured on the calibration sets, scoring the whole request instead mixes the
-   pointed sentence's many words into the measure and a pointed question with "list all the steps" reads as
-   spread as a "list every X".
+   the steps it takes."), scored on their own by BM25 whatever the serving scorer (``pipeline.gate_scores``). A
+   request's other sentences point at one thing; an every-clause whose own words have no relevance at all ("all
+   the steps *it* takes") asks for every part of that thing, which the units it points at hold, so it is not
+   flat. Measured on the calibration sets, scoring the whole request instead mixes the pointed sentence's many
+   words into the measure, and a pointed question with "list all the steps" reads as spread as a "list every
+   X"; a drafter's relevance of such a clause is spread over the message whether or not its words occur there.
+   The scorer's own part is its kept units ``k`` and its threshold curve.
 4. Such a request is flat when ``spread > threshold``, the threshold read from the scorer's curve at the prompt's
    length (``SpreadCurve``: ``tokens:threshold`` points, linear between them, flat beyond; the defaults live
    with each scorer's registry entry, ``stages/scorers.py``), or one number for every length
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Spread", "SpreadCurve", "asks_for_every", "every_clause", "flat_gate", "gate_clause", "kept_mass",
+__all__ = ["Spread", "SpreadCurve", "asks_for_every", "every_clause", "flat_gate", "kept_mass",
            "relevance_spread"]
 
 _EVERY = re.compile(
@@ -153,15 +154,6 @@ def _quote(text: str, most: int = 60) -> str:
     return f"'{t if len(t) <= most else t[:most - 1] + '…'}'"
 
 
-def gate_clause(request: str) -> str | None:
-    """The text the gate needs scores for besides the request's own: its every-clause, when the request asks for
-    every match and that clause is not the whole request; else None."""
-    if not asks_for_every(request):
-        return None
-    clause = every_clause(request)
-    return None if clause == request else clause
-
-
 def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float = 0.11) -> Spread:
     """The spread of the unpinned units' ``scores`` against a budget keeping ``kept_units`` of them."""
     s = np.asarray(scores, dtype=np.float64)
@@ -176,22 +168,23 @@ def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float
 
 def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: str,
               clause_scores: np.ndarray | None = None) -> Spread:
-    """Steps 1-4: the spread, flat only where the gate applies. ``clause_scores``: the unpinned units' scores
-    against ``every_clause(request)`` when that is not the whole request (step 3; the request's own scores are
-    used when None)."""
+    """Steps 1-4: the spread, flat only where the gate applies. ``scores``: the unpinned units' relevance (step 1
+    reads it); ``clause_scores``: theirs for ``every_clause(request)`` (step 3; the pipeline's are BM25's), the
+    measured ones when given, else ``scores``."""
     sp = relevance_spread(scores, kept_units, threshold)
     if float(np.asarray(scores, dtype=np.float64).sum()) <= 0.0:
         return sp  # step 1
     applies = asks_for_every(request)
-    clause = every_clause(request) if applies else request
-    if not applies or clause == request or clause_scores is None:
+    if not applies or clause_scores is None:
         return Spread(sp.spread, sp.effective_units, sp.kept_units, sp.n_units, sp.flat and applies, threshold,
                       applies)
+    clause = every_clause(request)
+    shown = clause if clause != request else None
     cs = relevance_spread(clause_scores, kept_units, threshold)
     if float(np.asarray(clause_scores, dtype=np.float64).sum()) <= 0.0:  # "all the steps it takes": its own
         # words name nothing here, so it asks for every part of what the other sentences point at
-        return Spread(0.0, 0.0, cs.kept_units, cs.n_units, False, threshold, True, clause)
-    return Spread(cs.spread, cs.effective_units, cs.kept_units, cs.n_units, cs.flat, threshold, True, clause)
+        return Spread(-1.0, 0.0, cs.kept_units, cs.n_units, False, threshold, True, shown)
+    return Spread(cs.spread, cs.effective_units, cs.kept_units, cs.n_units, cs.flat, threshold, True, shown)
 
 
 def kept_mass(scores: np.ndarray, kept: np.ndarray, free: np.ndarray) -> float:

@@ -151,23 +151,25 @@ _HEAD_AND_ATTENTION = Needs(scoring_head=True, attention=True)
 # The registry: a new scorer is one entry here plus its own module.
 SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
     ScorerEntry("lexical", "BM25, model-free", _lexical, Needs(drafter=False),
-                # calibrated on the train split of benchmarks/flat_gate (reported/flat-gate/)
+                # calibrated on the train split of benchmarks/flat_gate (reported/flat-gate-bea08cf/)
                 spread="4096:0 16384:-0.314 32768:-0.169"),
+    # the drafter scorers: from the 4K train cases of the same bench only (a drafter pass per case on 2 CPU
+    # cores; reported/flat-gate-bea08cf/), the one 4K threshold at every length
     ScorerEntry("attention", "the drafter's retrieval heads, training-free; needs --drafter", _attention,
                 Needs(attention=True),
-                spread=SEED_SPREAD),
+                spread="4096:0.986"),
     ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid,
                 Needs(attention=True),
-                spread=SEED_SPREAD),
+                spread="4096:0.652"),
     ScorerEntry("head", "trained probe files: shipped for gemma-3-270m, or from `pflash-proxy train`", _head,
                 Needs(scoring_head=True, head_taps=True),
                 spread=SEED_SPREAD),
     ScorerEntry("head-attention", "the head and attention fused, from one drafter pass", _head_attention,
                 _HEAD_AND_ATTENTION,
-                spread=SEED_SPREAD),
+                spread="4096:1"),
     ScorerEntry("auto", "code by lexical (no drafter pass), everything else by head-attention", _auto,
                 _HEAD_AND_ATTENTION,
-                spread=SEED_SPREAD),
+                spread="4096:0.154"),
 )}
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.needs.drafter)  # need a --drafter

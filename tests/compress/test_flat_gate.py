@@ -109,10 +109,9 @@ def test_spread_curve_by_prompt_length_and_the_registry_defaults():
     ("Summarize the document. Then list every date.", "Summarize the document. Then list every date."),
 ])
 def test_every_clause(request_text, clause):
-    from pflash_proxy.compress.spread import every_clause, gate_clause
+    from pflash_proxy.compress.spread import every_clause
 
     assert every_clause(request_text) == clause
-    assert gate_clause(request_text) == (None if clause == request_text else clause)
 
 
 def test_the_spread_is_per_kept_unit_so_a_long_message_cannot_dilute_it():
@@ -143,13 +142,13 @@ def test_the_every_clause_is_measured_on_its_own_scores():
     assert sp.flat and "List all the steps it takes." in sp.reason and sp.effective_units == pytest.approx(50.0)
 
 
-class _ByQuery:
-    """A scorer whose scores depend on the query text: flat for any text but the every-clause, peaked for it."""
+class _Peaked:
+    """A drafter-like scorer: all its relevance on one unit, whatever the query (it counts the queries)."""
 
-    name = "by-query"
+    name = "peaked"
 
-    def __init__(self, clause: str, peak: int) -> None:
-        self.clause, self.peak = clause, peak
+    def __init__(self, peak: int) -> None:
+        self.peak = peak
         self.asked: list[str] = []
 
     def represent(self, tt, units):
@@ -159,34 +158,49 @@ class _ByQuery:
 
     def score(self, reps, query):
         self.asked.append(query)
-        out = np.ones(reps.n_units)
-        if query == self.clause:
-            out = np.full(reps.n_units, 0.01)
-            out[self.peak] = 10.0
+        out = np.full(reps.n_units, 1e-3)
+        out[self.peak] = 10.0
         return out
 
 
-def test_the_pipeline_asks_its_scorer_for_the_every_clause_of_a_cold_request():
-    clause = "List all the steps it takes."
-    question = f"Which function interleaves the address infos by family? {clause}"
+def _tool_read(question: str):
     msgs = [{"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": f"Read base_events.py and answer: {question}"},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
                 "name": "Read", "arguments": '{"file_path": "base_events.py"}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": asyncio_paste()}]
     tt = TokenizedText.from_text(msgs[3]["content"])
-    request = RequestFinder().find(msgs, 3, tt)
-    scorer = _ByQuery(clause, 5)
+    return tt, RequestFinder().find(msgs, 3, tt)
+
+
+def test_the_gate_reads_bm25_of_the_every_clause_whatever_the_serving_scorer():
+    """A scorer that puts everything on one unit does not decide the gate: a "list every X" whose X is in most
+    units is flat (its own scores' spread is about 0), and the serving scorer is asked only for the request
+    (no second drafter pass)."""
+    question = "List every function or method in this file that uses `self`, with its line."
+    msgs = [{"role": "user", "content": f"{asyncio_paste()}\n{question}"}]
+    tt = TokenizedText.from_text(msgs[0]["content"])
+    request = RequestFinder().find(msgs, 0, tt)
+    scorer = _Peaked(5)
     comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=0.11), scorer=scorer)
+    out = comp.compress(tt, request, tt.total_tokens, False, "paste", "1")
+    assert out.mode == "full-flat" and out.spread is not None and out.spread > 1.0, out.reason
+    assert scorer.asked == [request.text]
+    # a pointed question over the same read: no gate scores at all, compressed
+    tt, pointed = _tool_read("Which function interleaves the address infos by family?")
+    out = comp.compress(tt, pointed, tt.total_tokens, False, "tool", "4")
+    assert out.mode == "compressed" and out.analysis is not None and out.analysis.gate_scores is None
+
+
+def test_a_list_all_the_steps_clause_that_names_nothing_here_is_not_flat():
+    tt, request = _tool_read("Which function interleaves the address infos by family? List all the steps it "
+                             "takes.")
+    # at -0.5 the whole request's BM25 reads as flat (about -0.25 here); its every-clause's words are in one or
+    # two of the 25 units (about -0.8)
+    comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=-0.5))
     out = comp.compress(tt, request, tt.total_tokens, False, "tool", "4")
-    assert scorer.asked == [request.text, clause]
     assert out.mode == "compressed", out.reason
-    # a pointed request: the scorer is asked once
-    pointed = RequestFinder().find([*msgs[:1], {"role": "user", "content": "Which function interleaves them?"},
-                                    *msgs[2:]], 3, tt)
-    scorer.asked.clear()
-    comp.compress(tt, pointed, tt.total_tokens, False, "tool", "4")
-    assert scorer.asked == [pointed.text]
+    assert "def _interleave_addrinfos(" in out.text
 
 
 def test_spread_curve_takes_negative_thresholds():
