@@ -139,9 +139,8 @@ class Spread:
         """The decision as one sentence, with the numbers it used."""
         if self.kept_units == 0 and self.spread >= 1.0 and self.effective_units == self.n_units:
             return f"relevance too flat: none of the {self.n_units} unpinned units has any relevance to the request"
-        verdict = (f"more than the {self.kept_units} the budget keeps (spread {self.spread:.3f} > {self.threshold:.3f})"
-                   if self.flat else f"against the {self.kept_units} the budget keeps (spread {self.spread:.3f}, "
-                   f"threshold {self.threshold:.3f})")
+        verdict = (f"against the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} "
+                   f"{'>' if self.flat else '<='} {self.threshold:.3f})")
         what = "for a request that asks for every match" if self.applies else "(a pointed request: not gated)"
         if self.applies and self.clause is not None:
             what += f" ({_quote(self.clause)})"

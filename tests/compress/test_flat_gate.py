@@ -55,7 +55,7 @@ def test_list_every_over_the_same_document_is_served_whole_with_its_numbers(ques
     # the reason's numbers are the formula's: over the unpinned units
     assert f"of the {n_free} unpinned units" in out.reason and "too flat" in out.reason
     assert out.reason.count(".") <= 3 and "\n" not in out.reason  # one sentence (decimals aside)
-    assert f"spread {out.spread:.3f} >" in out.reason
+    assert f"spread per kept unit {out.spread:.3f} >" in out.reason
 
 
 def test_the_seeds_spread_alone_would_have_served_the_pointed_question_whole():
@@ -121,7 +121,7 @@ def test_the_spread_is_per_kept_unit_so_a_long_message_cannot_dilute_it():
     s[::20] = 1.0
     sp = flat_gate(s, 10, 0.11, "List every record that mentions the harbour.")
     assert sp.effective_units == pytest.approx(20.0) and sp.spread == pytest.approx(1.0) and sp.flat
-    assert "spread 1.000 > 0.110" in sp.reason
+    assert "spread per kept unit 1.000 > 0.110" in sp.reason
     # the same request with a budget that keeps all of them is not flat
     assert not flat_gate(s, 20, 0.11, "List every record that mentions the harbour.").flat
 
