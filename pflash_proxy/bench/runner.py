@@ -194,7 +194,7 @@ class Proxy:
         from pflash_proxy.compress import LexicalScorer
         from pflash_proxy.llama.spawn import free_port
         from pflash_proxy.server.app import create_app
-        from pflash_proxy.server.keys import UPSTREAM
+        from pflash_proxy.server.keys import ENGINE
         from pflash_proxy.stages import default_stages
         from pflash_proxy.stages.compress import CompressStage
         from pflash_proxy.stages.sessions import SessionStage
@@ -202,7 +202,7 @@ class Proxy:
         stages: list[Stage] = []
         app = create_app(self.settings, stages=stages)  # the list is read at start-up, filled in below
         # the product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder
-        stages += default_stages(self.settings, app[UPSTREAM], scorer=self.scorer or LexicalScorer(),
+        stages += default_stages(self.settings, app[ENGINE], scorer=self.scorer or LexicalScorer(),
                                  extra=[self.recorder])
         self.manager = next((s.manager for s in stages if isinstance(s, SessionStage)), None)
         self.compress = next((s for s in stages if isinstance(s, CompressStage)), None)

@@ -1,5 +1,5 @@
 """The JSON behind the inspector's views, built from the read-only views it is handed (``InspectorViews``: the
-upstream, the sessions and slots, the live counters of ``/pflash/stats``).
+engine, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
    sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
@@ -36,9 +36,11 @@ LIST_LIMIT = 100
 LIST_TTL_S = 5.0
 
 
-class UpstreamView(Protocol):
+class EngineView(Protocol):
+    """What the overview shows of the engine (``engine.Engine`` has both): where it is, whether it is ready."""
+
     @property
-    def base_url(self) -> str: ...
+    def address(self) -> str: ...
     @property
     def not_ready_reason(self) -> str | None: ...
 
@@ -47,7 +49,7 @@ class UpstreamView(Protocol):
 class InspectorViews:
     """What the proxy hands the inspector: read-only views, each read when a page asks."""
 
-    upstream: UpstreamView
+    engine: EngineView  # the engine seam (``engine.Engine``), not the transport
     sessions: Callable[[], SessionsView | None]  # None: the proxy runs without sessions
     stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows
 
@@ -65,12 +67,12 @@ class InspectorData:
     def overview(self) -> dict[str, Any]:
         """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop."""
         stats = self.views.stats()
-        upstream = self.views.upstream
+        engine = self.views.engine
         sessions = self.views.sessions()
         out: dict[str, Any] = {
             "at": time.time(),
-            "upstream": {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
-                         "not_ready_reason": upstream.not_ready_reason},
+            "upstream": {"url": engine.address, "ready": engine.not_ready_reason is None,
+                         "not_ready_reason": engine.not_ready_reason},
             "slots": [], "queued": 0, "sessions": [], "sessions_total": 0,
         }
         if sessions is not None:
