@@ -18,7 +18,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from pflash_proxy.compress.request import RequestSpec
 from pflash_proxy.compress.routed import is_code
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit
+
+if TYPE_CHECKING:
+    from pflash_proxy.stages.compress import CompressStage
 
 
 @dataclass
@@ -49,7 +52,7 @@ class Analysed:
     settings: CompressionSettings  # the proxy's (threshold, curve, fallback spread): the replay uses the same
 
 
-def record(stage: Any, row: str, sink: list[Analysed], current: dict[str, str]) -> None:
+def record(stage: CompressStage, row: str, sink: list[Analysed], current: dict[str, str]) -> None:
     """Step 1: wrap ``stage.compressor.compress`` so that its cold calls are appended to ``sink``."""
     compressor = stage.compressor
     inner = compressor.compress
@@ -63,7 +66,7 @@ def record(stage: Any, row: str, sink: list[Analysed], current: dict[str, str]) 
                                  compressor.settings))
         return out
 
-    compressor.compress = compress
+    compressor.compress = compress  # type: ignore[method-assign]  # this one instance's calls are recorded
 
 
 def save(path: Path, sink: list[Analysed], cases: list[Case]) -> None:
