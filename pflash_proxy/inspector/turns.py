@@ -31,11 +31,16 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
 from pflash_proxy.engine import Engine
 from pflash_proxy.inspector.trace import VERSION, current, record_turn
+from pflash_proxy.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.stages.sessions import SessionContext
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -85,7 +90,24 @@ def plain_reason(mode: str | None, reason: str | None, threshold: int | None = N
     return reason or mode
 
 
-def _timings(engine: Engine, final: dict[str, Any] | None) -> dict[str, Any] | None:
+class Timings(TypedDict):
+    """A turn's counts and times from the engine's cache report (times None when it reports none)."""
+
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    prefill_ms: float | None
+    generate_ms: float | None
+
+
+class Noted(TypedDict):
+    """What ``on_request`` notes for ``on_response``: the turn's number, when it was forwarded."""
+
+    turn: int
+    forwarding_at: float
+
+
+def _timings(engine: Engine, final: Mapping[str, object] | None) -> Timings | None:
     """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
     report = engine.cache_report(final)
@@ -120,7 +142,7 @@ class SavingsStage(Stage):
 
     name = "savings"
 
-    def __init__(self, manager: Any, threshold: int | None, engine: Engine):
+    def __init__(self, manager: SessionManager, threshold: int | None, engine: Engine):
         self.manager = manager  # sessions.manager.SessionManager: its index (``store``)
         self.threshold = threshold  # None: compression is off
         self.engine = engine  # reads the answer's cache report
@@ -135,7 +157,8 @@ class SavingsStage(Stage):
         if req.kind != "chat" or ctx is None or getattr(ctx, "record", None) is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        req.state[self.name] = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
+        noted: Noted = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
+        req.state[self.name] = noted
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         noted = req.state.get(self.name)
@@ -155,9 +178,10 @@ class SavingsStage(Stage):
         except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
             log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
 
-    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: Any,
-                   noted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
+                   noted: Noted) -> tuple[dict[str, Any], dict[str, int]]:
         rec = ctx.record
+        assert rec is not None  # on_response traces only turns with a session record
         n = noted["turn"]
         timings = _timings(self.engine, result.final_json)
         mode = req.response_headers.get("X-PFlash-Mode")
@@ -226,7 +250,7 @@ class SavingsStage(Stage):
             self.avoided[cause] += turn["tokens_avoided"][cause]
             self.saved_s[cause] += turn["saved_s"][cause] or 0.0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> JSONObject:
         c = self.counters
         return {"turns": int(c["turns"]), "turns_timed": int(c["turns_timed"]),
                 "prompt_tokens": int(c["prompt_tokens"]), "prefilled_tokens": int(c["prefilled_tokens"]),

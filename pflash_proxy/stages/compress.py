@@ -253,6 +253,7 @@ class CompressStage(Stage):
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
+        assert ctx.record is not None  # on_request admits only requests with a session record
         record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
