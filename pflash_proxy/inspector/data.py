@@ -28,7 +28,7 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
 from pflash_proxy.inspector.trace import current
 from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
-from pflash_proxy.jsontypes import JSONObject
+from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord
 
@@ -193,9 +193,14 @@ class InspectorData:
         turns = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
         messages: list[JSONObject] = []
         for i, m in enumerate(rec.served):
-            entry: JSONObject = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),
-                                     "traces": [k for k, t in enumerate(traces) if t.get("message") == i]}
-            calls = [c.get("function", {}).get("name") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            role = m.get("role")  # a string (``models.ChatMessage``)
+            entry: JSONObject = {"index": i, "role": role if isinstance(role, str) else None,
+                                 "text": message_text(m.get("content")),
+                                 "traces": [k for k, t in enumerate(traces) if t.get("message") == i]}
+            listed = m.get("tool_calls") or []
+            functions = [c.get("function", {}) for c in (listed if isinstance(listed, list) else ())
+                         if isinstance(c, dict)]
+            calls: list[JSONValue] = [fn.get("name") if isinstance(fn, Mapping) else None for fn in functions]
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)

@@ -107,6 +107,20 @@ class Noted(TypedDict):
     forwarding_at: float
 
 
+def _count(value: object) -> int:
+    """``int(value or 0)`` for a count a stored trace holds (TypeError for what is not a number)."""
+    if not value:
+        return 0
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a count: {value!r}")
+
+
+def _text(value: object) -> str | None:
+    """A stored trace's mode or reason: a string, or None."""
+    return value if isinstance(value, str) else None
+
+
 def _timings(engine: Engine, final: Mapping[str, object] | None) -> Timings | None:
     """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
@@ -189,11 +203,12 @@ class SavingsStage(Stage):
         avoided_compression = 0
         for t in rec.traces:
             if isinstance(t, dict) and t.get("kind") == "compression" and t.get("turn") == n:
-                tokens, served = int(t.get("message_tokens") or 0), int(t.get("served_tokens") or 0)
+                tokens, served = _count(t.get("message_tokens")), _count(t.get("served_tokens"))
                 if t.get("mode") == "compressed":
                     avoided_compression += max(0, tokens - served)
                 messages.append({"message": t.get("message"), "mode": t.get("mode"), "tokens": tokens,
-                                 "served_tokens": served, "why": plain_reason(t.get("mode"), t.get("reason"))})
+                                 "served_tokens": served, "why": plain_reason(_text(t.get("mode")),
+                                                                              _text(t.get("reason")))})
         fields = req.log_fields
         compression_ms = float(fields.get("pflash_ms") or 0.0)
         prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
