@@ -149,7 +149,7 @@ def _cluster_metrics(cluster: dict[str, Any]) -> Iterator[Metric]:
     yield c
 
 
-def _counter(name: str, help_: str, value: Any) -> CounterMetricFamily:
+def _counter(name: str, help_: str, value: float | None) -> CounterMetricFamily:
     c = CounterMetricFamily(f"pflash_{name}", help_)
     c.add_metric([], float(value or 0))
     return c

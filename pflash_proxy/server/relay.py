@@ -30,7 +30,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from pflash_proxy.contract import RelayResult
-from pflash_proxy.dialects import StreamStyle
+from pflash_proxy.dialects import StreamStyle, Translator
 from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.server.keys import STREAMS
 from pflash_proxy.llama.upstream import HOP_BY_HOP
@@ -88,7 +88,7 @@ async def relay(
     extra_headers: dict[str, str] | None = None,
     style: StreamStyle = PLAIN_STREAM,
     prepared: web.StreamResponse | None = None,
-    translate: Any = None,
+    translate: Translator | None = None,
     on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None,
     markers: tuple[bytes, ...] = (),
 ) -> tuple[web.StreamResponse, RelayResult]:
@@ -211,7 +211,7 @@ async def relay(
 
 
 async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,
-                       is_json: bool, translate: Any = None,
+                       is_json: bool, translate: Translator | None = None,
                        on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None
                        ) -> tuple[web.StreamResponse, RelayResult]:
     """A complete, bounded body (every non-streamed llama-server answer): read it, answer in one write.
