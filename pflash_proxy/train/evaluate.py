@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -92,7 +91,7 @@ def keep_at_budget(density: np.ndarray, tokens: np.ndarray, budget: float) -> se
 
 
 def report(files: dict[str, Path], va: list[Features], budget: float, seed: int, lo: int, hi: int
-           ) -> dict[str, Any]:
+           ) -> dict[str, object]:
     probe = load_segment_probe(files["segment"])
     seg = ProbeSegmenter.from_probe(probe)
     req = load_request_probe(files["request"])

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from pflash_proxy.drafter import nn
 from pflash_proxy.drafter.head import QUERY_SEP
 from pflash_proxy.drafter.segment import token_lines
 
-from .tasks import Example, build
+from .tasks import Example, ExampleMeta, build
 
 if TYPE_CHECKING:
     from pflash_proxy.drafter.runtime import Drafter
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Features:
-    meta: dict[str, Any]
+    meta: ExampleMeta
     tap: np.ndarray  # (doc tokens, d) float16, layer-normalised
     token_line: np.ndarray  # (doc tokens,) int
     qtap: np.ndarray  # (query tokens, d) float16
