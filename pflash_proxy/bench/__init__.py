@@ -205,4 +205,5 @@ def _module(kind: str) -> ModuleType:
 async def run(args: argparse.Namespace) -> Written:
     mod = _module(args.kind)
     data = await mod.run(args)
-    return mod.report(data, Path(args.out), args)
+    written: Written = mod.report(data, Path(args.out), args)
+    return written

@@ -25,7 +25,8 @@ import numpy as np
 from pflash_proxy.bench.cases import Case, check_retention
 from pflash_proxy.compress.gutter import bare_text, find_gutter
 from pflash_proxy.compress.named import definition_blocks, definitions, named_definitions, outline
-from pflash_proxy.compress.pipeline import Analysis, CompressionSettings, Compressor
+from pflash_proxy.compress.pipeline import Analysis, CompressionOutcome, CompressionSettings, Compressor
+from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.request import RequestSpec
 from pflash_proxy.compress.routed import is_code
 from pflash_proxy.compress.text import TokenizedText
@@ -57,7 +58,8 @@ def record(stage: CompressStage, row: str, sink: list[Analysed], current: dict[s
     compressor = stage.compressor
     inner = compressor.compress
 
-    def compress(tt, request, prompt_tokens, in_conversation, source, label="", budget_adjust=0, analysis=None):
+    def compress(tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool, source: Source,
+                 label: str = "", budget_adjust: int = 0, analysis: Analysis | None = None) -> CompressionOutcome:
         out = inner(tt, request, prompt_tokens, in_conversation, source, label, budget_adjust, analysis)
         if analysis is None and out.analysis is not None:
             a = out.analysis

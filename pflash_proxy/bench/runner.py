@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -142,7 +142,7 @@ class LlamaProc:
         return time.perf_counter() - t0
 
 
-def _default_model(assemble_into) -> Path:
+def _default_model(assemble_into: Callable[[Path], Path]) -> Path:
     """The gemma GGUF, reused where `make run` or the tests already assembled it."""
     from pflash_proxy.config import state_home
 
@@ -150,7 +150,7 @@ def _default_model(assemble_into) -> Path:
         found = sorted((home / "models").glob("gemma-3-270m*.gguf")) if (home / "models").is_dir() else []
         if found:
             return found[0]
-    return assemble_into(state_home())
+    return Path(assemble_into(state_home()))
 
 
 # ----------------------------------------------------------------------------------------------- proxy

@@ -177,9 +177,9 @@ async def _lengths(a: Arms, opts: argparse.Namespace, replay: list[Row], bar: Pr
     return out
 
 
-def _paste_tokens(opts) -> int:
+def _paste_tokens(opts: argparse.Namespace) -> int:
     """The paste is half the document but at least 1.25× the admission threshold (a long message on its own)."""
-    return max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4)
+    return int(max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4))
 
 
 async def _document(a: Arms, opts: argparse.Namespace) -> Case:

@@ -187,7 +187,7 @@ def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, 
     """Step 4: the cached result for this drafter file, or a fresh calibration written atomically."""
     path = cache_path(home, drafter_sha256)
     try:
-        got = json.loads(path.read_text())
+        got: Calibration = json.loads(path.read_text())  # as ``calibrate`` wrote it (checked: version, heads)
         if got.get("version") == VERSION and "heads" in got:
             return got
     except (OSError, ValueError):
@@ -197,7 +197,7 @@ def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, 
     shipped = attention_heads(drafter_sha256)
     if shipped is not None:
         try:
-            got = json.loads(shipped.read_text())
+            got = json.loads(shipped.read_text())  # the packaged result, written by ``calibrate`` too
             if got.get("version") == VERSION and "heads" in got and got.get("drafter_sha256") == drafter_sha256:
                 return got
         except (OSError, ValueError):

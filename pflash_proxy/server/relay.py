@@ -30,7 +30,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from pflash_proxy.contract import RelayResult
-from pflash_proxy.dialects import StreamStyle, Translator
+from pflash_proxy.dialects import JsonObject, StreamStyle, Translator
+from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.server.keys import STREAMS
 from pflash_proxy.llama.upstream import HOP_BY_HOP
@@ -49,7 +50,7 @@ class _SSETail:
 
     def __init__(self, markers: tuple[bytes, ...]) -> None:
         self._buf = b""
-        self.last: dict | None = None
+        self.last: JSONObject | None = None  # the last JSON object that carried a report marker
         self.markers = markers
 
     def _marked(self, data: bytes) -> bool:
@@ -263,7 +264,7 @@ async def _error_into_started(upstream: aiohttp.ClientResponse, resp: web.Stream
     return resp, result
 
 
-async def write_stream_error(resp: web.StreamResponse, body: dict, style: StreamStyle) -> None:
+async def write_stream_error(resp: web.StreamResponse, body: JsonObject, style: StreamStyle) -> None:
     """An error as the last event of a stream that already started, in its dialect (then the stream ends)."""
     payload = style.error_event(body)
     try:

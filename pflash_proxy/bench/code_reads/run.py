@@ -91,18 +91,18 @@ def gold_block(text: str, span: tuple[int, int], shape: str) -> str:
     return "\n".join(lines)
 
 
-def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: bool) -> tuple[str, dict, dict]:
+def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: bool) -> tuple[str, JSONObject, dict[str, str]]:
     """(route, body, headers) of one turn: the task alone (``with_read`` False) or the task with the read."""
     path = f"{WORKDIR}/{case.path}"
     task = f"Read {case.path} and answer: {case.question}"
     if shape == "claude":
-        msgs: list[dict] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
+        msgs: list[JSONObject] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
         if with_read:
             msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "Read",
                                                         "input": {"file_path": path}}]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
                                                    "content": tool_text}]}]
-        tools = [{"name": "Read", "description": "Reads a file from the local filesystem.",
+        tools: list[JSONObject] = [{"name": "Read", "description": "Reads a file from the local filesystem.",
                   "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
                                    "required": ["file_path"]}}]
         return "/v1/messages", {
@@ -121,7 +121,7 @@ def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: boo
                                                       "filePath": {"type": "string"}}, "required": ["filePath"]}}}]
         return "/v1/chat/completions", {"model": "gemma", "max_tokens": 1, "messages": msgs, "tools": tools}, \
             {"x-session-affinity": key}
-    items: list[dict] = [{"type": "message", "role": "developer",
+    items: list[JSONObject] = [{"type": "message", "role": "developer",
                           "content": [{"type": "input_text", "text": SYSTEM[shape]}]},
                          {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}]
     if with_read:
