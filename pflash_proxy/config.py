@@ -403,7 +403,7 @@ OPTIONS: dict[str, Option] = _options()  # every option by its name, in groups' 
 FIELDS = set(OPTIONS)  # the option names
 
 
-def _values(options: BaseModel) -> dict[str, Any]:
+def _values(options: BaseModel) -> dict[str, object]:
     """A group's values by option name, for a copy: all of them but a scorer not given (a drafter's default,
     derived again)."""
     values = options.model_dump(by_alias=True)
@@ -427,18 +427,18 @@ class Settings(BaseModel):
     cluster: ClusterOptions = Field(default_factory=ClusterOptions)
     inspector: InspectorOptions = Field(default_factory=InspectorOptions)
 
-    def __init__(self, **options: Any) -> None:  # groups, or options by name (``_by_option_name``)
+    def __init__(self, **options: object) -> None:  # groups, or options by name (``_by_option_name``)
         super().__init__(**options)
 
     @model_validator(mode="before")
     @classmethod
-    def _by_option_name(cls, data: Any) -> Any:
+    def _by_option_name(cls, data: object) -> object:
         """Option names given flat go into their group (``threshold=`` → ``compression``); a group given whole
         (a model or a mapping) is taken as it is, with any of its options also given flat on top."""
         if not isinstance(data, Mapping):
             return data
-        out: dict[str, Any] = {}
-        flat: dict[str, dict[str, Any]] = {}
+        out: dict[str, object] = {}
+        flat: dict[str, dict[str, object]] = {}
         for key, value in data.items():
             if key in GROUPS and isinstance(value, (Mapping, BaseModel)):
                 out[key] = value
@@ -447,8 +447,9 @@ class Settings(BaseModel):
             else:
                 out[key] = value  # refused below (extra="forbid")
         for group, values in flat.items():
-            base = out.get(group)
-            out[group] = {**(_values(base) if isinstance(base, BaseModel) else base or {}), **values}
+            base = out.get(group)  # a group given whole: a model, a mapping, or absent
+            given = _values(base) if isinstance(base, BaseModel) else dict(base) if isinstance(base, Mapping) else {}
+            out[group] = {**given, **values}
         return out
 
     @model_validator(mode="after")
@@ -465,7 +466,7 @@ class Settings(BaseModel):
             object.__setattr__(self, "compression", compression)  # assignment validation would rerun this
         return self
 
-    def with_options(self, **options: Any) -> Settings:
+    def with_options(self, **options: object) -> Settings:
         """A copy with the options named (flat names, as for the constructor) replaced, validated again."""
         given = {g: _values(getattr(self, g)) for g in GROUPS}
         for name, value in options.items():
@@ -522,10 +523,10 @@ def _warn_removed(key: str, path: Path) -> None:
     print(f"pflash-proxy: ignoring {key} in {path}: the option was removed ({REMOVED[key]})", file=sys.stderr)
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+def env_overrides(environ: Mapping[str, str]) -> dict[str, tuple[str | list[str], str]]:
     """``PFLASH_*`` variables → {field: (raw value, source label)}; unknown ones are warned about once."""
-    out: dict[str, tuple[Any, str]] = {}
-    value: Any  # a string, or the list a list-valued field is split into
+    out: dict[str, tuple[str | list[str], str]] = {}
+    value: str | list[str]  # a string, or the list a list-valued field is split into
     for key, value in environ.items():
         if not key.startswith("PFLASH_") or key in NON_SETTING_ENV:
             continue
@@ -554,7 +555,7 @@ def _is_fraction(value: str) -> bool:
 
 
 def load_settings(
-    cli: Mapping[str, Any] | None = None,
+    cli: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
     config_file: str | Path | None = None,
 ) -> Settings:
@@ -562,7 +563,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     cli = {k: v for k, v in (cli or {}).items() if v is not None}
     config_file = config_file or environ.get("PFLASH_CONFIG")
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     sources: dict[str, str] = {}
     if config_file:
         path = Path(config_file).expanduser()
@@ -609,9 +610,9 @@ def _option_from_msg(msg: str) -> str:
     return msg.removeprefix("Value error, ").split(":", 1)[0]
 
 
-def _flatten_toml(data: Mapping[str, Any]) -> dict[str, Any]:
+def _flatten_toml(data: Mapping[str, object]) -> dict[str, object]:
     """Tables in the TOML file are only for grouping: ``[compression] threshold = 1`` → ``threshold``."""
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
     for key, value in data.items():
         key = key.replace("-", "_")
         if isinstance(value, dict):

@@ -55,7 +55,7 @@ class RelayResult:
     final_json: dict[str, Any] | None = None  # last JSON object seen (final SSE chunk or whole body)
     chunks: int = 0
     first_chunk_at: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class ProxyRequest:
     state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
     progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
     # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
-    added_fields: dict[str, Any] = field(default_factory=dict)
+    added_fields: dict[str, object] = field(default_factory=dict)
     # The conversation routes (chat, Anthropic Messages, Responses): the dialect that translates the body, and
     # the internal conversation the stages work on (see ``pflash_proxy.dialects``).
     dialect: Dialect | None = None
@@ -137,7 +137,7 @@ class ProxyRequest:
         self.body = body
         self.changed = True
 
-    def set_field(self, key: str, value: Any) -> None:
+    def set_field(self, key: str, value: object) -> None:
         if key in self.body and self.body[key] == value:
             return
         new = dict(self.body)
@@ -238,7 +238,7 @@ class Stage:
         """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
         return 0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Mapping[str, object]:
         return {}
 
     def slot_guard(self, slot_id: int) -> AbstractAsyncContextManager[None] | None:

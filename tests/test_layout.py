@@ -192,3 +192,42 @@ def test_the_session_layer_depends_on_the_engine_protocol_only():
         llama = {m for m in _imports(path) if m.startswith("pflash_proxy.llama")} - {
             "pflash_proxy.llama.extras", "pflash_proxy.llama.extras.install_hint"}
         assert llama == set(), path
+
+
+# The transport (``llama.upstream``: ``Upstream``, its header helpers) belongs to ``llama/`` and to the server that
+# relays clients' requests through it; every other package reads the engine through ``engine.Engine``.
+TRANSPORT_USERS = ("llama", "server")
+
+
+def _transport_uses(path: Path) -> set[str]:
+    """``llama.upstream`` imports of ``path`` (lazy and ``TYPE_CHECKING`` ones included) and the name ``Upstream``
+    in its code (annotations included; docstrings and comments are prose)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = {m for m in _imports(path) if m.startswith("pflash_proxy.llama.upstream")}
+    out.update("Upstream" for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "Upstream")
+    return out
+
+
+def test_no_module_outside_llama_and_the_server_depends_on_the_transport():
+    found = {str(p.relative_to(PACKAGE)): sorted(uses) for p in sorted(PACKAGE.rglob("*.py"))
+             if p.relative_to(PACKAGE).parts[0] not in TRANSPORT_USERS and (uses := _transport_uses(p))}
+    assert found == {}, "read the engine through pflash_proxy.engine.Engine, not llama.upstream.Upstream"
+
+
+def test_the_transport_scan_sees_imports_and_annotations(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Upstream in prose."""\nfrom typing import TYPE_CHECKING\n'
+                      "if TYPE_CHECKING:\n    from pflash_proxy.llama.upstream import Upstream\n"
+                      'def f(u: Upstream) -> None:\n    """Upstream here too."""\n')
+    assert _transport_uses(sample) == {"pflash_proxy.llama.upstream", "pflash_proxy.llama.upstream.Upstream",
+                                       "Upstream"}
+    sample.write_text('"""Upstream in prose only."""\nx = 1  # Upstream in a comment\n')
+    assert _transport_uses(sample) == set()
+
+
+def test_the_inspector_is_handed_the_engine_not_the_transport():
+    from dataclasses import fields
+
+    from pflash_proxy.inspector.data import InspectorViews
+
+    assert [f.name for f in fields(InspectorViews)] == ["engine", "sessions", "stats"]

@@ -24,7 +24,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pflash_proxy.bench.report import Written
 
 QUICK_THRESHOLD = 1024
 DRAFTER_TIMEOUT_S = 1800.0  # `--drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
@@ -40,7 +44,7 @@ def _ints(text: str) -> list[int]:
             for x in text.split(",") if x.strip()]
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads)",
                        description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
     p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads"))
@@ -188,7 +192,7 @@ def render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _module(kind: str) -> Any:
+def _module(kind: str) -> ModuleType:
     if kind == "quality":
         from pflash_proxy.bench import quality as mod
     elif kind == "ttft":
@@ -198,7 +202,8 @@ def _module(kind: str) -> Any:
     return mod
 
 
-async def run(args: argparse.Namespace) -> Any:
+async def run(args: argparse.Namespace) -> Written:
     mod = _module(args.kind)
     data = await mod.run(args)
-    return mod.report(data, Path(args.out), args)
+    written: Written = mod.report(data, Path(args.out), args)
+    return written

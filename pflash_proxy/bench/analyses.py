@@ -18,18 +18,22 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pflash_proxy.bench.cases import Case, check_retention
 from pflash_proxy.compress.gutter import bare_text, find_gutter
 from pflash_proxy.compress.named import definition_blocks, definitions, named_definitions, outline
-from pflash_proxy.compress.pipeline import Analysis, CompressionSettings, Compressor
+from pflash_proxy.compress.pipeline import Analysis, CompressionOutcome, CompressionSettings, Compressor
+from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.request import RequestSpec
 from pflash_proxy.compress.routed import is_code
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit
+
+if TYPE_CHECKING:
+    from pflash_proxy.stages.compress import CompressStage
 
 
 @dataclass
@@ -49,12 +53,13 @@ class Analysed:
     settings: CompressionSettings  # the proxy's (threshold, curve, fallback spread): the replay uses the same
 
 
-def record(stage: Any, row: str, sink: list[Analysed], current: dict[str, str]) -> None:
+def record(stage: CompressStage, row: str, sink: list[Analysed], current: dict[str, str]) -> None:
     """Step 1: wrap ``stage.compressor.compress`` so that its cold calls are appended to ``sink``."""
     compressor = stage.compressor
     inner = compressor.compress
 
-    def compress(tt, request, prompt_tokens, in_conversation, source, label="", budget_adjust=0, analysis=None):
+    def compress(tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool, source: Source,
+                 label: str = "", budget_adjust: int = 0, analysis: Analysis | None = None) -> CompressionOutcome:
         out = inner(tt, request, prompt_tokens, in_conversation, source, label, budget_adjust, analysis)
         if analysis is None and out.analysis is not None:
             a = out.analysis
@@ -63,7 +68,7 @@ def record(stage: Any, row: str, sink: list[Analysed], current: dict[str, str]) 
                                  compressor.settings))
         return out
 
-    compressor.compress = compress
+    compressor.compress = compress  # type: ignore[method-assign]  # this one instance's calls are recorded
 
 
 def save(path: Path, sink: list[Analysed], cases: list[Case]) -> None:

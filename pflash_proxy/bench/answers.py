@@ -13,17 +13,59 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 from pflash_proxy.bench.cases import Case
 from pflash_proxy.bench.arms import two_arms
-from pflash_proxy.bench.report import Table, pct, write_report
-from pflash_proxy.bench.runner import chat, new_id, salted
+from pflash_proxy.bench.report import Table, Written, pct, write_report
+from pflash_proxy.bench.runner import Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_cases
 from pflash_proxy.cli.progress import Progress
+from pflash_proxy.jsontypes import JSONValue
+
+
+class ArmAnswer(TypedDict):
+    """What one arm answered for a case."""
+
+    reply: str
+    right: bool
+    mode: str
+    status: int
+    prompt_tokens: int | None
+
+
+class _Case(TypedDict):
+    case_id: str
+    family: str
+    length: int
+    case_tokens: JSONValue
+    expected: list[str]
+    negative_control: bool
+
+
+class AnswerRow(_Case, total=False):
+    """One case, both arms (``full``, ``pflash``: set once each arm has answered)."""
+
+    full: ArmAnswer
+    pflash: ArmAnswer
+
+
+class AnswersRun(TypedDict):
+    """``run``'s result, the report's input (``answers.json``)."""
+
+    bench: str
+    quick: bool
+    lengths: list[int]
+    threshold: int
+    scorer: str
+    upstream: str
+    max_tokens: int
+    seconds: float
+    results: list[AnswerRow]
 
 QUICK_FAMILIES = ("ruler_single", "multiturn")
 
@@ -38,20 +80,21 @@ def correct(reply: str, answers: list[str]) -> bool:
                                            text) for a in answers)
 
 
-async def run(opts: Any) -> dict[str, Any]:
+async def run(opts: argparse.Namespace) -> AnswersRun:
     families = opts.families or (QUICK_FAMILIES if opts.quick else None)
     t0 = time.perf_counter()
-    results = []
+    results: list[AnswerRow] = []
     async with two_arms(opts, ctx_factor=1.0) as a:
         scorer_name = a.scorer_name
         cases = await sized_cases(a.count, families, opts.lengths, opts.per_family, opts.seed, a.cap)
         bar = Progress(2 * len(cases), "answers")  # one step per case and arm
         bar(0)
         for case in cases:
-            row: dict[str, Any] = {"case_id": case.case_id, "family": case.family, "length": case.target_tokens,
-                                   "case_tokens": case.meta["real_tokens"],
-                                   "expected": expected(case), "negative_control": case.negative_control}
-            for arm, proxy in (("full", a.full), ("pflash", a.pflash)):
+            row: AnswerRow = {"case_id": case.case_id, "family": case.family, "length": case.target_tokens,
+                              "case_tokens": case.meta["real_tokens"],
+                              "expected": expected(case), "negative_control": case.negative_control}
+            arms: tuple[tuple[Literal["full", "pflash"], Proxy], ...] = (("full", a.full), ("pflash", a.pflash))
+            for arm, proxy in arms:
                 res = await chat(a.http, proxy.url, salted(case.messages, new_id()), stream=False,
                                  max_tokens=opts.max_tokens)
                 row[arm] = {"reply": res.text, "right": correct(res.text, row["expected"]),
@@ -67,7 +110,7 @@ async def run(opts: Any) -> dict[str, Any]:
             "max_tokens": opts.max_tokens, "seconds": round(time.perf_counter() - t0, 1), "results": results}
 
 
-def tables(data: dict[str, Any]) -> list[Table]:
+def tables(data: AnswersRun) -> list[Table]:
     res = data["results"]
     summary = []
     for n in data["lengths"]:
@@ -92,7 +135,7 @@ def tables(data: dict[str, Any]) -> list[Table]:
                                  "pflash right"], every)]
 
 
-def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
+def report(data: AnswersRun, out_dir: Path, opts: argparse.Namespace | None = None) -> Written:
     notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
              f"max_tokens {data['max_tokens']}, temperature 0; run took {data['seconds']} s",
              "exact match: every expected string must occur in the reply as a whole word (case-insensitive)",

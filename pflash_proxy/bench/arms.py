@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
+import argparse
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import aiohttp
 
@@ -33,7 +34,7 @@ class Arms:
 
 
 @asynccontextmanager
-async def two_arms(opts: Any, ctx_factor: float) -> AsyncIterator[Arms]:
+async def two_arms(opts: argparse.Namespace, ctx_factor: float) -> AsyncIterator[Arms]:
     scorers = {k: v for k, v in build_scorers(opts.scorers, opts).items() if not isinstance(v, str)}
     scorer_name, scorer = next(iter(scorers.items()), ("lexical", None))
     work = Path(opts.workdir)

@@ -17,20 +17,22 @@
 
 from __future__ import annotations
 
+import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, Unpack
 
 import aiohttp
 
 from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
                                       messages_text, random_units, shorten_longest)
 from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
-from pflash_proxy.bench.report import Chart, Table, mean, median, pct, write_report
-from pflash_proxy.bench.runner import LlamaProc, Proxy, bench_settings, chat, new_id
+from pflash_proxy.bench.report import Chart, Table, Written, mean, median, pct, write_report
+from pflash_proxy.bench.runner import BenchError, LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
 from pflash_proxy.cli.progress import Progress
+from pflash_proxy.jsontypes import ChatMessage, JSONValue
 
 if TYPE_CHECKING:
     from pflash_proxy.compress.scores import Scorer
@@ -41,11 +43,55 @@ QUICK_FAMILIES = ("ruler_single", "ruler_multikey", "vartrack", "nolima", "code"
 BASELINES = ("full prefill", "head+tail", "random units")
 
 
+class RecordExtra(TypedDict, total=False):
+    """What a row adds to a record: the proxy's headers and log (PFlash rows), the budget (baselines)."""
+
+    prompt_tokens: int | None
+    kept_tokens: int | None
+    pflash_ms: JSONValue
+    served: list[ChatMessage] | None  # the first turn's served messages, dropped before the run is written
+    budget: int | None
+
+
+class Record(RecordExtra):
+    """One row × case × turn: what reached the upstream of the case's gold."""
+
+    row: str
+    case_id: str
+    family: str
+    length: int
+    turn: int
+    negative_control: bool
+    all_gold: bool
+    gold_whole: int
+    gold_total: int
+    kept_fraction: float
+    mode: str
+    missing: list[int]  # indexes of the gold items that did not arrive whole
+
+
+class QualityRun(TypedDict):
+    """``run``'s result, the report's input (``quality.json``; ``merge_runs`` joins several)."""
+
+    bench: str
+    quick: bool
+    lengths: list[int]
+    threshold: int
+    seed: int
+    families: list[str]
+    rows: list[str]
+    case_tokens: dict[str, JSONValue]
+    unavailable: dict[str, str]
+    seconds: float
+    records: list[Record]
+    merged_from: NotRequired[list[str]]
+
+
 # bench rows that are a registry scorer read with other ``--attention-heads``: row -> (scorer, heads)
 ROW_VARIANTS: dict[str, tuple[str, str]] = {"attention-all": ("attention", "all")}
 
 
-def build_scorers(names: list[str], opts: Any) -> dict[str, Scorer | str]:
+def build_scorers(names: list[str], opts: argparse.Namespace) -> dict[str, Scorer | str]:
     """row name → the Scorer ``--scorer NAME`` serves, or a string saying why it is unavailable.
 
     Every row is a registry entry (``stages.scorers.SCORERS``), built by its own ``build`` from the parts its
@@ -78,7 +124,7 @@ def build_scorers(names: list[str], opts: Any) -> dict[str, Scorer | str]:
     return out
 
 
-def _kit(opts: Any, heads: bool) -> ScorerKit:
+def _kit(opts: argparse.Namespace, heads: bool) -> ScorerKit:
     """The drafter rows' one kit: the drafter sized for the longest case, the proxy's --attention-heads auto."""
     from pflash_proxy.config import state_home
     from pflash_proxy.drafter.runtime import Drafter
@@ -94,19 +140,20 @@ def _kit(opts: Any, heads: bool) -> ScorerKit:
     return ScorerKit(drafter, home, files)
 
 
-def _path(value: Any) -> Path | None:
+def _path(value: str | Path | None) -> Path | None:
     return None if value in (None, "") else Path(value)
 
 
-def _longest_index(messages: list[dict[str, Any]]) -> int:
-    best = -1
+def _longest_index(messages: Sequence[ChatMessage]) -> int:
+    best, longest = -1, ""
     for i, m in enumerate(messages):
-        if isinstance(m.get("content"), str) and (best < 0 or len(m["content"]) >= len(messages[best]["content"])):
-            best = i
+        if isinstance(content := m.get("content"), str) and (best < 0 or len(content) >= len(longest)):
+            best, longest = i, content
     return best
 
 
-def _record(row: str, case: Case, turn: int, received: Any, mode: str, **extra: Any) -> dict[str, Any]:
+def _record(row: str, case: Case, turn: int, received: Sequence[ChatMessage], mode: str,
+            **extra: Unpack[RecordExtra]) -> Record:
     r = check_retention(case, received, turn=turn)
     return {"row": row, "case_id": case.case_id, "family": case.family, "length": case.target_tokens,
             "turn": turn, "negative_control": case.negative_control, "all_gold": r.all_gold,
@@ -114,7 +161,7 @@ def _record(row: str, case: Case, turn: int, received: Any, mode: str, **extra: 
             "mode": mode, "missing": list(r.missing), **extra}
 
 
-async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, case: Case) -> list[dict[str, Any]]:
+async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, case: Case) -> list[Record]:
     out = []
     for turn in range(len(case.followups) + 1):
         key = new_id()
@@ -135,7 +182,7 @@ def _int(v: str | None) -> int | None:
     return int(v) if v is not None else None
 
 
-def _baselines(case: Case, served: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+def _baselines(case: Case, served: Sequence[ChatMessage], seed: int) -> list[Record]:
     idx = _longest_index(case.messages)
     budget = default_count_tokens(messages_text([served[idx]])) if idx >= 0 and idx < len(served) else None
     full_size = default_count_tokens(messages_text([case.messages[idx]])) if idx >= 0 else 0
@@ -153,7 +200,7 @@ def _baselines(case: Case, served: list[dict[str, Any]], seed: int) -> list[dict
     return out
 
 
-async def run(opts: Any) -> dict[str, Any]:
+async def run(opts: argparse.Namespace) -> QualityRun:
     families = opts.families or (QUICK_FAMILIES if opts.quick else None)
     scorers = build_scorers(opts.scorers, opts)
     usable = {k: v for k, v in scorers.items() if not isinstance(v, str)}
@@ -164,7 +211,7 @@ async def run(opts: Any) -> dict[str, Any]:
     llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=max(opts.lengths) + 4096)
     t0 = time.perf_counter()
     await llama.start()
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
     try:
         # A request waits for the drafter's pass: give the client more than the drafter's own timeout.
         read_s = getattr(opts, "drafter_timeout", DRAFTER_TIMEOUT_S) + 600
@@ -179,7 +226,10 @@ async def run(opts: Any) -> dict[str, Any]:
                                           threshold=opts.threshold)
                 proxies[name] = await Proxy(settings, scorer=scorer, dry_run=True).__aenter__()
                 if dump is not None:
-                    analyses.record(proxies[name].compress, f"pflash-{name}", analysed, current)
+                    stage = proxies[name].compress
+                    if stage is None:  # bench_settings turns compression on
+                        raise BenchError("--dump-analyses: the proxy runs without compression")
+                    analyses.record(stage, f"pflash-{name}", analysed, current)
             bar = Progress(len(cases) * max(len(proxies), 1), "quality")  # one step per case and scorer
             bar(0)
             try:
@@ -214,26 +264,26 @@ async def run(opts: Any) -> dict[str, Any]:
             "unavailable": unavailable, "seconds": round(time.perf_counter() - t0, 1), "records": records}
 
 
-def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
+def tables(data: QualityRun) -> tuple[list[Table], Chart]:
     lengths, rows, recs = data["lengths"], data["rows"], data["records"]
     # "served flat": cases the flat-relevance fallback served whole; their gold is kept by not compressing
     heads = ["row"] + [h for n in lengths for h in (f"{n // 1024}K gold whole", f"{n // 1024}K served flat",
                                                       f"{n // 1024}K kept", f"{n // 1024}K median kept")]
-    groups: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [("Gold evidence reaching the upstream whole (main families, first turn)",
+    groups: list[tuple[str, Callable[[Record], bool]]] = [("Gold evidence reaching the upstream whole (main families, first turn)",
                lambda r: r["turn"] == 0 and not r["negative_control"]),
               ("Negative control: aggregation (count/list every X), first turn",
                lambda r: r["turn"] == 0 and r["negative_control"]),
               ("Multi-turn follow-ups (gold of each later question; PFlash rows include recall)",
                lambda r: r["turn"] > 0)]
-    out: list[Any] = []
-    chart_series: dict[str, Any] = {}
+    out: list[Table] = []
+    chart_series: dict[str, list[float | None]] = {}
     for title, pick in groups:
-        body = []
+        body: list[Sequence[object]] = []
         for row in rows:
             if row in data["unavailable"]:
                 body.append([row, data["unavailable"][row]] + ["–"] * (4 * len(lengths) - 1))
                 continue
-            cells: list[Any] = [row]
+            cells: list[object] = [row]
             for n in lengths:
                 sel = [r for r in recs if r["row"] == row and r["length"] == n and pick(r)]
                 kept = [r["kept_fraction"] for r in sel]
@@ -248,10 +298,10 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     out.append(_by_family(data, pflash_rows))
     per_case = []
     for r0 in [r for r in recs if r["row"] == "full prefill"]:
-        def get(row: str) -> dict[str, Any] | None:
+        def get(row: str) -> Record | None:
             return next((r for r in recs if r["row"] == row and r["case_id"] == r0["case_id"]
                          and r["turn"] == r0["turn"]), None)
-        line: list[Any] = [r0["case_id"], r0["turn"]]
+        line: list[object] = [r0["case_id"], r0["turn"]]
         for row in pflash_rows:
             p = get(row)
             line += [p["mode"], p.get("prompt_tokens"), p.get("kept_tokens"), _gold(p)] if p else ["–"] * 4
@@ -266,7 +316,7 @@ def tables(data: dict[str, Any]) -> tuple[list[Table], Chart]:
     return out, chart
 
 
-def _by_family(data: dict[str, Any], pflash_rows: list[str]) -> Table:
+def _by_family(data: QualityRun, pflash_rows: list[str]) -> Table:
     """Main families, first turn: gold whole / cases per row, family and length. A PFlash cell also says how
     many of those cases the flat-relevance fallback served whole (``full-flat``): gold kept that way is kept by
     not compressing, which a reader must be able to tell from gold the ranking found."""
@@ -280,7 +330,7 @@ def _by_family(data: dict[str, Any], pflash_rows: list[str]) -> Table:
             cases = len({r["case_id"] for r in sel})
             if not cases:
                 continue
-            cells: list[Any] = [fam, f"{n // 1024}K", cases]
+            cells: list[object] = [fam, f"{n // 1024}K", cases]
             for row in [*pflash_rows, "head+tail", "random units"]:
                 mine = [r for r in sel if r["row"] == row]
                 flat = sum(r["mode"] == "full-flat" for r in mine)
@@ -291,14 +341,14 @@ def _by_family(data: dict[str, Any], pflash_rows: list[str]) -> Table:
                  "fallback)", heads, body)
 
 
-def _gold(r: dict[str, Any] | None) -> str:
+def _gold(r: Record | None) -> str:
     return f"{r['gold_whole']}/{r['gold_total']}" if r else "–"
 
 
 _SAME_IN_EVERY_RUN = ("lengths", "threshold", "seed", "rows", "quick")
 
 
-def merge_runs(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def merge_runs(runs: list[tuple[str, QualityRun]]) -> QualityRun:
     """One quality run from several (``bench quality --render A.json B.json``): a long run split by ``--families``
     so that each part leaves its report. Their cases must be disjoint and the runs comparable (same lengths,
     threshold, seed, rows); ``seconds`` is their sum. ValueError says what differs."""
@@ -324,7 +374,7 @@ def merge_runs(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return merged
 
 
-def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
+def report(data: QualityRun, out_dir: Path, opts: argparse.Namespace | None = None) -> Written:
     t, chart = tables(data)
     notes = [f"lengths {', '.join(str(n) for n in data['lengths'])} tokens, in llama-server's own tokens (its tokenizer, "
              f"within 3%; not capped at a slot, as nothing is forwarded), seed "

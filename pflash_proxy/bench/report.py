@@ -16,14 +16,14 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass
 class Table:
     title: str
     headers: list[str]
-    rows: list[list[Any]]
+    rows: Sequence[Sequence[object]]  # cells: numbers, strings, None (shown as –), booleans (yes/no)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Written:
     png_skipped: str | None = None
 
 
-def fmt(v: Any) -> str:
+def fmt(v: object) -> str:
     if v is None:
         return "–"
     if isinstance(v, bool):
@@ -59,14 +59,14 @@ def markdown_table(t: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mean(xs: Sequence[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
+def mean(xs: Sequence[float | None]) -> float | None:
+    given = [x for x in xs if x is not None]
+    return statistics.fmean(given) if given else None
 
 
-def median(xs: Sequence[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def median(xs: Sequence[float | None]) -> float | None:
+    given = [x for x in xs if x is not None]
+    return statistics.median(given) if given else None
 
 
 def pct(k: int, n: int) -> str:
@@ -99,7 +99,7 @@ def try_png(path: Path, chart: Chart) -> str | None:
     return None
 
 
-def write_report(out_dir: Path | str, name: str, title: str, data: dict[str, Any], tables: list[Table],
+def write_report(out_dir: Path | str, name: str, title: str, data: Mapping[str, object], tables: list[Table],
                  notes: Sequence[str] = (), chart: Chart | None = None) -> Written:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

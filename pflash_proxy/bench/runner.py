@@ -22,8 +22,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -32,7 +32,13 @@ from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.engine import CacheReport
+from pflash_proxy.jsontypes import ChatMessage, JSONObject, JSONValue
 from pflash_proxy.llama.engine import cache_report
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress import Scorer
+    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.stages.compress import CompressStage
 
 log = logging.getLogger("pflash_proxy.bench")
 
@@ -136,7 +142,7 @@ class LlamaProc:
         return time.perf_counter() - t0
 
 
-def _default_model(assemble_into) -> Path:
+def _default_model(assemble_into: Callable[[Path], Path]) -> Path:
     """The gemma GGUF, reused where `make run` or the tests already assembled it."""
     from pflash_proxy.config import state_home
 
@@ -144,7 +150,7 @@ def _default_model(assemble_into) -> Path:
         found = sorted((home / "models").glob("gemma-3-270m*.gguf")) if (home / "models").is_dir() else []
         if found:
             return found[0]
-    return assemble_into(state_home())
+    return Path(assemble_into(state_home()))
 
 
 # ----------------------------------------------------------------------------------------------- proxy
@@ -157,8 +163,8 @@ class DryRun(ProxyError):
 
 @dataclass
 class Seen:
-    messages: list[dict[str, Any]]
-    fields: dict[str, Any]
+    messages: list[ChatMessage]  # as forwarded
+    fields: JSONObject  # the request's log fields
 
 
 class Recorder(Stage):
@@ -182,19 +188,19 @@ class Recorder(Stage):
 class Proxy:
     """One in-process proxy (``create_app``) on a free port, with the product's stages plus a ``Recorder``."""
 
-    def __init__(self, settings: Settings, scorer: Any = None, dry_run: bool = False):
+    def __init__(self, settings: Settings, scorer: Scorer | None = None, dry_run: bool = False):
         self.settings, self.scorer = settings, scorer
         self.recorder = Recorder(dry_run)
         self.url = ""
-        self.compress: Any = None
-        self.manager: Any = None
+        self.compress: CompressStage | None = None
+        self.manager: SessionManager | None = None
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> "Proxy":
         from pflash_proxy.compress import LexicalScorer
         from pflash_proxy.llama.spawn import free_port
         from pflash_proxy.server.app import create_app
-        from pflash_proxy.server.keys import UPSTREAM
+        from pflash_proxy.server.keys import ENGINE
         from pflash_proxy.stages import default_stages
         from pflash_proxy.stages.compress import CompressStage
         from pflash_proxy.stages.sessions import SessionStage
@@ -202,7 +208,7 @@ class Proxy:
         stages: list[Stage] = []
         app = create_app(self.settings, stages=stages)  # the list is read at start-up, filled in below
         # the product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder
-        stages += default_stages(self.settings, app[UPSTREAM], scorer=self.scorer or LexicalScorer(),
+        stages += default_stages(self.settings, app[ENGINE], scorer=self.scorer or LexicalScorer(),
                                  extra=[self.recorder])
         self.manager = next((s.manager for s in stages if isinstance(s, SessionStage)), None)
         self.compress = next((s for s in stages if isinstance(s, CompressStage)), None)
@@ -213,7 +219,7 @@ class Proxy:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -221,7 +227,7 @@ class Proxy:
         return self.recorder.seen[key]
 
 
-def bench_settings(upstream: str, home: Path, slot_dir: Path, **kw: Any) -> Settings:
+def bench_settings(upstream: str, home: Path, slot_dir: Path, **kw: object) -> Settings:
     home.mkdir(parents=True, exist_ok=True)
     kw.setdefault("max_cache_gb", 4)
     return Settings(upstream=upstream, home=home, slot_save_path=slot_dir, log_level="warning", **kw)
@@ -236,9 +242,9 @@ class ChatResult:
     ttft_s: float | None
     total_s: float
     text: str
-    timings: dict[str, Any] = field(default_factory=dict)
+    timings: JSONObject = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
-    body: Any = None
+    body: JSONValue = None  # the parsed answer (not streamed)
 
     @property
     def report(self) -> CacheReport | None:
@@ -256,9 +262,9 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *, stream: bool = True,
+async def chat(session: aiohttp.ClientSession, url: str, messages: Sequence[ChatMessage], *, stream: bool = True,
                max_tokens: int = 4, bench_id: str | None = None, conversation: str | None = None, retries: int = 60,
-               extra_fields: Mapping[str, object] | None = None, **extra: Any) -> ChatResult:
+               extra_fields: Mapping[str, object] | None = None, **extra: JSONValue) -> ChatResult:
     """POST /v1/chat/completions; first-content time when streaming. Retries 503 (upstream restarting).
     ``conversation`` names the proxy session (``X-PFlash-Session``), so cases that share a prefix stay apart."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1, "seed": 1,
@@ -300,10 +306,10 @@ async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], *
     raise BenchError(f"{url} kept answering 503")
 
 
-def salted(messages: list[dict], salt: str) -> list[dict]:
+def salted(messages: Sequence[ChatMessage], salt: str) -> list[ChatMessage]:
     """A copy whose first message starts with a unique line, so no run reuses another run's prefix cache."""
-    out = [dict(m) for m in messages]
+    out = [ChatMessage(**m) for m in messages]
     first = out[0]
-    if isinstance(first.get("content"), str):
-        first["content"] = f"[run {salt}]\n{first['content']}"
+    if isinstance(content := first.get("content"), str):
+        first["content"] = f"[run {salt}]\n{content}"
     return out

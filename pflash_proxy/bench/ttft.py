@@ -23,19 +23,23 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
+from collections.abc import Mapping, Sequence
 import time
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, Unpack
 
 import aiohttp
 
 from pflash_proxy.bench.arms import Arms, two_arms
-from pflash_proxy.bench.report import Chart, Table, mean, median, write_report
+from pflash_proxy.bench.cases import Case
+from pflash_proxy.bench.report import Chart, Table, Written, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
 from pflash_proxy.cli.progress import Progress
+from pflash_proxy.jsontypes import ChatMessage, JSONValue
 from pflash_proxy.llama.direct import erase_slot, pinned
 
 # A sectioned document first: with one prompt (--quick, 4K) it is the shape lexical scores do not find flat.
@@ -44,24 +48,96 @@ REPLY_TOKENS = 4  # chat replay: short replies, the waiting measured is mostly p
 REPLAY_TURNS = 4  # chat replay: document, follow-up, paste, follow-up (``_replay_turns``)
 
 
-def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Any) -> dict[str, Any]:
-    fields = proxy.seen(key).fields if proxy is not None and key in proxy.recorder.seen else {}
+class RowExtra(TypedDict, total=False):
+    """What a step adds to a run's row: which prompt, turn or resume case it was."""
+
+    length: int
+    case_id: str
+    case_tokens: JSONValue  # the case's real token count (``Case.meta``)
+    from_replay: bool
+    turn: int
+    kind: str
+    case: str
+    saved: JSONValue  # what /pflash/save answered
+    restart_s: float
+
+
+class ReplayCase(TypedDict, total=False):
+    """The replay's first turn names its case (the later turns: {})."""
+
+    case_id: str
+    case_tokens: JSONValue
+
+
+class Row(RowExtra, total=False):
+    """One request of the bench: the arm, what the client measured, what the proxy's headers and log said (every
+    key but ``RowExtra``'s is always written; a report reads a row that was not found as ``{}``)."""
+
+    arm: str
+    status: int
+    ttft_s: float
+    total_s: float
+    prefill_tokens: int | None
+    cached_tokens: int | None
+    prompt_tokens: int | None
+    mode: str
+    cache: str | None
+    pflash_ms: float | None
+    drafter_ms: float | None
+    reply: str
+
+
+class TtftRun(TypedDict):
+    """``run``'s result, the report's input (written as ``ttft.json``, read back by ``--render``)."""
+
+    bench: str
+    quick: bool
+    lengths: list[int]
+    threshold: int
+    prompts: int
+    upstream: str
+    scorer: NotRequired[str]
+    slot_cap_tokens: NotRequired[int]
+    replay: NotRequired[list[Row]]
+    runs: NotRequired[list[Row]]
+    resume: NotRequired[list[Row]]
+    resume_error: NotRequired[str]
+    seconds: NotRequired[float]
+
+
+class ArmStats(TypedDict):
+    ttft_mean: float | None
+    ttft_median: float | None
+    tokens: float | None
+    pflash_ms: float | None
+    modes: str
+    cached: int
+
+
+def _ms(value: JSONValue) -> float | None:
+    """A log field that holds milliseconds (a number), or None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extra: Unpack[RowExtra]) -> Row:
+    fields = proxy.seen(key).fields if proxy is not None and key is not None and key in proxy.recorder.seen else {}
     report = res.report
     return {"arm": arm, "status": res.status, "ttft_s": round(res.ttft_s or 0, 3), "total_s": round(res.total_s, 3),
             "prefill_tokens": None if report is None else report.new_tokens,
             "cached_tokens": None if report is None else report.cached_tokens, "prompt_tokens": res.prompt_n,
             "mode": res.headers.get("X-PFlash-Mode", "off" if arm != "pflash" else "?"),
-            "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": fields.get("pflash_ms"),
+            "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": _ms(fields.get("pflash_ms")),
             "drafter_ms": _drafter_ms(fields), "reply": res.text[:80], **extra}
 
 
-def _drafter_ms(fields: dict) -> float | None:
+def _drafter_ms(fields: Mapping[str, JSONValue]) -> float | None:
     if fields.get("scorer") in (None, "lexical"):
         return None
-    return round(fields.get("ms_represent", 0) + fields.get("ms_score", 0), 1)
+    return round((_ms(fields.get("ms_represent", 0)) or 0) + (_ms(fields.get("ms_score", 0)) or 0), 1)
 
 
-async def _one(http, arm: str, proxy: Proxy, messages: list[dict], **extra: Any) -> dict[str, Any]:
+async def _one(http: aiohttp.ClientSession, arm: str, proxy: Proxy, messages: Sequence[ChatMessage],
+               **extra: Unpack[RowExtra]) -> Row:
     key = new_id()
     res = await chat(http, proxy.url, messages, bench_id=key)
     async with http.post(proxy.url + "/pflash/save") as r:
@@ -74,8 +150,8 @@ def _step(bar: Progress | None, note: str, n: int = 1) -> None:
         bar.advance(note, n)
 
 
-async def _lengths(a: Arms, opts, replay: list[dict], bar: Progress | None = None) -> list[dict]:
-    out: list[dict[str, Any]] = []
+async def _lengths(a: Arms, opts: argparse.Namespace, replay: list[Row], bar: Progress | None = None) -> list[Row]:
+    out: list[Row] = []
     http, arms = a.http, {"full": a.full, "pflash": a.pflash}
     for n in opts.lengths:
         for i in range(opts.prompts):
@@ -83,7 +159,7 @@ async def _lengths(a: Arms, opts, replay: list[dict], bar: Progress | None = Non
             case = await sized_case(a.count, fam, n, i // len(PROMPT_FAMILIES), opts.seed, a.cap)
             turn1 = [r for r in replay if r["turn"] == 1 and r.get("case_id") == case.case_id]
             if len(turn1) == 2:  # the replay's first turn was this very prompt, salted, in both arms
-                out.extend({**r, "length": n, "from_replay": True} for r in turn1)
+                out.extend(Row({**r, "length": n, "from_replay": True}) for r in turn1)
                 _step(bar, f"{case.case_id} (from the replay)", 2)
                 continue
             order = ["full", "pflash"] if i % 2 == 0 else ["pflash", "full"]
@@ -101,28 +177,32 @@ async def _lengths(a: Arms, opts, replay: list[dict], bar: Progress | None = Non
     return out
 
 
-def _paste_tokens(opts) -> int:
+def _paste_tokens(opts: argparse.Namespace) -> int:
     """The paste is half the document but at least 1.25× the admission threshold (a long message on its own)."""
-    return max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4)
+    return int(max(min(opts.lengths) // 2, opts.threshold + opts.threshold // 4))
 
 
-async def _document(a: Arms, opts) -> Any:
+async def _document(a: Arms, opts: argparse.Namespace) -> Case:
     """The replay's (and resume's) sectioned document; document and paste together must fit one slot
     (gemma's is 32K), so the document gives way if needed."""
     doc_n = min(min(opts.lengths), a.cap - _paste_tokens(opts) - 256)
     return await sized_case(a.count, "multiturn", doc_n, 0, opts.seed, a.cap)
 
 
-async def _replay_turns(a: Arms, opts) -> tuple[Any, list[str | tuple[str, str]]]:
+async def _replay_turns(a: Arms, opts: argparse.Namespace) -> tuple[Case, list[str | tuple[str, str]]]:
     doc = await _document(a, opts)
     paste = await sized_case(a.count, "ruler_single", _paste_tokens(opts), 0, opts.seed + 1, a.cap)
-    return doc, [doc.followups[0].question, ("paste", paste.messages[0]["content"]), doc.followups[1].question]
+    text = paste.messages[0].get("content")
+    if not isinstance(text, str):  # a generated case's message is one string
+        raise TypeError(f"case {paste.case_id}: the first message's content is not a string")
+    return doc, [doc.followups[0].question, ("paste", text), doc.followups[1].question]
 
 
-async def _replay(a: Arms, opts, bar: Progress | None = None) -> list[dict]:
+async def _replay(a: Arms, opts: argparse.Namespace, bar: Progress | None = None) -> list[Row]:
     doc, later = await _replay_turns(a, opts)
-    out, arms = [], {"full": a.full, "pflash": a.pflash}
-    case = {"case_id": doc.case_id, "case_tokens": doc.meta["real_tokens"]}
+    out: list[Row] = []
+    arms = {"full": a.full, "pflash": a.pflash}
+    case: ReplayCase = {"case_id": doc.case_id, "case_tokens": doc.meta["real_tokens"]}
     for arm in ("pflash", "full"):
         msgs = salted(doc.messages, new_id())
         kinds = ["long document"] + ["long paste" if isinstance(t, tuple) else "short follow-up" for t in later]
@@ -138,7 +218,7 @@ async def _replay(a: Arms, opts, bar: Progress | None = None) -> list[dict]:
     return out
 
 
-async def _resume(a: Arms, opts) -> list[dict]:
+async def _resume(a: Arms, opts: argparse.Namespace) -> list[Row]:
     http, llama, proxy = a.http, a.llama, a.pflash
     doc = await _document(a, opts)  # a new conversation (new salt) over the replay's document
     msgs = salted(doc.messages, new_id())
@@ -170,9 +250,9 @@ async def _resume(a: Arms, opts) -> list[dict]:
     return out
 
 
-async def run(opts: Any) -> dict[str, Any]:
+async def run(opts: argparse.Namespace) -> TtftRun:
     t0 = time.perf_counter()
-    data: dict[str, Any] = {"bench": "ttft", "quick": opts.quick, "lengths": list(opts.lengths),
+    data: TtftRun = {"bench": "ttft", "quick": opts.quick, "lengths": list(opts.lengths),
                             "threshold": opts.threshold, "prompts": opts.prompts,
                             "upstream": opts.upstream or "spawned gemma-3-270m (CPU)"}
     async with two_arms(opts, ctx_factor=1.6) as a:
@@ -202,13 +282,14 @@ def project(n: float, rate: float, quad: float) -> float:
     return (n + n * n / (2 * quad)) / rate
 
 
-def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
-    rows, proj = [], []
+def tables(data: TtftRun, rate: float, quad: float) -> list[Table]:
+    rows: list[list[object]] = []
+    proj: list[list[object]] = []
     for n in data["lengths"]:
-        arm_stats = {}
+        arm_stats: dict[str, ArmStats] = {}
         for arm in ("full", "pflash"):
             sel = [r for r in data["runs"] if r["length"] == n and r["arm"] == arm]
-            st: dict[str, Any] = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
+            st: ArmStats = {"ttft_mean": mean([r["ttft_s"] for r in sel]), "ttft_median": median([r["ttft_s"] for r in sel]),
                   "tokens": mean([r["prompt_tokens"] for r in sel]), "pflash_ms": mean([r["pflash_ms"] for r in sel]),
                   "modes": ",".join(sorted({r["mode"] for r in sel})), "cached": max((r["cached_tokens"] or 0) for r in sel)}
             arm_stats[arm] = st
@@ -228,21 +309,23 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
     per = []
     for n in data["lengths"]:
         for cid in dict.fromkeys(r["case_id"] for r in data["runs"] if r["length"] == n):
-            a = {r["arm"]: r for r in data["runs"] if r["case_id"] == cid}
-            f, p = a.get("full", {}), a.get("pflash", {})
-            per.append([cid, f.get("case_tokens") or f.get("prompt_tokens"), f.get("ttft_s"), p.get("ttft_s"),
-                        p.get("mode"), p.get("prompt_tokens"),
-                        f["ttft_s"] / p["ttft_s"] if f.get("ttft_s") and p.get("ttft_s") else None])
+            by_arm = {r["arm"]: r for r in data["runs"] if r["case_id"] == cid}
+            fr: Row = by_arm.get("full", {})
+            pr: Row = by_arm.get("pflash", {})
+            per.append([cid, fr.get("case_tokens") or fr.get("prompt_tokens"), fr.get("ttft_s"), pr.get("ttft_s"),
+                        pr.get("mode"), pr.get("prompt_tokens"),
+                        fr["ttft_s"] / pr["ttft_s"] if fr.get("ttft_s") and pr.get("ttft_s") else None])
     out.append(Table("Per prompt", ["case", "tokens", "full TTFT s", "pflash TTFT s", "pflash mode",
                                     "pflash prompt tokens", "speedup"], per))
     rep = data.get("replay", [])
     turns = sorted({r["turn"] for r in rep})
     body = []
     for t in turns:
-        a = {r["arm"]: r for r in rep if r["turn"] == t}
-        f, p = a.get("full", {}), a.get("pflash", {})
-        body.append([t, (p or f).get("kind"), f.get("ttft_s"), f.get("prefill_tokens"), p.get("ttft_s"),
-                     p.get("prefill_tokens"), p.get("mode"), p.get("cache")])
+        by_arm = {r["arm"]: r for r in rep if r["turn"] == t}
+        fr = by_arm.get("full", {})
+        pr = by_arm.get("pflash", {})
+        body.append([t, (pr or fr).get("kind"), fr.get("ttft_s"), fr.get("prefill_tokens"), pr.get("ttft_s"),
+                     pr.get("prefill_tokens"), pr.get("mode"), pr.get("cache")])
     if rep:
         tot = {arm: (sum(r["ttft_s"] for r in rep if r["arm"] == arm), sum(r["total_s"] for r in rep
                                                                             if r["arm"] == arm)) for arm in
@@ -268,7 +351,7 @@ def tables(data: dict[str, Any], rate: float, quad: float) -> list[Table]:
     return out
 
 
-def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
+def report(data: TtftRun, out_dir: Path, opts: argparse.Namespace | None = None) -> Written:
     rate = getattr(opts, "gpu_prefill_tps", 8000.0)
     quad = getattr(opts, "gpu_quadratic_at", 65536.0)
     notes = [f"upstream: {data['upstream']}; scorer {data['scorer']}; threshold {data['threshold']}; "
@@ -290,7 +373,7 @@ def report(data: dict[str, Any], out_dir: Path, opts: Any = None) -> Any:
                         chart(data))
 
 
-def chart(data: dict[str, Any]) -> Chart:
+def chart(data: TtftRun) -> Chart:
     """Median first-token time per length and the whole chat replay's waiting time, full vs PFlash."""
     cats = [f"{n // 1024}K" for n in data["lengths"]]
     series: dict[str, list[float | None]] = {}

@@ -19,7 +19,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from pflash_proxy.config import Settings
 
 PLAIN_LINES = 12  # a message without a trace longer than this is shown by its first lines
 
@@ -28,7 +31,7 @@ class ShowError(Exception):
     """One line for stderr."""
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("show", help="show what the model read: a session's messages, kept and omitted lines",
                        description="List sessions, or show one session as the inspector (/pflash/ui) does.")
     p.add_argument("session", nargs="?", help="session id (or a unique prefix of a recent one); none: list sessions")
@@ -40,7 +43,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", help="TOML configuration file (for the default URL)")
 
 
-def main(args: argparse.Namespace, settings: Any) -> int:
+def main(args: argparse.Namespace, settings: Settings) -> int:
     base = (args.url or settings.proxy.local_url).rstrip("/")
     key = args.key or settings.inspector.api_key  # the inspector key: PFLASH_API_KEY or the configuration file
     try:
@@ -99,12 +102,12 @@ def resolve(base: str, given: str, key: str | None) -> str:
     return ids[0]
 
 
-def _dump(data: Any) -> None:
+def _dump(data: object) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
-def _n(x: Any) -> str:
+def _n(x: object) -> str:
     return "–" if x is None else f"{x:,}"
 
 

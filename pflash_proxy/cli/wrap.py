@@ -42,6 +42,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Mapping, Sequence
 
 from pflash_proxy.config import Settings, private_dir
@@ -60,7 +61,7 @@ class WrapError(Exception):
         self.status = status
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("wrap", help="run an agent CLI (claude, codex, opencode, aider) against the proxy",
                        description="Run an agent CLI against the proxy: the one at --url, or one started here "
                                    "with --spawn / --upstream (stopped when the agent exits). The arguments after "
@@ -299,7 +300,7 @@ def run_foreground(run: Launch) -> int:
     except OSError as exc:
         raise WrapError(f"cannot run {run.argv[0]}: {exc.strerror or exc}") from None
 
-    def forward(signum: int, _frame: Any) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
 
@@ -317,7 +318,7 @@ class _Terminated(Exception):
     pass
 
 
-def _raise_terminated(signum: int, _frame: Any) -> None:
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     raise _Terminated(signum)
 
 

@@ -22,7 +22,7 @@ equally concentrated and the spread test would lose its meaning.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class FusedScorer:
         sb = validate_scores(self.second.score(b, query), reps.n_units).astype(np.float64)
         return self.weight * shares(sa) + (1.0 - self.weight) * shares(sb)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, str | float]:
         return {"first": self.first.name, "second": self.second.name, "weight": self.weight}
 
 

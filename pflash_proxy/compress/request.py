@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
@@ -49,7 +50,7 @@ class RequestSpec:
     source: RequestSource
 
 
-def message_text(msg: dict[str, Any]) -> str:
+def message_text(msg: Mapping[str, object]) -> str:
     """Step 1: the text of a chat message's content."""
     content = msg.get("content")
     if content is None:
@@ -67,7 +68,7 @@ def message_text(msg: dict[str, Any]) -> str:
     return str(content)
 
 
-def request_text(msg: dict[str, Any]) -> str:
+def request_text(msg: Mapping[str, object]) -> str:
     """Step 1: a message's text as a request, without the client's ``<system-reminder>`` blocks."""
     text = message_text(msg)
     return _REMINDER.sub("", text).strip() if "<system-reminder>" in text else text
@@ -148,7 +149,7 @@ class RequestFinder:
         start = tail_lines(tt.lines, tt.line_tokens, self.query_pin, paragraphs=False)
         return RequestSpec("".join(tt.lines[start:]), self.query_pin if start < len(tt.lines) else 0, "prompt-tail")
 
-    def _tail(self, msg: dict[str, Any], tt: TokenizedText | None, source: RequestSource, pin: bool) -> RequestSpec:
+    def _tail(self, msg: Mapping[str, object], tt: TokenizedText | None, source: RequestSource, pin: bool) -> RequestSpec:
         if tt is None:
             text = message_text(msg)
             lines = split_lines(text)

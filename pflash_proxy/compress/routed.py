@@ -60,5 +60,5 @@ class RoutedScorer:
         route, inner = reps.payload
         return (self.code if route == "code" else self.other).score(inner, query)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, str | float]:
         return {"code": self.code.name, "other": self.other.name, "code_share": CODE_SHARE}

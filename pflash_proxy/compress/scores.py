@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from .lexicon import hash_tokens, span_hashes, span_term_ids_grouped, text_terms
 from .text import TokenizedText
@@ -111,7 +112,7 @@ def density(scores: np.ndarray, tokens: np.ndarray | Sequence[int]) -> np.ndarra
     return np.asarray(scores, dtype=np.float64) / np.maximum(np.asarray(tokens, dtype=np.float64), 1.0)
 
 
-def validate_scores(arr: Any, n: int) -> np.ndarray:
+def validate_scores(arr: npt.ArrayLike, n: int) -> np.ndarray:
     """Step 5: a float64 copy of ``arr`` or ``InvalidScores``."""
     try:
         a = np.asarray(arr, dtype=np.float64)

@@ -55,7 +55,7 @@ __all__ = ["Conversation", "Dialect", "JsonObject", "ReportReader", "Translator"
 MAX_DEPTH = 100  # containers nested in a request body; agents' deepest (tool JSON schemas) stay near 15
 
 
-def check_depth(body: Any, limit: int = MAX_DEPTH) -> None:
+def check_depth(body: object, limit: int = MAX_DEPTH) -> None:
     """400 when ``body`` nests more than ``limit`` lists/objects. Iterative: the check itself never recurses."""
     stack = [(body, 1)]
     while stack:
@@ -96,7 +96,7 @@ def check_tool_arguments(messages: list[JsonObject]) -> None:
                                  "(e.g. \\ud800)", code="invalid_request")
 
 
-def holds_surrogate(value: Any) -> bool:
+def holds_surrogate(value: object) -> bool:
     """Whether a string anywhere in the parsed JSON ``value`` (keys included) holds a lone UTF-16 surrogate, which
     no UTF-8 text can carry. Iterative: depth is not a risk."""
     stack = [value]
@@ -125,7 +125,7 @@ def is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_num(v: Any) -> bool:
+def is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -239,7 +239,7 @@ def text_changed(old: list[JsonObject], new: list[JsonObject]) -> list[int]:
             if message_text(old[i].get("content")) != message_text(new[i].get("content"))]
 
 
-def replace_text(content: Any, text_idx: list[int] | None, text: str, part_type: str = "text") -> Any:
+def replace_text(content: object, text_idx: list[int] | None, text: str, part_type: str = "text") -> object:
     """``content`` (a string or parts) with its text (the parts at ``text_idx``) replaced by ``text``: the first
     of them keeps its other keys and gets the text, the others go; every other part stays. A new part (of
     ``part_type``, the dialect's text part) leads when the content had no text part."""

@@ -42,7 +42,7 @@ from pflash_proxy.models import message_text
 VOLATILE_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*\n?", re.IGNORECASE | re.MULTILINE)
 
 
-def _part(block: Any) -> JsonObject:
+def _part(block: object) -> JsonObject:
     """A content block as an internal part (text → ``{"type": "text", "text"}``; others without markers)."""
     if isinstance(block, str):
         return {"type": "text", "text": block}
@@ -115,7 +115,7 @@ class AnthropicDialect(Dialect):
                   "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input", {}), ensure_ascii=False,
                                                                              sort_keys=True)}}
                  for b in content if _is(b, "tool_use")]
-        msg: dict[str, Any] = {"role": "assistant", "content": parts}
+        msg: dict[str, object] = {"role": "assistant", "content": parts}
         if calls:
             msg["tool_calls"] = calls
         return msg
@@ -274,5 +274,5 @@ def _check_block(block: Any, where: str, inner: bool = False) -> None:
             _check_block(b, f"{where}.content.{j}", inner=True)
 
 
-def _is(block: Any, kind: str) -> bool:
+def _is(block: object, kind: str) -> bool:
     return isinstance(block, dict) and block.get("type") == kind

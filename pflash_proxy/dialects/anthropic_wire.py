@@ -75,7 +75,7 @@ def to_chat(body: JsonObject, messages: list[JsonObject]) -> JsonObject:
             chat.append({"role": "system", "content": message_text(m.get("content"))})
             continue
         content = m.get("content")
-        out: dict[str, Any] = {"role": role}
+        out: dict[str, object] = {"role": role}
         if isinstance(content, list):
             parts: list[JsonObject] = []
             thinking = ""
@@ -103,7 +103,7 @@ def to_chat(body: JsonObject, messages: list[JsonObject]) -> JsonObject:
         if role == "tool":
             out["tool_call_id"] = m.get("tool_call_id")
         chat.append(out)
-    result: dict[str, Any] = {"messages": chat}
+    result: dict[str, object] = {"messages": chat}
     tools = [{"type": "function", "function": {"name": t.get("name", ""), "description": t.get("description", ""),
                                                "parameters": t.get("input_schema", {})}}
              for t in body.get("tools") or [] if isinstance(t, dict)]
@@ -164,7 +164,7 @@ def _reasoning(body: JsonObject, result: JsonObject) -> None:
         log.debug("anthropic: context_management (server-side context editing) dropped: llama-server has none")
 
 
-def _usage(final: dict[str, Any], report: CacheReport | None) -> dict[str, int]:
+def _usage(final: dict[str, object], report: CacheReport | None) -> dict[str, int]:
     """Anthropic's ``usage`` from the engine's cache report of a chat answer (or event); the output tokens from
     the chat ``usage`` when it has them. No report: the chat ``usage`` alone, nothing counted as cached."""
     raw_usage = final.get("usage")
@@ -203,7 +203,7 @@ class AnthropicTranslator:
         self._buf = b""
         self._started = False
         self._stopped = False
-        self._block: tuple[str, Any] | None = None  # the open content block: (kind, tool-call index)
+        self._block: tuple[str, object] | None = None  # the open content block: (kind, tool-call index)
         self._index = -1
         self._stop_reason: str | None = None
         self._usage: dict[str, int] = {}
@@ -312,7 +312,7 @@ class AnthropicTranslator:
             "id": first.get("id", ""), "type": "message", "role": "assistant", "content": [],
             "model": first.get("model", ""), "stop_reason": None, "stop_sequence": None, "usage": usage}})
 
-    def _open(self, kind: str, key: Any, block: JsonObject) -> bytes:
+    def _open(self, kind: str, key: object, block: JsonObject) -> bytes:
         if self._block == (kind, key):
             return b""
         out = self._close_block()

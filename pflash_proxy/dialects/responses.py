@@ -26,7 +26,7 @@ from pflash_proxy.models import message_text
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _part(p: Any) -> JsonObject:
+def _part(p: object) -> JsonObject:
     if isinstance(p, str):
         return {"type": "text", "text": p}
     if isinstance(p, dict) and p.get("type", "input_text") in _TEXT_PARTS:
@@ -34,11 +34,11 @@ def _part(p: Any) -> JsonObject:
     return p if isinstance(p, dict) else {"type": "other", "value": p}
 
 
-def _content(c: Any) -> Any:
+def _content(c: object) -> object:
     return [_part(p) for p in c] if isinstance(c, list) else c
 
 
-def _text_idx(c: Any) -> list[int] | None:
+def _text_idx(c: object) -> list[int] | None:
     if not isinstance(c, list):
         return None
     return [j for j, p in enumerate(c) if isinstance(p, str) or
@@ -78,7 +78,7 @@ def _validate(body: JsonObject) -> None:
     expect(body.get("stream") is None or isinstance(body["stream"], bool), "stream", "must be a boolean")
 
 
-def _check_parts(content: Any, where: str) -> None:
+def _check_parts(content: object, where: str) -> None:
     expect(content is None or isinstance(content, (str, list)), where, "must be a string or a list of parts")
     for j, part in enumerate(content if isinstance(content, list) else ()):
         if isinstance(part, str):
@@ -159,7 +159,7 @@ class ResponsesDialect(Dialect):
             role = m["role"]
             if role == "item":
                 continue
-            out: dict[str, Any] = {"role": "system" if role == "developer" else role,
+            out: dict[str, object] = {"role": "system" if role == "developer" else role,
                                    "content": message_text(m.get("content")) if m.get("content") is not None else None}
             if m.get("tool_calls"):
                 out["tool_calls"] = m["tool_calls"]
@@ -169,7 +169,7 @@ class ResponsesDialect(Dialect):
         tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                    "parameters": t.get("parameters", {})}}
                  for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
-        out_body: dict[str, Any] = {"messages": chat}
+        out_body: dict[str, object] = {"messages": chat}
         if tools:
             out_body["tools"] = tools
         return out_body

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def ggml_lib() -> ctypes.CDLL:
     return _LIB
 
 
-Reducer = Callable[[np.ndarray], Any]
+Reducer = Callable[[np.ndarray], np.ndarray]
 
 
 class Capture:
@@ -67,7 +67,7 @@ class Capture:
         self.lib = ggml_lib()
         self.wanted: dict[bytes, Reducer] = {}
         self.last: set[bytes] = set()
-        self.got: dict[str, list[Any]] = {}
+        self.got: dict[str, list[np.ndarray]] = {}
         self.error: str | None = None
         self.calls = 0
         from llama_cpp import ggml_backend_sched_eval_callback

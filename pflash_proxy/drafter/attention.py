@@ -48,13 +48,18 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from .runtime import DraftPass, Drafter, DrafterError
 from .segment import token_lines, unit_token_spans
 from .taps import make_reps, text_key
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.scores import UnitReps
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.compress.units import Unit
 
 QUERY_SEP = "\n\n"
 _LOCK_STRIPES = 64  # reads of one content are serialised by one of this many locks (``session_lock``)
@@ -301,7 +306,7 @@ class AttentionScorer:
             ws += sc
 
     # ---------------------------------------------------------------- Scorer protocol
-    def represent(self, tt: Any, units: Sequence[Any]) -> Any:
+    def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         toks = self.drafter.tokenize(tt.text)
         byte_starts = self.drafter.token_starts(tt.text, toks)
         tl = token_lines(byte_starts, tt.text)
@@ -312,7 +317,7 @@ class AttentionScorer:
                           "tail": tail, "tail_byte": len(tt.text.encode()) - len(tail.encode()),
                           "byte_starts": byte_starts.astype(np.int64)})
 
-    def score(self, reps: Any, query: str) -> np.ndarray:
+    def score(self, reps: UnitReps, query: str) -> np.ndarray:
         p = reps.payload
         tail = request_tail(p, query)
         if tail:  # the pinned tail of a paste is mostly the paste's own last lines: ask with its last paragraph
@@ -326,7 +331,7 @@ def last_paragraph(text: str) -> str:
     return paras[-1].strip() if paras else text
 
 
-def request_tail(payload: dict[str, Any], query: str) -> int:
+def request_tail(payload: Mapping[str, Any], query: str) -> int:  # a reps payload (its layout: taps.py)
     """Content tokens from where the request starts, when the message ends with the request; else 0."""
     q = query.strip()
     tail = payload.get("tail", "")

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import NotRequired, Sequence, TypedDict
 
 import numpy as np
 
@@ -140,7 +140,22 @@ def needle_ranks(read: Read) -> dict[Head, int]:
     return {(L, h): read.needle_rank(a[h]) for L, a in read.attention.items() for h in range(a.shape[0])}
 
 
-def calibrate(scorer: AttentionScorer, tasks: Sequence[Task]) -> dict[str, Any]:
+class Calibration(TypedDict):
+    """A calibration's result, as cached in ``HOME/attention-heads/<drafter sha256>.json``: heads as ``[layer,
+    head]``, ``heads`` None when no subset beat every head; ``mrr`` keyed ``"layer.head"``."""
+
+    version: int
+    heads: list[list[int]] | None
+    chosen: list[list[int]]
+    mrr: dict[str, float]
+    held_out_mean_rank_selected: float
+    held_out_mean_rank_all: float
+    tasks: int
+    seconds: float
+    drafter_sha256: NotRequired[str]
+
+
+def calibrate(scorer: AttentionScorer, tasks: Sequence[Task]) -> Calibration:
     """Steps 2-3 over ``tasks``; returns the JSON-able result (``heads`` is None when all heads won)."""
     t0 = time.perf_counter()
     reads, ranks = [], []
@@ -168,11 +183,11 @@ def cache_path(home: Path, drafter_sha256: str) -> Path:
 
 
 def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, n_tasks: int = 8,
-                      chars: int = 6000) -> dict[str, Any]:
+                      chars: int = 6000) -> Calibration:
     """Step 4: the cached result for this drafter file, or a fresh calibration written atomically."""
     path = cache_path(home, drafter_sha256)
     try:
-        got = json.loads(path.read_text())
+        got: Calibration = json.loads(path.read_text())  # as ``calibrate`` wrote it (checked: version, heads)
         if got.get("version") == VERSION and "heads" in got:
             return got
     except (OSError, ValueError):
@@ -182,7 +197,7 @@ def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, 
     shipped = attention_heads(drafter_sha256)
     if shipped is not None:
         try:
-            got = json.loads(shipped.read_text())
+            got = json.loads(shipped.read_text())  # the packaged result, written by ``calibrate`` too
             if got.get("version") == VERSION and "heads" in got and got.get("drafter_sha256") == drafter_sha256:
                 return got
         except (OSError, ValueError):
@@ -202,11 +217,12 @@ def load_or_calibrate(scorer: AttentionScorer, home: Path, drafter_sha256: str, 
     return result
 
 
-def apply(scorer: AttentionScorer, result: dict[str, Any]) -> AttentionScorer:
+def apply(scorer: AttentionScorer, result: Calibration) -> AttentionScorer:
     """A scorer on the same drafter restricted to the calibrated heads (unchanged when all heads won)."""
-    if not result.get("heads"):
+    heads = result.get("heads")
+    if not heads:
         return scorer
-    return AttentionScorer(scorer.drafter, heads=[tuple(h) for h in result["heads"]], keys=scorer.keys)
+    return AttentionScorer(scorer.drafter, heads=[(layer, head) for layer, head in heads], keys=scorer.keys)
 
 
 def calibrated(scorer: AttentionScorer, home: Path, hash_cache: Path | None = None) -> AttentionScorer:

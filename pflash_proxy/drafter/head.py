@@ -18,7 +18,7 @@ tokens are decoded) and never re-reads the message.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -27,6 +27,11 @@ from .probes import RequestProbe, ScorerHeadWeights
 from .runtime import DrafterError
 from .segment import unit_token_spans
 from .taps import ProbeTaps, make_reps
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.scores import UnitReps
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.compress.units import Unit
 
 QUERY_SEP = "\n\n"
 
@@ -98,14 +103,14 @@ class HeadScorer:
         self.taps, self.head, self.request = taps, head, request
         self.query_tokens = request.query_tokens if request is not None else query_tokens
 
-    def represent(self, tt: Any, units: Sequence[Any]) -> Any:
+    def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         d = self.taps.draft(tt.text)
         s, e = unit_token_spans(d.token_line, units)
         reps = unit_reps(self.head, d.tap, s, e)
         return make_reps(self.name, [u.tokens for u in units], {"reps": reps, "session": d.session,
                                                                  "tokens": d.tokens})
 
-    def query_vector(self, reps: Any, query: str) -> np.ndarray:
+    def query_vector(self, reps: UnitReps, query: str) -> np.ndarray:
         p = reps.payload
         qt = self.taps.drafter.tokenize(QUERY_SEP + query)
         stream = np.concatenate([p["tokens"], qt])
@@ -113,7 +118,7 @@ class HeadScorer:
         tap = r.taps[self.taps.tap_block][len(p["tokens"]) - r.start:]
         return request_vector(self.head, self.request, tap, self.query_tokens)
 
-    def score(self, reps: Any, query: str) -> np.ndarray:
+    def score(self, reps: UnitReps, query: str) -> np.ndarray:
         q = self.query_vector(reps, query)
         p = relevance(self.head, reps.payload["reps"], q)
         return (p * np.asarray(reps.unit_tokens, np.float32)).astype(np.float64)

@@ -33,7 +33,7 @@ once.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -44,6 +44,11 @@ from .attention import (QUERY_SEP, AttentionScorer, KeyCache, last_paragraph, pe
 from .head import relevance, request_vector, unit_reps
 from .probes import RequestProbe, ScorerHeadWeights
 from .runtime import DrafterError
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.scores import UnitReps
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.compress.units import Unit
 
 HEAD_WEIGHT = 0.3
 
@@ -71,18 +76,18 @@ class HeadAttentionScorer:
         self.query_tokens = request.query_tokens if request is not None else query_tokens
 
     @property
-    def heads(self) -> Any:  # the attention heads it reads (``/pflash/stats``)
+    def heads(self) -> frozenset[tuple[int, int]] | None:  # the attention heads it reads (``/pflash/stats``)
         return self.attention.heads
 
-    def represent(self, tt: Any, units: Sequence[Any]) -> Any:
+    def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         reps = self.attention.represent(tt, units)
         return dataclasses.replace(reps, scorer=self.name, payload={**reps.payload, "head": None})
 
-    def score(self, reps: Any, query: str) -> np.ndarray:
+    def score(self, reps: UnitReps, query: str) -> np.ndarray:
         head, attention = self.unit_scores(reps, query)
         return self.weight * shares(head) + (1.0 - self.weight) * shares(attention)
 
-    def unit_scores(self, reps: Any, query: str) -> tuple[np.ndarray, np.ndarray]:
+    def unit_scores(self, reps: UnitReps, query: str) -> tuple[np.ndarray, np.ndarray]:
         """Steps 2-3: the (head, attention) unit scores of one question, float64."""
         p, att, d = reps.payload, self.attention, self.attention.drafter
         tail = request_tail(p, query)
@@ -111,7 +116,7 @@ class HeadAttentionScorer:
         rel = token_relevance(a, att.heads)
         return self._head(reps, tap[n - r.start:]), peak_mass(rel, p["starts"], p["ends"])
 
-    def _head(self, reps: Any, qtap: np.ndarray) -> np.ndarray:
+    def _head(self, reps: UnitReps, qtap: np.ndarray) -> np.ndarray:
         """Step 3, the head's half: per unit, its relevance in (0, 1) times its tokens."""
         q = request_vector(self.head, self.request, qtap, self.query_tokens)
         p = relevance(self.head, reps.payload["head"], q)

@@ -11,26 +11,27 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from .probes import (HEAD_ARCH, HEAD_SCHEMA, HEAD_TENSORS, HIDDEN, REQUEST_ARCH, REQUEST_SCHEMA,
-                     REQUEST_TENSORS, SEED_DRAFTER_SHA256, SEGMENT_ARCH, SEGMENT_SCHEMA, SEGMENT_TENSORS)
+                     REQUEST_TENSORS, SEED_DRAFTER_SHA256, SEGMENT_ARCH, SEGMENT_SCHEMA, SEGMENT_TENSORS, MetaValue,
+                     Shape)
 
-SEGMENT_DEFAULTS: dict[str, Any] = {"threshold": 0.8, "min_segment": 32, "max_segment": 512,
+SEGMENT_DEFAULTS: dict[str, MetaValue] = {"threshold": 0.8, "min_segment": 32, "max_segment": 512,
                                     "oversize_split": "line_aligned", "layer_norm_epsilon": 1e-5,
                                     "activation": "gelu", "hidden_length": HIDDEN}
-REQUEST_DEFAULTS: dict[str, Any] = {"threshold": 0.5, "query_pin": 512, "query_tokens": 128,
+REQUEST_DEFAULTS: dict[str, MetaValue] = {"threshold": 0.5, "query_pin": 512, "query_tokens": 128,
                                     "layer_norm_epsilon": 1e-5, "activation": "gelu", "hidden_length": HIDDEN}
-HEAD_DEFAULTS: dict[str, Any] = {"pooling": "mean", "layer_norm_epsilon": 1e-5}
+HEAD_DEFAULTS: dict[str, MetaValue] = {"pooling": "mean", "layer_norm_epsilon": 1e-5}
 
 
-def _shape(spec: tuple[Any, ...], dims: Mapping[str, int]) -> tuple[int, ...]:
+def _shape(spec: Shape, dims: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(dims[s] if isinstance(s, str) else s for s in spec)
 
 
-def _random(spec: Mapping[str, tuple[Any, ...]], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+def _random(spec: Mapping[str, Shape], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
     for name, sp in spec.items():
@@ -58,8 +59,8 @@ def random_head_weights(d: int, rank: int = 64, seed: int = 2) -> dict[str, np.n
     return _random(HEAD_TENSORS, {"d": d, "r": rank}, seed)
 
 
-def _write(path: str | os.PathLike[str], arch: str, schema: str, spec: Mapping[str, tuple[Any, ...]],
-           weights: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+def _write(path: str | os.PathLike[str], arch: str, schema: str, spec: Mapping[str, Shape],
+           weights: Mapping[str, np.ndarray], meta: Mapping[str, MetaValue]) -> None:
     from gguf import GGUFWriter
     if set(weights) != set(spec):
         raise ValueError(f"weights differ from the {schema} table: {sorted(set(spec) ^ set(weights))}")
@@ -88,14 +89,14 @@ def _write(path: str | os.PathLike[str], arch: str, schema: str, spec: Mapping[s
     w.close()
 
 
-def _meta(defaults: Mapping[str, Any], d: int, tap_block: int, drafter_sha256: str,
-          meta: Mapping[str, Any] | None) -> dict[str, Any]:
+def _meta(defaults: Mapping[str, MetaValue], d: int, tap_block: int, drafter_sha256: str,
+          meta: Mapping[str, MetaValue] | None) -> dict[str, MetaValue]:
     return {**defaults, "embedding_length": d, "tap_block": tap_block, "drafter_sha256": drafter_sha256,
             **(meta or {})}
 
 
 def write_segment_probe(path: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
-                        meta: Mapping[str, Any] | None = None, *, tap_block: int = 14,
+                        meta: Mapping[str, MetaValue] | None = None, *, tap_block: int = 14,
                         drafter_sha256: str = SEED_DRAFTER_SHA256) -> None:
     d = int(weights["probe.norm.weight"].shape[0])
     _write(path, SEGMENT_ARCH, SEGMENT_SCHEMA, SEGMENT_TENSORS, weights,
@@ -103,7 +104,7 @@ def write_segment_probe(path: str | os.PathLike[str], weights: Mapping[str, np.n
 
 
 def write_request_probe(path: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
-                        meta: Mapping[str, Any] | None = None, *, tap_block: int = 14,
+                        meta: Mapping[str, MetaValue] | None = None, *, tap_block: int = 14,
                         drafter_sha256: str = SEED_DRAFTER_SHA256) -> None:
     d = int(weights["probe.norm.weight"].shape[0])
     _write(path, REQUEST_ARCH, REQUEST_SCHEMA, REQUEST_TENSORS, weights,
@@ -111,7 +112,7 @@ def write_request_probe(path: str | os.PathLike[str], weights: Mapping[str, np.n
 
 
 def write_scorer_head(path: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
-                      meta: Mapping[str, Any] | None = None, *, tap_block: int = 14,
+                      meta: Mapping[str, MetaValue] | None = None, *, tap_block: int = 14,
                       drafter_sha256: str = SEED_DRAFTER_SHA256) -> None:
     d = int(weights["head.norm.weight"].shape[0])
     rank = int(weights["head.unit.weight"].shape[0])

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping, TypeAlias
 
 import numpy as np
 
@@ -43,11 +43,14 @@ REQUEST_ARCH, REQUEST_SCHEMA = "requestprobe", "qwen3_5_0_8b_request_probe_v1"
 HEAD_ARCH, HEAD_SCHEMA = "scorerhead", "qwen3_5_0_8b_scorer_head_v1"
 SEGMENT_OUTPUTS = ("unit", "container", "subunit")
 
-_TRUNK = {"probe.norm.weight": ("d",), "probe.norm.bias": ("d",),
+Shape: TypeAlias = tuple[int | str, ...]  # a tensor's shape: sizes, and named sizes ("d": the drafter's width)
+MetaValue: TypeAlias = bool | int | float | str  # a probe file's metadata value
+
+_TRUNK: dict[str, Shape] = {"probe.norm.weight": ("d",), "probe.norm.bias": ("d",),
           "probe.fc.weight": (HIDDEN, "d"), "probe.fc.bias": (HIDDEN,)}
 
 
-def _row(o: str) -> dict[str, tuple[Any, ...]]:
+def _row(o: str) -> dict[str, Shape]:
     return {f"probe.{o}.weight": (HIDDEN,), f"probe.{o}.bias": (1,),
             f"probe.{o}.conv.weight": (5,), f"probe.{o}.conv.bias": (1,)}
 
@@ -83,7 +86,7 @@ class ProbeMeta:
     drafter_sha256: str
     eps: float = 1e-5
     activation: str = "gelu"
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, MetaValue] = field(default_factory=dict)
 
     @property
     def tap_tensor(self) -> str:
@@ -183,7 +186,7 @@ def _fail(path: str, what: str) -> ProbeFileError:
 
 
 def _read(path: str | os.PathLike[str], arch: str, schema: str,
-          spec: Mapping[str, tuple[Any, ...]]) -> tuple[ProbeMeta, dict[str, np.ndarray]]:
+          spec: Mapping[str, Shape]) -> tuple[ProbeMeta, dict[str, np.ndarray]]:
     from gguf import GGUFReader, GGMLQuantizationType as Q
     p = str(path)
     if not os.path.isfile(p):

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 T = TypeVar("T")
 log = logging.getLogger("pflash_proxy.drafter")
@@ -82,25 +83,25 @@ class _Session:
         return len(self.state) + self.tokens.nbytes
 
 
-def _rows(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+def _rows(parts: list[np.ndarray], dtype: npt.DTypeLike) -> np.ndarray:
     """Per-ubatch ``(tokens, heads, dim)`` pieces joined; empty when no token of the call was kept."""
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, 0, 0), dtype)
 
 
 # What a pass keeps of each tensor it reads (``Drafter._run``'s reducers), from the first kept row on.
-def _out_rows(x: np.ndarray, lo: int) -> Any:
+def _out_rows(x: np.ndarray, lo: int) -> np.ndarray:
     return x[0, 0, lo:]
 
 
-def _attention_mass(x: np.ndarray, q0: int) -> Any:
+def _attention_mass(x: np.ndarray, q0: int) -> np.ndarray:
     return x[0, :, q0:, :].sum(axis=(0, 1))
 
 
-def _key_rows(x: np.ndarray, lo: int) -> Any:
+def _key_rows(x: np.ndarray, lo: int) -> np.ndarray:
     return x[0, lo:].astype(np.float16)
 
 
-def _query_rows(x: np.ndarray, q0: int) -> Any:
+def _query_rows(x: np.ndarray, q0: int) -> np.ndarray:
     return x[0, q0:].copy()
 
 
@@ -122,7 +123,7 @@ class Drafter:
         self.verbose = verbose
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflash-drafter")
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        self._ctx: dict[bool, Any] = {}
+        self._ctx: dict[bool, object] = {}  # llama.cpp contexts (ctypes pointers), with and without flash attention
         self._deadline = float("inf")
         self.stats = {"passes": 0, "tokens": 0, "seconds": 0.0, "cache_hits": 0, "aborts": 0}
         self._progress = (0.0, 0, 0.0)  # (pass start, tokens in the pass, last progress line)
@@ -133,11 +134,11 @@ class Drafter:
             raise DrafterError(f"overlap {self.overlap} must be in [0, {self.window})")
 
     # ------------------------------------------------------------------ thread plumbing
-    def _submit(self, fn: Callable[..., T], timeout: float | None, *args: Any) -> "Future[T]":
+    def _submit(self, fn: Callable[..., T], timeout: float | None, *args: object) -> "Future[T]":
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         return self._pool.submit(self._guard, fn, deadline, *args)
 
-    def _guard(self, fn: Callable[..., T], deadline: float, *args: Any) -> T:
+    def _guard(self, fn: Callable[..., T], deadline: float, *args: object) -> T:
         if time.monotonic() > deadline:
             raise DrafterError("drafter timed out while queued")
         self._deadline = deadline
@@ -150,10 +151,10 @@ class Drafter:
         finally:
             self._deadline = float("inf")
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
+    def call(self, fn: Callable[..., T], *args: object) -> T:
         return self._submit(fn, None, *args).result()
 
-    async def run_call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_call(self, fn: Callable[..., T], *args: object) -> T:
         fut = self._submit(fn, None, *args)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout + 5.0)
@@ -191,7 +192,7 @@ class Drafter:
             self._batch.seq_id[i][0] = 0
             self._batch.logits[i] = 0
 
-    def _context(self, flash: bool) -> Any:
+    def _context(self, flash: bool) -> object:
         if flash not in self._ctx:
             import llama_cpp as L
             cp = L.llama_context_default_params()
@@ -297,7 +298,7 @@ class Drafter:
             raise DrafterError("query/key taps need a stream within one context")
         ctx = self._context(flash)
         prior, kv_end, ws = self._restore(ctx, session, tokens, flash, attend_from)
-        got: dict[str, list[Any]] = {f"l_out-{k}": [] for k in taps}
+        got: dict[str, list[np.ndarray]] = {f"l_out-{k}": [] for k in taps}
         got.update({f"kq_soft_max-{L}": [] for L in attn_layers})
         got.update({f"Kcur-{L}": [] for L in qk_layers})
         if attend_from is not None:
@@ -334,14 +335,14 @@ class Drafter:
         self.stats["seconds"] += dt
         return DraftPass(tokens, prior, tap_arrays, att, keys=keys, queries=queries, seconds=dt)
 
-    def _fresh(self, ctx: Any) -> None:
+    def _fresh(self, ctx: object) -> None:
         import llama_cpp as L
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         if self.add_bos:
             self._decode(ctx, np.asarray([self.bos], np.int32), 1, 0, 1, 1, None, (), {})
 
-    def _decode(self, ctx: Any, tokens: np.ndarray, ws: int, a: int, b: int, keep_from: int,
-                attend_from: int | None, attn_layers: tuple[int, ...], got: dict[str, list[Any]]) -> None:
+    def _decode(self, ctx: object, tokens: np.ndarray, ws: int, a: int, b: int, keep_from: int,
+                attend_from: int | None, attn_layers: tuple[int, ...], got: dict[str, list[np.ndarray]]) -> None:
         """Decode ``tokens[a:b]`` of the window starting at ``ws`` (position ``t - ws``, +1 after BOS) in
         ubatches aligned to ``ws + j * n_batch``, so a row's ubatch never depends on where a call started
         (llama.cpp's CPU kernels give a row slightly different bits in a different tile). Taps are kept for
@@ -355,7 +356,7 @@ class Drafter:
             np.ctypeslib.as_array(bt.token, shape=(nb,))[:m] = tokens[start:end]
             np.ctypeslib.as_array(bt.pos, shape=(nb,))[:m] = np.arange(start - ws, end - ws) + off
             bt.n_tokens = m
-            red: dict[str, Callable[[np.ndarray], Any]] = {}
+            red: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
             lo = keep_from - start
             if lo < m:
                 for name in got:
@@ -413,7 +414,7 @@ class Drafter:
         return acc[off:off + attend_from]
 
     # ------------------------------------------------------------------ session cache (worker thread)
-    def _restore(self, ctx: Any, session: str | None, tokens: np.ndarray, flash: bool,
+    def _restore(self, ctx: object, session: str | None, tokens: np.ndarray, flash: bool,
                  attend_from: int | None) -> tuple[int, int, int | None]:
         """(tokens already read, first token to decode, window start) -- (0, 0, None) for a cold pass."""
         import llama_cpp as L
@@ -431,7 +432,7 @@ class Drafter:
         self.stats["cache_hits"] += 1
         return m, s.kv_end, s.win_start
 
-    def _save(self, ctx: Any, session: str, tokens: np.ndarray, ws: int, flash: bool, decoded: int) -> None:
+    def _save(self, ctx: object, session: str, tokens: np.ndarray, ws: int, flash: bool, decoded: int) -> None:
         """Keep the KV of ``[ws, kv_end)``, ``kv_end`` the last ubatch boundary of ``tokens``: a follow-up
         re-reads the partial last ubatch with the same alignment a cold pass would use. ``decoded``: where the
         context's KV ends (past ``tokens`` when a question was read after the kept prefix)."""
@@ -451,7 +452,7 @@ class Drafter:
         while self.cache_used > self.cache_bytes:
             self._sessions.popitem(last=False)
 
-    def _reset(self, ctx: Any, session: str | None) -> None:
+    def _reset(self, ctx: object, session: str | None) -> None:
         import llama_cpp as L
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         if session is not None:

@@ -25,11 +25,16 @@ token's first byte, non-decreasing) and the number of lines. Settings come from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .nn import sigmoid
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.units import Unit
+
+    from .probes import SegmentProbe
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,8 @@ class ProbeUnit:
 
 
 def make_unit(index: int, start_line: int, end_line: int, tokens: int, kind: Any) -> Any:
-    """Build the pipeline's ``Unit`` if importable, else a ``ProbeUnit`` with the same fields."""
+    """Build the pipeline's ``Unit`` if importable, else a ``ProbeUnit`` with the same fields (``kind``: a
+    ``ContentKind``, or a probe's own label such as ``"probe"``, which ``Unit`` stores as given)."""
     try:
         from pflash_proxy.compress.units import Unit
         return Unit(index=index, start_line=start_line, end_line=end_line, tokens=tokens, kind=kind)
@@ -72,7 +78,7 @@ class ProbeSegmenter:
     kind: str = "probe"
 
     @classmethod
-    def from_probe(cls, probe: Any, kind: str = "probe") -> "ProbeSegmenter":
+    def from_probe(cls, probe: SegmentProbe, kind: str = "probe") -> "ProbeSegmenter":
         return cls(probe.threshold, probe.min_segment, probe.max_segment, kind)
 
     def cut_tokens(self, unit_logits: np.ndarray, subunit_logits: np.ndarray,
@@ -131,7 +137,7 @@ class ProbeSegmenter:
         return cuts
 
     def units(self, unit_logits: np.ndarray, subunit_logits: np.ndarray, token_line: np.ndarray,
-              n_lines: int | None = None) -> list[Any]:
+              n_lines: int | None = None) -> list[Unit | ProbeUnit]:
         """Steps 1-6: line-granular units covering lines ``[0, n_lines)``."""
         token_line = np.asarray(token_line, dtype=np.int64)
         n = token_line.shape[0]
@@ -147,7 +153,7 @@ class ProbeSegmenter:
                 for i, (a, b, t) in enumerate(zip(starts.tolist(), ends.tolist(), toks.tolist()))]
 
 
-def unit_token_spans(token_line: np.ndarray, units: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+def unit_token_spans(token_line: np.ndarray, units: Sequence[Unit | ProbeUnit]) -> tuple[np.ndarray, np.ndarray]:
     """Token ranges ``[start, end)`` of line-granular units (tokens whose first byte is in the unit's lines)."""
     token_line = np.asarray(token_line, dtype=np.int64)
     sl = np.asarray([u.start_line for u in units], dtype=np.int64)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -26,6 +26,11 @@ from pflash_proxy.compress.units import CannotSegment
 from .probes import SegmentProbe
 from .runtime import Drafter, DrafterError
 from .segment import ProbeSegmenter, count_lines, token_lines
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.kinds import ContentKind
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.compress.units import Unit
 
 
 def make_reps(scorer: str, unit_tokens: Sequence[int], payload: Any) -> UnitReps:
@@ -88,7 +93,7 @@ class DrafterSegmenter:
         self.taps, self.probe = taps, probe
         self.segmenter = ProbeSegmenter.from_probe(probe)
 
-    def segment(self, tt: Any, kind: Any = None) -> list[Any]:
+    def segment(self, tt: TokenizedText, kind: ContentKind | None = None) -> list[Unit]:
         from .segment import make_unit
         d = self.taps.draft(tt.text)
         logits = self.probe.forward(d.tap)

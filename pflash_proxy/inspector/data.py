@@ -1,5 +1,5 @@
 """The JSON behind the inspector's views, built from the read-only views it is handed (``InspectorViews``: the
-upstream, the sessions and slots, the live counters of ``/pflash/stats``).
+engine, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
    sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
 from pflash_proxy.inspector.trace import current
 from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
+from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord
 
@@ -36,9 +37,11 @@ LIST_LIMIT = 100
 LIST_TTL_S = 5.0
 
 
-class UpstreamView(Protocol):
+class EngineView(Protocol):
+    """What the overview shows of the engine (``engine.Engine`` has both): where it is, whether it is ready."""
+
     @property
-    def base_url(self) -> str: ...
+    def address(self) -> str: ...
     @property
     def not_ready_reason(self) -> str | None: ...
 
@@ -47,9 +50,9 @@ class UpstreamView(Protocol):
 class InspectorViews:
     """What the proxy hands the inspector: read-only views, each read when a page asks."""
 
-    upstream: UpstreamView
+    engine: EngineView  # the engine seam (``engine.Engine``), not the transport
     sessions: Callable[[], SessionsView | None]  # None: the proxy runs without sessions
-    stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows
+    stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows (``server.metrics.collect_stats``)
 
 
 class InspectorData:
@@ -59,23 +62,24 @@ class InspectorData:
         self.views = views
         self._lock = threading.Lock()
         self._listed: tuple[float, list[tuple[str, float]], int] | None = None
-        self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._summaries: dict[str, tuple[float, JSONObject]] = {}
 
     # Overview -------------------------------------------------------------------------------------------------
-    def overview(self) -> dict[str, Any]:
+    def overview(self) -> JSONObject:
         """Everything but the sessions (``sessions``, from the index): in-memory state, on the event loop."""
         stats = self.views.stats()
-        upstream = self.views.upstream
+        engine = self.views.engine
         sessions = self.views.sessions()
-        out: dict[str, Any] = {
+        upstream: JSONObject = {"url": engine.address, "ready": engine.not_ready_reason is None,
+                                "not_ready_reason": engine.not_ready_reason}
+        out: JSONObject = {
             "at": time.time(),
-            "upstream": {"url": upstream.base_url, "ready": upstream.not_ready_reason is None,
-                         "not_ready_reason": upstream.not_ready_reason},
+            "upstream": upstream,
             "slots": [], "queued": 0, "sessions": [], "sessions_total": 0,
         }
         if sessions is not None:
-            out["upstream"]["model"] = sessions.identity_info
-            out["upstream"]["model_identity"] = sessions.model_identity
+            upstream["model"] = sessions.identity_info
+            upstream["model_identity"] = sessions.model_identity
             out["queued"] = sessions.queued
             out["slots"] = [{"id": s.id, "session": s.session if s.session and not s.session.startswith("anon-")
                              else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
@@ -109,7 +113,7 @@ class InspectorData:
         out["counters"] = stats
         return out
 
-    def sessions(self, limit: int = LIST_LIMIT) -> tuple[list[dict[str, Any]], int]:
+    def sessions(self, limit: int = LIST_LIMIT) -> tuple[list[JSONObject], int]:
         """The ``limit`` most recently used sessions (summaries, newest first) and how many there are."""
         store = self.views.sessions()
         if store is None:
@@ -121,7 +125,7 @@ class InspectorData:
                 ranked = sorted(used.items(), key=lambda kv: -kv[1])[:limit]
                 self._listed = (now, ranked, len(used))
             _, ranked, total = self._listed
-            out = []
+            out: list[JSONObject] = []
             for sid, last_use in ranked:
                 cached = self._summaries.get(sid)
                 if cached is None or cached[0] != last_use:
@@ -136,7 +140,7 @@ class InspectorData:
                 del self._summaries[sid]
         return out, total
 
-    def _live(self, sid: str) -> dict[str, Any]:
+    def _live(self, sid: str) -> JSONObject:
         """What changes without a new turn: the slot holding the session, its snapshot."""
         sessions = self.views.sessions()
         if sessions is None:
@@ -146,7 +150,7 @@ class InspectorData:
                 "snapshot": None if snap is None else {"tokens": snap.tokens, "bytes": snap.size,
                                                         "last_use": snap.last_use, "hits": snap.hits}}
 
-    def summary(self, rec: SessionRecord) -> dict[str, Any]:
+    def summary(self, rec: SessionRecord) -> JSONObject:
         totals = current(rec.trace_totals)
         tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
         turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
@@ -178,7 +182,7 @@ class InspectorData:
         sessions = self.views.sessions()
         return sessions is not None and bool(SESSION_ID.match(sid)) and sessions.session(sid) is not None
 
-    def session(self, sid: str) -> dict[str, Any] | None:
+    def session(self, sid: str) -> JSONObject | None:
         sessions = self.views.sessions()
         if sessions is None or not SESSION_ID.match(sid):
             return None
@@ -187,11 +191,16 @@ class InspectorData:
             return None
         traces = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") != "turn"]
         turns = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
-        messages = []
+        messages: list[JSONObject] = []
         for i, m in enumerate(rec.served):
-            entry: dict[str, Any] = {"index": i, "role": m.get("role"), "text": message_text(m.get("content")),
-                                     "traces": [k for k, t in enumerate(traces) if t.get("message") == i]}
-            calls = [c.get("function", {}).get("name") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            role = m.get("role")  # a string (``models.ChatMessage``)
+            entry: JSONObject = {"index": i, "role": role if isinstance(role, str) else None,
+                                 "text": message_text(m.get("content")),
+                                 "traces": [k for k, t in enumerate(traces) if t.get("message") == i]}
+            listed = m.get("tool_calls") or []
+            functions = [c.get("function", {}) for c in (listed if isinstance(listed, list) else ())
+                         if isinstance(c, dict)]
+            calls: list[JSONValue] = [fn.get("name") if isinstance(fn, Mapping) else None for fn in functions]
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)
@@ -203,7 +212,7 @@ class InspectorData:
 FIRST_WORDS = 12
 
 
-def first_words(served: list[dict[str, Any]], traces: Sequence[Any] = ()) -> str | None:
+def first_words(served: Sequence[Mapping[str, object]], traces: Sequence[object] = ()) -> str | None:
     """The first words of the conversation: of its first user message (an agent's system prompt says little
     about the conversation), else of its first message; as the client wrote it (a compressed message's original,
     from its trace, not the note compression put at its top)."""
@@ -223,7 +232,7 @@ def first_words(served: list[dict[str, Any]], traces: Sequence[Any] = ()) -> str
     return text + ("…" if len(words) > FIRST_WORDS else "")
 
 
-def view(trace: dict[str, Any]) -> dict[str, Any]:
+def view(trace: Mapping[str, Any]) -> JSONObject:
     """A stored trace as the API shows it: units as objects, the original as lines."""
     if trace.get("kind") == "recall":
         return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "share", "excerpts")}
@@ -232,7 +241,7 @@ def view(trace: dict[str, Any]) -> dict[str, Any]:
                                           "expected_tokens", "cached_tokens", "reason")}
     out = {k: v for k, v in trace.items() if k not in ("units", "kept", "pinned", "text", "v")}
     cols = trace.get("units")
-    units = []
+    units: list[JSONObject] = []
     if cols:
         kept, pinned = set(trace.get("kept") or ()), set(trace.get("pinned") or ())
         for i, (a, b, tok, score) in enumerate(zip(cols["start"], cols["end"], cols["tokens"], cols["score"])):

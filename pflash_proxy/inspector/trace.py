@@ -35,10 +35,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pflash_proxy.compress.text import split_lines
+from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.llama.engine import TRACE_NAMES_V1
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress import CompressionOutcome, RecallDecision, RequestSpec, Segmenter
+    from pflash_proxy.compress.text import TokenizedText
+    from pflash_proxy.sessions.index import SessionRecord
+    from pflash_proxy.stages.compress import CompressStage
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -49,31 +56,37 @@ REQUEST_CHARS = 4000
 VERSION = 2  # 1: a turn's counts under llama-server's timings names (``current`` renames them)
 
 
-def record_compression(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
-                       uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> None:
+def record_compression(record: SessionRecord, idx: int, msg: Mapping[str, object], tt: TokenizedText,
+                       request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
+                       stage: CompressStage, served_tokens: int, budget: int | None = None) -> None:
     """Append the trace of one compression outcome (compressed or served whole) to ``record.traces``.
 
     ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
     selected against a lowered budget, which the trace keeps as ``selection_budget``."""
     try:
-        _append(record, compression_trace(record, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
-                                          served_tokens, budget))
+        trace = compression_trace(record, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
+                                  served_tokens, budget)
+        compressed = outcome.mode == "compressed"
+        _append(record, trace, {"compressed": int(compressed), "served_whole": int(not compressed),
+                                "tokens_in": int(tt.total_tokens), "tokens_served": int(served_tokens)})
     except Exception:  # noqa: BLE001 - the inspector must never cost a request
         log.exception("inspector: could not record the compression trace of message %d", idx + 1)
 
 
-def record_recall(record: Any, idx: int, decision: Any) -> None:
+def record_recall(record: SessionRecord, idx: int, decision: RecallDecision) -> None:
     """Append the trace of recall excerpts prepended to message ``idx``."""
     try:
-        excerpts = [{"from_message": e.label, "lines": [e.start_line, e.end_line], "tokens": int(e.tokens),
-                     "units": list(e.unit_indices), "text": e.text} for e in decision.recalled]
+        excerpts: list[JSONObject] = [{"from_message": e.label, "lines": [e.start_line, e.end_line],
+                                       "tokens": int(e.tokens), "units": list(e.unit_indices), "text": e.text}
+                                      for e in decision.recalled]
         _append(record, {"v": VERSION, "kind": "recall", "turn": record.turns + 1, "message": idx,
-                         "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts})
+                         "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts},
+                {"recalls": 1, "recall_tokens": sum(int(e.tokens) for e in decision.recalled)})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the recall trace of message %d", idx + 1)
 
 
-def record_cache(record: Any, idx: int, announced: str, reported: str, expected: int, cached_tokens: int,
+def record_cache(record: SessionRecord, idx: int, announced: str, reported: str, expected: int, cached_tokens: int,
                  reason: str | None) -> None:
     """Append the trace of a turn whose reuse of the engine's cache differed from what the proxy expected:
     what it announced (``announced``, ``expected`` tokens), what the engine reused (``cached_tokens``) and what
@@ -86,12 +99,14 @@ def record_cache(record: Any, idx: int, announced: str, reported: str, expected:
         log.exception("inspector: could not record the cache trace of message %d", idx + 1)
 
 
-def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, outcome: Any, prompt_tokens: int,
-                      uncached: int, stage: Any, served_tokens: int, budget: int | None = None) -> dict[str, Any]:
+def compression_trace(record: SessionRecord, idx: int, msg: Mapping[str, object], tt: TokenizedText,
+                      request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
+                      stage: CompressStage, served_tokens: int, budget: int | None = None) -> JSONObject:
     analysis = outcome.analysis
-    trace: dict[str, Any] = {
+    role = msg.get("role")
+    trace: JSONObject = {
         "v": VERSION, "kind": "compression", "turn": record.turns + 1, "message": idx,
-        "role": msg.get("role"), "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
+        "role": role if isinstance(role, str) else None, "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
         "scorer": stage.scorer.name,
         "segmenter": segmenter_name(stage.compressor.segmenter),
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
@@ -115,15 +130,15 @@ def compression_trace(record: Any, idx: int, msg: dict, tt: Any, request: Any, o
     return trace
 
 
-def segmenter_name(segmenter: Any) -> str:
+def segmenter_name(segmenter: Segmenter | None) -> str:
     """A segmenter's name (the model-free ``UnitSegmenter`` has none: ``heuristic``)."""
     return str(getattr(segmenter, "name", "heuristic"))
 
 
-def _request(request: Any, tt: Any) -> dict[str, Any]:
+def _request(request: RequestSpec, tt: TokenizedText) -> JSONObject:
     """The request and, when it is the message's own tail, the lines it occupies (0-based, end exclusive)."""
     text = request.text or ""
-    out: dict[str, Any] = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
+    out: JSONObject = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
                            "text": text[-REQUEST_CHARS:], "truncated": len(text) > REQUEST_CHARS, "lines": None}
     if request.source == "message-tail" and text:  # the message's own tail: its last lines, byte for byte
         start = len(tt.lines) - len(split_lines(text))
@@ -143,7 +158,7 @@ def current(stored: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def record_turn(record: Any, turn: dict[str, Any], totals: dict[str, int]) -> None:
+def record_turn(record: SessionRecord, turn: JSONObject, totals: dict[str, int]) -> None:
     """Append a turn trace (built by ``inspector.turns``) and add ``totals`` to the session's running totals."""
     try:
         _append(record, turn)
@@ -155,7 +170,9 @@ def record_turn(record: Any, turn: dict[str, Any], totals: dict[str, int]) -> No
         log.exception("inspector: could not record turn %s", turn.get("turn"))
 
 
-def _append(record: Any, trace: dict[str, Any]) -> None:
+def _append(record: SessionRecord, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
+    """Keep ``trace`` (the newest ``MAX_TRACES`` traces and ``MAX_TURNS`` turns, ``MAX_TEXT_CHARS`` of their
+    texts) and add ``counts`` to the session's running totals."""
     old = [t for t in record.traces if isinstance(t, dict)]
     turns = [t for t in old if t.get("kind") == "turn"]
     traces = [t for t in old if t.get("kind") != "turn"]
@@ -164,25 +181,16 @@ def _append(record: Any, trace: dict[str, Any]) -> None:
     del turns[:-MAX_TURNS]
     used = 0
     for t in reversed(traces):  # the newest keep their text
-        n = len(t.get("text") or "")
+        text = t.get("text")
+        n = len(text) if isinstance(text, str) else 0  # a trace's text: a string, or None once dropped
         if used + n > MAX_TEXT_CHARS:
             t["text"] = None
             t["text_dropped"] = True
         else:
             used += n
     record.traces = turns + traces  # compression and recall traces last, newest last
-    if trace["kind"] == "turn":
-        return
-    if trace["kind"] == "compression":
+    if counts:
         totals = dict(record.trace_totals)
-        compressed = trace["mode"] == "compressed"
-        totals["compressed"] = totals.get("compressed", 0) + compressed
-        totals["served_whole"] = totals.get("served_whole", 0) + (not compressed)
-        totals["tokens_in"] = totals.get("tokens_in", 0) + trace["message_tokens"]
-        totals["tokens_served"] = totals.get("tokens_served", 0) + trace["served_tokens"]
-        record.trace_totals = totals
-    elif trace["kind"] == "recall":
-        totals = dict(record.trace_totals)
-        totals["recalls"] = totals.get("recalls", 0) + 1
-        totals["recall_tokens"] = totals.get("recall_tokens", 0) + sum(e["tokens"] for e in trace["excerpts"])
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
         record.trace_totals = totals

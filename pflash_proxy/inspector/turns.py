@@ -31,11 +31,16 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
 from pflash_proxy.engine import Engine
 from pflash_proxy.inspector.trace import VERSION, current, record_turn
+from pflash_proxy.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.stages.sessions import SessionContext
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -85,7 +90,38 @@ def plain_reason(mode: str | None, reason: str | None, threshold: int | None = N
     return reason or mode
 
 
-def _timings(engine: Engine, final: dict[str, Any] | None) -> dict[str, Any] | None:
+class Timings(TypedDict):
+    """A turn's counts and times from the engine's cache report (times None when it reports none)."""
+
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    prefill_ms: float | None
+    generate_ms: float | None
+
+
+class Noted(TypedDict):
+    """What ``on_request`` notes for ``on_response``: the turn's number, when it was forwarded."""
+
+    turn: int
+    forwarding_at: float
+
+
+def _count(value: object) -> int:
+    """``int(value or 0)`` for a count a stored trace holds (TypeError for what is not a number)."""
+    if not value:
+        return 0
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a count: {value!r}")
+
+
+def _text(value: object) -> str | None:
+    """A stored trace's mode or reason: a string, or None."""
+    return value if isinstance(value, str) else None
+
+
+def _timings(engine: Engine, final: Mapping[str, object] | None) -> Timings | None:
     """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
     report = engine.cache_report(final)
@@ -120,7 +156,7 @@ class SavingsStage(Stage):
 
     name = "savings"
 
-    def __init__(self, manager: Any, threshold: int | None, engine: Engine):
+    def __init__(self, manager: SessionManager, threshold: int | None, engine: Engine):
         self.manager = manager  # sessions.manager.SessionManager: its index (``store``)
         self.threshold = threshold  # None: compression is off
         self.engine = engine  # reads the answer's cache report
@@ -135,7 +171,8 @@ class SavingsStage(Stage):
         if req.kind != "chat" or ctx is None or getattr(ctx, "record", None) is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        req.state[self.name] = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
+        noted: Noted = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
+        req.state[self.name] = noted
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         noted = req.state.get(self.name)
@@ -155,9 +192,10 @@ class SavingsStage(Stage):
         except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
             log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
 
-    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: Any,
-                   noted: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
+                   noted: Noted) -> tuple[dict[str, Any], dict[str, int]]:
         rec = ctx.record
+        assert rec is not None  # on_response traces only turns with a session record
         n = noted["turn"]
         timings = _timings(self.engine, result.final_json)
         mode = req.response_headers.get("X-PFlash-Mode")
@@ -165,11 +203,12 @@ class SavingsStage(Stage):
         avoided_compression = 0
         for t in rec.traces:
             if isinstance(t, dict) and t.get("kind") == "compression" and t.get("turn") == n:
-                tokens, served = int(t.get("message_tokens") or 0), int(t.get("served_tokens") or 0)
+                tokens, served = _count(t.get("message_tokens")), _count(t.get("served_tokens"))
                 if t.get("mode") == "compressed":
                     avoided_compression += max(0, tokens - served)
                 messages.append({"message": t.get("message"), "mode": t.get("mode"), "tokens": tokens,
-                                 "served_tokens": served, "why": plain_reason(t.get("mode"), t.get("reason"))})
+                                 "served_tokens": served, "why": plain_reason(_text(t.get("mode")),
+                                                                              _text(t.get("reason")))})
         fields = req.log_fields
         compression_ms = float(fields.get("pflash_ms") or 0.0)
         prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
@@ -226,7 +265,7 @@ class SavingsStage(Stage):
             self.avoided[cause] += turn["tokens_avoided"][cause]
             self.saved_s[cause] += turn["saved_s"][cause] or 0.0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> JSONObject:
         c = self.counters
         return {"turns": int(c["turns"]), "turns_timed": int(c["turns_timed"]),
                 "prompt_tokens": int(c["prompt_tokens"]), "prefilled_tokens": int(c["prefilled_tokens"]),

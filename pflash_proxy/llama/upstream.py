@@ -13,8 +13,8 @@
    mid-prefill, nothing answered yet) is sent once more when the server is back, its wait counted from the loss;
    once an answer's headers arrived (a stream under way) nothing is sent again.
 4. ``call``: a JSON call to the server's own API, with ``--upstream-api-key`` (a client's own ``Authorization``
-   travels only with its own requests); ``llama.engine.LlamaServerEngine`` speaks that API on it. The helpers
-   ``props``, ``slots`` and ``slot_action`` serve the engine's slot capability.
+   travels only with its own requests); ``llama.engine.LlamaServerEngine`` speaks that API on it (its slot
+   capability included).
 5. JSON answers of 1 MiB or more (``/tokenize`` with pieces of a long message) are parsed in a worker thread.
 6. ``sentinel`` (``sentinel.py``): one kept-alive connection to a loopback llama-server that vouches the server
    process has not changed since an epoch; ``notify_restart`` ends the epoch too.
@@ -28,6 +28,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 import aiohttp
+from aiohttp.typedefs import LooseHeaders
 
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
 from pflash_proxy.llama.sentinel import Sentinel
@@ -84,7 +85,7 @@ class Upstream:
         self.turn_cap = 0
         self._ready = asyncio.Event()
         self._ready.set()
-        self._restart_listeners: list[Callable[[str], Any]] = []
+        self._restart_listeners: list[Callable[[str], object]] = []
         self.restart_notices = 0  # ``notify_restart`` calls so far
         self.sentinel = Sentinel(lambda: self.base_url, self._auth)  # started by whoever relies on it
 
@@ -114,7 +115,7 @@ class Upstream:
         self.not_ready_reason = None if ready else reason
         (self._ready.set if ready else self._ready.clear)()
 
-    def add_restart_listener(self, fn: Callable[[str], Any]) -> None:
+    def add_restart_listener(self, fn: Callable[[str], object]) -> None:
         """``fn(reason)`` is called when the upstream is known to have lost its state (restart, new identity)."""
         self._restart_listeners.append(fn)
 
@@ -158,7 +159,8 @@ class Upstream:
 
     # Raw forwarding ----------------------------------------------------------------------------------------
     async def open(
-        self, method: str, path_qs: str, headers: Any = None, body: bytes | None = None, *, wait: bool = True
+        self, method: str, path_qs: str, headers: LooseHeaders | None = None, body: bytes | None = None, *,
+        wait: bool = True
     ) -> aiohttp.ClientResponse:
         """Send a request and return the response with its body still unread (caller must release/close it).
         ``wait=False`` (health probes): answer at once while the server is not ready, as llama-server does."""
@@ -196,7 +198,7 @@ class Upstream:
                     raise UpstreamNotReady("upstream not ready: llama-server is loading its model")
             return resp
 
-    async def _send(self, method: str, url: str, path_qs: str, headers: Any, body: bytes | None
+    async def _send(self, method: str, url: str, path_qs: str, headers: LooseHeaders | None, body: bytes | None
                     ) -> aiohttp.ClientResponse:
         try:
             try:
@@ -271,30 +273,7 @@ class Upstream:
             return False
         return status == 200
 
-    async def props(self, wait: bool = True) -> dict[str, Any]:
-        status, data = await self.call("GET", "/props", wait=wait)
-        return data if status == 200 and isinstance(data, dict) else {}
-
-    async def slots(self) -> list[dict[str, Any]] | None:
-        status, data = await self.call("GET", "/slots")
-        return data if status == 200 and isinstance(data, list) else None
-
-    async def slot_action(self, slot: int, action: str, filename: str | None = None, timeout_s: float = 120
-                          ) -> dict[str, Any]:
-        """``POST /slots/{id}?action=save|restore|erase``; raises ``SlotActionFailed`` on any non-200."""
-        payload = {"filename": filename} if filename is not None else {}
-        status, data = await self.call("POST", f"/slots/{slot}?action={action}", payload, timeout_s=timeout_s)
-        if status != 200:
-            raise SlotActionFailed(action, slot, status, data)
-        return data if isinstance(data, dict) else {}
-
 
 class _LostInFlight(UpstreamUnavailable):
     """``_send``: the connection broke under a request before any answer, and the immediate resend could not reach
     the server either (``open`` waits for it and sends the request once more)."""
-
-
-class SlotActionFailed(Exception):
-    def __init__(self, action: str, slot: int, status: int, body: Any):
-        super().__init__(f"slot {slot} {action} failed with HTTP {status}: {str(body)[:300]}")
-        self.action, self.slot, self.status, self.body = action, slot, status, body

@@ -66,7 +66,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     app[API_KEY] = settings.inspector.api_key
     pipeline = app[PIPELINE]
     app.add_subapp(PREFIX, create_inspector(InspectorViews(  # /pflash/ui and /pflash/api (loopback or --api-key)
-        upstream=app[UPSTREAM], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app))))
+        engine=app[ENGINE], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app))))
     return app
 
 
@@ -119,7 +119,7 @@ def _stages_ctx(stages: list[Stage] | None):
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
             app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(default_stages, app[SETTINGS], app[UPSTREAM], engine=app[ENGINE]))
+                None, functools.partial(default_stages, app[SETTINGS], app[ENGINE]))
         hooks = StageHooks(on_snapshot_timing=app[METRICS].observe_snapshot)  # snapshot timings: histograms
         for stage in app[PIPELINE].stages:
             stage.bind(hooks)

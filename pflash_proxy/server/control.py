@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from pflash_proxy.llama.api import ROUTE_EXAMPLES, serves_root
 from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PIPELINE, UPSTREAM
 
+if TYPE_CHECKING:
+    from pflash_proxy.llama.upstream import Upstream
+
 
 ROOT_PROBE_S = 30.0  # how long the answer "does llama-server serve /" is kept
-_root_served: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = weakref.WeakKeyDictionary()
+_root_served: weakref.WeakKeyDictionary[Upstream, tuple[float, bool]] = weakref.WeakKeyDictionary()  # per transport
 
 
 async def upstream_serves_root(request: web.Request) -> bool:

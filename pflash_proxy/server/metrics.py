@@ -149,7 +149,7 @@ def _cluster_metrics(cluster: dict[str, Any]) -> Iterator[Metric]:
     yield c
 
 
-def _counter(name: str, help_: str, value: Any) -> CounterMetricFamily:
+def _counter(name: str, help_: str, value: float | None) -> CounterMetricFamily:
     c = CounterMetricFamily(f"pflash_{name}", help_)
     c.add_metric([], float(value or 0))
     return c
@@ -159,7 +159,8 @@ class Metrics:
     def __init__(self) -> None:
         self.by_status: Counter[int] = Counter()  # for the JSON view
         self.counters: Counter[str] = Counter()
-        self._children: dict[tuple[str, int], tuple[Any, Any, Any]] = {}  # the labelled metrics of a route+status
+        # the labelled metrics of a route+status
+        self._children: dict[tuple[str, int], tuple[PromCounter, Histogram, Histogram]] = {}
         r = self.registry = CollectorRegistry()
         self.requests = PromCounter("pflash_requests", "Requests answered by the proxy", ["route", "status"],
                                     registry=r)
@@ -211,7 +212,7 @@ class Metrics:
     def inc(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         return {"total": sum(self.by_status.values()), "by_status": {str(k): v for k, v in self.by_status.items()},
                 **dict(self.counters)}
 

@@ -30,7 +30,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from pflash_proxy.contract import RelayResult
-from pflash_proxy.dialects import StreamStyle
+from pflash_proxy.dialects import JsonObject, StreamStyle, Translator
+from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.errors import UpstreamUnavailable, error_body
 from pflash_proxy.server.keys import STREAMS
 from pflash_proxy.llama.upstream import HOP_BY_HOP
@@ -49,7 +50,7 @@ class _SSETail:
 
     def __init__(self, markers: tuple[bytes, ...]) -> None:
         self._buf = b""
-        self.last: dict | None = None
+        self.last: JSONObject | None = None  # the last JSON object that carried a report marker
         self.markers = markers
 
     def _marked(self, data: bytes) -> bool:
@@ -88,7 +89,7 @@ async def relay(
     extra_headers: dict[str, str] | None = None,
     style: StreamStyle = PLAIN_STREAM,
     prepared: web.StreamResponse | None = None,
-    translate: Any = None,
+    translate: Translator | None = None,
     on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None,
     markers: tuple[bytes, ...] = (),
 ) -> tuple[web.StreamResponse, RelayResult]:
@@ -211,7 +212,7 @@ async def relay(
 
 
 async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,
-                       is_json: bool, translate: Any = None,
+                       is_json: bool, translate: Translator | None = None,
                        on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None
                        ) -> tuple[web.StreamResponse, RelayResult]:
     """A complete, bounded body (every non-streamed llama-server answer): read it, answer in one write.
@@ -263,7 +264,7 @@ async def _error_into_started(upstream: aiohttp.ClientResponse, resp: web.Stream
     return resp, result
 
 
-async def write_stream_error(resp: web.StreamResponse, body: dict, style: StreamStyle) -> None:
+async def write_stream_error(resp: web.StreamResponse, body: JsonObject, style: StreamStyle) -> None:
     """An error as the last event of a stream that already started, in its dialect (then the stream ends)."""
     payload = style.error_event(body)
     try:

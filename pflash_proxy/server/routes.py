@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -54,6 +54,10 @@ from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
 from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
 from pflash_proxy.llama.upstream import forwardable_headers
+
+if TYPE_CHECKING:
+    from pflash_proxy.dialects import StreamStyle
+    from pflash_proxy.contract import Pipeline
 
 log = logging.getLogger("pflash_proxy.access")
 
@@ -106,7 +110,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         _access_log(request, status, started, result, {})
 
 
-def check_strings(body: Any) -> None:
+def check_strings(body: object) -> None:
     """JSON may escape a lone surrogate (``"\\ud800"``); no UTF-8 text can hold one, so the request is refused
     here rather than failing later in hashing, tokenizing or forwarding."""
     if holds_surrogate(body):
@@ -130,7 +134,7 @@ def may_hold_surrogate(raw: bytes) -> bool:
 PROGRESS_STARTED = "_progress_response"
 
 
-async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: Any, interval: float
+async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: Pipeline, interval: float
                             ) -> web.StreamResponse | None:
     """Run the stages; while they take long (a slot wait, a compression, a drafter pass), a streaming client gets
     SSE comment lines (``: pflash compressing 12,345 tokens``) every ``interval`` seconds, so agents with read
@@ -235,7 +239,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
 
 
-async def forward_to_node(request: web.Request, req: ProxyRequest, style: Any, prepared: web.StreamResponse | None
+async def forward_to_node(request: web.Request, req: ProxyRequest, style: StreamStyle, prepared: web.StreamResponse | None
                           ) -> tuple[web.StreamResponse, RelayResult] | None:
     """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward_to`` and
     relay its answer; None when that node could not be reached (``req.forward_failed`` says which, and

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from pflash_proxy.jsontypes import JSONObject
+
 if TYPE_CHECKING:
     from pflash_proxy.compress.recall import RecallSource
 
@@ -47,7 +49,7 @@ class SessionRecord:
     id: str
     seed: str
     client_hashes: list[str] = field(default_factory=list)
-    served: list[dict[str, Any]] = field(default_factory=list)
+    served: list[dict[str, object]] = field(default_factory=list)  # the messages as served (chat messages)
     explicit: bool = False
     owner: str | None = None  # the credential's hash (identity.credential); None: requests without one
     created: float = field(default_factory=time.time)
@@ -56,7 +58,7 @@ class SessionRecord:
     # compression: the omitted units of compressed messages, recalled on a later short question
     recall_sources: list[RecallSource] = field(default_factory=list)
     # the inspector: one plain-data trace per compressed message or recall (newest last), and running totals
-    traces: list[dict[str, Any]] = field(default_factory=list)
+    traces: list[JSONObject] = field(default_factory=list)
     trace_totals: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -81,7 +83,7 @@ class SessionRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -140,7 +142,7 @@ class SessionIndex(Protocol):
     def get(self, sid: str) -> SessionRecord | None: ...
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord: ...
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None: ...
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None: ...
     def update_record(self, rec: SessionRecord) -> None: ...
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]: ...

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from pflash_proxy.jsontypes import JSONValue
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -46,12 +47,14 @@ class RecordError(ValueError):
 
 
 # 1. Encoding ----------------------------------------------------------------------------------------------------
-def _plain(x: Any) -> Any:
+def _plain(x: object) -> JSONValue:
     """``json.dumps``' fallback for the few non-JSON values plain fields may hold."""
     if isinstance(x, np.generic):
-        return x.item()
+        scalar: JSONValue = x.item()  # numpy's scalars are numbers, booleans or strings
+        return scalar
     if isinstance(x, np.ndarray):
-        return x.tolist()
+        nested: JSONValue = x.tolist()  # the numeric arrays the records hold: lists of numbers
+        return nested
     if isinstance(x, (set, frozenset)):
         return sorted(x, key=repr)
     if isinstance(x, bytes):
@@ -61,13 +64,14 @@ def _plain(x: Any) -> Any:
     raise TypeError(f"{type(x).__name__} is not stored in a session record")
 
 
-def _tagged(x: Any, depth: int = 0) -> Any:
+def _tagged(x: object, depth: int = 0) -> JSONValue:
     if depth > _MAX_TAG_DEPTH:
         raise TypeError("a recall source nests too deeply to store")
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     if isinstance(x, np.generic):
-        return x.item()
+        scalar: JSONValue = x.item()
+        return scalar
     d = depth + 1
     if isinstance(x, list):
         return [_tagged(v, d) for v in x]
@@ -95,7 +99,7 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _session_value(rec: SessionRecord) -> dict[str, Any]:
+def _session_value(rec: SessionRecord) -> dict[str, object]:
     value = rec.stored()
     sources = []
     for i, source in enumerate(rec.recall_sources):
@@ -139,7 +143,7 @@ def _dataclasses() -> dict[str, type]:
     return _DATACLASSES
 
 
-def _untagged(x: Any, depth: int = 0) -> Any:
+def _untagged(x: object, depth: int = 0) -> object:
     if depth > _MAX_TAG_DEPTH:
         raise RecordError("nested too deeply")
     d = depth + 1
@@ -183,7 +187,7 @@ def _list(x: object) -> list[Any]:
     return x
 
 
-def _pair(x: Any) -> tuple[Any, Any]:
+def _pair(x: object) -> tuple[object, object]:
     if not isinstance(x, list) or len(x) != 2:
         raise RecordError("a map entry that is not a pair")
     return x[0], x[1]
@@ -216,7 +220,7 @@ _SNAPSHOT = TypeAdapter(SnapshotRecord)
 _IDS = TypeAdapter(list[str])
 
 
-def _session(value: Any) -> SessionRecord:
+def _session(value: object) -> SessionRecord:
     checked = _SessionValue.model_validate(value)
     data = {k: getattr(checked, k) for k in type(checked).model_fields}
     data.update(checked.model_extra or {})
@@ -235,7 +239,7 @@ def _session(value: Any) -> SessionRecord:
     return SessionRecord.from_stored(data)
 
 
-def decode(kind: str, data: Any, where: str = "") -> Any:
+def decode(kind: str, data: object, where: str = "") -> Any:
     """The record of ``kind`` stored as ``data`` (bytes or str), or None (logged) when it is not one: not JSON,
     another schema or kind, a value of the wrong shape, or a value written by an older version (a pickle)."""
     try:

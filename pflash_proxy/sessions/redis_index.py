@@ -27,7 +27,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
@@ -35,6 +35,7 @@ from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreErro
 from pflash_proxy.sessions.records import RecordError, decode, encode
 
 T = TypeVar("T")
+P = ParamSpec("P")
 PREFIX = "pflash:"
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -50,11 +51,11 @@ _CLAIM = ("local h = redis.call('GET', KEYS[1]) if (not h) or h == ARGV[2] or h 
 _DEL_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
-def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
+def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
     import functools
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> T:
+    def wrapper(*args: P.args, **kw: P.kwargs) -> T:
         import redis
 
         try:
@@ -98,7 +99,7 @@ class RedisIndex:
         self._del_if = self.r.register_script(_DEL_IF)
         self.salt = self._salt()
 
-    def _get(self, key: str) -> Any:
+    def _get(self, key: str) -> object:
         """``GET key``; None (logged) when the key holds something that is not a string, as for any value that is
         not a record."""
         try:
@@ -162,7 +163,7 @@ class RedisIndex:
         return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None:
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()

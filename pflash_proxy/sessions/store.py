@@ -45,7 +45,7 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ParamSpec, TypeVar
 
 import diskcache
 
@@ -57,11 +57,12 @@ from pflash_proxy.sessions.records import RecordError, decode, encode
 
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
-def _guarded(fn: Callable[..., T]) -> Callable[..., T]:
+def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> T:
+    def wrapper(*args: P.args, **kw: P.kwargs) -> T:
         try:
             return fn(*args, **kw)
         except (sqlite3.Error, OSError, diskcache.Timeout, RecordError) as exc:
@@ -286,7 +287,7 @@ class SessionStore:
         return SessionRecord.new(seed, explicit, parent, upto, owner)
 
     @_guarded
-    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, Any]]) -> None:
+    def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()

@@ -19,23 +19,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pflash_proxy.compress import Scorer
     from pflash_proxy.config import Settings
     from pflash_proxy.contract import Stage
     from pflash_proxy.engine import Engine
-    from pflash_proxy.llama.upstream import Upstream
 
 log = logging.getLogger("pflash_proxy")
 
 
-def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None, extra: Sequence[Stage] = (),
-                   engine: Engine | None = None) -> list[Stage]:
+def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None = None,
+                   extra: Sequence[Stage] = ()) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
     history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
     instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up).
-    ``engine``: the seam the session, compression and savings stages call (default: llama-server on ``upstream``)."""
+    ``engine``: the seam the session, compression and savings stages call (the app's ``LlamaServerEngine``)."""
     from pflash_proxy.stages.scorers import check_scorer
 
     check_scorer(settings.compression.scorer)  # a name the registry does not know stops start-up, sessions or not
@@ -43,10 +43,6 @@ def default_stages(settings: Settings, upstream: Upstream, *, scorer: Any = None
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
-    if engine is None:
-        from pflash_proxy.llama.engine import LlamaServerEngine
-
-        engine = LlamaServerEngine(upstream)
     from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage

@@ -37,7 +37,6 @@ import functools
 import json
 import logging
 import time
-from typing import Any
 
 from pflash_proxy.compress import (
     Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
@@ -52,7 +51,7 @@ from pflash_proxy.errors import ProxyError
 from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
 from pflash_proxy.contract import ProxyRequest, Stage
-from pflash_proxy.stages.scorers import default_spread
+from pflash_proxy.stages.scorers import Scoring, default_spread
 from pflash_proxy.stages.sessions import SessionContext, SessionStage
 
 log = logging.getLogger("pflash_proxy.compress")
@@ -88,7 +87,7 @@ class CompressStage(Stage):
     name = "pflash"
 
     def __init__(self, settings: CompressionOptions, engine: Engine, segmenter: Segmenter | None = None,
-                 scorer: Scorer | None = None, resources: Any = None):
+                 scorer: Scorer | None = None, resources: Scoring | None = None):
         self.settings = settings  # the compression options; the compressor gets the compress package's form of them
         self.resources = resources  # owns the drafter, if any (closed on stop)
         self.engine = engine
@@ -253,6 +252,7 @@ class CompressStage(Stage):
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
+        assert ctx.record is not None  # on_request admits only requests with a session record
         record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
@@ -346,8 +346,8 @@ class CompressStage(Stage):
         if self.resources is not None:
             self.resources.close()
 
-    def stats(self) -> dict[str, Any]:
-        out = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
+    def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
                "threshold": self.settings.threshold, "scorer": self.scorer.name,
                "segmenter": segmenter_name(self.compressor.segmenter)}
         if self.resources is not None and getattr(self.resources, "drafter", None) is not None:

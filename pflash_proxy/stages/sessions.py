@@ -282,7 +282,7 @@ def is_batch(prompt: object) -> bool:
     return isinstance(prompt, list) and len(prompt) > 1 and any(isinstance(p, (str, list, dict)) for p in prompt)
 
 
-def served_version(client: Message, stored: Message) -> Message:
+def served_version(client: Message, stored: Mapping[str, object]) -> Message:
     """The client's message with only what the proxy rewrote (its content) taken from the served history.
 
     Identity hashes role, content, tool calls, tool id and name; any other field (``reasoning_content``,

@@ -12,10 +12,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train the segment probe, request probe and scorer head for a drafter",
                        description=__doc__.split("\n")[0])
     p.add_argument("--drafter", required=True, help="the drafter GGUF the probes will read")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from pflash_proxy.compress.kinds import ContentKind
 from pflash_proxy.compress.text import TokenizedText, split_lines
 from pflash_proxy.compress.units import CannotSegment, Unit, UnitSegmenter
 from pflash_proxy.drafter import head as H
-from pflash_proxy.drafter.probes import load_request_probe, load_scorer_head, load_segment_probe
+from pflash_proxy.drafter.probes import SegmentProbe, load_request_probe, load_scorer_head, load_segment_probe
 from pflash_proxy.drafter.segment import ProbeSegmenter
 
 from .features import Features
@@ -43,13 +42,13 @@ def _f1(hit: int, npred: int, ngold: int) -> dict[str, float]:
     return {"precision": round(p, 3), "recall": round(r, 3), "f1": round(2 * p * r / (p + r), 3) if p + r else 0.0}
 
 
-def probe_starts(probe: Any, seg: ProbeSegmenter, f: Features) -> set[int]:
+def probe_starts(probe: SegmentProbe, seg: ProbeSegmenter, f: Features) -> set[int]:
     lg = probe.forward(np.asarray(f.tap, np.float32))
     n_lines = int(f.token_line[-1]) + 1 if len(f.token_line) else 1
     return {u.start_line for u in seg.units(lg.unit, lg.subunit, f.token_line, n_lines)}
 
 
-def boundary_counts(probe: Any, seg: ProbeSegmenter, va: list[Features]) -> tuple[int, int, int]:
+def boundary_counts(probe: SegmentProbe, seg: ProbeSegmenter, va: list[Features]) -> tuple[int, int, int]:
     tot = np.zeros(3, int)
     for f in va:
         tot += _prf(probe_starts(probe, seg, f), set(f.meta["units"]))
@@ -92,7 +91,7 @@ def keep_at_budget(density: np.ndarray, tokens: np.ndarray, budget: float) -> se
 
 
 def report(files: dict[str, Path], va: list[Features], budget: float, seed: int, lo: int, hi: int
-           ) -> dict[str, Any]:
+           ) -> dict[str, object]:
     probe = load_segment_probe(files["segment"])
     seg = ProbeSegmenter.from_probe(probe)
     req = load_request_probe(files["request"])

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -29,12 +29,15 @@ from pflash_proxy.drafter import nn
 from pflash_proxy.drafter.head import QUERY_SEP
 from pflash_proxy.drafter.segment import token_lines
 
-from .tasks import Example, build
+from .tasks import Example, ExampleMeta, build
+
+if TYPE_CHECKING:
+    from pflash_proxy.drafter.runtime import Drafter
 
 
 @dataclass
 class Features:
-    meta: dict[str, Any]
+    meta: ExampleMeta
     tap: np.ndarray  # (doc tokens, d) float16, layer-normalised
     token_line: np.ndarray  # (doc tokens,) int
     qtap: np.ndarray  # (query tokens, d) float16
@@ -45,7 +48,7 @@ def cache_dir(out: Path, sha256: str, tap_block: int, seed: int, lo: int, hi: in
     return out / "cache" / f"{sha256[:12]}-b{tap_block}-s{seed}-c{lo}-{hi}"
 
 
-def extract(drafter: Any, ex: Example, tap_block: int) -> Features:
+def extract(drafter: Drafter, ex: Example, tap_block: int) -> Features:
     text = ex.doc.text
     toks = drafter.tokenize(text)
     qtext = QUERY_SEP + ex.query
@@ -77,7 +80,7 @@ def load(path: Path) -> Features:
         return Features(json.loads(bytes(z["meta"]).decode()), z["tap"], z["token_line"], z["qtap"], z["qlabel"])
 
 
-def ensure(drafter: Any, directory: Path, n: int, seed: int, tap_block: int,
+def ensure(drafter: Drafter, directory: Path, n: int, seed: int, tap_block: int,
            progress: Callable[[int], None] | None = None, lo: int = 3000, hi: int = 9000) -> list[Path]:
     """Features of examples ``0..n-1`` in ``directory``, computing only the missing ones (step 3)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -22,13 +22,13 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pflash_proxy.cli.progress import Progress
 
 from . import features, fit
+from .tasks import ExampleMeta
 
 SEGMENT_ROWS = ["unit", "container", "subunit"]
 HELD_OUT_PERCENT = 15
@@ -56,7 +56,7 @@ def default_tap_block(n_layer: int) -> int:
     return max(0, min(n_layer - 2, n_layer * 7 // 12))
 
 
-def held_out(meta: dict[str, Any]) -> bool:
+def held_out(meta: ExampleMeta) -> bool:
     key = meta["source"] if meta["kind"] == "code" else f"{meta['index']}"
     return zlib.crc32(key.encode()) % 100 < HELD_OUT_PERCENT
 
@@ -68,8 +68,8 @@ def first_tokens(token_line: np.ndarray, lines: list[int]) -> np.ndarray:
 
 def segment_labels(f: features.Features) -> np.ndarray:
     y = np.zeros((len(f.tap), 3), np.float32)
-    for r, key in enumerate(("units", "containers", "subunits")):
-        idx = first_tokens(f.token_line, f.meta[key])
+    for r, lines in enumerate((f.meta["units"], f.meta["containers"], f.meta["subunits"])):
+        idx = first_tokens(f.token_line, lines)
         y[idx[idx < len(y)], r] = 1
     return y
 
@@ -96,7 +96,7 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig) -> dict[str, object]:
     from pflash_proxy.drafter.hashing import file_sha256
     from pflash_proxy.drafter.runtime import Drafter
 

@@ -22,6 +22,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
+from typing import TypedDict
 from functools import lru_cache
 
 from . import corpus
@@ -42,6 +43,21 @@ she his her some kind any one something""".split())
 FAMILIES = (("docstring", 0.2), ("task", 0.15), ("heading", 0.15), ("needle", 0.25), ("latent", 0.25))
 
 
+class ExampleMeta(TypedDict):
+    """An example's labels as the feature cache stores them beside its taps (line indices, unit indices)."""
+
+    index: int
+    family: str
+    kind: str
+    source: str
+    units: list[int]
+    containers: list[int]
+    subunits: list[int]
+    request: list[int]
+    gold: list[int]
+    query: str
+
+
 @dataclass
 class Example:
     index: int
@@ -51,7 +67,7 @@ class Example:
     request: tuple[int, int]  # character span of the question inside ``query``
     gold: list[int] = field(default_factory=list)  # unit indices
 
-    def meta(self) -> dict:
+    def meta(self) -> ExampleMeta:
         return {"index": self.index, "family": self.family, "kind": self.doc.kind, "source": self.doc.source,
                 "units": self.doc.units, "containers": self.doc.containers, "subunits": self.doc.subunits,
                 "request": list(self.request), "gold": self.gold, "query": self.query}

@@ -7,16 +7,19 @@ was made (``trained_by``: the command's settings) besides the format's own metad
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pflash_proxy.drafter import probe_writer
 
+if TYPE_CHECKING:
+    from .run import TrainConfig
+
 NAMES = {"segment": "segment-probe.gguf", "request": "request-probe.gguf", "head": "scorer-head.gguf"}
 
 
-def _trained_by(cfg: Any) -> str:
+def _trained_by(cfg: TrainConfig) -> str:
     return (f"pflash-proxy train --examples {cfg.examples} --seed {cfg.seed} --epochs {cfg.epochs} "
             f"--head-epochs {cfg.head_epochs} --rank {cfg.rank}")
 
@@ -35,7 +38,7 @@ def _rows(p: dict[str, np.ndarray], rows: list[str]) -> dict[str, np.ndarray]:
 
 
 def set_segment_threshold(path: Path, seg: dict[str, np.ndarray], *, d: int, tap_block: int, sha256: str,
-                          threshold: float, train_cfg: Any) -> None:
+                          threshold: float, train_cfg: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     probe_writer.write_segment_probe(tmp, {**_trunk(seg, d), **_rows(seg, ["unit", "container", "subunit"])},
                                      {"threshold": float(threshold), "trained_by": _trained_by(train_cfg)},
@@ -44,7 +47,7 @@ def set_segment_threshold(path: Path, seg: dict[str, np.ndarray], *, d: int, tap
 
 
 def write_all(out: Path, seg: dict[str, np.ndarray], req: dict[str, np.ndarray], head: dict[str, np.ndarray], *,
-              d: int, tap_block: int, sha256: str, train_cfg: Any) -> dict[str, Path]:
+              d: int, tap_block: int, sha256: str, train_cfg: TrainConfig) -> dict[str, Path]:
     files = {k: out / v for k, v in NAMES.items()}
     set_segment_threshold(files["segment"], seg, d=d, tap_block=tap_block, sha256=sha256, threshold=0.8,
                           train_cfg=train_cfg)

@@ -9,6 +9,7 @@ from pflash_proxy.cli import build_parser, main
 from pflash_proxy.config import load_settings
 from pflash_proxy.contract import Stage
 from pflash_proxy.engine.fake import FakeEngine
+from pflash_proxy.llama.engine import LlamaServerEngine
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.stages import default_stages
 from pflash_proxy.stages.scorers import (DRAFTER_SCORERS, SCORER_NAMES, SCORERS, DrafterSetupError, build_scorer,
@@ -27,7 +28,7 @@ def test_exactly_the_registered_scorers_are_accepted(tmp_path, capsys, monkeypat
                              environ={"PFLASH_SCORER": "nope"})
     for off in ({}, {"pflash": False}, {"sessions": False}):
         with pytest.raises(DrafterSetupError, match="^scorer: unknown scorer 'nope' \\(one of lexical, "):
-            default_stages(settings.with_options(**off), Upstream("http://127.0.0.1:9"))
+            default_stages(settings.with_options(**off), LlamaServerEngine(Upstream("http://127.0.0.1:9")))
     # serve stops before it listens or spawns anything: exit 2 and that one line
     monkeypatch.setenv("PFLASH_SCORER", "nope")
     assert main(["serve", "--upstream", "http://127.0.0.1:9", "--home", str(tmp_path)]) == 2
@@ -59,16 +60,16 @@ class Marker(Stage):
 
 
 def test_default_stages_writes_the_order_once(tmp_path):
-    upstream = Upstream("http://127.0.0.1:9")
-    names = [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path), upstream)]
+    engine = LlamaServerEngine(Upstream("http://127.0.0.1:9"))
+    names = [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path), engine)]
     assert names == ["response-chains", "sessions", "pflash", "savings", "sessions-commit"]
-    off = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "b", pflash=False), upstream,
+    off = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "b", pflash=False), engine,
                          extra=[Marker()])
     assert [s.name for s in off] == ["response-chains", "sessions", "savings", "sessions-commit", "marker"]
     assert [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path / "c", sessions=False),
-                                           upstream, extra=[Marker()])] == ["marker"]
+                                           engine, extra=[Marker()])] == ["marker"]
     # the stages of one list share one session manager (and its index)
-    stages = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "d"), upstream)
+    stages = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "d"), engine)
     assert len({id(s.manager) for s in stages if hasattr(s, "manager")}) == 1
     for manager in {id(s.manager): s.manager for s in (*stages, *off) if hasattr(s, "manager")}.values():
         manager.store.close()
@@ -100,13 +101,13 @@ def test_no_sessions_means_no_compression_either_and_says_so(tmp_path, caplog):
     import logging
     from pathlib import Path
 
-    upstream = Upstream("http://127.0.0.1:9")
+    engine = LlamaServerEngine(Upstream("http://127.0.0.1:9"))
     with caplog.at_level(logging.INFO, logger="pflash_proxy"):
-        assert default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False), upstream) == []
+        assert default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False), engine) == []
     assert "--no-sessions: requests are forwarded as they are, without compression or recall" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pflash_proxy"):
-        default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False, pflash=False), upstream)
+        default_stages(make_settings("http://127.0.0.1:9", tmp_path, sessions=False, pflash=False), engine)
     assert "--no-sessions" not in caplog.text  # nothing to say: compression was asked off as well
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     text = " ".join(next(a for a in serve._actions if a.dest == "sessions").help.split())

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Callable
+from typing import Callable
 
 from pflash_proxy.bench.cases import _code
 from pflash_proxy.bench.cases._logs import agent_log
 from pflash_proxy.bench.cases.generator import Case, FollowUp, _Ctx, messages_text, place, prose_sentences
+from pflash_proxy.jsontypes import ChatMessage, JSONObject, JSONValue, ToolCall
 
 ADJECTIVES = ["amber", "silent", "crimson", "hollow", "brisk", "velvet", "gilded", "frosty", "lucid", "rustic",
               "somber", "tawny", "vivid", "wistful", "zesty", "mellow", "dusky", "nimble", "placid", "russet"]
@@ -57,7 +58,7 @@ def content_words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in STOPWORDS}
 
 
-def _user(text: str) -> list[dict[str, Any]]:
+def _user(text: str) -> list[ChatMessage]:
     return [{"role": "user", "content": text}]
 
 
@@ -78,11 +79,11 @@ def _needle(key: str, value: str) -> str:
 
 
 def _haystack_case(ctx: _Ctx, intro: str, evidence: list[str], question: str, gold: list[str],
-                   answer: str | list[str], forbid: list[str], tail: str = "", **meta: Any) -> Case:
+                   answer: str | list[str], forbid: list[str], tail: str = "", **meta: JSONValue) -> Case:
     """A single user message: intro, real prose with `evidence` paragraphs at random depths, then the question."""
     depths = ctx.depths(len(evidence))
 
-    def render(filler: list[str]) -> list[dict[str, Any]]:
+    def render(filler: list[str]) -> list[ChatMessage]:
         body = "\n\n".join(place(filler, evidence, depths))
         return _user(f"{intro}\n\n{body}\n\n{question}{tail}")
 
@@ -145,7 +146,7 @@ def build_vartrack(ctx: _Ctx) -> Case:
          "other variables.")
     intro = "Memorize and track the chain(s) of variable assignments hidden in the following text."
 
-    def render(filler: list[str]) -> list[dict[str, Any]]:
+    def render(filler: list[str]) -> list[ChatMessage]:
         return _user(f"{intro}\n\n" + "\n\n".join(place(filler, hop_lines, depths)) + f"\n\nQuestion: {q}")
 
     filler = ctx.fit(render, ctx.prose(), forbid=list(names) + values)
@@ -176,12 +177,12 @@ def _code_case(ctx: _Ctx, agent: bool) -> Case:
         intro = ("I'm reading the following Python files (concatenated below; each starts with a "
                  "`# ===== path =====` header line).")
 
-        def render(filler: list[str]) -> list[dict[str, Any]]:
+        def render(filler: list[str]) -> list[ChatMessage]:
             return _user(f"{intro}\n\n```python\n{files(filler)}\n```\n\n{ev.question}")
     else:
         task = f"In the files under Lib/, {ev.question[0].lower()}{ev.question[1:]}"
 
-        def render(filler: list[str]) -> list[dict[str, Any]]:
+        def render(filler: list[str]) -> list[ChatMessage]:
             paths = [b.split("\n", 1)[0].strip("# =") for b in place(filler, [ev.block], [depth])]
             return _agent_messages(task, "read_file", {"paths": paths}, files(filler))
 
@@ -198,7 +199,7 @@ def build_code(ctx: _Ctx) -> Case:
 
 AGENT_SYSTEM = ("You are a careful software agent. Use the tools to inspect files and logs, then answer the user's "
                 "question concisely.")
-AGENT_TOOLS = [
+AGENT_TOOLS: list[JSONValue] = [
     {"type": "function", "function": {"name": "read_file", "description": "Read one or more files.",
                                       "parameters": {"type": "object", "properties": {
                                           "path": {"type": "string"},
@@ -210,8 +211,8 @@ AGENT_TOOLS = [
 ]
 
 
-def _agent_messages(task: str, tool: str, args: dict[str, Any], output: str) -> list[dict[str, Any]]:
-    call = {"id": "call_0001", "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
+def _agent_messages(task: str, tool: str, args: JSONObject, output: str) -> list[ChatMessage]:
+    call: ToolCall = {"id": "call_0001", "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
     return [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": task},
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0001", "content": output}]
@@ -230,7 +231,7 @@ def build_agent(ctx: _Ctx) -> Case:
     return case
 
 
-FACTS: list[tuple[str, str, Callable[[Any], str]]] = [
+FACTS: list[tuple[str, str, Callable[[dict[str, int | str]], str]]] = [
     ("The maintenance window for the {x} cluster starts at {hh:02d}:{mm:02d} UTC.",
      "When does the maintenance window for the {x} cluster start?", lambda v: f"{v['hh']:02d}:{v['mm']:02d} UTC"),
     ("The {x} vault is opened with the passphrase {w}-{n}.", "What passphrase opens the {x} vault?",
@@ -239,7 +240,7 @@ FACTS: list[tuple[str, str, Callable[[Any], str]]] = [
      lambda v: f"{v['w']}{v['n']}@example.org"),
     ("The {x} shipment left the warehouse with {n} crates.", "How many crates did the {x} shipment leave with?",
      lambda v: str(v["n"])),
-    ("The {x} rollout was approved by {p} on a Tuesday.", "Who approved the {x} rollout?", lambda v: v["p"]),
+    ("The {x} rollout was approved by {p} on a Tuesday.", "Who approved the {x} rollout?", lambda v: str(v["p"])),
 ]
 CODENAMES = ["Orion", "Kestrel", "Juniper", "Halcyon", "Marlowe", "Tundra", "Sable", "Vireo", "Calliope",
              "Brackwater", "Quillon", "Ptarmigan"]
@@ -252,7 +253,7 @@ def build_multiturn(ctx: _Ctx) -> Case:
     kinds = ctx.rng.sample(range(len(FACTS)), 4)
     facts = []
     for x, k in zip(xs, kinds):
-        v = {"x": x, "hh": ctx.rng.randrange(24), "mm": ctx.rng.choice([0, 15, 30, 45]),
+        v: dict[str, int | str] = {"x": x, "hh": ctx.rng.randrange(24), "mm": ctx.rng.choice([0, 15, 30, 45]),
              "w": ctx.rng.choice(NOUNS), "n": ctx.rng.randint(100, 999), "p": ctx.rng.choice(CHARACTER_NAMES)}
         stmt, q, ans = FACTS[k]
         facts.append((stmt.format(**v), q.format(**v), ans(v)))
@@ -264,7 +265,7 @@ def build_multiturn(ctx: _Ctx) -> Case:
     section_sizes = [ctx.rng.randint(5, 9) for _ in range(400)]
     holder: dict[str, int] = {}
 
-    def render(filler: list[str]) -> list[dict[str, Any]]:
+    def render(filler: list[str]) -> list[ChatMessage]:
         paras = place(filler, evidence, depths)
         out, i, s = [], 0, 0
         while i < len(paras):
@@ -309,7 +310,7 @@ def build_aggregation(ctx: _Ctx) -> Case:
          else f"List the ID of every record that mentions the product {product}.")
     intro = "Below is an export of customer-feedback records, one per line."
 
-    def render(kept: list[str]) -> list[dict[str, Any]]:
+    def render(kept: list[str]) -> list[ChatMessage]:
         return _user(f"{intro}\n\n" + "\n".join(kept) + f"\n\n{q}")
 
     fixed = ctx.count(messages_text(render([])))

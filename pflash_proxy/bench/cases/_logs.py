@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Callable
 
 from pflash_proxy.bench.cases.generator import _Ctx, messages_text, place
+from pflash_proxy.jsontypes import ChatMessage
 
 EXCEPTIONS = [
     ("KeyError", "'billing_address'"),
@@ -87,7 +88,7 @@ def _routine(ctx: _Ctx, tenants: list[str]) -> str:
             f"{r.randint(1, 500)} MiB to s3://exports/{t}/")
 
 
-def agent_log(ctx: _Ctx, wrap: Callable[[str, str, str], list[dict[str, Any]]]) -> AgentLog:
+def agent_log(ctx: _Ctx, wrap: Callable[[str, str, str], list[ChatMessage]]) -> AgentLog:
     """`wrap(task, path, tool_output)` builds the messages; it is used to size the log to the target."""
     exc_pool = list(EXCEPTIONS)
     ctx.rng.shuffle(exc_pool)

@@ -35,7 +35,9 @@ import re
 import sysconfig
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
+
+from pflash_proxy.jsontypes import ChatMessage, JSONObject
 
 CountTokens = Callable[[str], int]
 
@@ -62,21 +64,21 @@ class FollowUp:
 class Case:
     case_id: str
     family: str
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessage]
     question: str
     gold: list[str]
     answer: str | list[str]
     negative_control: bool
     target_tokens: int
     followups: list[FollowUp] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JSONObject = field(default_factory=dict)
 
-    def turn_messages(self, turn: int, replies: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    def turn_messages(self, turn: int, replies: Sequence[str] | None = None) -> list[ChatMessage]:
         """Messages sent at `turn` (0 = the first request). Earlier assistant turns use `replies[i]` when given,
         else a placeholder answer; turn k>0 ends with follow-up k-1's question."""
         if turn < 0 or turn > len(self.followups):
             raise IndexError(f"case {self.case_id} has turns 0..{len(self.followups)}")
-        msgs = [dict(m) for m in self.messages]
+        msgs = [ChatMessage(**m) for m in self.messages]
         for k in range(turn):
             reply = replies[k] if replies is not None and k < len(replies) else f"(answer to question {k + 1})"
             msgs.append({"role": "assistant", "content": reply})
@@ -87,7 +89,7 @@ class Case:
         return list(self.gold) if turn == 0 else list(self.followups[turn - 1].gold)
 
 
-def messages_text(messages: Sequence[dict[str, Any]] | str) -> str:
+def messages_text(messages: Sequence[ChatMessage] | str) -> str:
     """All text a chat carries (contents, text parts, tool-call names and arguments), one block per item."""
     if isinstance(messages, str):
         return messages
@@ -259,7 +261,7 @@ class _Ctx:
     def depths(self, n: int, lo: float = 0.05, hi: float = 0.95) -> list[float]:
         return sorted(self.rng.uniform(lo, hi) for _ in range(n))
 
-    def fit(self, render: Callable[[list[str]], list[dict[str, Any]]], pool: Sequence[str],
+    def fit(self, render: Callable[[list[str]], list[ChatMessage]], pool: Sequence[str],
             forbid: Iterable[str] = (), sep: str = "\n\n", cycle: bool = True) -> list[str]:
         """Filler for a case whose messages are `render(filler)`, sized so the whole case meets the target."""
         fixed = self.count(messages_text(render([])))

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from pflash_proxy.bench.cases.generator import Case, CountTokens, default_count_tokens, messages_text
+from pflash_proxy.jsontypes import ChatMessage
 
-Received = Sequence[dict[str, Any]] | str
+Received = Sequence[ChatMessage] | str
 
 
 def marker_line(n: int, first: int, last: int) -> str:
@@ -169,14 +170,14 @@ def random_units(text: str, budget_tokens: int, seed: int, count_tokens: CountTo
     return "\n".join(out)
 
 
-def shorten_longest(messages: Sequence[dict[str, Any]], shorten: Callable[[str], str]) -> list[dict[str, Any]]:
+def shorten_longest(messages: Sequence[ChatMessage], shorten: Callable[[str], str]) -> list[ChatMessage]:
     """A copy of `messages` with the longest string content (the last one on a tie) passed through `shorten`:
     how a baseline is applied to a case at the same budget as PFlash, which also shortens one long message."""
-    out = [dict(m) for m in messages]
-    best = -1
+    out = [ChatMessage(**m) for m in messages]
+    best, longest = -1, ""
     for i, m in enumerate(out):
-        if isinstance(m.get("content"), str) and (best < 0 or len(m["content"]) >= len(out[best]["content"])):
-            best = i
+        if isinstance(content := m.get("content"), str) and (best < 0 or len(content) >= len(longest)):
+            best, longest = i, content
     if best >= 0:
-        out[best]["content"] = shorten(out[best]["content"])
+        out[best]["content"] = shorten(longest)
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import argparse
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, NotRequired, TypedDict
 
 import aiohttp
 
@@ -43,7 +45,12 @@ from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, be
 from pflash_proxy.bench.code_reads.generator import KINDS, CodeCase, generate, read_source, site_packages
 from pflash_proxy.cli.progress import Progress
 from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
+
+if TYPE_CHECKING:
+    from pflash_proxy.config import Settings
+    from pflash_proxy.stages.scorers import Scoring
 
 SHAPES = ("claude", "opencode", "cat")
 VARIANTS = ("warm", "cold")
@@ -84,18 +91,18 @@ def gold_block(text: str, span: tuple[int, int], shape: str) -> str:
     return "\n".join(lines)
 
 
-def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: bool) -> tuple[str, dict, dict]:
+def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: bool) -> tuple[str, JSONObject, dict[str, str]]:
     """(route, body, headers) of one turn: the task alone (``with_read`` False) or the task with the read."""
     path = f"{WORKDIR}/{case.path}"
     task = f"Read {case.path} and answer: {case.question}"
     if shape == "claude":
-        msgs: list[dict] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
+        msgs: list[JSONObject] = [{"role": "user", "content": [{"type": "text", "text": task}]}]
         if with_read:
             msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "Read",
                                                         "input": {"file_path": path}}]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
                                                    "content": tool_text}]}]
-        tools = [{"name": "Read", "description": "Reads a file from the local filesystem.",
+        tools: list[JSONObject] = [{"name": "Read", "description": "Reads a file from the local filesystem.",
                   "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
                                    "required": ["file_path"]}}]
         return "/v1/messages", {
@@ -114,7 +121,7 @@ def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: boo
                                                       "filePath": {"type": "string"}}, "required": ["filePath"]}}}]
         return "/v1/chat/completions", {"model": "gemma", "max_tokens": 1, "messages": msgs, "tools": tools}, \
             {"x-session-affinity": key}
-    items: list[dict] = [{"type": "message", "role": "developer",
+    items: list[JSONObject] = [{"type": "message", "role": "developer",
                           "content": [{"type": "input_text", "text": SYSTEM[shape]}]},
                          {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}]
     if with_read:
@@ -131,8 +138,65 @@ def request(shape: str, case: CodeCase, tool_text: str, key: str, with_read: boo
 
 @dataclass
 class Seen:
-    messages: list[dict[str, Any]]
-    fields: dict[str, Any]
+    messages: list[JSONObject]  # the conversation as the proxy would forward it (chat messages)
+    fields: JSONObject  # the request's log fields
+
+
+class CodeRead(TypedDict):
+    """One read of one case through one scorer, shape and variant."""
+
+    case_id: str
+    split: str
+    package: str
+    kind: str
+    shared: bool
+    shape: str
+    variant: str
+    status: int
+    mode: str
+    gold: bool  # the function's lines arrived in one piece
+    tokens_in: int | None
+    tokens_kept: int | None
+    budget: JSONValue
+    kept: float
+    units: list[JSONValue]  # [kept, in]
+    gutter: JSONValue
+    reason: JSONValue
+    seconds: float
+    pflash_ms: JSONValue
+    scorer: NotRequired[str]
+
+
+class PackageInfo(TypedDict):
+    version: str
+    split: str
+
+
+class CodeReadsRun(TypedDict):
+    """``run``'s result (``results.json``), the report's input."""
+
+    bench: str
+    seed: int
+    split: str
+    limit: int | None
+    threshold: int
+    site: str
+    shapes: list[str]
+    variants: list[str]
+    scorers: list[str]
+    unavailable: dict[str, str]
+    drafter: str | None
+    drafter_limit: int
+    commit: str | None
+    packages: dict[str, PackageInfo]
+    cases: list[JSONObject]  # ``CodeCase.to_json``
+    seconds: float
+    records: list[CodeRead]
+
+
+def _int(value: JSONValue) -> int | None:
+    """A log field that counts something (tokens), or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Recorder(Stage):
@@ -150,22 +214,23 @@ class Recorder(Stage):
         raise DryRun("dry run: not forwarded")
 
 
-def tool_text_of(messages: list[dict[str, Any]]) -> str | None:
+def tool_text_of(messages: list[JSONObject]) -> str | None:
     texts = [message_text(m.get("content")) for m in messages if m.get("role") == "tool"]
     return texts[-1] if texts else None
 
 
-def build(names: list[str], opts: Any, llama_url: str, work: Path, slot_dir: Path) -> dict[str, Any]:
+def build(names: list[str], opts: argparse.Namespace, llama_url: str, work: Path,
+          slot_dir: Path) -> dict[str, str | tuple[Settings, Scoring | None]]:
     """scorer name → a started ``Proxy``'s settings and scorer, or a string saying why it cannot run."""
     from pflash_proxy.stages.scorers import SCORERS, DrafterSetupError, build_scorer
 
-    out: dict[str, Any] = {}
+    out: dict[str, str | tuple[Settings, Scoring | None]] = {}
     for name in names:
         entry = SCORERS.get(name)
         if entry is None:
             out[name] = f"unknown scorer {name!r} (one of {', '.join(SCORERS)})"
             continue
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         if entry.needs.drafter:
             if not getattr(opts, "drafter", None):
                 out[name] = "unavailable: no drafter configured (--drafter GGUF)"
@@ -183,7 +248,7 @@ def build(names: list[str], opts: Any, llama_url: str, work: Path, slot_dir: Pat
 
 
 async def _read(http: aiohttp.ClientSession, proxy: Proxy, recorder: Recorder, shape: str, variant: str,
-                case: CodeCase, text: str) -> dict[str, Any]:
+                case: CodeCase, text: str) -> CodeRead:
     tool_text = render(text, shape, f"{WORKDIR}/{case.path}")
     key = f"code-reads-{new_id()}"
     turns = [False, True] if variant == "warm" else [True]
@@ -198,8 +263,8 @@ async def _read(http: aiohttp.ClientSession, proxy: Proxy, recorder: Recorder, s
     served = tool_text_of(seen.messages) if seen is not None else None
     fields = seen.fields if seen is not None else {}
     mode = h.get("X-PFlash-Mode", "?")
-    tokens_in = fields.get("tokens_in")
-    kept_tokens = fields.get("tokens_kept") if mode == "compressed" else tokens_in
+    tokens_in = _int(fields.get("tokens_in"))
+    kept_tokens = _int(fields.get("tokens_kept")) if mode == "compressed" else tokens_in
     reason = fields.get("pflash_reason") or ("below the threshold" if mode == "passthrough" else None)
     return {"case_id": case.case_id, "split": case.split, "package": case.package, "kind": case.kind,
             "shared": case.shared, "shape": shape, "variant": variant, "status": status, "mode": mode,
@@ -210,7 +275,7 @@ async def _read(http: aiohttp.ClientSession, proxy: Proxy, recorder: Recorder, s
             "reason": reason, "seconds": round(time.perf_counter() - t0, 3), "pflash_ms": fields.get("pflash_ms")}
 
 
-async def run(opts: Any) -> dict[str, Any]:
+async def run(opts: argparse.Namespace) -> CodeReadsRun:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
     t0 = time.perf_counter()
     cases = generate(site, opts.seed, split=opts.split)
@@ -221,8 +286,8 @@ async def run(opts: Any) -> dict[str, Any]:
     llama = LlamaProc(work / "llama", opts.upstream, opts.model, ctx_per_slot=8192,
                       parallel=max(2, getattr(opts, "concurrency", 1)))
     await llama.start()
-    records: list[dict[str, Any]] = []
-    built: dict[str, Any] = {}
+    records: list[CodeRead] = []
+    built: dict[str, str | tuple[Settings, Scoring | None]] = {}
     unavailable: dict[str, str] = {}
     try:
         built = build(opts.scorers, opts, llama.url, work, llama.slot_dir)
@@ -244,7 +309,7 @@ async def run(opts: Any) -> dict[str, Any]:
         bar(0)
         gate = asyncio.Semaphore(max(1, getattr(opts, "concurrency", 1)))
 
-        async def one(job: tuple[int, CodeCase, str, str, str]) -> tuple[tuple[int, int, int, int], dict]:
+        async def one(job: tuple[int, CodeCase, str, str, str]) -> tuple[tuple[int, int, int, int], CodeRead]:
             i, case, name, shape, variant = job
             proxy, recorder = proxies[name]
             async with gate:
@@ -269,7 +334,7 @@ async def run(opts: Any) -> dict[str, Any]:
             if not isinstance(v, str) and v[1] is not None:
                 v[1].close()
         await llama.stop()
-    versions = {}
+    versions: dict[str, PackageInfo] = {}
     for c in cases:
         versions[c.package] = {"version": c.version, "split": c.split}
     return {"bench": "code-reads", "seed": opts.seed, "split": opts.split, "limit": opts.limit,
@@ -297,35 +362,35 @@ def _pct(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.0f}%)" if n else "–"
 
 
-def _cells(rs: list[dict[str, Any]]) -> list[str]:
+def _cells(rs: list[CodeRead]) -> list[str]:
     if not rs:
         return ["–", "–", "–"]
     return [_pct(sum(r["gold"] for r in rs), len(rs)), f"{statistics.median(r['kept'] for r in rs):.3f}",
             _pct(sum(r["mode"] != "compressed" for r in rs), len(rs))]
 
 
-def tables(data: dict[str, Any]) -> list[Table]:
+def tables(data: CodeReadsRun) -> list[Table]:
     recs = data["records"]
     shapes = data["shapes"]
     heads = ["scorer", "variant", "kind"] + [h for s in shapes for h in (f"{s} whole", f"{s} kept",
                                                                        f"{s} served whole")]
-    def kind_is(kind: str) -> Callable[[dict[str, Any]], bool]:
+    def kind_is(kind: str) -> Callable[[CodeRead], bool]:
         return lambda r: r["kind"] == kind
 
-    groups: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [(k, kind_is(k)) for k in KINDS]
+    groups: list[tuple[str, Callable[[CodeRead], bool]]] = [(k, kind_is(k)) for k in KINDS]
     groups.insert(2, ("qualified: dunder/shared", lambda r: r["kind"] == "qualified" and bool(r["shared"])))
     groups.append(("all", lambda r: True))
     out = []
     splits = [s for s in ("test", "train") if any(r["split"] == s for r in recs)]
     for split in splits:
-        body: list[list[Any]] = []
+        body: list[Sequence[object]] = []
         for scorer in data["scorers"]:
             if scorer in data["unavailable"]:
                 body.append([scorer, "–", data["unavailable"][scorer]] + ["–"] * (3 * len(shapes)))
                 continue
             for variant in data["variants"]:
                 for label, pick in groups:
-                    row: list[Any] = [scorer, variant, label]
+                    row: list[object] = [scorer, variant, label]
                     for shape in shapes:
                         row += _cells([r for r in recs if r["split"] == split and r["scorer"] == scorer
                                        and r["variant"] == variant and r["shape"] == shape and pick(r)])
@@ -360,7 +425,7 @@ def tables(data: dict[str, Any]) -> list[Table]:
     return out
 
 
-def report(data: dict[str, Any], out_dir: Path, command: str) -> tuple[str, list[Path]]:
+def report(data: CodeReadsRun, out_dir: Path, command: str) -> tuple[str, list[Path]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     kinds = Counter(c["kind"] for c in data["cases"])
     notes = [f"command: `{command}`",
@@ -393,7 +458,7 @@ THRESHOLD = 2048  # the proxy's agent-read setting the measurements in benchmark
 DEFAULT_OUT = "benchmarks/results"
 
 
-def command_of(args: Any) -> str:
+def command_of(args: argparse.Namespace) -> str:
     """The command line that repeats this run (every option that matters, defaults spelled out)."""
     argv = ["pflash-proxy", "bench", "code-reads", "--split", args.split, "--seed", str(args.seed),
             "--threshold", str(args.threshold), "--scorers", ",".join(args.scorers),
@@ -409,7 +474,7 @@ def command_of(args: Any) -> str:
     return shlex.join(argv + ["--out", str(args.out)])
 
 
-def main(args: Any) -> int:
+def main(args: argparse.Namespace) -> int:
     import logging
     import shutil
     import tempfile
