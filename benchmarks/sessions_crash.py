@@ -16,9 +16,9 @@ llama-server's own rates for their turns (``timings.prompt_per_second`` / ``pred
 how many idle saves ran and took how long. llama-server runs a save on its one main loop between batches, so the
 time it reports for the save (``timings.save_ms`` of the save's answer, summed by the proxy's engine as
 ``slot_actions``) is time in which no batch of any slot ran: per save, per MB written, per minute of the arm (the
-server is busy throughout: the busy session never waits), and as a share of the server's time in the arm (its
-``prompt_ms`` + ``predicted_ms`` of every turn, plus the slot actions). The proxy's own time per save (``snap_save_ms``)
-also counts its wait for the slot's batch boundary.
+server is busy throughout: the busy session never waits), and as a share of the arm's time (the turns of several
+slots run in the same batches, so their ``prompt_ms`` + ``predicted_ms`` overlap and are kept in the JSON only). The
+proxy's own time per save (``snap_save_ms``) also counts its wait for the slot's batch boundary.
 
 Writes ``<out>/sessions-crash.json`` (``crash``) / ``<out>/idle-save-cost.json`` (``cost``) and a markdown table.
 """
@@ -203,7 +203,8 @@ async def cost_arm(args: argparse.Namespace, model: Path, work: Path, idle_s: fl
             "server_save_ms_per_mb": round(save_ms / save_mb, 2) if save_mb else None,
             "server_save_ms_per_minute": round(save_ms / (elapsed / 60), 1),
             "server_turn_ms_total": round(server_turn_ms, 1),
-            "server_save_share": round(save_ms / (server_turn_ms + actions_ms), 5) if server_turn_ms else None,
+            "server_save_share": round(save_ms / (elapsed * 1000), 5),
+            "server_slot_action_ms_total": round(actions_ms, 1),
             "load_avg": {"start": round(load0, 1), "end": round(os.getloadavg()[0], 1)}}
 
 
@@ -236,7 +237,7 @@ def markdown(report: dict) -> str:
            f"{report['seconds_per_arm']} s per arm", "",
            "| round | idle saves after | busy turns | busy turn s median | busy prompt tok/s (server) "
            "| busy gen tok/s (server) | other turns | idle saves | server save ms total | per save | per MB "
-           "| per minute | share of server time | proxy save ms total | load avg |",
+           "| per minute | share of the arm's time | proxy save ms total | load avg |",
            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for a in report["arms"]:
         arm = "off" if not a["idle_save_s"] else f"{a['idle_save_s']} s"
