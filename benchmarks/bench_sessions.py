@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.config import SessionOptions, Settings  # noqa: E402
 from pflash_proxy.llama.spawn import SAFE_FLAGS, find_llama_server, free_port  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
-from tests.conftest import LlamaServer  # noqa: E402
+from tests.conftest import LlamaServer, started, stop_started_on_sigterm  # noqa: E402
 
 SYSTEM = ("You are the records desk of a county archive. Answer in one short sentence, from the records the user "
           "gives you, and say 'not in the records' when they do not hold the answer.\n\n" + "\n".join(
@@ -89,7 +89,7 @@ def start_server(model: Path, work: Path, args: list[str], ctx_per_slot: int) ->
     full = [a.replace("{slots}", str(slot_dir)) for a in full]
     log = work / "llama-server.log"
     logf = open(log, "ab")
-    proc = subprocess.Popen(full, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = started(subprocess.Popen(full, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, start_new_session=True))
     server = LlamaServer(f"http://127.0.0.1:{port}", proc, full, slot_dir, log)
     server.wait_healthy()
     return server
@@ -103,8 +103,8 @@ def bounce(server: LlamaServer, how: str) -> None:
     else:
         server.stop()
     logf = open(server.log, "ab")
-    server.proc = subprocess.Popen(server.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+    server.proc = started(subprocess.Popen(server.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
+                                           start_new_session=True))
     server.wait_healthy()
 
 
@@ -283,6 +283,7 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="also probe llama-server's RAM cache for pinned requests")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sessions"))
     a = ap.parse_args()
+    stop_started_on_sigterm()
     if a.idle_wait is None:
         a.idle_wait = float(SessionOptions().idle_save_s) + 5
     asyncio.run(main_async(a))

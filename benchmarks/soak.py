@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server, wait_for_proxy  # noqa: E402
+from tests.conftest import start_llama_server, started, stop_started_on_sigterm, wait_for_proxy  # noqa: E402
 
 TOKEN_RX = re.compile(r"SOAK-[0-9a-f]{10}")
 QUESTIONS = ["What is the code word in the note?", "Repeat the code word.", "Which shelf is mentioned?",
@@ -224,9 +224,9 @@ async def main_async(args: argparse.Namespace) -> dict:
     home = work / "home"
     env = {**os.environ, "PFLASH_HOME": str(home)}
     log = open(work / "proxy.log", "wb")
-    proxy = subprocess.Popen([sys.executable, "-m", "pflash_proxy.cli", "serve", "--upstream", llama.url, "--port",
-                              str(port), "--slot-save-path", str(llama.slot_dir), "--save-every-turn"],
-                             env=env, stdout=log, stderr=log)
+    proxy = started(subprocess.Popen([sys.executable, "-m", "pflash_proxy.cli", "serve", "--upstream", llama.url,
+                                      "--port", str(port), "--slot-save-path", str(llama.slot_dir),
+                                      "--save-every-turn"], env=env, stdout=log, stderr=log))
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_for_proxy(url, 120, proxy, work / "proxy.log")  # a loaded machine imports slowly
@@ -286,6 +286,7 @@ def main() -> int:
     ap.add_argument("--crash", action="store_true", help="kill -9 llama-server half-way instead of stopping it")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak")
     args = ap.parse_args()
+    stop_started_on_sigterm()
     report = asyncio.run(main_async(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -3,12 +3,17 @@
 ``llama_server`` starts ONE real llama-server (gemma-3-270m, 2 slots, --swa-full, small context) per test
 session, exactly the way ``--spawn`` does (same safe flags), on a free loopback port.  Fault-injection tests
 use aiohttp fakes instead.
+
+The servers started here (and by the benchmarks, through ``started``) are remembered: a benchmark's ``main`` calls
+``stop_started_on_sigterm`` so that a SIGTERM stops them before the benchmark exits (llama-server, redis and a
+proxy in a process of its own do not get their parent's signal, and would otherwise keep running).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -54,6 +59,46 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
             proc.wait()
 
 
+_STARTED: list[subprocess.Popen] = []  # every server process started through ``started`` (this process's)
+_STOPPING: list[bool] = []  # non-empty once a SIGTERM is being handled: a server started after it is stopped at once
+
+
+def started(proc: subprocess.Popen) -> subprocess.Popen:
+    """Remember ``proc``, a server this process started, for ``stop_started_on_sigterm``; returns it."""
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None]
+    _STARTED.append(proc)
+    if _STOPPING:  # started by a thread while the SIGTERM handler ran
+        stop_process(proc, 2)
+    return proc
+
+
+def stop_started(grace_s: float = 10) -> int:
+    """SIGTERM to every remembered server still running, SIGKILL to those still running ``grace_s`` later;
+    returns how many were running."""
+    alive = [p for p in _STARTED if p.poll() is None]
+    for proc in alive:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in alive:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return len(alive)
+
+
+def stop_started_on_sigterm() -> None:
+    """For a benchmark's ``main``: on SIGTERM, stop every server it started (``stop_started``), then exit with
+    status 143 (``SystemExit`` raised in the main thread, so ``finally`` blocks still run)."""
+    def on_sigterm(signum: int, frame: object) -> None:
+        _STOPPING.append(True)
+        stop_started()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 class LlamaServer:
     def __init__(self, url: str, proc: subprocess.Popen, args: list[str], slot_dir: Path, log: Path):
         self.url, self.proc, self.args, self.slot_dir, self.log = url, proc, args, slot_dir, log
@@ -89,7 +134,7 @@ class LlamaServer:
 
     def start_again(self) -> None:
         logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+        self.proc = started(subprocess.Popen(self.args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL))
         self.wait_healthy()
 
 
@@ -108,7 +153,7 @@ def start_llama_server(model: Path, workdir: Path, parallel: int = 2, ctx_per_sl
             "-t", "2", *(extra or [])]
     log = workdir / "llama-server.log"
     logf = open(log, "ab")
-    proc = subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+    proc = started(subprocess.Popen(args, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL))
     server = LlamaServer(f"http://127.0.0.1:{port}", proc, args, slot_dir, log)
     server.wait_healthy()
     return server

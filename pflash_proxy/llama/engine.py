@@ -19,6 +19,9 @@ wait for a restarting server, the proxy's own ``--upstream-api-key``); this modu
    ``{"filename": ...}`` (``n_saved`` / ``n_restored`` in the answer); ``GET /slots`` (``is_processing``,
    ``id_task``, ``n_prompt_tokens`` per slot); whether saving is enabled is asked with a save of an invalid file
    name, which llama-server refuses before it touches a slot (400: enabled, 501: no ``--slot-save-path``).
+   llama-server runs a slot action on its main loop between batches and says how long it took
+   (``timings.save_ms`` / ``timings.restore_ms``) and how many bytes it wrote or read (``n_written`` / ``n_read``):
+   those are summed per action (``slot_actions`` in ``stats``), the time no batch of any slot ran.
 5. Continuity: ``epoch``/``vouches`` are the transport's sentinel (``llama/sentinel.py``: one kept-alive
    connection to a loopback llama-server), started by ``start_watching``. ``reachable``: ``GET /health``, where
    only a refused connection or an error status means gone (no answer in time: a loaded machine).
@@ -169,6 +172,19 @@ class LlamaServerSlots:
 
     def __init__(self, upstream: Upstream):
         self.upstream = upstream
+        # per action, what llama-server reported of the ones that succeeded: how many, their time on its main
+        # loop (``timings.<action>_ms``) and the bytes written or read
+        self.actions: dict[str, dict[str, float]] = {
+            a: {"n": 0, "server_ms": 0.0, "bytes": 0} for a in ("save", "restore")}
+
+    def _account(self, action: str, data: Mapping[str, object], bytes_key: str) -> None:
+        timings = data.get("timings")
+        ms = _ms(timings, f"{action}_ms") if isinstance(timings, Mapping) else None
+        n = _reported(data.get(bytes_key))
+        totals = self.actions[action]
+        totals["n"] += 1
+        totals["server_ms"] += ms or 0.0
+        totals["bytes"] += n or 0
 
     def pin_fields(self, slot: int) -> dict[str, object]:
         return {SLOT_FIELD: slot}
@@ -188,10 +204,14 @@ class LlamaServerSlots:
         return data if isinstance(data, dict) else {}
 
     async def save(self, slot: int, name: str) -> int | None:
-        return _reported((await self._action(slot, "save", name)).get("n_saved"))
+        data = await self._action(slot, "save", name)
+        self._account("save", data, "n_written")
+        return _reported(data.get("n_saved"))
 
     async def restore(self, slot: int, name: str) -> int | None:
-        return _reported((await self._action(slot, "restore", name)).get("n_restored"))
+        data = await self._action(slot, "restore", name)
+        self._account("restore", data, "n_read")
+        return _reported(data.get("n_restored"))
 
     async def erase(self, slot: int) -> None:
         await self._action(slot, "erase", None)
@@ -344,7 +364,8 @@ class LlamaServerEngine:
         self.upstream.sentinel.cancel()
 
     def stats(self) -> dict[str, object]:
-        return {"sentinel": self.upstream.sentinel.stats()}
+        return {"sentinel": self.upstream.sentinel.stats(),
+                "slot_actions": {a: dict(t) for a, t in self._slots.actions.items()}}
 
 
 def _sliding_window(model_path: object) -> bool | None:

@@ -75,3 +75,9 @@ async def test_idle_sessions_survive_a_crash(aiohttp_client, two_slot_server, tm
         assert body["timings"]["cache_n"] >= 0.9 * prompt[subject], (subject, body["timings"])
     after = await stats(proxy)
     assert after["restored"] == 4 and after["cache_mismatches"] == 0
+    # llama-server's own account of the slot actions (the time its main loop spent on them, the bytes moved)
+    actions = after["slot_actions"]
+    assert actions["save"]["n"] == after["snap_saves"] and actions["save"]["server_ms"] > 0
+    assert actions["save"]["bytes"] > 100 * 4096 * actions["save"]["n"]  # ~4 KB a token; every session > 100
+    assert actions["restore"]["n"] == after["snap_restores"] == 4 and actions["restore"]["server_ms"] > 0
+    assert actions["restore"]["bytes"] > 0
