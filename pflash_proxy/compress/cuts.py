@@ -32,7 +32,9 @@ Algorithm:
    ``@@`` hunks not directly after a ``+++ `` line.
 8. ``split_priority``: a per-line cost for cutting an oversize unit (lower is better):
    for code ``2*indent`` (+1 unless a definition/decorator/comment; +1000 inside
-   brackets or a literal); otherwise 0 after a blank line, 1 after a sentence end.
+   brackets or a literal; +2 right under a decorator or comment line of the same
+   indentation, so a split cuts above the decorators, not between them and their
+   ``def``); otherwise 0 after a blank line, 1 after a sentence end.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ _CONT = (b"else:", b"else ", b"else{", b"elif ", b"except", b"finally", b"catch"
          b"||", b"?")
 _DEFS = (b"def ", b"class ", b"async de", b"function", b"@", b"#", b"//", b"/*", b"export ", b"const ", b"let ",
          b"fn ", b"pub ", b"func ", b"impl ", b"struct ")
+_LEADERS = (b"@", b"#", b"//")  # step 8: decorator and comment lines, cut above with the line they lead
 _HEADINGS = (b"# ", b"## ", b"### ", b"#### ", b"##### ", b"###### ")
 _DIFF_HDR = (b"diff ", b"index ", b"new file", b"deleted file", b"similarity", b"rename ", b"old mode", b"new mode")
 _TURN_B = re.compile(TURN_RE.pattern.encode(), re.M)
@@ -387,6 +390,11 @@ def split_priority(t: LineTable, kind: ContentKind) -> np.ndarray:
         depth, in_lit, _ = code_features(t)
         pri = 2 * t.indent.astype(np.int64) + 1 + 1000 * ((depth > 0) | in_lit)
         pri[t.startswith(_DEFS) & (t.indent <= 8)] -= 1
+        # a line right under a decorator or comment of its indentation belongs with it: cut above the leaders
+        lead = t.startswith(_LEADERS) & ~t.blank
+        led = np.zeros(n, dtype=bool)
+        led[1:] = lead[:-1] & (t.indent[:-1] == t.indent[1:])
+        pri[led] += 2
     else:
         sentence_end = np.isin(prev_last, np.frombuffer(b".!?:;\"')]", dtype=np.uint8))
         pri = np.where(prev_blank, 0, np.where(sentence_end, 1, 2)).astype(np.int64)

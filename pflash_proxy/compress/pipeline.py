@@ -17,12 +17,19 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
    does not tie to one of them names optional definitions, kept in step 4.
-3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.
+3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.  In code
+   (``routed.is_code``), the text without the file paths it names and the tool call's name and keys
+   (``request.without_paths``: they name the file, and their words match its header and imports); when that
+   leaves nothing the message shares, the whole request text.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
    upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
+   In code, the units scoring within ``TIE`` of the first choice (near-twins: a sync and an async method, two
+   parsers of one vocabulary) are first choices too, and each first choice brings the rest of the definition it
+   is part of (``first_definitions``), while they fit ``NAMED_SHARE`` of the budget: a question in other words
+   asks about a definition, and its words often match the head of it only (the signature and docstring).
    The optional named definitions (step 2) join them, most relevant first (their best unit's
    density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
    The note and marker lines cost tokens too: the selection is rerun with the budget
@@ -65,7 +72,7 @@ from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
 from .named import definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
-from .request import RequestSpec, tail_lines
+from .request import RequestSpec, tail_lines, without_paths
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
@@ -74,7 +81,7 @@ from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
 __all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor", "Landing", "Mode", "first_choice",
-           "landed", "landing_key"]
+           "first_definitions", "landed", "landing_key"]
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
@@ -185,6 +192,36 @@ def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
     return {int(np.argmax(free))}
 
 
+TIE = 0.9  # step 4 (code): a unit scoring at least this share of the first choice's score is a first choice too
+
+
+def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blocks: tuple[tuple[int, ...], ...],
+                      toks: np.ndarray, budget: int) -> set[int]:
+    """Step 4 (code): the first choice, then the unpinned units scoring within ``TIE`` of it, best first, and the
+    whole definitions they are all part of (``blocks``), best first, while what they add stays within
+    ``NAMED_SHARE`` of the budget."""
+    if not first:
+        return first
+    best = float(scores[next(iter(first))])
+    out = set(first)
+    room = NAMED_SHARE * budget - float(toks[list(out)].sum())
+    ties = [i for i in np.flatnonzero(scores >= TIE * best).tolist() if i not in pinned and i not in out]
+    for i in sorted(ties, key=lambda i: (-float(scores[i]), i)):
+        if toks[i] <= room:
+            out.add(i)
+            room -= float(toks[i])
+    for u in sorted(out, key=lambda i: (-float(scores[i]), i)):
+        block = next((b for b in blocks if u in b), None)  # innermost first
+        if block is None:
+            continue
+        add = [k for k in block if k not in out]
+        size = float(toks[add].sum()) if add else 0.0
+        if size <= room:
+            out.update(add)
+            room -= size
+    return out
+
+
 class Compressor:
     def __init__(self, settings: CompressionSettings | None = None, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None) -> None:
@@ -227,11 +264,15 @@ class Compressor:
                 blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
-                scores = validate_scores(self.scorer.score(reps, request.text), len(units))
+                code = is_code(units)
+                query = without_paths(request.text) if code else request.text
+                scores = validate_scores(self.scorer.score(reps, query), len(units))
+                if query != request.text and not scores.any():  # nothing left to rank by: the whole request
+                    scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
                 gate = gate_scores(self.scorer, work, units, reps, scores, request.text)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if is_code(units) else (), gate)
+                                    outline(work.lines, defs) if code else (), gate)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -241,8 +282,11 @@ class Compressor:
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
             keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
+            first = first_choice(scores, pinned)
+            if is_code(units):
+                first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
             kept = self._select_with_overhead(units, toks, dens, budget,
-                                              pinned | keep_named | first_choice(scores, pinned),
+                                              pinned | keep_named | first,
                                               source, label, len(tt.lines), analysis.blocks, analysis.outline)
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their

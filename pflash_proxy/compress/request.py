@@ -37,9 +37,15 @@ from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "request_text", "tail_lines"]
+__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "request_text", "tail_lines",
+           "without_paths"]
 
 RequestSource = Literal["message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
+_PATH = re.compile(r"[^\s\"'`()\[\]{},;]*/[^\s\"'`()\[\]{},;]*")
+_EXT = re.compile(r"\.[A-Za-z0-9]{1,8}$")
+_TOKEN = re.compile(r"[^\s\"'`()\[\]{},;]+")
+_CALL = re.compile(r"^[A-Za-z_][\w.-]*\((?=[{\[])", re.M)
+_KEY = re.compile(r"\"[A-Za-z_][\w-]*\"\s*:")
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>[ \t]*\n?", re.S)
 
 
@@ -195,3 +201,19 @@ class RequestFinder:
             parts.append(str(tool_msg["name"]))
         text = "\n".join(parts)
         return RequestSpec(text, 0, "tool-call" if text else "none")
+
+
+def without_paths(text: str) -> str:
+    """The request as a scorer ranks the lines of a file read by (``pipeline`` step 3, code): what names the file
+    or the tool call rather than a part of the file left out.
+    1. File paths: a token with a ``/`` and a file extension, or with two ``/`` (``/work/pkg/mod.py``,
+       ``pkg/mod.py``), and any token that is the tail of one of them after a ``/`` (``mod.py``): the path names the
+       whole file; its words match the file's header and imports, not the part asked about.
+    2. A tool call's own vocabulary, as ``RequestFinder`` writes a call (``name({"key": ...})`` on its own line):
+       its name and the keys of its arguments (``Read``, ``file_path``, ``command``); the values stay.
+    """
+    paths = {p for p in _PATH.findall(text) if p.count("/") >= 2 or _EXT.search(p)}
+    drop = paths | {"/".join(p.split("/")[k:]) for p in paths for k in range(1, p.count("/") + 1)}
+    text = _CALL.sub("(", text)
+    text = _KEY.sub(" ", text)
+    return _TOKEN.sub(lambda m: " " if m.group().strip(".,:;!?") in drop else m.group(), text)
