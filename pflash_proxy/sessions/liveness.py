@@ -5,7 +5,8 @@
    the owner of the table (``on_ready``: it sizes the ``SlotTable`` or marks it empty), and, for an attached
    engine, log once what the proxy relies on that the engine cannot show (``Engine.setup_warning``).
 2. Restart detection: the spawn supervisor tells the engine directly; for an attached engine a monitor probes
-   its health every second, and a failure followed by recovery is reported the same way
+   its health every second, and a failure (``Engine.reachable``: refused, or an error status; a probe with no
+   answer in 2 s is a loaded machine, not a failure) followed by recovery is reported the same way
    (``Engine.note_restart``), unless the restart was already reported while the engine was down (a request that
    met the engine back, ``slot_lost``): one restart is one notice (``restarts`` counts the notices heard).
    Every restart calls ``on_restart`` (the table is emptied) and the next request describes the engine again.
@@ -119,7 +120,9 @@ class UpstreamWatch:
         notices = 0
         while True:
             await asyncio.sleep(1.0)
-            ok = await self.engine.healthy(timeout_s=2)
+            # gone = refused or an error status; a probe with no answer in 2 s is a loaded machine, whose slots
+            # still hold what they held (forgetting them would re-prefill every session)
+            ok = await self.engine.reachable(timeout_s=2)
             if not ok and not was_down:
                 was_down = True
                 notices = self.restarts

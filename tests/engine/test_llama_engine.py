@@ -173,3 +173,38 @@ async def test_reachable_is_false_only_for_an_engine_that_is_gone(aiohttp_server
     finally:
         for u in upstreams:
             await u.close()
+
+
+async def test_a_slow_health_probe_is_not_a_restart(aiohttp_server, tmp_path):
+    """The health monitor forgets every slot only when the server was gone (refused, or an error status): a probe
+    that got no answer in time, then a quick one, is a loaded machine whose slots still hold what they held (was:
+    'upstream came back after being unreachable', every session then re-prefilled)."""
+    calls = 0
+
+    async def health(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.sleep(3)  # past the monitor's 2 s probe
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    server = await aiohttp_server(app)
+    upstream = Upstream(str(server.make_url("")), wait_s=0)
+    await upstream.start()
+    try:
+        engine = LlamaServerEngine(upstream)
+        reasons: list[str] = []
+        watch = UpstreamWatch(make_settings(str(server.make_url("")), tmp_path), engine, lambda n: None,
+                              reasons.append)
+        monitor = asyncio.create_task(watch._health_monitor())
+        for _ in range(100):  # the slow probe, then at least one quick one
+            await asyncio.sleep(0.1)
+            if calls >= 3:
+                break
+        monitor.cancel()
+        assert calls >= 3
+        assert reasons == [] and upstream.restart_notices == 0 and watch.restarts == 0
+    finally:
+        await upstream.close()
