@@ -42,7 +42,8 @@ from pflash_proxy.compress import (
     Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
     TokenizedText, UnitSegmenter, format_recall_block,
 )
-from pflash_proxy.compress.pipeline import Landing
+from pflash_proxy.compress.pipeline import CompressionOutcome, Landing
+from pflash_proxy.compress.request import RequestSpec
 from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
@@ -54,6 +55,7 @@ from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.stages.scorers import Scoring, default_spread
 from pflash_proxy.stages.sessions import SessionContext, SessionStage
 
+Message = dict[str, object]  # a message of the request, as the dialect parsed it
 log = logging.getLogger("pflash_proxy.compress")
 
 _BUDGET_ROUNDS = 4
@@ -67,10 +69,11 @@ _CUT_SLACK = 2  # tokens a cut between two pieces may add to their count (a merg
 _TEMPLATE_SLACK = 16  # tokens the chat template may add per message
 
 
-def _prompt_texts(m: dict) -> list[str]:
+def _prompt_texts(m: Message) -> list[str]:
     """The texts of one message that reach the prompt: its content, and its tool calls' names and arguments."""
     out = [message_text(m.get("content"))]
-    for call in m.get("tool_calls") or ():
+    calls = m.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             out.extend(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
@@ -129,7 +132,7 @@ class CompressStage(Stage):
     async def _process(self, req: ProxyRequest, ctx: SessionContext) -> tuple[str, int, int] | None:
         if not self.settings.pflash:
             return None
-        messages: list[dict] = list(req.messages)
+        messages: list[Message] = list(req.messages)
         await self._refuse_long_prompt(req, messages)
         new_from = ctx.matched
         if new_from >= len(messages):
@@ -144,7 +147,7 @@ class CompressStage(Stage):
         return await self._compress(req, ctx, messages, idx, tt, prompt_tokens)
 
     async def _candidate(self, req: ProxyRequest, ctx: SessionContext,
-                         messages: list[dict]) -> tuple[int, int, TokenizedText] | None:
+                         messages: list[Message]) -> tuple[int, int, TokenizedText] | None:
         """Step 1: the newest long message of this turn that may be shortened, and the prompt's token count.
 
         Candidates are the messages after the last assistant message that the session has not been served, newest
@@ -178,7 +181,7 @@ class CompressStage(Stage):
                 return i, prompt_tokens, tt
         return None
 
-    async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[dict]) -> None:
+    async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[Message]) -> None:
         """Step 1, first of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
         (history, instructions, tool calls, tool definitions). No token is shorter than a byte, so a prompt whose
         text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of twice
@@ -230,7 +233,7 @@ class CompressStage(Stage):
                                  "allowed with PFlash on (--max-prompt-tokens)")
 
     # Compression -----------------------------------------------------------------------------------------
-    async def _compress(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
+    async def _compress(self, req: ProxyRequest, ctx: SessionContext, messages: list[Message], idx: int,
                         tt: TokenizedText, prompt_tokens: int) -> tuple[str, int, int]:
         loop = asyncio.get_running_loop()
         msg = messages[idx]
@@ -279,7 +282,9 @@ class CompressStage(Stage):
         self.tokens_kept += served_tokens
         return "compressed", prompt_tokens, kept_prompt
 
-    async def _land_on_budget(self, tt, request, uncached, in_conversation, source, label, outcome):
+    async def _land_on_budget(self, tt: TokenizedText, request: RequestSpec, uncached: int, in_conversation: bool,
+                              source: Source, label: str, outcome: CompressionOutcome
+                              ) -> tuple[CompressionOutcome, int]:
         """Measure the served message exactly; while it is past the budget or more than ``LAND_SLACK`` below it
         (the note/marker estimate off), re-select with the measured error taken off (``Landing``: a few cheap
         rounds, each reusing the first round's units and scores) and keep the best: at most the budget and
@@ -290,15 +295,15 @@ class CompressStage(Stage):
             adjust = landing.next_adjust()
             if adjust is None:
                 break
-            retry = await loop.run_in_executor(None, lambda a=adjust: self.compressor.compress(
-                tt, request, uncached, in_conversation, source, label, budget_adjust=a,
-                analysis=outcome.analysis))  # the same units and scores: no second drafter pass
+            retry = await loop.run_in_executor(None, functools.partial(
+                self.compressor.compress, tt, request, uncached, in_conversation, source, label,
+                budget_adjust=adjust, analysis=outcome.analysis))  # the same units and scores: no second drafter pass
             if retry.mode != "compressed":
                 break
             landing.offer(retry, await self._count(retry.text))
         return landing.best
 
-    async def _cold(self, ctx: SessionContext, messages: list[dict], idx: int) -> tuple[str, int, int] | None:
+    async def _cold(self, ctx: SessionContext, messages: list[Message], idx: int) -> tuple[str, int, int] | None:
         """An uncached earlier history of at least ``threshold`` tokens is prefilled as it is (never compressed):
         say so with ``full-cold``."""
         if ctx.cache != "miss" or idx == 0:
@@ -313,7 +318,7 @@ class CompressStage(Stage):
         return "full-cold", n, n
 
     # Recall ----------------------------------------------------------------------------------------------
-    async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[dict], idx: int,
+    async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[Message], idx: int,
                       text: str) -> tuple[str, int, int] | None:
         assert ctx.record is not None  # on_request admits only requests with a session record
         sources: list[RecallSource] = ctx.record.recall_sources
@@ -358,13 +363,13 @@ class CompressStage(Stage):
         return out
 
 
-def _serve_text(req: ProxyRequest, messages: list[dict], idx: int, text: str) -> None:
+def _serve_text(req: ProxyRequest, messages: list[Message], idx: int, text: str) -> None:
     """Forward ``messages`` with message ``idx`` carrying ``text`` instead of what the client sent."""
     messages[idx] = _with_text(messages[idx], text)
     req.set_messages(messages)
 
 
-def _with_text(msg: dict, text: str) -> dict:
+def _with_text(msg: Message, text: str) -> Message:
     """The message with its text replaced; content parts keep their shape (non-text parts stay)."""
     new = dict(msg)
     content = msg.get("content")
