@@ -63,6 +63,7 @@ from __future__ import annotations
 import time
 from operator import attrgetter
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Literal
 
 import numpy as np
@@ -212,13 +213,8 @@ def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blo
             room -= float(toks[i])
     for u in sorted(out, key=lambda i: (-float(scores[i]), i)):
         block = next((b for b in blocks if u in b), None)  # innermost first
-        if block is None:
-            continue
-        add = [k for k in block if k not in out]
-        size = float(toks[add].sum()) if add else 0.0
-        if size <= room:
-            out.update(add)
-            room -= size
+        if block is not None:
+            room = _take_whole(out, block, toks, room)
     return out
 
 
@@ -433,12 +429,18 @@ def named_keep(named: frozenset[int], optional: tuple[tuple[int, ...], ...], tok
         return keep
     room = NAMED_SHARE * budget - float(toks[list(keep)].sum()) if keep else NAMED_SHARE * budget
     for d in sorted(optional, key=lambda d: (-float(dens[list(d)].max()), d[0])):
-        add = [k for k in d if k not in keep]
-        size = float(toks[add].sum()) if add else 0.0
-        if size <= room:
-            keep.update(add)
-            room -= size
+        room = _take_whole(keep, d, toks, room)
     return keep
+
+
+def _take_whole(keep: set[int], group: Iterable[int], toks: np.ndarray, room: float) -> float:
+    """Add the units of ``group`` not yet in ``keep`` when together they fit ``room`` (all or none); the room left."""
+    add = [k for k in group if k not in keep]
+    size = float(toks[add].sum()) if add else 0.0
+    if size > room:
+        return room
+    keep.update(add)
+    return room - size
 
 
 CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added
