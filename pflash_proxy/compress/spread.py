@@ -25,7 +25,7 @@ When it applies (``flat_gate``):
 1. Zero total relevance over the unpinned units is flat (spread = 1): nothing says what to keep.
 2. Otherwise only a request that asks for every match can be flat (``asks_for_every``: "list every ...", "list
    the ID of every ...", "how many" (not "how many times"), "what are all ...", "all the X that ...",
-   "summarize", "overview").
+   "summarize", "overview"; not a word of an identifier: "In Summary.time, ..." names a method).
    A pointed question ("which function interleaves the address infos?") over a cold document is compressed
    whatever the spread: measured on generated documents (``benchmarks/flat_gate/``), the lexical spread of a
    pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
@@ -65,20 +65,38 @@ _EVERY = re.compile(
     r"|\b(?:every|all|each)\s+(?:[\w'-]+\s+){0,3}?(?:that|which|who|where|mentioning|containing|with)\b", re.I)
 
 
+# Step 2: identifiers are names, not every-words ("In Summary.time, ..." asks about one method, "`each`" names a
+# keyword): code spans, dotted / qualified names and paths, snake_case, CamelCase and camelCase words, calls, and
+# a capitalised "Summary"/"Overview" inside a sentence (a class, as in "What does the Summary class do?")
+_IDENTIFIER = re.compile(
+    r"`[^`\n]*`"  # a code span, whatever it holds
+    r"|[\w$]+(?:(?:\.|::|->|#|/)[\w$]+)+"  # Class.method, pkg/mod.py, Class::method, Class#method
+    r"|\b\w*_\w*"  # snake_case, __dunder__
+    r"|\b[A-Z][a-z0-9]+[A-Z]\w*|\b[a-z]+[A-Z]\w*"  # CamelCase, camelCase
+    r"|\b\w+(?=\()"  # a call: summary(...)
+    r"|(?<=[^\s.?!:;\"'(] )(?:Summary|Overview)\b")  # capitalised inside a sentence: a class name
+
+
+def _prose(text: str) -> str:
+    """The request with its identifiers blanked (each to one neutral word, so word distances stay)."""
+    return _IDENTIFIER.sub(" name ", text)
+
+
 MAX_THRESHOLD = 100.0
 _SENTENCE = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
 def asks_for_every(request: str) -> bool:
-    """Step 2: the request asks for every match (or a summary of everything), not for one thing."""
-    return bool(_EVERY.search(request or ""))
+    """Step 2: the request asks for every match (or a summary of everything), not for one thing. Words that are
+    part of an identifier (``_IDENTIFIER``) do not count."""
+    return bool(_EVERY.search(_prose(request or "")))
 
 
 def every_clause(request: str) -> str:
     """Step 3: the request's sentences that ask for every match, in order (the whole request when none does, or
     when it is one sentence)."""
     parts = [p for p in _SENTENCE.split((request or "").strip()) if p.strip()]
-    every = [p for p in parts if _EVERY.search(p)]
+    every = [p for p in parts if _EVERY.search(_prose(p))]
     return " ".join(every) if every and len(every) < len(parts) else request
 
 

@@ -76,6 +76,24 @@ def test_the_seeds_spread_alone_would_have_served_the_pointed_question_whole():
     ("How many times does make_numbered_dir try before it gives up?", False),
     ("What does trimcoef return when every coefficient is small?", False),
     ("Which function returns all items of a list?", False),
+    # identifiers are names, not every-words (the first: a prometheus_client code-reads question)
+    ("In Summary.time, what happens step by step?", False),
+    ("Read prometheus_client/metrics.py and answer: In Summary.time, what happens step by step?", False),
+    ("What does the Summary class do with its quantiles?", False),
+    ("What does `summary()` return when nothing was observed?", False),
+    ("When is `Overview` rendered?", False),
+    ("What does summarize_run do with the exit code?", False),
+    ("Read summary.py and answer: where is the header parsed?", False),
+    ("How does overview.render_page escape the title?", False),
+    ("What does Report::summary return?", False),
+    ("Where does buildSummary get its rows, and what does `list all` print?", False),
+    # ... while the words around them still ask for every match
+    ("Give me a summary of metrics.py.", True),
+    ("Summarize the `Summary` class.", True),
+    ("List every method of `Summary` that takes a lock.", True),
+    ("In Summary.time, list all the steps it takes.", True),
+    ("Read util.py and answer: how many functions raise?", True),
+    ("metrics.py\nSummarize this file.", True),
 ])
 def test_asks_for_every(text, every):
     assert asks_for_every(text) is every
@@ -107,6 +125,7 @@ def test_spread_curve_by_prompt_length_and_the_registry_defaults():
     ("List every invoice.", "List every invoice."),  # one sentence: the request itself
     ("Which function parses the header?", "Which function parses the header?"),  # no every-words: itself
     ("Summarize the document. Then list every date.", "Summarize the document. Then list every date."),
+    ("In Summary.time, what happens? List all the steps it takes.", "List all the steps it takes."),
 ])
 def test_every_clause(request_text, clause):
     from pflash_proxy.compress.spread import every_clause
@@ -207,3 +226,4 @@ def test_spread_curve_takes_negative_thresholds():
     assert SpreadCurve.parse("4096:0.01 16384:-0.3").at(16384) == -0.3
     with pytest.raises(ValueError):
         SpreadCurve.parse("4096:-1.5")
+
