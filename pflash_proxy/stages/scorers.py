@@ -51,6 +51,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.drafter")
 
 SEED_SPREAD = "0.11"  # the seed's flat threshold, at every prompt length
+# The flat gate's thresholds of every registered scorer. The gate reads BM25 of the request's every-clause
+# whatever the scorer (``pipeline.gate_scores``), so a scorer changes only ``k``, the units its budget keeps.
+# Calibrated with lexical on the train split of benchmarks/flat_gate (reported/flat-gate-bea08cf/: 4K, 16K, 32K).
+# The drafter scorers' own rows there are 4K cases of index 0 only (4 train, 4 test); the thresholds chosen on
+# those (0.15-1.0 at every length) served an estimated 0-33 of 48 "list every X" at 16K and 32K whole (lexical
+# gate scores and k under them); under this curve their measured 4K test rows are all served right.
+GATE_SPREAD = "4096:0 16384:-0.314 32768:-0.169"
 
 
 class DrafterSetupError(Exception):
@@ -150,26 +157,18 @@ _HEAD_AND_ATTENTION = Needs(scoring_head=True, attention=True)
 
 # The registry: a new scorer is one entry here plus its own module.
 SCORERS: dict[str, ScorerEntry] = {e.name: e for e in (
-    ScorerEntry("lexical", "BM25, model-free", _lexical, Needs(drafter=False),
-                # calibrated on the train split of benchmarks/flat_gate (reported/flat-gate-bea08cf/)
-                spread="4096:0 16384:-0.314 32768:-0.169"),
-    # the drafter scorers: from the 4K train cases of the same bench only (a drafter pass per case on 2 CPU
-    # cores; reported/flat-gate-bea08cf/), the one 4K threshold at every length
+    ScorerEntry("lexical", "BM25, model-free", _lexical, Needs(drafter=False), spread=GATE_SPREAD),
+    # the drafter scorers: the same curve (GATE_SPREAD: the gate's scores are BM25's for them too)
     ScorerEntry("attention", "the drafter's retrieval heads, training-free; needs --drafter", _attention,
-                Needs(attention=True),
-                spread="4096:0.986"),
+                Needs(attention=True), spread=GATE_SPREAD),
     ScorerEntry("hybrid", "lexical and attention fused; needs --drafter", _hybrid,
-                Needs(attention=True),
-                spread="4096:0.652"),
+                Needs(attention=True), spread=GATE_SPREAD),
     ScorerEntry("head", "trained probe files: shipped for gemma-3-270m, or from `pflash-proxy train`", _head,
-                Needs(scoring_head=True, head_taps=True),
-                spread=SEED_SPREAD),
+                Needs(scoring_head=True, head_taps=True), spread=GATE_SPREAD),
     ScorerEntry("head-attention", "the head and attention fused, from one drafter pass", _head_attention,
-                _HEAD_AND_ATTENTION,
-                spread="4096:1"),
+                _HEAD_AND_ATTENTION, spread=GATE_SPREAD),
     ScorerEntry("auto", "code by lexical (no drafter pass), everything else by head-attention", _auto,
-                _HEAD_AND_ATTENTION,
-                spread="4096:0.154"),
+                _HEAD_AND_ATTENTION, spread=GATE_SPREAD),
 )}
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 DRAFTER_SCORERS: tuple[str, ...] = tuple(n for n, e in SCORERS.items() if e.needs.drafter)  # need a --drafter

@@ -110,7 +110,6 @@ def test_spread_curve_by_prompt_length_and_the_registry_defaults():
     assert SpreadCurve.parse(0.11).at(50_000) == 0.11 and str(SpreadCurve.parse(0.11)) == "0.11"
     with pytest.raises(ValueError):
         SpreadCurve.parse("4096:0.2 1024:0.1")
-    assert SCORERS["head"].spread == "0.11"  # the seed's threshold stays with the seed's trained head
     assert default_spread("plug-in") == "0.11"
     for e in SCORERS.values():
         SpreadCurve.parse(e.spread)  # every default parses
@@ -227,3 +226,40 @@ def test_spread_curve_takes_negative_thresholds():
     with pytest.raises(ValueError):
         SpreadCurve.parse("4096:-1.5")
 
+
+# ---------------------------------------------------------------- one gate curve for every registered scorer
+
+def _generated(target: int, seed: int, question: str | None = None):
+    """The bench's generated "list every X" / "how many" case (one-line records, ~4 % naming the product) at
+    ``target`` tokens, or the same records with ``question`` instead: the long message, its request, the case."""
+    from pflash_proxy.bench.cases.generator import generate_case
+
+    case = generate_case("aggregation", target, 0, seed)
+    text = case.messages[0]["content"]
+    if question is not None:
+        text = text[:text.rindex(case.question)] + question
+    msgs = [{"role": "user", "content": text}]
+    tt = TokenizedText.from_text(text)
+    return tt, RequestFinder().find(msgs, 0, tt), case
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("target", [16384, 32768])
+def test_every_registered_scorer_serves_list_every_whole_and_a_pointed_question_compressed(target, seed):
+    """The gate reads BM25 of the every-clause whatever the scorer, so each scorer's own part is its curve (and
+    ``k``). A drafter scorer's curve chosen on four 4K cases (0.15-1.0 at every length) compressed these "list
+    every X" at 16K and 32K; every entry must serve them whole and still compress a pointed question, a gated
+    one included, over the same records. Model-free: the lexical scorer gives the gate's scores and ``k``."""
+    tt, request, case = _generated(target, seed)
+    rid = case.gold[0].split(" |", 1)[0]
+    pointed = [f"Which team filed {rid}, and what does its note say?",
+               f"What does {rid} say? Quote all of its fields."]  # "all": the gate applies
+    for name, entry in SCORERS.items():
+        comp = Compressor(CompressionSettings(threshold=8192, fallback_spread=entry.spread))
+        out = comp.compress(tt, request, tt.total_tokens + 64, False, "paste", "1")
+        assert out.mode == "full-flat", (name, out.reason)
+        for q in pointed:
+            ptt, preq, _ = _generated(target, seed, q)
+            got = comp.compress(ptt, preq, ptt.total_tokens + 64, False, "paste", "1")
+            assert got.mode == "compressed", (name, q, got.reason)
+            assert rid in got.text

@@ -87,11 +87,17 @@ def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path
                           engine)
     assert given.compressor.settings.fallback_spread == SpreadCurve.parse(0.11)
 
-    class Head:  # a drafter scorer by name: its registry entry's thresholds (the seed's 0.11 for the head)
+    class Head:  # a drafter scorer by name: its registry entry's thresholds
         name = "head"
 
     head = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "c").compression, engine, scorer=Head())
-    assert head.compressor.settings.fallback_spread.at(32768) == 0.11
+    assert head.compressor.settings.fallback_spread == SpreadCurve.parse(SCORERS["head"].spread)
+
+    class PlugIn:  # a scorer the registry does not know: the seed's 0.11
+        name = "plug-in"
+
+    plug = CompressStage(make_settings("http://127.0.0.1:9", tmp_path / "e").compression, engine, scorer=PlugIn())
+    assert plug.compressor.settings.fallback_spread.at(32768) == 0.11
     assert not hasattr(head, "csettings")  # one copy of the options: the stage's group, the compressor's form of it
 
 
