@@ -292,17 +292,7 @@ class CompressionOptions(Options):
     @field_validator("prefill_curve")
     @classmethod
     def _curve(cls, v: str) -> str:
-        points = []
-        for item in v.split():
-            try:
-                n, r = item.split(":")
-                points.append((int(n), float(r)))
-            except ValueError:
-                raise ValueError(f"bad point {item!r}; expected TOKENS:RATIO pairs") from None
-        if not points or any(not 0 < r <= 1 for _, r in points):
-            raise ValueError("needs at least one TOKENS:RATIO point with 0 < RATIO <= 1")
-        if [n for n, _ in points] != sorted({n for n, _ in points}):
-            raise ValueError("token points must be strictly ascending")
+        BudgetCurve.parse(v)  # TOKENS:RATIO points, ascending, 0 < RATIO <= 1, and at most one message:SHARE
         return v
 
     @model_validator(mode="after")

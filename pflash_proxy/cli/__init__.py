@@ -89,8 +89,8 @@ _HELP = {
     "pflash": "compress a new long message to the budget of --prefill-curve; --no-pflash forwards messages whole "
               "(default on)",
     "threshold": f"act only on a new message of at least this many tokens (default {_C.threshold})",
-    "prefill_curve": f"budget ratio curve 'TOKENS:RATIO ...': the share of a message kept by prompt size (default "
-                     f"'{_C.prefill_curve}')",
+    "prefill_curve": f"budget ratio curve 'TOKENS:RATIO ... [message:SHARE]': the share of the prompt kept by "
+                     f"prompt size, and the most of itself a message keeps (default '{_C.prefill_curve}')",
     "query_pin": f"tokens at the message's tail (the request) that are always kept (default {_C.query_pin})",
     "fallback_spread": "serve a cold message that asks for every match whole when its relevance is spread over "
                        "more units than the budget keeps by more than this (effective relevant units beyond the "

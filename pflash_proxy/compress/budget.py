@@ -1,14 +1,17 @@
 """Token budget: the prefill curve and the density-greedy unit selector.
 
 Algorithm:
-1. ``BudgetCurve.parse("16384:0.315 32768:0.270 ...")``: points ``tokens:ratio``,
-   strictly ascending in tokens, each ratio in (0, 1].  ``ratio(n)`` interpolates
-   linearly between points and is flat beyond both ends; ``budget(n) = round(n *
-   ratio(n))``.
+1. ``BudgetCurve.parse("16384:0.315 32768:0.270 ... message:0.3")``: points ``tokens:ratio``,
+   strictly ascending in tokens, each ratio in (0, 1], and optionally ``message:share``
+   (in (0, 1]).  ``ratio(n)`` interpolates linearly between points and is flat beyond
+   both ends; ``budget(n) = round(n * ratio(n))``.
 2. ``message_budget``: the curve applies to the tokens the upstream prefills
    (``prompt_tokens``) but only the long message is shortened, so the message gets
-   ``budget(prompt) - (prompt - message)``, floored at ``floor_tokens`` (and at 1) and
-   capped at the message's own size.
+   ``budget(prompt) - (prompt - message)``, and at most ``floor(share * message)``
+   where the curve has a ``message:share`` (the default curve's 0.3: the seed's 0.315 of
+   the prompt gives a message that is nearly all of the prompt more than 0.3 of itself,
+   e.g. a cold agent read, whose rest is a system line and a task); floored at
+   ``floor_tokens`` (and at 1) and capped at the message's own size.
 3. ``BudgetSelector.select``: keep every pinned unit; then walk the rest by density
    (descending; ties by lower index) and keep each unit that still fits under the
    budget; finally, while the kept total is below ``budget - tol`` (tol = 2%), add the
@@ -30,12 +33,13 @@ from .units import Unit
 __all__ = ["BudgetCurve", "BudgetSelector", "DEFAULT_CURVE", "message_budget"]
 
 _TOKENS = attrgetter("tokens")
-DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225"
+DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225 message:0.3"
 
 
 @dataclass(frozen=True)
 class BudgetCurve:
     points: tuple[tuple[int, float], ...]
+    message_share: float | None = None  # step 2: the most of itself a message keeps (None: the points alone)
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -49,20 +53,31 @@ class BudgetCurve:
             if prev is not None and n <= prev:
                 raise ValueError(f"prefill curve: points must ascend in tokens ({prev} then {n})")
             prev = n
+        if self.message_share is not None and not 0.0 < self.message_share <= 1.0:
+            raise ValueError(f"prefill curve: message share must be in (0, 1], got {self.message_share}")
 
     @classmethod
     def parse(cls, spec: str) -> "BudgetCurve":
-        """Parse ``"tokens:ratio tokens:ratio ..."`` (spaces or commas between points)."""
+        """Parse ``"tokens:ratio tokens:ratio ... [message:share]"`` (spaces or commas between points)."""
         pts = []
+        share = None
         for item in spec.replace(",", " ").split():
             tok, sep, ratio = item.partition(":")
             if not sep:
                 raise ValueError(f"prefill curve: point {item!r} is not tokens:ratio")
+            if tok == "message":
+                if share is not None:
+                    raise ValueError(f"prefill curve: {item!r} is a second message share")
+                try:
+                    share = float(ratio)
+                except ValueError:
+                    raise ValueError(f"prefill curve: {item!r} is not message:number") from None
+                continue
             try:
                 pts.append((int(tok), float(ratio)))
             except ValueError:
                 raise ValueError(f"prefill curve: point {item!r} is not an integer:number pair") from None
-        return cls(tuple(pts))
+        return cls(tuple(pts), share)
 
     def ratio(self, n_tokens: int) -> float:
         xs = [p[0] for p in self.points]
@@ -73,7 +88,8 @@ class BudgetCurve:
         return int(round(prompt_tokens * self.ratio(prompt_tokens)))
 
     def __str__(self) -> str:
-        return " ".join(f"{n}:{r:g}" for n, r in self.points)
+        share = "" if self.message_share is None else f" message:{self.message_share:g}"
+        return " ".join(f"{n}:{r:g}" for n, r in self.points) + share
 
 
 def message_budget(curve: BudgetCurve, prompt_tokens: int, message_tokens: int, floor_tokens: int = 0) -> int:
@@ -81,6 +97,8 @@ def message_budget(curve: BudgetCurve, prompt_tokens: int, message_tokens: int, 
     if message_tokens > prompt_tokens:
         raise ValueError(f"message has {message_tokens} tokens, more than the prompt's {prompt_tokens}")
     b = curve.budget(prompt_tokens) - (prompt_tokens - message_tokens)
+    if curve.message_share is not None:
+        b = min(b, int(curve.message_share * message_tokens))
     return int(min(max(b, floor_tokens, 1), message_tokens))
 
 

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from pflash_proxy.compress.budget import BudgetCurve, BudgetSelector, message_budget
+from pflash_proxy.compress.budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from pflash_proxy.compress.request import RequestFinder
 from pflash_proxy.compress.scores import InvalidScores, LexicalScorer, density, terms, validate_scores
 from pflash_proxy.compress.spread import relevance_spread
@@ -135,6 +135,39 @@ def test_message_budget_subtracts_rest_and_floors():
     assert message_budget(c, 10000, 9000) == 4000
     assert message_budget(c, 10000, 2000, floor_tokens=300) == 300
     assert message_budget(c, 100, 10) == 1
+
+
+def test_a_message_keeps_at_most_the_default_curves_share_of_itself():
+    """A cold agent read is nearly the whole prompt: 0.315 of the prompt less the rest gave it more than 0.3 of
+    itself (measured: median kept 0.302 with llama-server's counts). The default curve caps the message at 0.3
+    of itself; where the rest of the prompt already takes the budget below that, nothing changes."""
+    c = BudgetCurve.parse(DEFAULT_CURVE)
+    assert c.message_share == 0.3 and str(c) == DEFAULT_CURVE.replace("0.270", "0.27")
+    seed = BudgetCurve.parse("16384:0.315 32768:0.270 65536:0.270 120000:0.225")  # the seed's: no cap
+    assert seed.message_share is None and c.points == seed.points
+    # a 10,000-token read in a 10,100-token prompt: the seed's formula gives 3,082 (0.308 of it)
+    assert message_budget(seed, 10100, 10000) == 3082
+    assert message_budget(c, 10100, 10000) == 3000
+    for m in range(2000, 40000, 997):
+        for rest in (0, 50, 150, 400, 2000):
+            got = message_budget(c, m + rest, m, min(256, m))
+            assert got <= max(0.3 * m, min(256, m))
+            assert got == min(message_budget(seed, m + rest, m, min(256, m)), max(int(0.3 * m), min(256, m)))
+    # the prompt's rest bites first: unchanged
+    assert message_budget(c, 12000, 10000) == message_budget(seed, 12000, 10000) == 1780
+    # at 32K and beyond the curve's ratio is under 0.3: unchanged
+    assert message_budget(c, 40100, 40000) == message_budget(seed, 40100, 40000)
+    # the floor still wins over the cap, and the message's own size over everything
+    assert message_budget(c, 600, 500, floor_tokens=256) == 256
+    assert message_budget(BudgetCurve.parse("1000:0.5 message:0.2"), 10000, 9900) == 1980
+
+
+@pytest.mark.parametrize("spec,msg", [("1000:0.3 message:0", r"\(0, 1\]"), ("1000:0.3 message:1.5", r"\(0, 1\]"),
+                                      ("1000:0.3 message:x", "message:number"),
+                                      ("1000:0.3 message:0.2 message:0.3", "second")])
+def test_message_share_parse_errors(spec, msg):
+    with pytest.raises(ValueError, match=msg):
+        BudgetCurve.parse(spec)
 
 
 def _mk_units(tokens):

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from pflash_proxy.compress.budget import BudgetCurve, BudgetSelector, message_budget
+from pflash_proxy.compress.budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from pflash_proxy.compress.pipeline import CompressionSettings, Compressor, Landing, landing_key
 from pflash_proxy.compress.recall import RecallGate, format_recall_block
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
@@ -86,7 +86,7 @@ def test_pipeline_needle_document_budget_and_needle_kept():
     req = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
     out = _compress(tt, req)
     assert out.mode == "compressed", out.reason
-    curve = BudgetCurve.parse("16384:0.315 32768:0.270 65536:0.270 120000:0.225")
+    curve = BudgetCurve.parse(DEFAULT_CURVE)
     budget = message_budget(curve, out.prompt_tokens, tt.total_tokens, 256)
     assert out.budget_tokens == budget
     assert 0.9 * budget <= out.served_message_tokens <= budget  # a ceiling: ~50-token units land below it
