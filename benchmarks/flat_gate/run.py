@@ -19,7 +19,10 @@ Usage: ``python benchmarks/flat_gate/run.py --out DIR [--scorers lexical,...] [-
    at least ``CONTROL`` of the aggregation cases whole (ties: the middle of the best interval).  Reported: the
    confusion on test at the registry's thresholds, and per measure at its train threshold and the seed's 0.11.
 Writes ``DIR/flat_gate.json`` (every case's numbers) and ``DIR/flat_gate.md``; ``--render`` rewrites them from
-earlier runs' rows (e.g. a drafter run and a lexical run together).
+earlier runs' rows (e.g. a drafter run and a lexical run together). ``--estimate attention,...`` (with
+``--render``): those scorers' rows of every lexical case, computed from the lexical row (its gate scores and its
+``k``) and marked as an estimate: the gate reads BM25 whatever the scorer, so only ``k`` is the scorer's, and a
+drafter keeps a different number of units of the same budget (reported apart from the drafter's measured rows).
 """
 
 from __future__ import annotations
@@ -113,21 +116,22 @@ def sample(cases: list[gate_cases.GateCase], per: dict[int, int], seed: str) -> 
     return out
 
 
-def all_cases(per: dict[int, int], reads: dict[int, int] | None = None) -> list[tuple[str, gate_cases.GateCase]]:
+def all_cases(per: dict[int, int], reads: dict[int, int] | None = None,
+              splits: tuple[str, ...] = ("train", "test")) -> list[tuple[str, gate_cases.GateCase]]:
     """Per split: ``per[length]`` pointed and aggregation cases of each document kind; the agent_reads files and
     the code-reads functions (``reads[band]`` of each band, all when None). Ordered by length, shortest first, the
     splits and kinds interleaved, so a run stopped early holds whole lengths of both splits."""
     out = []
     for target in LENGTHS:
         for i in range(per.get(target, 0)):
-            for which in ("train", "test"):
+            for which in splits:
                 for docs in ("code", "prose"):
                     for kind in ("pointed", "aggregation"):
                         c = gate_cases.make_case(which, kind, docs, target, i)
                         if c is not None:
                             out.append((which, c))
     agents = []
-    for which in ("train", "test"):
+    for which in splits:
         pool = agent_cases(which) + (code_read_cases(which) if reads is None or any(reads.values()) else [])
         agents += [(which, c) for c in (pool if reads is None else sample(pool, reads, f"reads:{which}"))]
     return out + sorted(agents, key=lambda wc: band(wc[1].target))
@@ -245,6 +249,12 @@ def main() -> None:
                          "case when its unpinned units are the same (rows measured before the gate read BM25)")
     ap.add_argument("--resume", action="store_true", help="keep DIR/rows.jsonl's rows and measure only the rest")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--splits", default="train,test", help="measure these splits only (e.g. test)")
+    ap.add_argument("--curves", default="",
+                    help="the report's thresholds instead of the registry's: scorer=curve;scorer=curve (e.g. the "
+                         "registry's before a change)")
+    ap.add_argument("--estimate", default="",
+                    help="with --render: these scorers' rows estimated from each lexical row (gate scores and k)")
     ap.add_argument("--render", type=Path, nargs="+",
                     help="write the report of earlier runs' flat_gate.json or rows.jsonl (or .gz) again, their rows "
                          "together")
@@ -258,12 +268,15 @@ def main() -> None:
                 else json.loads(text)
         if args.gate_scores_from:
             rows = with_gate_scores(rows, args.gate_scores_from)
+        if args.estimate:
+            rows = rows + estimated(rows, args.estimate.split(","))
+        curves = dict(x.split("=", 1) for x in args.curves.split(";") if x.strip())
         (args.out / "flat_gate.json").write_text(json.dumps(rows))
-        (args.out / "flat_gate.md").write_text(report(rows))
+        (args.out / "flat_gate.md").write_text(report(rows, curves))
         return
     lengths = tuple(int(x) for x in args.lengths.split(","))
     reads = None if args.reads == "all" else parse_per(args.reads)
-    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads)
+    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, tuple(args.splits.split(",")))
              if c.kind == "agent_read" or c.target in lengths]
     names = args.scorers.split(",")
     comps = {name: Compressor(CompressionSettings(), scorer=s)
@@ -309,6 +322,13 @@ def with_gate_scores(rows: list[dict], lexical_rows: Path) -> list[dict]:
     return out
 
 
+def estimated(rows: list[dict], names: list[str]) -> list[dict]:
+    """``--estimate``: a row of each named scorer for every lexical row, its gate scores and kept units the
+    lexical row's (``estimate: "lexical"``)."""
+    return [{**r, "scorer": name, "estimate": "lexical"} for name in names for r in rows
+            if r["scorer"] == "lexical" and name != "lexical"]
+
+
 def scorers_for(names: list[str], drafter: Path | None) -> dict[str, object]:
     """The registry's scorers, the drafter ones from one drafter and one kit (as ``bench quality`` builds them:
     the attention rows share the content's keys and kept state)."""
@@ -334,21 +354,26 @@ def scorers_for(names: list[str], drafter: Path | None) -> dict[str, object]:
     return built
 
 
-def report(rows: list[dict]) -> str:
+def report(rows: list[dict], curves: dict[str, str] | None = None) -> str:
+    """The markdown report; ``curves``: thresholds by scorer name instead of the registry's."""
     ok = [r for r in rows if r["mode"] == "compressed"]
     lost = [r for r in rows if r["mode"] != "compressed"]
     out = ["# Flat gate calibration", "", "## Confusion at the shipped thresholds (test split)", "",
            "Per kind, served compressed / served whole (of the cases the pipeline could compress at all). "
            "`pointed`: compressed, (gold: the pointed evidence whole in the compressed text), [of them, the "
            "questions whose words make the gate apply (`asks_for_every`)]; `agent reads`: compressed (gold); "
-           "`aggregation`: served whole. Thresholds: each scorer's registry curve (`stages/scorers.py`).", "",
-           "| scorer | thresholds | length | pointed compressed (gold) [gated] | pointed whole | "
+           "`aggregation`: served whole. Thresholds: each scorer's registry curve (`stages/scorers.py`)"
+           f"{'' if not curves else ', except ' + ', '.join(f'{k} {v}' for k, v in curves.items())}. Rows: "
+           "`measured` (the scorer's own pipeline run), or `estimate` (`--estimate`: the lexical row of the case, "
+           "its gate scores and the units its budget keeps, under this scorer's curve; no pass of this scorer).",
+           "", "| scorer | rows | thresholds | length | pointed compressed (gold) [gated] | pointed whole | "
            "agent reads compressed (gold) | agent reads whole | aggregation whole | aggregation compressed |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for scorer in sorted({r["scorer"] for r in ok}):
-        curve = SpreadCurve.parse(default_spread(scorer))
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for scorer, est in sorted({(r["scorer"], r.get("estimate", "")) for r in ok}):
+        curve = SpreadCurve.parse((curves or {}).get(scorer) or default_spread(scorer))
         for b in LENGTHS:
-            test = [r for r in ok if r["scorer"] == scorer and r["band"] == b and r["split"] == "test"]
+            test = [r for r in ok if r["scorer"] == scorer and r.get("estimate", "") == est and r["band"] == b
+                    and r["split"] == "test"]
             if not test:
                 continue
 
@@ -371,7 +396,8 @@ def report(rows: list[dict]) -> str:
 
             def compressed(rs: list[dict]) -> str:
                 return f"{sum(not flat(r) for r in rs)}/{len(rs)}" if rs else "-"
-            out.append(f"| {scorer} | {curve} | {b // 1024}K | {comp(pts, True)} | {whole(pts)} | {comp(rd)} | "
+            out.append(f"| {scorer} | {'estimate' if est else 'measured'} | {curve} | {b // 1024}K | "
+                       f"{comp(pts, True)} | {whole(pts)} | {comp(rd)} | "
                        f"{whole(rd)} | {whole(agg)} | {compressed(agg)} |")
     if lost:
         out += ["", f"Not compressible at all (left out above): {len(lost)} rows, e.g. "
@@ -385,6 +411,7 @@ def report(rows: list[dict]) -> str:
             "with the seed's `/ n`. Threshold (`calibrate`): on train, the best mean share served right (pointed "
             "and agent reads compressed, aggregation whole) among the thresholds serving >= "
             f"{CONTROL:.0%} of its aggregation cases whole.", ""]
+    ok = [r for r in ok if not r.get("estimate")]  # an estimate's calibration is the lexical rows' own
     for scorer in sorted({r["scorer"] for r in ok}):
         out += [f"### {scorer}", "", "| length | cases train / test | measure | threshold (train) | "
                 "pointed compressed (test) | agent reads compressed (test) | aggregation whole (test) | "
