@@ -176,6 +176,12 @@ class SlotTable:
         self._busy_sessions.add(session)
         return Lease(pick, session, resident=False, evicted=evicted)
 
+    def lease_now(self, session: str) -> Lease | None:
+        """A lease on the slot ``session`` holds when that slot and the session are idle now, else None: it never
+        waits and never displaces (the proxy's idle saves: a slot leased meanwhile is not idle)."""
+        lease = self._try_lease(session, resident_only=True)
+        return lease if isinstance(lease, Lease) else None
+
     @overload
     async def acquire(self, session: str, resident_only: Literal[False] = False, share: Share | None = None
                       ) -> Lease: ...

@@ -68,11 +68,13 @@ def chat(doc: str, *questions: str) -> list[dict[str, object]]:
     return messages
 
 
-async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1) -> AsyncIterator[Proxy]:
+async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, **settings: object
+                 ) -> AsyncIterator[Proxy]:
     slots = tmp_path / "slots"
     slots.mkdir()
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
-    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots), engine, index=index)
+    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings), engine,
+                             index=index)
     service = SessionService(manager)
     pipeline = Pipeline([SessionStage(service), SessionCommitStage(service)])
     await service.start()
