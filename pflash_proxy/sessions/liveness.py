@@ -37,6 +37,8 @@ StatesAnswer = tuple[bool, "list[SlotState] | None"]
 BUSY = "the engine is processing a request on it"
 NOT_ASKED = "the engine did not report its slots' states"
 PASSING = (BUSY, NOT_ASKED)
+# and those that say the engine lost the slot's content (a restart)
+GONE = ("no task has run", "its task ids went back")
 
 
 class UpstreamWatch:

@@ -19,7 +19,9 @@ proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
    slot-state call at all), or the watch checks the engine's own record of that slot (``slot_lost``), else the
    table is emptied and the session's snapshot restored. When a hit is likely and not vouched for, those states
    are asked before the lease, beside the session lookup (``prefetch_slots``), and used only if no other lease
-   of the slot came between.
+   of the slot came between. A restart is noticed once: a check (before a hit, before a save) that finds a slot's
+   content gone counts one only if none was noticed since the request that put that content there was prepared
+   (``Slot.notices``; a turn that ran across a noticed restart may have left the old process's content).
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s`` (none at all
    when the engine is gone, ``Engine.reachable``: nothing could be saved); with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
@@ -56,7 +58,7 @@ from pflash_proxy.sessions.cluster import ClusterNode
 from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index, run
 from pflash_proxy.sessions.isolation import CacheIsolation
-from pflash_proxy.sessions.liveness import PASSING, StatesAnswer, UpstreamWatch
+from pflash_proxy.sessions.liveness import GONE, PASSING, StatesAnswer, UpstreamWatch
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
@@ -237,7 +239,7 @@ class SessionManager:
         if not slot.tokens or (slot.snapshot_current and self.snapshots.on_disk(sid)):
             return Saved(None)
         saved = await self._save(slot.id, sid, slot.tokens, slot.served_hashes,
-                                 (slot.task_seen, slot.prompt_tokens, slot.epoch))
+                                 (slot.task_seen, slot.prompt_tokens, slot.epoch, slot.notices))
         slot.snapshot_current = saved.record is not None
         return saved
 
@@ -305,13 +307,13 @@ class SessionManager:
 
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         lease.epoch = self.engine.epoch()  # before any call: a break from now on ends it
-        notices = self.watch.restarts  # a restart noticed meanwhile (the health monitor) is not noticed twice
+        lease.notices = self.watch.restarts  # a restart noticed meanwhile (the health monitor) is not noticed twice
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
             self.counters["evicted_saves"] += 1
             await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes,
-                             (ev.task_seen, ev.prompt_tokens, ev.epoch))
+                             (ev.task_seen, ev.prompt_tokens, ev.epoch, ev.notices))
         if served_hashes is None:
             return "miss", 0
         slot = lease.slot
@@ -329,7 +331,9 @@ class SessionManager:
                 slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
-            if self.watch.restarts == notices:
+            # not noticed since the content was put there (a turn that ran across a noticed restart may have
+            # put the old process's there: that restart is not counted again, nor every slot emptied again)
+            if self.watch.restarts == slot.notices:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
@@ -351,6 +355,7 @@ class SessionManager:
                     self.counters["restored"] += 1
                     slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
                     slot.snapshot_current, slot.known, slot.epoch = True, True, lease.epoch
+                    slot.notices = lease.notices
                     return "restored", snap.tokens
         self.counters["misses"] += 1
         return "miss", 0
@@ -404,21 +409,21 @@ class SessionManager:
         self.table.release(lease)
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str],
-                    learnt: tuple[int, int | None, int | None]) -> Saved:
+                    learnt: tuple[int, int | None, int | None, int]) -> Saved:
         """Snapshot slot ``slot_id`` as session ``sid``, once the engine's slot states show it idle and still
-        holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens`` and ``epoch``:
-        ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected, nothing is
-        written and the session's previous snapshot stays."""
-        task_seen, _, epoch = learnt
-        notices = self.watch.restarts
+        holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens``, ``epoch`` and
+        ``notices``: ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected,
+        nothing is written and the session's previous snapshot stays."""
+        task_seen, _, epoch, notices = learnt
         # after a turn, the slot's state counts what its cache holds: the prompt and the generated tokens (less one)
         why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
         if why is not None:
             self.counters["saves_refused"] += 1
             log.warning("not saving session %s from slot %d: %s; its previous snapshot, if any, stays", sid[:8],
                         slot_id, why)
-            if why.startswith(("no task has run", "its task ids went back")) \
-                    and self.watch.restarts == notices:  # the server restarted, and nobody noticed yet
+            # the server restarted, and nobody noticed it since the request that put the content there was
+            # prepared (a turn that ran across a noticed restart may have left the old process's content there)
+            if why.startswith(GONE) and self.watch.restarts == notices:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
             return Saved(None, passing=why.startswith(PASSING))
         try:
@@ -453,6 +458,7 @@ class SessionManager:
         slot.served_hashes = served_hashes
         slot.known = True
         slot.epoch = lease.epoch  # what the server said in that epoch; a break since then is not vouched for
+        slot.notices = lease.notices
         slot.snapshot_current = False
         return cached
 

@@ -6,9 +6,10 @@ declared ``remote``, not by whether nodes share it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -34,10 +35,11 @@ class Proxy:
     pipeline: Pipeline
 
     async def turn(self, messages: list[dict[str, object]], *, path: str = "/v1/chat/completions",
-                   headers: dict[str, str] | None = None, body: dict[str, object] | None = None
-                   ) -> tuple[ProxyRequest, dict[str, object]]:
+                   headers: dict[str, str] | None = None, body: dict[str, object] | None = None,
+                   answered: Callable[[], object] | None = None) -> tuple[ProxyRequest, dict[str, object]]:
         """One turn through the session stages and the fake engine, as the server runs it (``path``: the
-        dialect's route; ``body``: the whole body, else a chat body of ``messages``)."""
+        dialect's route; ``body``: the whole body, else a chat body of ``messages``; ``answered``: called once
+        the engine answered, before the proxy reads the answer)."""
         if body is None:
             body = {"messages": messages, "max_tokens": 1}
         dialect = dialect_for(path)
@@ -50,6 +52,8 @@ class Proxy:
         else:
             sent = json.loads(req.forward_bytes())
         answer = await self.engine.complete(sent)
+        if answered is not None and inspect.isawaitable(after := answered()):
+            await after
         await req.settle()
         for hook in req.on_answer:
             hook(answer)

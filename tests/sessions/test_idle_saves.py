@@ -189,3 +189,23 @@ async def test_no_save_after_a_restart_nobody_noticed(one):
     await idle_round(one)
     assert saves(one) == 1 and one.manager.store.snapshot(sid) == snapshot
     assert one.manager.counters["saves_refused"] == 1 and one.manager.counters["upstream_restarts"] == 1
+
+
+async def test_a_turn_answered_across_a_noticed_restart_is_not_saved_nor_noticed_twice(two):
+    """A turn's answer arrives after a restart was noticed (and the engine described again by another request):
+    what the table learns from it may be the old process's, so its slot is not saved, and the one restart counts
+    once (a second notice would also empty every slot restored since)."""
+    await two.turn(chat(DOC_A, "How many crates at plot 3?"))
+    await idle_round(two)
+
+    async def restarted() -> None:
+        two.engine.restart("killed after it answered")
+        await two.manager.ensure_ready()  # another request met the engine back before this answer was read
+
+    await two.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"), answered=restarted)
+    req, _ = await two.turn(chat(DOC_B, "Who logs the ships?"))  # another session, on the restarted engine
+    b = two.manager.table.resident(req.response_headers["X-PFlash-Session"])
+    await idle_round(two)
+    assert two.manager.counters["upstream_restarts"] == 1
+    assert saves(two) == 2 and b is not None and b.snapshot_current  # B's idle save, not A's
+    assert b.session is not None and two.manager.table.resident(b.session) is b  # B's slot was not forgotten
