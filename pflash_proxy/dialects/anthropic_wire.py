@@ -11,6 +11,8 @@ added (``Slots.pin_fields``) carried over by the server (``server/routes.py``):
    ``tool`` message, in block order; ``thinking`` blocks → ``reasoning_content``; tools, ``tool_choice``,
    ``stop_sequences``, ``max_tokens`` (4096 when absent), ``temperature``/``top_p``/``top_k``,
    ``chat_template_kwargs``, and the reasoning fields below). A stream is asked for ``timings_per_token``.
+   ``cache_prompt`` is passed on as it is: cache isolation sets it false on a request whose slot it could not
+   erase (``sessions/isolation.py``), and that must reach the server whatever the dialect.
 2. ``AnthropicTranslator.body``: a chat completion (or a chat error) as an Anthropic ``message`` (or error), with
    ``usage`` = ``cache_read_input_tokens`` / ``input_tokens`` (uncached) / ``output_tokens`` from the answer's
    cache report (``Engine.cache_report``, given to the translator: llama-server's ``timings``).
@@ -62,7 +64,7 @@ log = logging.getLogger("pflash_proxy.dialects")
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _CAPPED_STOP = {**_STOP, "length": "end_turn"}  # AnthropicTranslator(turn_capped=True): step 4
-_SAMPLING = ("temperature", "top_p", "top_k", "stream")
+_PASSED_ON = ("temperature", "top_p", "top_k", "stream", "cache_prompt")  # the same name and meaning in both
 
 
 def to_chat(body: JsonObject, messages: list[JsonObject]) -> JsonObject:
@@ -121,7 +123,7 @@ def to_chat(body: JsonObject, messages: list[JsonObject]) -> JsonObject:
     if "stop_sequences" in body:
         result["stop"] = body["stop_sequences"]
     result["max_tokens"] = body.get("max_tokens", 4096)
-    for key in _SAMPLING:
+    for key in _PASSED_ON:
         if key in body:
             result[key] = body[key]
     _reasoning(body, result)

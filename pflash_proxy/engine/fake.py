@@ -8,7 +8,8 @@ It behaves like a server with a prefix cache per slot, at no cost and with no so
 2. ``complete(body)`` stands in for a completion: the prompt goes to the slot the body is pinned to (``pin``)
    or slot 0, the tokens shared with what the slot holds come from the cache (all but the last when the whole prompt
    matches, as llama.cpp does), one token is generated, and the answer carries the report ``cache_report`` reads
-   (under ``fake_report``: the fake's own wire format, no real server's).
+   (under ``fake_report``: the fake's own wire format, no real server's). A body with ``cache_prompt: false``
+   reuses nothing of the slot, as llama-server does (what cache isolation sends when it cannot erase a slot).
 3. Slots are token lists; ``save``/``restore`` copy them to and from named files, in memory (``files``) or, with
    ``save_dir``, as files of JSON in that directory (what a proxy that checks, renames and
    checksums its snapshot files needs), refused
@@ -293,7 +294,7 @@ class FakeEngine:
         if len(prompt) > self.n_ctx:
             raise EngineRefused("a completion", 400, "the request exceeds the available context size")
         shared = 0
-        for a, b in zip(slot.tokens, prompt):
+        for a, b in zip(slot.tokens if body.get("cache_prompt") is not False else [], prompt):
             if a != b:
                 break
             shared += 1

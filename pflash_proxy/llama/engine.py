@@ -17,8 +17,11 @@ wait for a restarting server, the proxy's own ``--upstream-api-key``); this modu
    has always stored beside each snapshot. A 503 (loading) or an answer that is no object: ``EngineNotReady``.
 4. Slots: ``id_slot`` in the body pins a request; ``POST /slots/{id}?action=save|restore|erase`` with
    ``{"filename": ...}`` (``n_saved`` / ``n_restored`` in the answer); ``GET /slots`` (``is_processing``,
-   ``id_task``, ``n_prompt_tokens`` per slot); whether saving is enabled is asked with a save of an invalid file
-   name, which llama-server refuses before it touches a slot (400: enabled, 501: no ``--slot-save-path``).
+   ``id_task``, ``n_prompt_tokens`` per slot: the tokens the slot's cache holds, prompt and generated; b11434
+   adds the last task's prompt text only when started with ``LLAMA_SERVER_SLOTS_DEBUG`` set, so a slot's state
+   says how long its content is, never what it is); whether saving is enabled is asked with a save of an
+   invalid file name, which llama-server refuses before it touches a slot (400: enabled, 501: no
+   ``--slot-save-path``).
    llama-server runs a slot action on its main loop between batches and says how long it took
    (``timings.save_ms`` / ``timings.restore_ms``) and how many bytes it wrote or read (``n_written`` / ``n_read``):
    those are summed per action (``slot_actions`` in ``stats``), the time no batch of any slot ran.

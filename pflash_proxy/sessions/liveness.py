@@ -33,6 +33,13 @@ log = logging.getLogger("pflash_proxy.sessions")
 # what a slot-state check returns: whether the engine answered, and the states it reported (None: it does not)
 StatesAnswer = tuple[bool, "list[SlotState] | None"]
 
+# the reasons ``unsaveable`` gives that pass by themselves (the slot is busy, the engine could not be asked now)
+BUSY = "the engine is processing a request on it"
+NOT_ASKED = "the engine did not report its slots' states"
+PASSING = (BUSY, NOT_ASKED)
+# and those that say the engine lost the slot's content (a restart)
+GONE = ("no task has run", "its task ids went back")
+
 
 class UpstreamWatch:
     def __init__(self, settings: Settings, engine: Engine, on_ready: Callable[[int], None],
@@ -185,14 +192,14 @@ class UpstreamWatch:
         try:
             data = await self.slots.states()
         except (EngineUnreachable, EngineNotReady) as exc:
-            return f"the engine did not report its slots' states ({exc})"
+            return f"{NOT_ASKED} ({exc})"
         if data is None:
             if self.engine.vouches(epoch):
                 return None
             return "the engine reports no slot states and nothing vouches that it kept the slot"
         info = next((s for s in data if s.id == slot_id), None)
         if info is not None and info.busy:
-            return "the engine is processing a request on it"
+            return BUSY
         return disagreement(info, slot_id, task_seen, prompt_tokens)
 
 

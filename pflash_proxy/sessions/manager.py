@@ -19,7 +19,9 @@ proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
    slot-state call at all), or the watch checks the engine's own record of that slot (``slot_lost``), else the
    table is emptied and the session's snapshot restored. When a hit is likely and not vouched for, those states
    are asked before the lease, beside the session lookup (``prefetch_slots``), and used only if no other lease
-   of the slot came between.
+   of the slot came between. A restart is noticed once: a check (before a hit, before a save) that finds a slot's
+   content gone counts one only if none was noticed since the request that put that content there was prepared
+   (``Slot.notices``; a turn that ran across a noticed restart may have left the old process's content).
 5. ``stop`` (SIGTERM/SIGINT): snapshot every resident session, bounded by ``shutdown_save_timeout_s`` (none at all
    when the engine is gone, ``Engine.reachable``: nothing could be saved); with a
    shared index (``cluster.py``) the node then removes its heartbeat, so other nodes take its sessions over.
@@ -28,8 +30,12 @@ proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
    their snapshots (never one that holds a slot or is in flight).
 7. Idle saves (``--idle-save-s``, 0 = off): a resident session idle that long whose snapshot is not current is
    snapshotted once per change, one save at a time and on average at most ``--idle-save-mb-s`` of snapshot
-   written per second, never while its slot is busy (a lease, and the slot's state right before); so a crash
-   of the engine costs a session at most the turn in flight, and the restart path restores the rest.
+   written per second (the size of each file written), never while its slot is busy: each save leases the slot
+   without waiting, right after checking it is still idle (a slot whose next turn began meanwhile is left for a
+   later round, never saved the moment that turn ends), and the engine's state of the slot must show it idle.
+   A save that wrote nothing is not tried again until the slot's next turn, unless what stopped it passes by
+   itself (the engine busy on the slot, or not answering): then after another ``--idle-save-s``. So a crash of
+   the engine costs a session at most the turn in flight, and the restart path restores the rest.
 8. Index calls: where they run is decided by the index's declared ``remote`` (``index.run``): a local index's
    snapshot records are in memory and its files local, so they are read on the loop; a remote one is asked in a
    worker thread.
@@ -39,9 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from pflash_proxy.config import Settings
@@ -51,7 +58,7 @@ from pflash_proxy.sessions.cluster import ClusterNode
 from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index, run
 from pflash_proxy.sessions.isolation import CacheIsolation
-from pflash_proxy.sessions.liveness import StatesAnswer, UpstreamWatch
+from pflash_proxy.sessions.liveness import GONE, PASSING, StatesAnswer, UpstreamWatch
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
@@ -88,7 +95,9 @@ class SessionManager:
         self.isolation = CacheIsolation(settings.sessions.cache_isolation, self.slots)  # --cache-isolation (isolation.py)
         self._pruner: asyncio.Task[None] | None = None
         self._idle_saver: asyncio.Task[None] | None = None
-        self._idle_tried: dict[int, int] = {}  # slot id -> its grant count when an idle save of it last failed
+        # slot id -> (its grant count, when to try again) after an idle save of it wrote nothing: once per change,
+        # unless what kept it from being written passes by itself (the engine busy on the slot)
+        self._idle_tried: dict[int, tuple[int, float]] = {}
         self._background: set[asyncio.Task[Any]] = set()  # what ``_spawn`` started, of any result
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
                          "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
@@ -115,6 +124,7 @@ class SessionManager:
         await self.watch.ensure_ready(wait)
 
     def _on_ready(self, n_slots: int) -> None:
+        self._idle_tried.clear()
         if len(self.table.slots) != n_slots:
             self.table = self._new_table(n_slots)
         else:
@@ -122,6 +132,7 @@ class SessionManager:
 
     def _on_restart(self, reason: str) -> None:
         self.counters["upstream_restarts"] += 1
+        self._idle_tried.clear()
         self.table.mark_all_empty()
 
     def view(self) -> ManagerView:
@@ -218,14 +229,19 @@ class SessionManager:
         if lease is None:
             return False
         try:
-            slot = lease.slot
-            if not slot.tokens or (slot.snapshot_current and self.snapshots.on_disk(sid)):
-                return False
-            slot.snapshot_current = await self._save(slot.id, sid, slot.tokens, slot.served_hashes,
-                                                     (slot.task_seen, slot.prompt_tokens, slot.epoch))
-            return slot.snapshot_current
+            return (await self._snapshot_leased(lease)).record is not None
         finally:
             self.table.release(lease)
+
+    async def _snapshot_leased(self, lease: Lease) -> Saved:
+        """Save the session that ``lease``'s slot holds, unless the slot holds nothing or its snapshot is current."""
+        slot, sid = lease.slot, lease.session
+        if not slot.tokens or (slot.snapshot_current and self.snapshots.on_disk(sid)):
+            return Saved(None)
+        saved = await self._save(slot.id, sid, slot.tokens, slot.served_hashes,
+                                 (slot.task_seen, slot.prompt_tokens, slot.epoch, slot.notices))
+        slot.snapshot_current = saved.record is not None
+        return saved
 
     # Pruning -----------------------------------------------------------------------------------------------
     async def prune(self) -> list[str]:
@@ -291,13 +307,13 @@ class SessionManager:
 
     async def prepare_slot(self, lease: Lease, served_hashes: list[str] | None) -> tuple[str, int]:
         lease.epoch = self.engine.epoch()  # before any call: a break from now on ends it
-        notices = self.watch.restarts  # a restart noticed meanwhile (the health monitor) is not noticed twice
+        lease.notices = self.watch.restarts  # a restart noticed meanwhile (the health monitor) is not noticed twice
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
             self.counters["evicted_saves"] += 1
             await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes,
-                             (ev.task_seen, ev.prompt_tokens, ev.epoch))
+                             (ev.task_seen, ev.prompt_tokens, ev.epoch, ev.notices))
         if served_hashes is None:
             return "miss", 0
         slot = lease.slot
@@ -315,7 +331,9 @@ class SessionManager:
                 slot.epoch = lease.epoch
                 return "hit", slot.prompt_tokens
             self.counters["slots_lost"] += 1
-            if self.watch.restarts == notices:
+            # not noticed since the content was put there (a turn that ran across a noticed restart may have
+            # put the old process's there: that restart is not counted again, nor every slot emptied again)
+            if self.watch.restarts == slot.notices:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
         if lease.resident:
             self.table.forget(lease.session)
@@ -337,6 +355,7 @@ class SessionManager:
                     self.counters["restored"] += 1
                     slot.tokens, slot.prompt_tokens, slot.served_hashes = snap.tokens, snap.tokens, snap.served_hashes
                     slot.snapshot_current, slot.known, slot.epoch = True, True, lease.epoch
+                    slot.notices = lease.notices
                     return "restored", snap.tokens
         self.counters["misses"] += 1
         return "miss", 0
@@ -390,34 +409,33 @@ class SessionManager:
         self.table.release(lease)
 
     async def _save(self, slot_id: int, sid: str, tokens: int, served_hashes: list[str],
-                    learnt: tuple[int, int | None, int | None]) -> bool:
+                    learnt: tuple[int, int | None, int | None, int]) -> Saved:
         """Snapshot slot ``slot_id`` as session ``sid``, once the engine's slot states show it idle and still
-        holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens`` and ``epoch``:
-        ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected, nothing is
-        written and the session's previous snapshot stays. True when a snapshot was written."""
-        task_seen, prompt_tokens, epoch = learnt
-        notices = self.watch.restarts
+        holding what the table learnt (``learnt``: the slot's ``task_seen``, ``prompt_tokens``, ``epoch`` and
+        ``notices``: ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected,
+        nothing is written and the session's previous snapshot stays."""
+        task_seen, _, epoch, notices = learnt
         # after a turn, the slot's state counts what its cache holds: the prompt and the generated tokens (less one)
         why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
         if why is not None:
             self.counters["saves_refused"] += 1
             log.warning("not saving session %s from slot %d: %s; its previous snapshot, if any, stays", sid[:8],
                         slot_id, why)
-            if why.startswith(("no task has run", "its task ids went back")) \
-                    and self.watch.restarts == notices:  # the server restarted, and nobody noticed yet
+            # the server restarted, and nobody noticed it since the request that put the content there was
+            # prepared (a turn that ran across a noticed restart may have left the old process's content there)
+            if why.startswith(GONE) and self.watch.restarts == notices:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
-            return False
+            return Saved(None, passing=why.startswith(PASSING))
         try:
-            await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
-            return True
+            return Saved(await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity))
         except SnapshotRejected as exc:
             self.counters["saves_refused"] += 1
             log.warning("%s; the file is not kept, the previous snapshot, if any, stays", exc)
-            return False
+            return Saved(None)
         except (EngineError, OSError, StoreError) as exc:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
-            return False
+            return Saved(None, passing=isinstance(exc, (EngineUnreachable, EngineNotReady)))
 
     def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
                 ) -> int | None:
@@ -440,6 +458,7 @@ class SessionManager:
         slot.served_hashes = served_hashes
         slot.known = True
         slot.epoch = lease.epoch  # what the server said in that epoch; a break since then is not vouched for
+        slot.notices = lease.notices
         slot.snapshot_current = False
         return cached
 
@@ -455,33 +474,50 @@ class SessionManager:
             except Exception:  # noqa: BLE001 - a failed round must not stop the next one
                 log.exception("idle snapshot round failed")
 
+    def _idle(self, slot: Slot, idle_s: float, now: float) -> bool:
+        """``slot`` holds a session idle for ``idle_s`` whose content changed since its last snapshot, and no idle
+        save of this content wrote nothing for a reason that does not pass by itself (``_idle_tried``)."""
+        if not (slot.session and not slot.session.startswith("anon-") and slot.known and slot.tokens
+                and not slot.busy and not slot.snapshot_current and now - slot.last_used >= idle_s):
+            return False
+        tried = self._idle_tried.get(slot.id)
+        return tried is None or tried[0] != slot.grants or now >= tried[1]
+
     def idle_due(self, idle_s: float) -> list[Slot]:
         """Slots holding a session idle for ``idle_s`` whose content changed since its last snapshot (and since an
-        idle save of it last failed), the longest idle first."""
+        idle save of it last wrote nothing), the longest idle first."""
         now = time.monotonic()
-        due = [s for s in self.table.slots if s.session and not s.session.startswith("anon-") and s.known
-               and s.tokens and not s.busy and not s.snapshot_current and now - s.last_used >= idle_s
-               and self._idle_tried.get(s.id) != s.grants]
-        return sorted(due, key=lambda s: s.last_used)
+        return sorted((s for s in self.table.slots if self._idle(s, idle_s, now)), key=lambda s: s.last_used)
 
     async def _idle_save_round(self, idle_s: float) -> None:
+        """One save at a time, each of a slot still idle when it starts (it is leased without waiting, right after
+        that check: a slot whose next turn began while the saves before it ran is left for a later round), then a
+        pause that keeps the average at ``--idle-save-mb-s`` (from the size of the file written)."""
         if not self.watch.ready:
             return
         for slot in self.idle_due(idle_s):
-            sid = slot.session
-            if sid is None or self.engine.epoch() is None and not await self.engine.healthy(timeout_s=2):
+            if self.engine.epoch() is None and not await self.engine.healthy(timeout_s=2):
                 return  # the engine is down: nothing can be saved (the restart path restores what was)
-            t0 = time.monotonic()
-            ok = await self._snapshot_now(sid)
-            if slot.session == sid:
-                self._idle_tried[slot.id] = slot.grants  # once per change: not again until a new turn
-            if not ok:
+            if not self.watch.ready or not self._idle(slot, idle_s, time.monotonic()) or slot.session is None:
+                continue  # leased, saved or emptied (a restart) since the round began
+            lease = self.table.lease_now(slot.session)
+            if lease is None:
                 continue
+            if lease.slot is not slot:  # another table's slot (the engine was described anew): not this one
+                self.table.release(lease)
+                continue
+            t0 = time.monotonic()
+            try:
+                saved = await self._snapshot_leased(lease)
+            finally:
+                self.table.release(lease)
+            if saved.record is None:  # once per change, unless what stopped it passes (then after another idle_s)
+                self._idle_tried[slot.id] = (slot.grants, time.monotonic() + idle_s if saved.passing else math.inf)
+                continue
+            self._idle_tried.pop(slot.id, None)
             self.counters["idle_saves"] += 1
-            rec = self.store.snapshot(sid) if not self.store.remote else None
-            size = rec.size if rec is not None else 0
             # the I/O budget: one save at a time, and on average at most --idle-save-mb-s
-            pause = size / (self.settings.idle_save_mb_s * 1e6) - (time.monotonic() - t0)
+            pause = saved.record.size / (self.settings.idle_save_mb_s * 1e6) - (time.monotonic() - t0)
             if pause > 0:
                 await asyncio.sleep(pause)
 
@@ -528,6 +564,15 @@ class SessionManager:
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe(), **self.engine.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}
+
+
+@dataclass
+class Saved:
+    """What a save did (``SessionManager._save``): the snapshot written (None: nothing was), and whether what kept
+    it from being written passes by itself (the engine busy on the slot, or not answering now)."""
+
+    record: SnapshotRecord | None
+    passing: bool = False
 
 
 PREFIX_HIT_MIN = 32  # a "miss" that reused at least this many tokens reused someone's prefix (``hit-prefix``)

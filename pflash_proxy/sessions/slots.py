@@ -54,6 +54,8 @@ class Slot:
     # other lease came between: ``SessionManager.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
     # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
+    notices: int = 0  # restart notices heard when the request (or restore) that put the content there was prepared
+    # (``Lease.notices``): a check that finds the content gone counts a restart only if none was noticed since
     owner: str | None = UNKNOWN_OWNER  # whose requests put the content there (``isolation.py``); None: empty
 
 
@@ -67,6 +69,7 @@ class Evicted:
     prompt_tokens: int = 0
     task_seen: int = -1
     epoch: int | None = None  # what vouches for it (``Slot.epoch``): a save checks the slot first unless it holds
+    notices: int = 0  # ``Slot.notices``
 
 
 def _evicted(slot: Slot) -> Evicted | None:
@@ -74,7 +77,7 @@ def _evicted(slot: Slot) -> Evicted | None:
     if slot.session is None:
         return None
     return Evicted(slot.session, slot.tokens, slot.served_hashes, slot.snapshot_current, slot.known,
-                   slot.prompt_tokens, slot.task_seen, slot.epoch)
+                   slot.prompt_tokens, slot.task_seen, slot.epoch, slot.notices)
 
 
 Share = tuple[list[str], str]  # a new session's message hashes and owner key (``SlotTable.acquire``, step 1)
@@ -111,6 +114,7 @@ class Lease:
     # the slots' states asked while the lease was sought (``SessionManager.prefetch_slots``)
     prefetched: SlotsPrefetch | None = None
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
+    notices: int = 0  # restart notices heard when the slot was prepared (``Slot.notices``)
     reason: str | None = None  # why the session is a miss although it had a snapshot (``prepare_slot``)
 
 
@@ -175,6 +179,12 @@ class SlotTable:
         pick.grants += 1
         self._busy_sessions.add(session)
         return Lease(pick, session, resident=False, evicted=evicted)
+
+    def lease_now(self, session: str) -> Lease | None:
+        """A lease on the slot ``session`` holds when that slot and the session are idle now, else None: it never
+        waits and never displaces (the proxy's idle saves: a slot leased meanwhile is not idle)."""
+        lease = self._try_lease(session, resident_only=True)
+        return lease if isinstance(lease, Lease) else None
 
     @overload
     async def acquire(self, session: str, resident_only: Literal[False] = False, share: Share | None = None

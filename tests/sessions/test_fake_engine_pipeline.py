@@ -6,9 +6,10 @@ declared ``remote``, not by whether nodes share it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
+from pflash_proxy.server.routes import pin_of
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.store import SessionStore
@@ -32,16 +34,26 @@ class Proxy:
     manager: SessionManager
     pipeline: Pipeline
 
-    async def turn(self, messages: list[dict[str, object]]) -> tuple[ProxyRequest, dict[str, object]]:
-        """One chat turn through the session stages and the fake engine, as the server runs it."""
-        body: dict[str, object] = {"messages": messages, "max_tokens": 1}
-        dialect = dialect_for("/v1/chat/completions")
+    async def turn(self, messages: list[dict[str, object]], *, path: str = "/v1/chat/completions",
+                   headers: dict[str, str] | None = None, body: dict[str, object] | None = None,
+                   answered: Callable[[], object] | None = None) -> tuple[ProxyRequest, dict[str, object]]:
+        """One turn through the session stages and the fake engine, as the server runs it (``path``: the
+        dialect's route; ``body``: the whole body, else a chat body of ``messages``; ``answered``: called once
+        the engine answered, before the proxy reads the answer)."""
+        if body is None:
+            body = {"messages": messages, "max_tokens": 1}
+        dialect = dialect_for(path)
         assert dialect is not None
-        req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None,
+        req = ProxyRequest("chat", "POST", path, headers or {}, json.dumps(body).encode(), body, None,
                            dialect=dialect, conversation=dialect.parse(body), conversation_base=body)
         await self.pipeline.run_request(req)
-        sent = json.loads(req.forward_bytes())
+        if dialect.upstream_path:  # translated for another route, the pin carried over, as server/routes.py does
+            sent = {**dialect.to_upstream(req.body, req.messages), **pin_of(self.engine, req.body)}
+        else:
+            sent = json.loads(req.forward_bytes())
         answer = await self.engine.complete(sent)
+        if answered is not None and inspect.isawaitable(after := answered()):
+            await after
         await req.settle()
         for hook in req.on_answer:
             hook(answer)
@@ -60,11 +72,13 @@ def chat(doc: str, *questions: str) -> list[dict[str, object]]:
     return messages
 
 
-async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1) -> AsyncIterator[Proxy]:
+async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, **settings: object
+                 ) -> AsyncIterator[Proxy]:
     slots = tmp_path / "slots"
     slots.mkdir()
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
-    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots), engine, index=index)
+    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings), engine,
+                             index=index)
     service = SessionService(manager)
     pipeline = Pipeline([SessionStage(service), SessionCommitStage(service)])
     await service.start()
@@ -155,3 +169,27 @@ async def test_where_a_lookup_runs_is_decided_by_the_index_declaring_itself_remo
         on_loop = _lookup_threads(store)
         await p.turn(chat("short", "hi"))
         assert on_loop == [not remote] * len(on_loop) and on_loop, on_loop  # a short history, a local index: the loop
+
+
+def _anthropic(doc: str, question: str) -> dict[str, object]:
+    return {"model": "m", "max_tokens": 1, "system": doc, "messages": [{"role": "user", "content": question}]}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_slot_that_could_not_be_erased_for_another_credential_reuses_nothing_in_any_dialect(proxy, path):
+    """Cache isolation's fallback when the erase fails (``cache_prompt: false``) reaches the engine however the
+    dialect is translated: the second credential's request reuses none of the first's tokens."""
+    from pflash_proxy.engine import EngineRefused
+
+    def ask(headers: dict[str, str], question: str):
+        if path == "/v1/messages":
+            return proxy.turn([], path=path, headers=headers, body=_anthropic(DOC_A, question))
+        return proxy.turn(chat(DOC_A, question), path=path, headers=headers)
+
+    await ask({"Authorization": "Bearer key-of-a"}, "How many crates at plot 3?")
+    proxy.engine.fail("erase", EngineRefused("slot 0 erase", 501, "This server does not support slots action."))
+    req, answer = await ask({"Authorization": "Bearer key-of-b"}, "How many crates at plot 8?")
+    assert proxy.manager.isolation.counters == {"isolation_erases": 0, "isolation_cold": 1}
+    assert req.state["sent"].get("cache_prompt") is False
+    report = proxy.engine.cache_report(answer)
+    assert report is not None and report.cached_tokens == 0 and report.new_tokens > 200  # DOC_A not reused
