@@ -193,6 +193,24 @@ def llama_server(gemma_model, tmp_path_factory):
     server.stop()
 
 
+async def serve_fake_engine(aiohttp_server, fake) -> tuple[str, list[dict]]:
+    """An address for ``--upstream`` whose chat completions ``fake`` (``engine.fake.FakeEngine``) answers with
+    ``complete``, for an app built on that fake (``create_app(settings, engine=lambda _: fake)``): the client's
+    request travels through the transport as it would to llama-server. Returns the URL and the bodies received."""
+    from aiohttp import web
+
+    received: list[dict] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        received.append(body)
+        return web.json_response(await fake.complete(body))
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    server = await aiohttp_server(app)
+    return str(server.make_url("")).rstrip("/"), received
+
+
 @pytest.fixture
 async def http():
     async with aiohttp.ClientSession() as session:

@@ -37,7 +37,7 @@ from pflash_proxy.llama.engine import cache_report
 
 if TYPE_CHECKING:
     from pflash_proxy.compress import Scorer
-    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.compress import CompressStage
 
 log = logging.getLogger("pflash_proxy.bench")
@@ -193,7 +193,7 @@ class Proxy:
         self.recorder = Recorder(dry_run)
         self.url = ""
         self.compress: CompressStage | None = None
-        self.manager: SessionManager | None = None
+        self.sessions: SessionService | None = None  # the session stages' service (None: --no-sessions)
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> "Proxy":
@@ -210,7 +210,7 @@ class Proxy:
         # the product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder
         stages += default_stages(self.settings, app[ENGINE], scorer=self.scorer or LexicalScorer(),
                                  extra=[self.recorder])
-        self.manager = next((s.manager for s in stages if isinstance(s, SessionStage)), None)
+        self.sessions = next((s.sessions for s in stages if isinstance(s, SessionStage)), None)
         self.compress = next((s for s in stages if isinstance(s, CompressStage)), None)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()

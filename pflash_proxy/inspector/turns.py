@@ -20,13 +20,12 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
    the look-up; ``prepare_ms``, the slot-queue wait excluded).
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
-Recording never fails a request: the trace is written to the index after the answer (``update_record``, in a
-worker thread, under the session's lease), and an error there is logged.
+Recording never fails a request: the trace is written to the index after the answer, under the session's lease,
+through the session service (``SessionService.write_record``, in a worker thread), and an error there is logged.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -39,7 +38,7 @@ from pflash_proxy.inspector.trace import VERSION, current, record_turn
 from pflash_proxy.jsontypes import JSONObject
 
 if TYPE_CHECKING:
-    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.sessions import SessionContext
 
 log = logging.getLogger("pflash_proxy.inspector")
@@ -156,8 +155,8 @@ class SavingsStage(Stage):
 
     name = "savings"
 
-    def __init__(self, manager: SessionManager, threshold: int | None, engine: Engine):
-        self.manager = manager  # sessions.manager.SessionManager: its index (``store``)
+    def __init__(self, sessions: SessionService, threshold: int | None, engine: Engine):
+        self.sessions = sessions  # writes the turn trace to the session index
         self.threshold = threshold  # None: compression is off
         self.engine = engine  # reads the answer's cache report
         self.counters: dict[str, float] = {"turns": 0, "turns_timed": 0, "prompt_tokens": 0, "prefilled_tokens": 0,
@@ -188,7 +187,7 @@ class SavingsStage(Stage):
         ctx.record.last_use = time.time()  # the inspector's cached summary of the session is renewed
         self._count(turn)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.manager.store.update_record, ctx.record)
+            await self.sessions.write_record(ctx.record)
         except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
             log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
 

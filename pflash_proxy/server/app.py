@@ -1,8 +1,8 @@
 """``create_app(settings) -> web.Application``: the composition root, wiring only.
 
 1. Application state under typed keys (``keys.py``): settings, metrics, the ``Upstream`` transport that relays the
-   clients' requests, the ``Engine`` the proxy's own calls go through (``llama.engine.LlamaServerEngine`` on that
-   transport), the body budget.
+   clients' requests, the ``Engine`` the proxy's own calls go through (``create_app``'s ``engine``, a factory
+   handed that transport: ``llama.engine.LlamaServerEngine`` unless a caller gives another), the body budget.
 2. Routes (``routes.py``) and the inspector, an aiohttp sub-app mounted at ``/pflash`` that is handed read-only
    views (the upstream, the sessions view of the pipeline, the stats) and nothing else.
 Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, TypeAlias
 
 from aiohttp import web
 
 from pflash_proxy.config import Settings
 from pflash_proxy.contract import Pipeline, Stage, StageHooks
+from pflash_proxy.engine import Engine
 from pflash_proxy.inspector.data import InspectorViews
 from pflash_proxy.inspector.routes import API_KEY, PREFIX, create_inspector
 from pflash_proxy.llama.engine import LlamaServerEngine
@@ -40,8 +41,16 @@ from pflash_proxy.stages import default_stages
 
 log = logging.getLogger("pflash_proxy.app")
 
+# builds the engine the proxy's own calls go through, on the transport built from ``--upstream`` (an engine that
+# does not call the server over it ignores it)
+EngineFactory: TypeAlias = Callable[[Upstream], Engine]
 
-def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.Application:
+
+def create_app(settings: Settings, stages: list[Stage] | None = None,
+               engine: EngineFactory = LlamaServerEngine) -> web.Application:
+    """The app. ``stages``: the pipeline's stages, read at start-up (default: ``stages.default_stages`` on the
+    app's engine); ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives another:
+    the session, compression and savings stages, the routes and the inspector all use the one it builds)."""
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
     # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
     app = web.Application(client_max_size=settings.limits.max_body_bytes,
@@ -52,7 +61,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None) -> web.App
     up = settings.upstream
     app[UPSTREAM] = Upstream(up.url, read_timeout_s=up.upstream_timeout_s, api_key=up.upstream_api_key,
                              wait_s=up.upstream_wait_s)
-    app[ENGINE] = LlamaServerEngine(app[UPSTREAM])
+    app[ENGINE] = engine(app[UPSTREAM])
     app[SUPERVISOR] = None
     app[BODIES] = BodyBudget(int(settings.limits.max_pending_mb * 2**20))
     app[STREAMS] = set()

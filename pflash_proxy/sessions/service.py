@@ -1,8 +1,8 @@
 """``SessionService``: what the session stages ask of the session layer, in the stages' own terms.
 
-The stages (``stages/sessions.py``, ``stages/chains.py``) call this object only; it alone reaches the manager's
-slot table, session index, snapshots and cluster node, and it alone decides where an index call runs
-(``index.run``: from the index's declared ``remote``, and from the size of the request's history).
+The stages (``stages/sessions.py``, ``stages/chains.py``, ``inspector/turns.py``) call this object only; it alone
+reaches the manager's slot table, session index, snapshots and cluster node, and it alone decides where an index
+call runs (``index.run``: from the index's declared ``remote``, and from the size of the request's history).
 
 1. Readiness and namespaces: ``ensure_ready``; ``owner`` (the hash of a request's credential); ``seed`` (the
    lookup's namespace: the model identity, the owner and the client's session name; a session id the client
@@ -24,9 +24,10 @@ slot table, session index, snapshots and cluster node, and it alone decides wher
    is reported as), ``finish`` (release the lease, or keep it until the engine's slot is idle; the save of
    ``--save-every-turn``).
 6. The index: ``commit`` starts writing the served history now (on the loop for a short history in a local
-   index, else in a worker thread) and says later whether it was kept; ``update_record`` and ``index_work``
-   (the response chains' reads and writes) run in a worker thread. A failed index call is counted and logged
-   (``store_failed``), never raised to the request.
+   index, else in a worker thread) and says later whether it was kept; ``update_record``, ``write_record`` (the
+   inspector's turn trace) and ``index_work`` (the response chains' reads and writes) run in a worker thread. A
+   failed index call is counted and logged (``store_failed``), never raised to the request; ``write_record``
+   alone raises it to its caller, which logs it without counting it.
 """
 
 from __future__ import annotations
@@ -341,10 +342,15 @@ class SessionService:
         self.manager.note_write()
         return True
 
+    async def write_record(self, record: SessionRecord) -> None:
+        """Write ``record`` back (a worker thread); what the index raises is the caller's to handle (the
+        inspector's turn trace logs it, uncounted)."""
+        await run(self._index, self._index.update_record, record)
+
     async def update_record(self, record: SessionRecord, what: str) -> bool:
         """Write ``record`` back (a worker thread); False when the index failed (counted as ``what``)."""
         try:
-            await run(self._index, self._index.update_record, record)
+            await self.write_record(record)
         except StoreError as exc:
             self.manager.store_failed(what, exc)
             return False

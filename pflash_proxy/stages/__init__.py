@@ -64,7 +64,7 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
             stages.append(CompressStage(settings.compression, engine, built.segmenter, built.scorer, built))
     from pflash_proxy.inspector.turns import SavingsStage
 
-    stages.append(SavingsStage(manager, settings.compression.threshold if settings.compression.pflash else None,
+    stages.append(SavingsStage(sessions, settings.compression.threshold if settings.compression.pflash else None,
                                engine))
     stages.append(SessionCommitStage(sessions))
     return stages + list(extra)

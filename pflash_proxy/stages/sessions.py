@@ -101,7 +101,7 @@ class SessionStage(Stage):
 
     @property
     def manager(self) -> SessionManager:
-        """The manager behind the service (the bench and tests inspect it; the stage calls the service only)."""
+        """The manager behind the service (tests inspect it; the stage calls the service only)."""
         return self.sessions.manager
 
     def bind(self, hooks: StageHooks) -> None:

@@ -1,9 +1,10 @@
 """The parsed turn's session bookkeeping without round trips it does not need (issue 29, item 4).
 
-Unit parts: the index's write marks, the slot-state prefetch's coverage rule, the served-hash reuse. The real part
-(gemma-3-270m llama-server): a follow-up turn the engine vouches for (the upstream sentinel) asks one lookup and
-no slot states (``GET /slots``); without the sentinel it asks them once and is still a verified hit. The history commit runs
-beside the upstream request and lands before the answer.
+Unit parts: the index's write marks, the slot-state prefetch's coverage rule, the served-hash reuse. The pipeline
+part, on each engine (gemma-3-270m llama-server, and the in-process ``FakeEngine`` handed to ``create_app``): a
+follow-up turn the engine vouches for (llama-server's upstream sentinel) asks one lookup and no slot states
+(``Slots.states``, llama-server's ``GET /slots``); without it the states are asked once and the turn is still a
+verified hit. The history commit runs beside the upstream request and lands before the answer.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import threading
 
 import pytest
 
+from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.keys import PIPELINE
+from pflash_proxy.server.keys import PIPELINE, UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.manager import SlotsPrefetch
 from pflash_proxy.sessions.slots import SlotTable
 from pflash_proxy.stages.sessions import _hashes
 from pflash_proxy.sessions.store import SessionStore
-from tests.conftest import make_settings
+from tests.conftest import make_settings, serve_fake_engine
 
 MSGS = [{"role": "user", "content": "Hi"}]
 SAY_HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
@@ -136,9 +138,33 @@ def _save_threads(manager) -> list[str]:
     return threads
 
 
-async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
-    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir)
-    proxy = await aiohttp_client(create_app(settings))
+ENGINES = [pytest.param("llama-server", marks=pytest.mark.llama), "fake"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def after_one_turn(request, engine_kind, aiohttp_client, aiohttp_server, tmp_path):
+    """A proxy that served ``SAY_HELLO`` once (a miss), and its session manager: on the real llama-server, or on
+    a ``FakeEngine`` (two slots, like the real one) handed to ``create_app``, its chat route answered by the same
+    fake."""
+    if engine_kind == "llama-server":
+        server = request.getfixturevalue("llama_server")
+        app = create_app(make_settings(server.url, tmp_path, slot_save_path=server.slot_dir))
+    else:
+        slots = tmp_path / "slots"
+        slots.mkdir()
+        fake = FakeEngine(n_slots=2, save_dir=slots)
+        url, _ = await serve_fake_engine(aiohttp_server, fake)
+        app = create_app(make_settings(url, tmp_path, slot_save_path=slots), engine=lambda _transport: fake)
+    return await _proxy_after_one_turn(aiohttp_client, app, SAY_HELLO)
+
+
+async def _proxy_after_one_turn(aiohttp_client, app, body):
+    proxy = await aiohttp_client(app)
     manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
     await manager.ensure_ready()
     for _ in range(100):  # the sentinel connects in the background at start
@@ -151,28 +177,29 @@ async def _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body):
     return proxy, manager
 
 
-@pytest.mark.llama
-@pytest.mark.xfail(strict=True, reason="after merging the sessions branch (save verification, idle saves) into the "
-                   "hardening and newcomer branches, the sentinel's kept-alive connection breaks once before turn 2, "
-                   "so the hit is checked with /slots instead (correct, one request slower); each branch alone passes")
-async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(
-        aiohttp_client, llama_server, tmp_path):
+@pytest.mark.parametrize("engine_kind", [
+    pytest.param("llama-server", marks=[pytest.mark.llama, pytest.mark.xfail(
+        strict=True, reason="after merging the sessions branch (save verification, idle saves) into the hardening "
+        "and newcomer branches, the sentinel's kept-alive connection breaks once before turn 2, so the hit is "
+        "checked with /slots instead (correct, one request slower); each branch alone passes")]),
+    "fake"], indirect=True)
+async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(after_one_turn,
+                                                                                          engine_kind):
     body = SAY_HELLO
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    proxy, manager = after_one_turn
     events = _spy(manager)
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
     assert events == ["lookup", "lease"], events  # the same server process since turn 1: nothing to ask it
     stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
     assert stats["hits"] == 1 and stats["hits_vouched"] == 1
-    assert stats["sentinel"]["alive"] is True and stats["sentinel"]["breaks"] == 0
+    if engine_kind == "llama-server":
+        assert stats["sentinel"]["alive"] is True and stats["sentinel"]["breaks"] == 0
 
 
-@pytest.mark.llama
-async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(
-        aiohttp_client, llama_server, tmp_path):
+async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(after_one_turn):
     body = SAY_HELLO
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    proxy, manager = after_one_turn
     manager.engine.stop_watching()  # what a lost connection leaves: nothing vouches for turn 1's slot
     events = _spy(manager)
     r = await proxy.post("/v1/chat/completions", json=body)
@@ -185,13 +212,11 @@ async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slot
     assert stats["hits"] == 1 and stats["hits_vouched"] == 0
 
 
-@pytest.mark.llama
-async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_before_the_answer(
-        aiohttp_client, llama_server, tmp_path):
+async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_before_the_answer(after_one_turn):
     body = SAY_HELLO
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    proxy, manager = after_one_turn
     events: list[str] = []
-    upstream = manager.engine.upstream  # the transport the relay sends the request with
+    upstream = proxy.server.app[UPSTREAM]  # the transport the relay sends the request with
     save, open_ = manager.store.save_session, upstream.open
 
     def slow_save(*a):  # fault injection: a slow disk
@@ -213,11 +238,9 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
         [m["content"] for m in nxt["messages"]]
 
 
-@pytest.mark.llama
-async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_worker_thread(
-        aiohttp_client, llama_server, tmp_path):
+async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_worker_thread(after_one_turn):
     body = SAY_HELLO
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    proxy, manager = after_one_turn
     threads = _save_threads(manager)
     short = follow_up(body)
     long = {**short, "messages": short["messages"] + [{"role": "assistant", "content": "Hi"},
@@ -229,11 +252,10 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
     assert threads[0] == threading.main_thread().name and threads[1] != threading.main_thread().name, threads
 
 
-@pytest.mark.llama
-async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, llama_server, tmp_path, monkeypatch):
+async def test_a_turn_served_as_sent_hashes_each_message_once(after_one_turn, monkeypatch):
     import pflash_proxy.stages.sessions as stage_module
     body = SAY_HELLO
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, body)
+    proxy, manager = after_one_turn
     calls: list[str] = []
 
     def counting_hash(m):
@@ -246,12 +268,10 @@ async def test_a_turn_served_as_sent_hashes_each_message_once(aiohttp_client, ll
     assert calls == [], "the lookup already hashed every message the stage serves unchanged"
 
 
-@pytest.mark.llama
-async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds_the_index(
-        aiohttp_client, llama_server, tmp_path):
+async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds_the_index(after_one_turn):
     """SQLite would make the event loop wait for the other writer's lock: the short turn's write waits in a
     worker thread instead."""
-    proxy, manager = await _proxy_after_one_turn(aiohttp_client, llama_server, tmp_path, SAY_HELLO)
+    proxy, manager = after_one_turn
     threads = _save_threads(manager)
     manager.store._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
     try:

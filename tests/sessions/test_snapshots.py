@@ -1,5 +1,7 @@
 """SnapshotManager without a server: atomic naming, 0600, LRU eviction, start-up reconciliation. The engine's
-slots are a stand-in of ``engine.Slots`` that writes files of a chosen size (the eviction bound is in bytes)."""
+slots are a stand-in of ``engine.Slots`` that writes files of a chosen size (the eviction bound is in bytes), and,
+for the tests on the ``mgr`` fixture, also ``FakeEngine``'s slots holding as many tokens as make a file of that
+size."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import os
 
 import pytest
 
-from pflash_proxy.engine import EngineRefused
+from pflash_proxy.engine import EngineRefused, Slots
+from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.snapshots import SnapshotManager
 from pflash_proxy.sessions.store import SessionStore
 
@@ -31,23 +34,44 @@ class SizedSlots:
         return 123
 
 
+FAKE_TOKENS = 200  # the fake writes a slot's tokens as a JSON list: 200 one-letter tokens are 1,000 bytes
+
+
+def fake_slots(directory) -> Slots:
+    """``FakeEngine``'s slots, each holding ``FAKE_TOKENS`` tokens: a save writes a file of 1,000 bytes, as
+    ``SizedSlots`` does."""
+    engine = FakeEngine(n_slots=2, save_dir=directory)
+    for slot in engine.slots.slots:
+        slot.tokens = ["k"] * FAKE_TOKENS
+    return engine.slots
+
+
+@pytest.fixture(params=["stand-in", "fake"])
+def slots_kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def mgr(tmp_path):
+def mgr(tmp_path, slots_kind):
     slots = tmp_path / "slots"
     slots.mkdir()
     store = SessionStore(tmp_path / "idx")
-    m = SnapshotManager(store, SizedSlots(slots), slots, max_bytes=2500)
+    m = SnapshotManager(store, SizedSlots(slots) if slots_kind == "stand-in" else fake_slots(slots), slots,
+                        max_bytes=2500)
     yield m
     store.close()
 
 
-async def test_save_is_atomic_private_and_indexed(mgr):
+async def test_save_is_atomic_private_and_indexed(mgr, slots_kind):
     rec = await mgr.save(0, "a" * 32, 100, ["h1"], "model-x")
     path = mgr.dir / rec.file
-    assert rec.file == f"pf-{'a' * 32}.bin" and rec.tokens == 123 and rec.size == 1000
+    tokens = 123 if slots_kind == "stand-in" else FAKE_TOKENS  # what the engine says it wrote
+    assert rec.file == f"pf-{'a' * 32}.bin" and rec.tokens == tokens and rec.size == 1000
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    tmp_name = mgr.slots.calls[-1][2]
-    assert tmp_name != rec.file and not (mgr.dir / tmp_name).exists()  # written under a temp name, then renamed
+    assert [p.name for p in mgr.dir.iterdir()] == [rec.file]  # no temporary file left
+    if slots_kind == "stand-in":
+        tmp_name = mgr.slots.calls[-1][2]
+        assert tmp_name != rec.file and not (mgr.dir / tmp_name).exists()  # written under a temp name, renamed
     assert mgr.restorable("a" * 32, "model-x") is not None
     assert mgr.restorable("a" * 32, "other-model") is None  # never across model identities
 

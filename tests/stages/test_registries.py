@@ -68,11 +68,13 @@ def test_default_stages_writes_the_order_once(tmp_path):
     assert [s.name for s in off] == ["response-chains", "sessions", "savings", "sessions-commit", "marker"]
     assert [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path / "c", sessions=False),
                                            engine, extra=[Marker()])] == ["marker"]
-    # the stages of one list share one session manager (and its index)
+    # the stages of one list share one session service (one manager, one index)
     stages = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "d"), engine)
-    assert len({id(s.manager) for s in stages if hasattr(s, "manager")}) == 1
-    for manager in {id(s.manager): s.manager for s in (*stages, *off) if hasattr(s, "manager")}.values():
-        manager.store.close()
+    assert [s.name for s in stages if hasattr(s, "sessions")] == ["response-chains", "sessions", "savings",
+                                                                  "sessions-commit"]
+    assert len({id(s.sessions) for s in stages if hasattr(s, "sessions")}) == 1
+    for service in {id(s.sessions): s.sessions for s in (*stages, *off) if hasattr(s, "sessions")}.values():
+        service.manager.store.close()
 
 
 def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path):
