@@ -142,7 +142,9 @@ async def test_body_over_limit_gets_413(aiohttp_server, aiohttp_client, tmp_path
 async def test_upstream_down_gets_502(aiohttp_client, tmp_path):
     from pflash_proxy.llama.spawn import free_port
 
-    client = await proxy_for(aiohttp_client, f"http://127.0.0.1:{free_port()}", tmp_path)
+    # a refused connection waits up to --upstream-wait-s for a restarting llama-server before the 502 (60 s by
+    # default: two requests here took two minutes); a tiny wait in the test, the default in production
+    client = await proxy_for(aiohttp_client, f"http://127.0.0.1:{free_port()}", tmp_path, upstream_wait_s=0.5)
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
         resp = await client.request(method, path, json={"messages": [{"role": "user", "content": "x"}]})
         assert resp.status == 502
