@@ -336,7 +336,7 @@ class LlamaServerEngine:
             unverified.append(f"--slot-save-path {save_dir}")
         if props.get("endpoint_slots") is False:
             notes.append("/slots is disabled, so a hit is checked only by cache_n after the answer")
-        window = _sliding_window(props.get("model_path"))
+        window = await asyncio.to_thread(_sliding_window, props.get("model_path"))  # a file read: off the loop
         if window is None:
             unverified.append("--swa-full (for a sliding-window model)")
         elif window:

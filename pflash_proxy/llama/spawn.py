@@ -44,7 +44,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from pflash_proxy.config import Settings, private_dir
 from pflash_proxy.llama.extras import bundled_model, install_hint
@@ -121,26 +121,21 @@ class ModelFacts:
     chatml_end_token: bool = False  # ``<|im_end|>`` is a token of its vocabulary (llama-server stops at it)
 
 
-def _field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    return field.parts[field.data[0]]
+_TOKENS = "tokenizer.ggml.tokens"
+_TEMPLATE = "tokenizer.chat_template"
 
 
 def gguf_facts(model: Path) -> ModelFacts:
-    from gguf import GGUFReader
+    """Step 2's facts from the GGUF metadata (``gguf_meta.read_meta``: the tokenizer's arrays are skipped, not
+    parsed, and a file read once is not read again while unchanged); ``ValueError`` when it is not a GGUF."""
+    from pflash_proxy.llama.gguf_meta import read_meta
 
-    reader = GGUFReader(str(model))
-    window = None
-    arch = _field(reader, "general.architecture")
-    if arch is not None:
-        w = _field(reader, f"{bytes(arch).decode()}.attention.sliding_window")
-        window = int(w[0]) if w is not None else None
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    end = CHATML_STOPS[0].encode()
-    has_end = tokens is not None and any(bytes(tokens.parts[i]) == end for i in tokens.data)
-    return ModelFacts(window, _field(reader, "tokenizer.chat_template") is not None, has_end)
+    arch_key, window_suffix = "general.architecture", ".attention.sliding_window"
+    meta = read_meta(model, frozenset({arch_key, _TEMPLATE}), (window_suffix,), _TOKENS, CHATML_STOPS[0].encode())
+    window_key = f"{meta.values.get(arch_key)}{window_suffix}"
+    window = meta.values.get(window_key)
+    return ModelFacts(int(window) if isinstance(window, int) else None, _TEMPLATE in meta.values,
+                      meta.token_found)
 
 
 def gguf_sliding_window(model: Path) -> int | None:
