@@ -178,10 +178,7 @@ async def _proxy_after_one_turn(aiohttp_client, app, body):
 
 
 @pytest.mark.parametrize("engine_kind", [
-    pytest.param("llama-server", marks=[pytest.mark.llama, pytest.mark.xfail(
-        strict=True, reason="after merging the sessions branch (save verification, idle saves) into the hardening "
-        "and newcomer branches, the sentinel's kept-alive connection breaks once before turn 2, so the hit is "
-        "checked with /slots instead (correct, one request slower); each branch alone passes")]),
+    pytest.param("llama-server", marks=pytest.mark.llama),
     "fake"], indirect=True)
 async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(after_one_turn,
                                                                                           engine_kind):
