@@ -10,9 +10,10 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
 2. Find and lease (``find_and_lease``): the session whose served history is the longest prefix of the request,
    or a new one, or a fork of one the request diverges from; then its slot's lease. The lease serialises a
    session's requests, but the first lookup happens before the wait, so it is repeated under the lease unless
-   no write that can change its answer ran since (``SessionIndex.write_mark``); when the answer changed, the
-   lease is returned and the decision taken again, at most ``LOOKUP_ATTEMPTS`` times in all (then the last
-   decision stands). A history under ``INLINE_BYTES`` in a local index is looked up on the loop.
+   no write that can change its answer or the record it read ran since (``SessionIndex.write_mark``); when the
+   answer is the same, the record read under the lease is the one used (the previous turn's trace, written after
+   its answer, is in it); when the answer changed, the lease is returned and the decision taken again, at most
+   ``LOOKUP_ATTEMPTS`` times in all (then the last decision stands). A history under ``INLINE_BYTES`` in a local index is looked up on the loop.
 3. Several nodes (``cluster.py``): a session another live node holds is not leased here (``Found.forward`` names
    that node); otherwise the session's turn lease in the shared index is taken with the slot's
    (``Found.turn``, freed by ``end_turn``) and ``claim`` makes this node the holder (the node it took the session
@@ -190,7 +191,10 @@ class SessionService:
                 await self.end_turn(turn)
                 table.release(lease)
                 raise
-            if _lookup_key(again, matched2) == key or attempt == LOOKUP_ATTEMPTS - 1:
+            if _lookup_key(again, matched2) == key:
+                # the same decision; the record as written since (a trace the previous turn added after its answer)
+                return Found(again if record is found and again is not None else record, matched, hashes, lease, turn)
+            if attempt == LOOKUP_ATTEMPTS - 1:
                 return Found(record, matched, hashes, lease, turn)
             await self.end_turn(turn)
             table.release(lease)  # another request of this session saved meanwhile: decide again

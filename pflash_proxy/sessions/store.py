@@ -24,8 +24,9 @@ The served history (``save_session``) is written while a request is forwarded, a
 first byte goes to the client (``stages/sessions.py``), so a client never holds an answer to a served prefix the
 proxy does not know how to replay.
 
-``write_mark``/``unchanged_since`` tell a caller whether a write that can change a ``lookup``'s answer
-(``save_session``, ``prune``) began or ended in this process since a mark was taken.
+``write_mark``/``unchanged_since`` tell a caller whether a write that can change a ``lookup``'s answer or the
+record it returns (``save_session``, ``update_record``, ``prune``) began or ended in this process since a mark
+was taken.
 
 Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
 this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
@@ -216,8 +217,9 @@ class SessionStore:
         self._snaps_lock = threading.RLock()  # pruning runs in the executor, requests on the loop
         self.cache.add(("salt",), secrets.token_hex(16))  # only if absent: owners' hashes survive a restart
         self.salt: str = self.cache.get(("salt",))
-        # writes that can change what ``lookup`` answers (``save_session``, ``prune``): begun and ended, so a
-        # caller can tell that none ran since a mark (``write_mark``/``unchanged_since``)
+        # writes that can change what ``lookup`` answers or returns (``save_session``, ``update_record``,
+        # ``prune``): begun and ended, so a caller can tell that none ran since a mark (``write_mark``/
+        # ``unchanged_since``)
         self._writes_lock = threading.Lock()
         self._writes_running = 0
         self._writes_done = 0
@@ -230,8 +232,8 @@ class SessionStore:
 
     # Sessions -----------------------------------------------------------------------------------------------
     def write_mark(self) -> int | None:
-        """Taken before a ``lookup``: None while a write that can change its answer runs, else a mark that
-        ``unchanged_since`` compares. Counts this process's writes only (the session records and chain entries
+        """Taken before a ``lookup``: None while a write that can change its answer (or the record it returns)
+        runs, else a mark that ``unchanged_since`` compares. Counts this process's writes only (the session records and chain entries
         are written by the proxy that serves them; ``pflash-proxy rm`` touches snapshots alone)."""
         with self._writes_lock:
             return None if self._writes_running else self._writes_done
@@ -303,8 +305,14 @@ class SessionStore:
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
-        with self.cache.transact():
-            self._put(rec)
+        """Write ``rec`` back (a trace added after its commit). Marked as a write: a lookup that read the record
+        before it must read it again under the lease, or the next turn would commit the record without it."""
+        self._writing(+1)
+        try:
+            with self.cache.transact():
+                self._put(rec)
+        finally:
+            self._writing(-1)
 
     def _put(self, rec: SessionRecord) -> None:
         self.cache.set(("session", rec.id), encode("session", rec))

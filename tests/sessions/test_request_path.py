@@ -44,6 +44,9 @@ def test_a_write_mark_holds_until_a_write_that_changes_lookups_begins_or_ends(tm
     store.save_session(rec, [message_hash(m) for m in MSGS], MSGS)
     assert not store.unchanged_since(mark)
     mark = store.write_mark()
+    store.update_record(rec)
+    assert not store.unchanged_since(mark), "a lookup before it read the record without what it adds"
+    mark = store.write_mark()
     store.prune(older_than=None, max_sessions=10)
     assert not store.unchanged_since(mark), "a prune may forget the session a lookup found"
 
@@ -277,3 +280,54 @@ async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds
         manager.store._writing(-1)
     assert r.status == 200
     assert threads and threads[0] != threading.main_thread().name, threads
+
+
+async def test_a_turn_that_looked_up_before_a_trace_write_uses_the_record_read_under_its_lease(after_one_turn):
+    """The previous turn's trace is written after its answer, under its lease: the next turn, looked up before
+    that write, reads the record again once it holds the lease, and commits the record with the trace in it."""
+    proxy, manager = after_one_turn
+    svc = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").sessions
+    seed = await svc.seed(None, None)
+    sid = manager.store.lookup(seed, SAY_HELLO["messages"])[0].id
+    held = await manager.table.acquire(sid)  # the previous turn still holds the lease
+    found = asyncio.ensure_future(svc.find_and_lease(seed, False, None, SAY_HELLO["messages"], 100))
+    await asyncio.sleep(0.1)  # the lookup ran (on the loop: a short history), the lease is awaited
+    assert not found.done()
+    rec = manager.store.get(sid)
+    rec.traces.append({"kind": "turn", "turn": 1})  # what the previous turn records after its answer
+    manager.store.update_record(rec)
+    manager.table.release(held)
+    got = await asyncio.wait_for(found, 10)
+    try:
+        assert got.record.id == sid and {"kind": "turn", "turn": 1} in got.record.traces
+    finally:
+        manager.table.release(got.lease)
+
+
+async def test_a_whole_answer_goes_out_before_the_turn_trace_is_written_under_the_lease(after_one_turn):
+    """The inspector's turn trace is written after the answer went out (``SessionStage.on_finish``), in one
+    write, before the lease is released: the next turn of the session reads it."""
+    proxy, manager = after_one_turn
+    events: list[str] = []
+    update = manager.store.update_record
+
+    def slow_update(rec):  # fault injection: a slow disk
+        events.append("trace write starts")
+        threading.Event().wait(0.5)
+        update(rec)
+        events.append("trace write ends")
+    manager.store.update_record = slow_update
+    r = await proxy.post("/v1/chat/completions", json=SAY_HELLO)
+    assert r.status == 200 and await r.json()
+    events.append("answered")
+    sid = r.headers["X-PFlash-Session"]
+    r2 = await proxy.post("/v1/chat/completions", json=SAY_HELLO)  # waits for the lease, then reads the trace
+    assert r2.status == 200 and r2.headers["X-PFlash-Session"] == sid
+    # the client had the answer before the trace write ended (it may not even have started)
+    assert events.index("answered") < events.index("trace write ends"), events
+    for _ in range(100):  # the second turn's own trace is written after its answer too
+        if events.count("trace write ends") == 2:
+            break
+        await asyncio.sleep(0.05)
+    turns = [t for t in manager.store.get(sid).traces if t.get("kind") == "turn"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
