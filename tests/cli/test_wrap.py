@@ -165,6 +165,50 @@ exit 7
     assert probe(f"http://127.0.0.1:{port}") == "absent"  # stopped on the way out
 
 
+AGENT_ASKS = """import json, sys, urllib.request
+base = sys.argv[sys.argv.index("--openai-api-base") + 1]
+body = {"messages": [{"role": "user", "content": "say hi"}], "max_tokens": 4}
+req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(), method="POST",
+                             headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=300) as r:
+    answer = json.load(r)
+json.dump({"argv": sys.argv[1:], "status": r.status, "answer": answer}, open(sys.argv[1], "w"))
+"""
+
+
+def _cmdlines(needle: str) -> list[str]:
+    """Command lines of the running processes that mention ``needle``."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = path.read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if needle in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(600)
+def test_wrap_spawn_starts_the_bundled_model_for_the_agent_and_stops_both(tmp_path, gemma_model):
+    """``wrap --spawn``: a proxy on a spawned llama-server with the bundled model, as ``make run`` starts it; the
+    agent's request is answered through it; neither outlives the agent."""
+    port = free_port()
+    out = tmp_path / "seen.json"
+    (tmp_path / "agent.py").write_text(AGENT_ASKS)
+    env = _stand_in(tmp_path, f'exec python3 {tmp_path / "agent.py"} {out} "$@"\n')
+    env["PFLASH_PORT"] = str(port)
+    r = _cli("wrap", "--spawn", "aider", "--message", "say hi", env=env, timeout=540)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(out.read_text())
+    assert seen["status"] == 200 and seen["answer"]["choices"][0]["message"]["role"] == "assistant"
+    assert seen["argv"][-2:] == ["--message", "say hi"]
+    assert seen["argv"][seen["argv"].index("--model") + 1] == f"openai/{gemma_model.name}"  # the bundled model
+    assert probe(f"http://127.0.0.1:{port}") == "absent"  # the proxy it started is stopped on the way out
+    assert not [c for c in _cmdlines(str(tmp_path / "home")) if "llama-server" in c], "llama-server outlived wrap"
+
+
 @pytest.mark.llama
 def test_sigterm_reaches_the_agent_and_stops_the_proxy(tmp_path, llama_server):
     port = free_port()
