@@ -20,9 +20,8 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
    the look-up; ``prepare_ms``, the slot-queue wait excluded).
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
-Recording never fails a request: the trace is added to the session record here and written to the index by the
-session stage (``SessionStage.on_finish``: after the answer went out, under the session's lease, one write with
-any cache trace of the turn, through ``SessionService.write_record`` in a worker thread); an error there is logged.
+Recording never fails a request: the trace is written to the index after the answer, under the session's lease,
+through the session service (``SessionService.write_record``, in a worker thread), and an error there is logged.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ from pflash_proxy.jsontypes import JSONObject
 if TYPE_CHECKING:
     from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.sessions import SessionContext
-
-TURN_TRACE = "recording a turn trace"  # in SessionContext.unsaved: what the session stage writes in on_finish
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -189,7 +186,10 @@ class SavingsStage(Stage):
         record_turn(ctx.record, turn, totals)
         ctx.record.last_use = time.time()  # the inspector's cached summary of the session is renewed
         self._count(turn)
-        ctx.unsaved.append(TURN_TRACE)  # the session stage writes it after the answer, under the lease
+        try:
+            await self.sessions.write_record(ctx.record)
+        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
+            log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
 
     def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
                    noted: Noted) -> tuple[dict[str, Any], dict[str, int]]:

@@ -19,11 +19,7 @@
    under a lease of that slot. Only canonical paths get here (``gate.py`` refuses the spellings the server would
    also route there with 400 before any route is chosen).
    A turn another node holds is forwarded there through a transport of its own (``peers.PeerNode``).
-4. A whole (non-streamed) answer is sent once the response stages ran (``Stage.on_response``: the response
-   chains' entry is written before the client can name it), before the pipeline's ``finish``: what the
-   session stage writes then (the inspector's turn trace) and the lease's release come after the client has
-   its answer (a streamed answer has ended by then anyway).
-5. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
+4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
    whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
 """
 
@@ -37,7 +33,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 from pydantic import BaseModel
 
@@ -226,8 +221,6 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
-        if not resp.prepared:  # a whole answer: it goes out now, before the stages' finish (step 4)
-            await send_whole(request, resp, result)
         return resp
     except ProxyError as exc:
         status = exc.status
@@ -244,16 +237,6 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             await pipeline.finish(req)
         _observe(request, status, started, result, req.log_fields if req is not None else {})
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
-
-
-async def send_whole(request: web.Request, resp: web.StreamResponse, result: RelayResult) -> None:
-    """Send a whole answer now rather than when the handler returns (aiohttp then sees it sent, and sends
-    nothing more); a client that left meanwhile is noted in ``result``."""
-    try:
-        await resp.prepare(request)
-        await resp.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        result.client_gone = True
 
 
 async def forward_to_node(request: web.Request, req: ProxyRequest, style: StreamStyle, prepared: web.StreamResponse | None

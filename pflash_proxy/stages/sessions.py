@@ -33,9 +33,7 @@ node left in the shared directory, or prefills cold), and ``on_finish`` frees th
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) starts
 writing the served history to disk as the request is forwarded; the answer's headers wait for the write
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it.
-``on_response`` compares the tokens the answer's cache report says were reused with the table's expectation; ``on_finish`` writes
-what the record gained after its commit (the inspector's turn trace, a cache trace: ``SessionContext.unsaved``, one
-write, after a whole answer went out: ``server/routes.py`` sends it before the pipeline's ``finish``), then releases
+``on_response`` compares the tokens the answer's cache report says were reused with the table's expectation; ``on_finish`` releases
 the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
 idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
 never land on a busy slot.  The conversation routes (chat, Anthropic Messages, Responses) all work on the
@@ -63,7 +61,6 @@ from pflash_proxy.sessions.slots import Lease
 
 log = logging.getLogger("pflash_proxy.sessions")
 
-CACHE_TRACE = "recording a cache trace"  # in SessionContext.unsaved (inspector/turns.py adds its turn trace's)
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
 CACHE_REASON_HEADER = "X-PFlash-Cache-Reason"  # why a turn that had a snapshot or a slot is a miss after all
@@ -89,9 +86,6 @@ class SessionContext:
     batch: list[Lease] | None = None  # a batch's leases of every slot
     forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
     settled: bool = False  # its answer ended whole, with the client still there
-    # what the record gained after its commit (the turn trace, a cache trace): written once, in ``on_finish``,
-    # after the answer went out and before the lease is released
-    unsaved: list[str] = field(default_factory=list)
 
 
 def _pin(req: ProxyRequest, fields: Mapping[str, object]) -> None:
@@ -244,7 +238,8 @@ class SessionStage(Stage):
                 "session %s: announced %s (~%d tokens expected from cache), llama-server reused %d: reported %s",
                 ctx.record.id[:8], ctx.cache, ctx.expected_cached, cached, reported)
         record_cache(ctx.record, len(ctx.served) - 1, ctx.cache, reported, ctx.expected_cached, cached, reason)
-        ctx.unsaved.append(CACHE_TRACE)  # the inspector shows it; written in on_finish, under the lease
+        # the inspector shows it; the lease is still held, so the next turn reads this record
+        await self.sessions.update_record(ctx.record, "recording a cache trace")
 
     def _answer_headers(self, req: ProxyRequest, ctx: SessionContext, answer: Mapping[str, object] | None) -> None:
         """``X-PFlash-Cache`` / ``-Cached-Tokens`` of a whole answer from its own cache report."""
@@ -258,15 +253,8 @@ class SessionStage(Stage):
             req.response_headers[CACHE_REASON_HEADER] = reason
 
     async def on_finish(self, req: ProxyRequest) -> None:
+        await self._end_turn(req)
         ctx = _context(req)
-        try:
-            if ctx is not None:
-                await self._write_unsaved(ctx)
-        finally:
-            await self._end_turn(req)
-            self._release(ctx)
-
-    def _release(self, ctx: SessionContext | None) -> None:
         if ctx is None:
             return
         if ctx.batch is not None:
@@ -276,22 +264,6 @@ class SessionStage(Stage):
         # the client left, or the upstream broke: the engine may still work on the slot
         busy = ctx.forwarded and not ctx.settled
         self.sessions.finish(ctx.lease, ctx.record.id if ctx.record is not None else None, busy)
-
-    async def _write_unsaved(self, ctx: SessionContext) -> None:
-        """One write of what the record gained after its commit (``SessionContext.unsaved``), under the lease
-        (and the session's turn lease), so the next turn reads it. A cache trace's failure is counted as the
-        index's (``update_record``); a turn trace's alone is logged (the answer went out, the trace is lost)."""
-        if ctx.record is None or not ctx.unsaved:
-            return
-        counted, what = CACHE_TRACE in ctx.unsaved, " and ".join(ctx.unsaved)
-        ctx.unsaved = []
-        try:
-            if counted:
-                await self.sessions.update_record(ctx.record, what)
-            else:
-                await self.sessions.write_record(ctx.record)
-        except Exception as exc:  # noqa: BLE001 - the index is unwritable: never cost the request or the lease
-            log.warning("session %s: %s failed: %s", ctx.record.id[:8], what, exc)
 
     async def save_all(self) -> int:
         return await self.sessions.save_all()
