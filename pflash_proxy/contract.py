@@ -14,8 +14,9 @@ with hooks that the server calls, in the order the stage list gives (``stages.de
 4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
    slot, unlock a session).  Stage failures here are logged, never raised to the client.
 Besides the per-request hooks a stage declares what the application calls on it: ``bind`` (the app's hooks,
-before start-up), ``start``/``stop`` (its resources, in stage order / reverse order), ``save_all`` (``POST
-/pflash/save``), ``stats`` (``/pflash/stats`` under the stage's ``name``), ``slot_guard`` (a client's slot
+before start-up), ``start``/``stop`` (its resources, in stage order / reverse order), ``settle`` (work it left
+running after answers, awaited before a reader of what that work writes: ``/pflash/stats``, the metrics, the
+inspector), ``save_all`` (``POST /pflash/save``), ``stats`` (``/pflash/stats`` under the stage's ``name``), ``slot_guard`` (a client's slot
 action) and ``sessions_view`` (the read-only view of sessions and slots the inspector is handed).
 """
 
@@ -33,7 +34,7 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
-    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
+    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
@@ -195,6 +196,7 @@ class SessionsView(Protocol):
     def resident_slot(self, sid: str) -> int | None: ...
     def last_uses(self) -> dict[str, float]: ...
     def session(self, sid: str) -> SessionRecord | None: ...
+    def trace_log(self, sid: str) -> TraceLog | None: ...  # the inspector's traces of the session
     def snapshot(self, sid: str) -> SnapshotRecord | None: ...
     def holder(self, sid: str) -> str | None: ...  # the node holding the session (a shared index), else None
 
@@ -234,6 +236,11 @@ class Stage:
         """Close it again; stages stop in reverse order, also when a later one failed to start."""
         return None
 
+    async def settle(self) -> None:
+        """Wait (boundedly) for work this stage left running after its answers, such as a write the answer did
+        not wait for, so that a reader sees what it writes."""
+        return None
+
     async def save_all(self) -> int:
         """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
         return 0
@@ -258,6 +265,14 @@ class Pipeline:
 
     def sessions_view(self) -> SessionsView | None:
         return next((v for s in self.stages if (v := s.sessions_view()) is not None), None)
+
+    async def settled(self) -> None:
+        """Every stage's ``settle``: what the stages write after their answers is readable."""
+        for stage in self.stages:
+            try:
+                await stage.settle()
+            except Exception:
+                log.exception("stage %s failed to settle", stage.name)
 
     async def run_request(self, req: ProxyRequest) -> list[Stage]:
         """Run ``on_request`` in order; returns the stages that ran (for ``finish``), even on error."""

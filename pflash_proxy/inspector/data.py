@@ -20,17 +20,17 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
-from pflash_proxy.inspector.trace import current
+from pflash_proxy.inspector.trace import current, log_of
 from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
-from pflash_proxy.sessions.index import SessionRecord
+from pflash_proxy.sessions.index import SessionRecord, TraceLog
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 LIST_LIMIT = 100
@@ -53,6 +53,8 @@ class InspectorViews:
     engine: EngineView  # the engine seam (``engine.Engine``), not the transport
     sessions: Callable[[], SessionsView | None]  # None: the proxy runs without sessions
     stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows (``server.metrics.collect_stats``)
+    # awaited before a page is built: the trace writes of the turns answered so far have ended
+    settled: Callable[[], Awaitable[None]] | None = None
 
 
 class InspectorData:
@@ -132,7 +134,7 @@ class InspectorData:
                     rec = store.session(sid)
                     if rec is None:
                         continue
-                    cached = (last_use, self.summary(rec))
+                    cached = (last_use, self.summary(rec, log_of(rec, store.trace_log(sid))))
                     self._summaries[sid] = cached
                 out.append({**cached[1], **self._live(sid)})
             keep = {sid for sid, _ in ranked}
@@ -150,16 +152,17 @@ class InspectorData:
                 "snapshot": None if snap is None else {"tokens": snap.tokens, "bytes": snap.size,
                                                         "last_use": snap.last_use, "hits": snap.hits}}
 
-    def summary(self, rec: SessionRecord) -> JSONObject:
-        totals = current(rec.trace_totals)
+    def summary(self, rec: SessionRecord, kept: TraceLog) -> JSONObject:
+        """One session's line of the list: ``kept`` is its traces and totals (``trace.log_of``)."""
+        totals = kept.totals
         tokens_in, served = totals.get("tokens_in", 0), totals.get("tokens_served", 0)
-        turns = [t for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
+        turns = [t for t in kept.traces if t.get("kind") == "turn"]
         last = turns[-1] if turns else {}
         rate = session_rate(totals)
         return {"id": rec.id, "created": rec.created, "last_use": rec.last_use, "turns": rec.turns,
                 "messages": len(rec.served), "named": rec.explicit,
                 "client": next((t["client"] for t in reversed(turns) if t.get("client")), None),
-                "first_words": first_words(rec.served, rec.traces), "last_cache": last.get("cache"),
+                "first_words": first_words(rec.served, kept.traces), "last_cache": last.get("cache"),
                 "compressed": totals.get("compressed", 0), "served_whole": totals.get("served_whole", 0),
                 "recalls": totals.get("recalls", 0),
                 # the new long messages compression looked at (compressed or served whole), before and after
@@ -189,8 +192,9 @@ class InspectorData:
         rec = sessions.session(sid)
         if rec is None:
             return None
-        traces = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") != "turn"]
-        turns = [current(t) for t in rec.traces if isinstance(t, dict) and t.get("kind") == "turn"]
+        kept = log_of(rec, sessions.trace_log(sid))
+        traces = [current(t) for t in kept.traces if t.get("kind") != "turn"]
+        turns = [current(t) for t in kept.traces if t.get("kind") == "turn"]
         messages: list[JSONObject] = []
         for i, m in enumerate(rec.served):
             role = m.get("role")  # a string (``models.ChatMessage``)
@@ -204,7 +208,7 @@ class InspectorData:
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)
-        return {"session": {**self.summary(rec), **self._live(sid)}, "messages": messages,
+        return {"session": {**self.summary(rec, kept), **self._live(sid)}, "messages": messages,
                 "traces": [view(t) for t in traces], "turns": [{k: v for k, v in t.items() if k != "v"}
                                                               for t in turns]}
 

@@ -116,6 +116,13 @@ def _file(name: str) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
+async def _settled(request: web.Request) -> None:
+    """The trace writes of the turns answered so far have ended (``Stage.settle``): a page shows them."""
+    settled = request.app[DATA].views.settled
+    if settled is not None:
+        await settled()
+
+
 async def _run(fn, *args):
     """Store reads block (SQLite): in the executor."""
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -137,6 +144,7 @@ async def asset(request: web.Request) -> web.Response:
 
 
 async def api_overview(request: web.Request) -> web.Response:
+    await _settled(request)
     data = request.app[DATA]
     out = data.overview()  # in-memory state: on the loop, like /pflash/stats
     out["sessions"], out["sessions_total"] = await _run(data.sessions)
@@ -144,11 +152,13 @@ async def api_overview(request: web.Request) -> web.Response:
 
 
 async def api_sessions(request: web.Request) -> web.Response:
+    await _settled(request)
     sessions, total = await _run(request.app[DATA].sessions)
     return web.json_response({"sessions": sessions, "total": total})
 
 
 async def api_session(request: web.Request) -> web.Response:
+    await _settled(request)
     sid = request.match_info["sid"]
     data = await _run(request.app[DATA].session, sid)
     if data is None:

@@ -1,10 +1,12 @@
 """Compression traces: what ``CompressStage`` decided for a message, kept with the session for the inspector.
 
-``record_compression`` (a compressed message, or one served whole with a reason), ``record_recall`` (recall
-excerpts prepended to a short turn) and ``record_cache`` (a turn whose reuse of the engine's prefix cache was not
-what the session layer expected) append one plain-data trace (dicts, lists, numbers, strings: nothing that
-is stored as a class of ours) to ``SessionRecord.traces``; ``SessionCommitStage`` saves it with the served
-history. What a trace holds:
+A turn's traces are collected in its ``TurnTraces`` (``SessionContext.traces``) while it is served and written
+to the session's ``TraceLog`` after the answer, in one index write (``inspector.turns.SavingsStage``): the
+session record, which every turn reads and writes, never carries them. ``record_compression`` (a compressed
+message, or one served whole with a reason), ``record_recall`` (recall excerpts prepended to a short turn) and
+``record_cache`` (a turn whose reuse of the engine's prefix cache was not what the session layer expected) add one
+plain-data trace (dicts, lists, numbers, strings: nothing that is stored as a class of ours). What a compression
+trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
 2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part
    the budget is taken on), the message tokens before and after, the scorer and segmenter, the relevance
@@ -15,17 +17,18 @@ history. What a trace holds:
 5. the original text, once: the served message holds only the kept lines, and the omitted ones are what a reader
    of the inspector wants to see.
 
-``record_turn`` (``inspector.turns.SavingsStage``, after the answer) appends a ``turn`` trace: what the slot held
-and what the engine reported (``Engine.cache_report``: ``cached_tokens``, ``prefilled_tokens``, ``prefill_ms``,
-``generated_tokens``, ``generate_ms``), the tokens compression kept from the prefill, why messages were served
-whole, and the time saved, estimated (``inspector.turns``). Traces and totals of version 1 named those counts
-after llama-server's ``timings``; ``current`` gives them the names of version 2 when they are read.
+The savings stage adds a ``turn`` trace last: what the slot held and what the engine reported
+(``Engine.cache_report``: ``cached_tokens``, ``prefilled_tokens``, ``prefill_ms``, ``generated_tokens``,
+``generate_ms``), the tokens compression kept from the prefill, why messages were served whole, and the time
+saved, estimated (``inspector.turns``). Traces and totals of version 1 named those counts after llama-server's
+``timings``; ``current`` gives them the names of version 2 when they are read.
 
-Bounds per session: the newest ``MAX_TRACES`` compression and recall traces and, apart from them, the newest
-``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in all, the oldest traces lose their text
-(their units, scores and line ranges stay). ``SessionRecord.trace_totals`` keeps the session's running totals
-(messages compressed, tokens in, tokens served; turns timed, tokens prefilled and cached, tokens avoided and
-milliseconds saved by cause), which outlive dropped traces.
+``append`` adds a turn's traces to the log. Bounds per session: the newest ``MAX_TRACES`` compression and recall
+traces and, apart from them, the newest ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in
+all, the oldest traces lose their text (their units, scores and line ranges stay). ``TraceLog.totals`` keeps the
+session's running totals (messages compressed, tokens in, tokens served; turns timed, tokens prefilled and
+cached, tokens avoided and milliseconds saved by cause), which outlive dropped traces. ``log_of`` reads a
+session's log together with what records written before the log kept of it.
 
 Recording never fails a request: an error is logged and the trace skipped.
 """
@@ -35,11 +38,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.llama.engine import TRACE_NAMES_V1
+from pflash_proxy.sessions.index import TraceLog
 
 if TYPE_CHECKING:
     from pflash_proxy.compress import CompressionOutcome, RecallDecision, RequestSpec, Segmenter
@@ -56,56 +61,70 @@ REQUEST_CHARS = 4000
 VERSION = 2  # 1: a turn's counts under llama-server's timings names (``current`` renames them)
 
 
-def record_compression(record: SessionRecord, idx: int, msg: Mapping[str, object], tt: TokenizedText,
+@dataclass
+class TurnTraces:
+    """The traces one turn leaves, and what they add to the session's totals, until they are written."""
+
+    turn: int  # the number the commit gives the turn (the record's turns + 1)
+    items: list[JSONObject] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
+        self.items.append(trace)
+        for k, v in (counts or {}).items():
+            self.counts[k] = self.counts.get(k, 0) + int(v)
+
+
+def record_compression(traces: TurnTraces, idx: int, msg: Mapping[str, object], tt: TokenizedText,
                        request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
                        stage: CompressStage, served_tokens: int, budget: int | None = None) -> None:
-    """Append the trace of one compression outcome (compressed or served whole) to ``record.traces``.
+    """Add the trace of one compression outcome (compressed or served whole) to the turn's ``traces``.
 
     ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
     selected against a lowered budget, which the trace keeps as ``selection_budget``."""
     try:
-        trace = compression_trace(record, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
+        trace = compression_trace(traces.turn, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
                                   served_tokens, budget)
         compressed = outcome.mode == "compressed"
-        _append(record, trace, {"compressed": int(compressed), "served_whole": int(not compressed),
+        traces.add(trace, {"compressed": int(compressed), "served_whole": int(not compressed),
                                 "tokens_in": int(tt.total_tokens), "tokens_served": int(served_tokens)})
     except Exception:  # noqa: BLE001 - the inspector must never cost a request
         log.exception("inspector: could not record the compression trace of message %d", idx + 1)
 
 
-def record_recall(record: SessionRecord, idx: int, decision: RecallDecision) -> None:
-    """Append the trace of recall excerpts prepended to message ``idx``."""
+def record_recall(traces: TurnTraces, idx: int, decision: RecallDecision) -> None:
+    """Add the trace of recall excerpts prepended to message ``idx``."""
     try:
         excerpts: list[JSONObject] = [{"from_message": e.label, "lines": [e.start_line, e.end_line],
                                        "tokens": int(e.tokens), "units": list(e.unit_indices), "text": e.text}
                                       for e in decision.recalled]
-        _append(record, {"v": VERSION, "kind": "recall", "turn": record.turns + 1, "message": idx,
+        traces.add({"v": VERSION, "kind": "recall", "turn": traces.turn, "message": idx,
                          "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts},
                 {"recalls": 1, "recall_tokens": sum(int(e.tokens) for e in decision.recalled)})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the recall trace of message %d", idx + 1)
 
 
-def record_cache(record: SessionRecord, idx: int, announced: str, reported: str, expected: int, cached_tokens: int,
+def record_cache(traces: TurnTraces, idx: int, announced: str, reported: str, expected: int, cached_tokens: int,
                  reason: str | None) -> None:
-    """Append the trace of a turn whose reuse of the engine's cache differed from what the proxy expected:
+    """Add the trace of a turn whose reuse of the engine's cache differed from what the proxy expected:
     what it announced (``announced``, ``expected`` tokens), what the engine reused (``cached_tokens``) and what
     the proxy therefore reported (``reported``)."""
     try:
-        _append(record, {"v": VERSION, "kind": "cache", "turn": record.turns, "message": idx, "at": time.time(),
+        traces.add({"v": VERSION, "kind": "cache", "turn": traces.turn, "message": idx, "at": time.time(),
                          "announced": announced, "reported": reported, "expected_tokens": int(expected),
                          "cached_tokens": int(cached_tokens), "reason": reason})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the cache trace of message %d", idx + 1)
 
 
-def compression_trace(record: SessionRecord, idx: int, msg: Mapping[str, object], tt: TokenizedText,
+def compression_trace(turn: int, idx: int, msg: Mapping[str, object], tt: TokenizedText,
                       request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
                       stage: CompressStage, served_tokens: int, budget: int | None = None) -> JSONObject:
     analysis = outcome.analysis
     role = msg.get("role")
     trace: JSONObject = {
-        "v": VERSION, "kind": "compression", "turn": record.turns + 1, "message": idx,
+        "v": VERSION, "kind": "compression", "turn": turn, "message": idx,
         "role": role if isinstance(role, str) else None, "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
         "scorer": stage.scorer.name,
         "segmenter": segmenter_name(stage.compressor.segmenter),
@@ -158,25 +177,13 @@ def current(stored: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def record_turn(record: SessionRecord, turn: JSONObject, totals: dict[str, int]) -> None:
-    """Append a turn trace (built by ``inspector.turns``) and add ``totals`` to the session's running totals."""
-    try:
-        _append(record, turn)
-        merged = current(record.trace_totals)
-        for k, v in totals.items():
-            merged[k] = merged.get(k, 0) + int(v)
-        record.trace_totals = merged
-    except Exception:  # noqa: BLE001
-        log.exception("inspector: could not record turn %s", turn.get("turn"))
-
-
-def _append(record: SessionRecord, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
-    """Keep ``trace`` (the newest ``MAX_TRACES`` traces and ``MAX_TURNS`` turns, ``MAX_TEXT_CHARS`` of their
-    texts) and add ``counts`` to the session's running totals."""
-    old = [t for t in record.traces if isinstance(t, dict)]
-    turns = [t for t in old if t.get("kind") == "turn"]
-    traces = [t for t in old if t.get("kind") != "turn"]
-    (turns if trace.get("kind") == "turn" else traces).append(trace)
+def append(kept: TraceLog, turn: TurnTraces) -> TraceLog:
+    """``kept`` with the turn's traces added (the newest ``MAX_TRACES`` traces and ``MAX_TURNS`` turn traces kept,
+    ``MAX_TEXT_CHARS`` of their texts) and its counts added to the totals."""
+    turns = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") == "turn"]
+    traces = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") != "turn"]
+    for trace in turn.items:
+        (turns if trace.get("kind") == "turn" else traces).append(trace)
     del traces[:-MAX_TRACES]
     del turns[:-MAX_TURNS]
     used = 0
@@ -188,9 +195,16 @@ def _append(record: SessionRecord, trace: JSONObject, counts: Mapping[str, int] 
             t["text_dropped"] = True
         else:
             used += n
-    record.traces = turns + traces  # compression and recall traces last, newest last
-    if counts:
-        totals = dict(record.trace_totals)
-        for k, v in counts.items():
-            totals[k] = totals.get(k, 0) + v
-        record.trace_totals = totals
+    totals = current(kept.totals)
+    for k, v in turn.counts.items():
+        totals[k] = totals.get(k, 0) + int(v)
+    return TraceLog(turns + traces, totals)  # compression and recall traces last, newest last
+
+
+def log_of(record: SessionRecord, kept: TraceLog | None) -> TraceLog:
+    """A session's traces and totals: what its record kept (written before the trace log), then its log."""
+    totals = current(record.trace_totals)
+    for k, v in current(kept.totals if kept else {}).items():
+        totals[k] = totals.get(k, 0) + v
+    old = [t for t in record.traces if isinstance(t, dict)]
+    return TraceLog(old + (kept.traces if kept else []), totals)

@@ -20,12 +20,20 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
    the look-up; ``prepare_ms``, the slot-queue wait excluded).
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
-Recording never fails a request: the trace is written to the index after the answer, under the session's lease,
-through the session service (``SessionService.write_record``, in a worker thread), and an error there is logged.
+5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
+   and its turn trace are written to the session's trace log in one index write (``SessionService.update_trace_log``,
+   a worker thread), as a task the answer does not wait for; a session's writes run one after another, in turn
+   order. The session's prefill rate (step 3) is read from the log's totals in that write, so the time saved and
+   the savings counters are complete when it ends; ``settle`` (awaited by ``/pflash/stats``, the metrics and the
+   inspector before they read) and ``stop`` wait for the writes in flight.
+Recording never fails a request: an error is logged and the turn's traces are lost (its savings are counted,
+at the turn's own rate).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import re
 import time
@@ -34,8 +42,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
 from pflash_proxy.engine import Engine
-from pflash_proxy.inspector.trace import VERSION, current, record_turn
+from pflash_proxy.inspector.trace import VERSION, TurnTraces, append, current
 from pflash_proxy.jsontypes import JSONObject
+from pflash_proxy.sessions.index import TraceLog
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.service import SessionService
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.inspector")
 
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
+BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
+SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
 CAUSES = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
@@ -150,13 +161,32 @@ def session_rate(totals: Mapping[str, int], turn: dict[str, Any] | None = None) 
     return None
 
 
+def price(turn: Mapping[str, Any], totals: Mapping[str, int], before: Mapping[str, int]
+          ) -> tuple[dict[str, Any], dict[str, int]]:
+    """Step 3: copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
+    totals ``before`` the turn and the turn's own (a turn the engine did not time is returned as it is)."""
+    out, added = dict(turn), dict(totals)
+    if out.get("prefilled_tokens") is None:
+        return out, added
+    prior = current(before)
+    merged = {k: prior.get(k, 0) + added.get(k, 0) for k in ("timed_prefilled_tokens", "timed_prefill_ms")}
+    rate = session_rate(merged, out)
+    out["rate_tps"] = None if rate is None else round(rate, 1)
+    avoided = out["tokens_avoided"]
+    saved = {"compression": estimate(avoided["compression"], rate), "cache": estimate(avoided["cache"], rate)}
+    out["saved_s"] = saved
+    for cause in CAUSES:
+        added[f"saved_ms_{cause}"] = round((saved[cause] or 0.0) * 1000)
+    return out, added
+
+
 class SavingsStage(Stage):
     """After the compression stage, before the commit: notes the turn; after the answer, records it."""
 
     name = "savings"
 
     def __init__(self, sessions: SessionService, threshold: int | None, engine: Engine):
-        self.sessions = sessions  # writes the turn trace to the session index
+        self.sessions = sessions  # writes the turn's traces to the session's trace log
         self.threshold = threshold  # None: compression is off
         self.engine = engine  # reads the answer's cache report
         self.counters: dict[str, float] = {"turns": 0, "turns_timed": 0, "prompt_tokens": 0, "prefilled_tokens": 0,
@@ -164,6 +194,7 @@ class SavingsStage(Stage):
                                            "message_served_tokens": 0}
         self.avoided = dict.fromkeys(CAUSES, 0)
         self.saved_s = dict.fromkeys(CAUSES, 0.0)
+        self._writes: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write in flight
 
     async def on_request(self, req: ProxyRequest) -> None:
         ctx = req.state.get(SESSIONS_STAGE)
@@ -179,29 +210,74 @@ class SavingsStage(Stage):
         if noted is None or ctx is None or ctx.record is None:
             return
         try:
-            turn, totals = self.turn_trace(req, result, ctx, noted)
+            req.state[BUILT_KEY] = self.turn_trace(req, result, ctx, noted)
         except Exception:  # noqa: BLE001 - never cost the request
             log.exception("inspector: could not build the turn trace")
+
+    async def on_finish(self, req: ProxyRequest) -> None:
+        """Step 5: the turn's traces go to the session's trace log, after the answer, in a task of their own."""
+        ctx = req.state.get(SESSIONS_STAGE)
+        built: tuple[dict[str, Any], dict[str, int]] | None = req.state.pop(BUILT_KEY, None)
+        if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
+            return  # never forwarded: the turn was not committed, and its number is the next one's
+        pending: TurnTraces = ctx.traces
+        if built is None and not pending.items:
             return
-        record_turn(ctx.record, turn, totals)
-        ctx.record.last_use = time.time()  # the inspector's cached summary of the session is renewed
-        self._count(turn)
+        sid = ctx.record.id
+        previous = self._writes.get(sid)
+        task = asyncio.get_running_loop().create_task(self._write(previous, sid, pending, built))
+        self._writes[sid] = task
+        task.add_done_callback(functools.partial(self._written, sid))
+
+    def _written(self, sid: str, task: asyncio.Task[None]) -> None:
+        if self._writes.get(sid) is task:
+            del self._writes[sid]
+
+    async def _write(self, previous: asyncio.Task[None] | None, sid: str, pending: TurnTraces,
+                     built: tuple[dict[str, Any], dict[str, int]] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # the session's writes in turn order
+        priced: list[dict[str, Any]] = []
+
+        def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
+            items, counts = list(pending.items), dict(pending.counts)
+            priced.clear()
+            if built is not None:
+                turn, totals = price(built[0], built[1], kept.totals)
+                priced.append(turn)
+                items.append(turn)
+                for k, v in totals.items():
+                    counts[k] = counts.get(k, 0) + v
+            return append(kept, TurnTraces(pending.turn, items, counts))
+
         try:
-            await self.sessions.write_record(ctx.record)
-        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the trace is lost
-            log.warning("inspector: could not save turn %d of session %s: %s", turn["turn"], ctx.record.id[:8], exc)
+            written = await self.sessions.update_trace_log(sid, update)
+        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the traces are lost
+            log.warning("inspector: could not save the traces of turn %d of session %s: %s", pending.turn, sid[:8],
+                        exc)
+            written = None
+        if built is not None:
+            self._count(priced[0] if written is not None and priced else price(built[0], built[1], {})[0])
+
+    async def settle(self) -> None:
+        """Wait (at most ``SETTLE_S``) for the trace writes in flight."""
+        if self._writes:
+            await asyncio.wait(list(self._writes.values()), timeout=SETTLE_S)
+
+    async def stop(self) -> None:
+        await self.settle()
 
     def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
                    noted: Noted) -> tuple[dict[str, Any], dict[str, int]]:
-        rec = ctx.record
-        assert rec is not None  # on_response traces only turns with a session record
+        """Steps 1, 2 and 4: the turn trace and what it adds to the session's totals, before the session's rate
+        prices its tokens (``price``)."""
         n = noted["turn"]
         timings = _timings(self.engine, result.final_json)
         mode = req.response_headers.get("X-PFlash-Mode")
         messages = []
         avoided_compression = 0
-        for t in rec.traces:
-            if isinstance(t, dict) and t.get("kind") == "compression" and t.get("turn") == n:
+        for t in ctx.traces.items:
+            if t.get("kind") == "compression":
                 tokens, served = _count(t.get("message_tokens")), _count(t.get("served_tokens"))
                 if t.get("mode") == "compressed":
                     avoided_compression += max(0, tokens - served)
@@ -236,14 +312,6 @@ class SavingsStage(Stage):
             totals["prefill_ms"] = round(prefill_ms)
             if prefilled >= MIN_TIMED_PROMPT:
                 totals["timed_prefilled_tokens"], totals["timed_prefill_ms"] = prefilled, max(1, round(prefill_ms))
-        before = current(rec.trace_totals)
-        merged = {k: before.get(k, 0) + totals.get(k, 0) for k in ("timed_prefilled_tokens", "timed_prefill_ms")}
-        rate = session_rate(merged, turn)
-        turn["rate_tps"] = None if rate is None else round(rate, 1)
-        saved = {"compression": estimate(avoided_compression, rate), "cache": estimate(cached, rate)}
-        turn["saved_s"] = saved
-        for cause in CAUSES:
-            totals[f"saved_ms_{cause}"] = round((saved[cause] or 0.0) * 1000)
         if ctx.cache == "restored":
             totals["restore_prepare_ms"] = round(prepare_ms - compression_ms)
         return turn, totals

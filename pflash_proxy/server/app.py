@@ -75,7 +75,8 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     app[API_KEY] = settings.inspector.api_key
     pipeline = app[PIPELINE]
     app.add_subapp(PREFIX, create_inspector(InspectorViews(  # /pflash/ui and /pflash/api (loopback or --api-key)
-        engine=app[ENGINE], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app))))
+        engine=app[ENGINE], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app),
+        settled=pipeline.settled)))
     return app
 
 

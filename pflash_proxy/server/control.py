@@ -52,12 +52,14 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def pflash_stats(request: web.Request) -> web.Response:
+    await request.app[PIPELINE].settled()  # the turns answered so far are counted
     return web.json_response(collect_stats(request.app))
 
 
 async def pflash_metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
+    await request.app[PIPELINE].settled()
     return web.Response(body=request.app[METRICS].prometheus(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

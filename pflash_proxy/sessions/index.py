@@ -10,10 +10,12 @@ on the loop when the caller marks it small (a few in-memory or SQLite reads, one
 thread otherwise. An index several nodes share says so with ``as_cluster`` (``ClusterIndex``: holders, turn
 leases, heartbeats).
 
-A session record is typed per feature: the served history (``sessions``), the recall sources compression keeps
-for later turns (``recall_sources``, ``stages/compress.py``) and the inspector's traces and totals (``traces``,
-``trace_totals``, ``inspector/trace.py``). Records written before these fields existed carried them in one
-``extra`` dict; ``SessionRecord.from_stored`` reads both.
+A session record is typed per feature: the served history (``sessions``) and the recall sources compression
+keeps for later turns (``recall_sources``, ``stages/compress.py``). It is read at every turn's lookup and written
+at its commit, so what only the inspector reads is kept apart, under the session's own ``TraceLog``
+(``trace_log`` / ``update_trace_log``; ``inspector/trace.py``): the traces and their running totals, written
+after the answer. Records written before the trace log kept them in the record (``traces``, ``trace_totals``;
+earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class SessionRecord:
     turns: int = 0
     # compression: the omitted units of compressed messages, recalled on a later short question
     recall_sources: list[RecallSource] = field(default_factory=list)
-    # the inspector: one plain-data trace per compressed message or recall (newest last), and running totals
+    # the inspector's traces and totals as versions before the trace log kept them (read, never written)
     traces: list[JSONObject] = field(default_factory=list)
     trace_totals: dict[str, int] = field(default_factory=dict)
 
@@ -86,6 +88,15 @@ class SessionRecord:
     def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class TraceLog:
+    """What the inspector keeps of a session apart from its record: plain-data traces (newest last) and running
+    totals (``inspector/trace.py`` says what they hold and bounds them)."""
+
+    traces: list[JSONObject] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
 
 
 def prune_victims(ranked: list[tuple[str, float]], older_than: float | None, max_sessions: int,
@@ -144,6 +155,14 @@ class SessionIndex(Protocol):
                     owner: str | None = None) -> SessionRecord: ...
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None: ...
     def update_record(self, rec: SessionRecord) -> None: ...
+    def trace_log(self, sid: str) -> TraceLog | None:
+        """The session's trace log (None: none written, or the session is gone)."""
+        ...
+    def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        """Replace the session's trace log by ``update(current)`` (an empty log when none), atomically against
+        other writers of it; it also counts as a use of the session. None, and nothing written, when the session
+        is gone (pruned meanwhile). ``update`` may run more than once (a backend that retries on a conflict)."""
+        ...
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]: ...
     def last_uses(self) -> dict[str, float]: ...

@@ -56,7 +56,8 @@ from pflash_proxy.contract import RelayResult
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable, Slots
 from pflash_proxy.sessions.cluster import ClusterNode
 from pflash_proxy.sessions.identity import credential
-from pflash_proxy.sessions.index import SessionIndex, SessionRecord, SnapshotRecord, StoreError, open_index, run
+from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, TraceLog, open_index,
+                                        run)
 from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.liveness import GONE, PASSING, StatesAnswer, UpstreamWatch
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
@@ -638,6 +639,9 @@ class ManagerView:
 
     def session(self, sid: str) -> SessionRecord | None:
         return self._m.store.get(sid)
+
+    def trace_log(self, sid: str) -> TraceLog | None:
+        return self._m.store.trace_log(sid)
 
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         return self._m.store.snapshot(sid)

@@ -7,7 +7,8 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
 1. ``encode(kind, value)`` → UTF-8 JSON bytes ``{"schema": SCHEMA, "kind": kind, "value": ...}`` (a
    ``RecordError`` for a value it cannot hold, which the indexes raise as ``StoreError``). Kinds:
    ``session`` (a ``SessionRecord``), ``snapshot`` (a ``SnapshotRecord``), ``response`` (one Responses answer:
-   an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded).
+   an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded),
+   ``traces`` (a ``TraceLog``: the inspector's traces of a session, objects, and its totals, integers).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
    ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
    maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
@@ -32,12 +33,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONValue
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
 
 log = logging.getLogger("pflash_proxy.sessions")
 
 SCHEMA = 1
-KINDS = ("session", "snapshot", "response", "ids")
+KINDS = ("session", "snapshot", "response", "ids", "traces")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
 
@@ -117,6 +118,8 @@ def encode(kind: str, value: Any) -> bytes:
         value = _session_value(value)
     elif kind == "snapshot":
         value = dataclasses.asdict(value)
+    elif kind == "traces":
+        value = {"traces": value.traces, "totals": value.totals}  # plain already: no deep copy
     elif kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")
     doc = {"schema": SCHEMA, "kind": kind, "value": value}
@@ -216,6 +219,11 @@ class _ResponseValue(BaseModel):
     session: str
 
 
+class _TraceLogValue(BaseModel):
+    traces: list[dict[str, Any]] = []
+    totals: dict[str, int] = {}
+
+
 _SNAPSHOT = TypeAdapter(SnapshotRecord)
 _IDS = TypeAdapter(list[str])
 
@@ -262,6 +270,9 @@ def decode(kind: str, data: object, where: str = "") -> Any:
             return value
         if kind == "ids":
             return _IDS.validate_python(value)
+        if kind == "traces":
+            checked = _TraceLogValue.model_validate(value)
+            return TraceLog(checked.traces, checked.totals)
         raise RecordError(f"unknown record kind {kind!r}")
     except (RecordError, ValidationError, ValueError, TypeError, KeyError, RecursionError) as exc:
         log.warning("session index: %s is not a readable %s record (%s: %s); treated as absent",

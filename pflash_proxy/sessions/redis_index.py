@@ -4,7 +4,8 @@ Keys (all under ``pflash:``; records are schema-versioned JSON, ``records.py``, 
 that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
 node; nothing is ever unpickled):
 1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
-2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, recall sources, traces);
+2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, recall sources); ``traces:<sid>`` →
+   its ``TraceLog`` (the inspector's, written after each answer in a ``WATCH``ed transaction);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
 3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
@@ -31,7 +32,7 @@ from typing import Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
 from pflash_proxy.sessions.records import RecordError, decode, encode
 
 T = TypeVar("T")
@@ -181,6 +182,32 @@ class RedisIndex:
         self._put(pipe, rec)
         pipe.execute()
 
+    @_guarded
+    def trace_log(self, sid: str) -> TraceLog | None:
+        data = self._get(f"{self.p}traces:{sid}")
+        log_ = decode("traces", data, f"traces:{sid[:40]}") if data else None
+        return log_ if isinstance(log_, TraceLog) else None
+
+    @_guarded
+    def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        """``WATCH`` the log, read it, ``update``, then ``MULTI``/``EXEC`` the write and the last use; retried
+        (``update`` runs again) when another node wrote the log in between."""
+        key = f"{self.p}traces:{sid}"
+
+        def attempt(pipe: Any) -> TraceLog | None:
+            if not pipe.exists(f"{self.p}session:{sid}"):
+                return None
+            data = pipe.get(key)
+            current = decode("traces", data, f"traces:{sid[:40]}") if data else None
+            new = update(current if isinstance(current, TraceLog) else TraceLog())
+            pipe.multi()
+            pipe.set(key, encode("traces", new))
+            pipe.zadd(f"{self.p}used", {sid: time.time()})
+            return new
+
+        result: TraceLog | None = self.r.transaction(attempt, key, value_from_callable=True)
+        return result
+
     def _put(self, pipe: Any, rec: SessionRecord) -> None:
         pipe.set(f"{self.p}session:{rec.id}", encode("session", rec))
         pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
@@ -196,7 +223,8 @@ class RedisIndex:
             rec = self.get(sid)
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
             pipe = self.r.pipeline(transaction=True)
-            pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}")
+            pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",
+                        f"{self.p}traces:{sid}")
             pipe.zrem(f"{self.p}used", sid)
             for rid in rids:
                 pipe.delete(f"{self.p}response:{rid}")

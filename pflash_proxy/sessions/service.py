@@ -11,8 +11,7 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
    or a new one, or a fork of one the request diverges from; then its slot's lease. The lease serialises a
    session's requests, but the first lookup happens before the wait, so it is repeated under the lease unless
    no write that can change its answer or the record it read ran since (``SessionIndex.write_mark``); when the
-   answer is the same, the record read under the lease is the one used (the previous turn's trace, written after
-   its answer, is in it); when the answer changed, the lease is returned and the decision taken again, at most
+   answer is the same, the record read under the lease is the one used; when the answer changed, the lease is returned and the decision taken again, at most
    ``LOOKUP_ATTEMPTS`` times in all (then the last decision stands). A history under ``INLINE_BYTES`` in a local index is looked up on the loop.
 3. Several nodes (``cluster.py``): a session another live node holds is not leased here (``Found.forward`` names
    that node); otherwise the session's turn lease in the shared index is taken with the slot's
@@ -25,10 +24,10 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
    is reported as), ``finish`` (release the lease, or keep it until the engine's slot is idle; the save of
    ``--save-every-turn``).
 6. The index: ``commit`` starts writing the served history now (on the loop for a short history in a local
-   index, else in a worker thread) and says later whether it was kept; ``update_record``, ``write_record`` (the
-   inspector's turn trace) and ``index_work`` (the response chains' reads and writes) run in a worker thread. A
-   failed index call is counted and logged (``store_failed``), never raised to the request; ``write_record``
-   alone raises it to its caller, which logs it without counting it.
+   index, else in a worker thread) and says later whether it was kept; ``update_trace_log`` (the inspector's
+   traces of a turn, after its answer) and ``index_work`` (the response chains' reads and writes) run in a worker
+   thread. A failed index call is counted and logged (``store_failed``), never raised to the request;
+   ``update_trace_log`` alone raises it to its caller, which logs it without counting it.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from pflash_proxy.contract import RelayResult, SessionsView
 from pflash_proxy.engine import CacheReport
 from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import namespace_seed
-from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, run
+from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, TraceLog, run
 from pflash_proxy.sessions.manager import SessionManager, SlotsPrefetch, reported_cache
 from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
 
@@ -192,7 +191,7 @@ class SessionService:
                 table.release(lease)
                 raise
             if _lookup_key(again, matched2) == key:
-                # the same decision; the record as written since (a trace the previous turn added after its answer)
+                # the same decision; the record as written since (by another node, or a recall source kept meanwhile)
                 return Found(again if record is found and again is not None else record, matched, hashes, lease, turn)
             if attempt == LOOKUP_ATTEMPTS - 1:
                 return Found(record, matched, hashes, lease, turn)
@@ -346,19 +345,10 @@ class SessionService:
         self.manager.note_write()
         return True
 
-    async def write_record(self, record: SessionRecord) -> None:
-        """Write ``record`` back (a worker thread); what the index raises is the caller's to handle (the
-        inspector's turn trace logs it, uncounted)."""
-        await run(self._index, self._index.update_record, record)
-
-    async def update_record(self, record: SessionRecord, what: str) -> bool:
-        """Write ``record`` back (a worker thread); False when the index failed (counted as ``what``)."""
-        try:
-            await self.write_record(record)
-        except StoreError as exc:
-            self.manager.store_failed(what, exc)
-            return False
-        return True
+    async def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        """The session's trace log replaced by ``update(current)`` (``SessionIndex.update_trace_log``), in a worker
+        thread; what the index raises is the caller's to handle (the inspector logs it, uncounted)."""
+        return await run(self._index, self._index.update_trace_log, sid, update)
 
     async def index_work(self, work: Callable[[SessionIndex], T], what: str) -> T | None:
         """``work(index)`` in a worker thread; None when the index failed (counted as ``what``)."""

@@ -8,7 +8,8 @@ anything else) is logged and read as absent, never unpickled. Keys are tuples of
 Keys:
 1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
 2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
-3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning;
+3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning; ``("traces", sid)``
+   → the session's ``TraceLog`` (the inspector's: written after each answer, never read by a turn);
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size, checksum and last use;
 5. ``("response", rid)`` → one Responses answer (``stages/chains.py``): its owner, the session that recorded
@@ -52,7 +53,7 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, prune_victims
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
 from pflash_proxy.sessions.records import RecordError, decode, encode
 
 
@@ -314,6 +315,25 @@ class SessionStore:
         finally:
             self._writing(-1)
 
+    @_guarded
+    def trace_log(self, sid: str) -> TraceLog | None:
+        data = self.read(("traces", sid))
+        log_ = decode("traces", data, f"traces of {sid[:40]}") if data else None
+        return log_ if isinstance(log_, TraceLog) else None
+
+    @_guarded
+    def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        """One SQLite transaction: read, ``update``, write, and the session's last use."""
+        with self.cache.transact():
+            if ("session", sid) not in self.cache:
+                return None
+            data = self.cache.get(("traces", sid))
+            current = decode("traces", data, f"traces of {sid[:40]}") if data else None
+            new = update(current if isinstance(current, TraceLog) else TraceLog())
+            self.cache.set(("traces", sid), encode("traces", new))
+            self.cache.set(("used", sid), time.time())
+        return new
+
     def _put(self, rec: SessionRecord) -> None:
         self.cache.set(("session", rec.id), encode("session", rec))
         # last use on its own key: pruning ranks every session without unpickling their served histories
@@ -350,6 +370,7 @@ class SessionStore:
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
+                self.cache.delete(("traces", sid))
                 for rid in self._ids(sid):
                     self.cache.delete(("response", rid))
                 self.cache.delete(("responses", sid))

@@ -256,7 +256,7 @@ class CompressStage(Stage):
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
         assert ctx.record is not None  # on_request admits only requests with a session record
-        record_compression(ctx.record, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
+        record_compression(ctx.traces, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
                            served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
                   "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
@@ -331,7 +331,7 @@ class CompressStage(Stage):
         if not decision.recall:
             return None
         block = format_recall_block(decision.recalled)
-        record_recall(ctx.record, idx, decision)
+        record_recall(ctx.traces, idx, decision)
         _serve_text(req, messages, idx, block + ("\n" if block.endswith("\n") else "\n\n") + text)
         recalled = sum(e.tokens for e in decision.recalled)
         log.info("pflash recall: %d excerpt(s), %d tokens, share %.3f", len(decision.recalled), recalled,

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import contextlib
 
 from pflash_proxy.contract import VIA_HEADER, ProxyRequest, RelayResult, SessionsView, Stage, StageHooks
-from pflash_proxy.inspector.trace import record_cache
+from pflash_proxy.inspector.trace import TurnTraces, record_cache
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER, Turn
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import SessionRecord, StoreError
@@ -86,6 +86,8 @@ class SessionContext:
     batch: list[Lease] | None = None  # a batch's leases of every slot
     forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
     settled: bool = False  # its answer ended whole, with the client still there
+    # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
+    traces: TurnTraces = field(default_factory=lambda: TurnTraces(0))
 
 
 def _pin(req: ProxyRequest, fields: Mapping[str, object]) -> None:
@@ -169,7 +171,7 @@ class SessionStage(Stage):
                 req.response_headers[TAKEOVER_HEADER] = taken_from
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
-        ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0)
+        ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0, traces=TurnTraces(record.turns + 1))
         req.state[self.name] = ctx
         served_hashes = _hashes(served, messages, hashes)  # a message served as sent: the lookup's hash
         ctx.hashed = (served, served_hashes)  # on_response reuses them for the messages left unchanged
@@ -237,9 +239,7 @@ class SessionStage(Stage):
         log.log(logging.INFO if reported == "hit-prefix" else logging.WARNING,
                 "session %s: announced %s (~%d tokens expected from cache), llama-server reused %d: reported %s",
                 ctx.record.id[:8], ctx.cache, ctx.expected_cached, cached, reported)
-        record_cache(ctx.record, len(ctx.served) - 1, ctx.cache, reported, ctx.expected_cached, cached, reason)
-        # the inspector shows it; the lease is still held, so the next turn reads this record
-        await self.sessions.update_record(ctx.record, "recording a cache trace")
+        record_cache(ctx.traces, len(ctx.served) - 1, ctx.cache, reported, ctx.expected_cached, cached, reason)
 
     def _answer_headers(self, req: ProxyRequest, ctx: SessionContext, answer: Mapping[str, object] | None) -> None:
         """``X-PFlash-Cache`` / ``-Cached-Tokens`` of a whole answer from its own cache report."""

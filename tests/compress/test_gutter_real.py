@@ -60,5 +60,6 @@ async def test_numbered_file_read_keeps_the_asked_function_with_its_numbers(prox
     assert 'raise ValueError("n must be > 0: %r" % (n,))' in served
     # the inspector's trace names the gutter the cutter looked behind
     # (the session may also hold a cache trace: the second read's prefix was already in llama-server's slot)
-    trace = [t for t in store.get(resp.headers["X-PFlash-Session"]).traces if t["kind"] == "compression"][-1]
+    await proxy.app[PIPELINE].settled()  # the turn's traces are written after its answer
+    trace = [t for t in store.trace_log(resp.headers["X-PFlash-Session"]).traces if t["kind"] == "compression"][-1]
     assert trace["gutter"] is not None

@@ -17,7 +17,7 @@ from pflash_proxy.inspector import trace as tr
 from pflash_proxy.inspector.turns import client_name, plain_reason, session_rate
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.metrics import Metrics
-from pflash_proxy.sessions.store import SessionRecord
+from pflash_proxy.sessions.index import SessionRecord, TraceLog
 from tests.conftest import make_settings, start_llama_server
 from tests.inspector.test_inspector_browser import CHROMIUM, KEEP, REPORTED
 from tests.inspector.test_inspector_real import show
@@ -188,15 +188,16 @@ def test_reasons_in_plain_words():
 
 def test_turn_traces_are_bounded_apart_from_the_compression_traces(monkeypatch):
     monkeypatch.setattr(tr, "MAX_TURNS", 2)
-    rec = SessionRecord(id="e" * 32, seed="s")
-    rec.traces = [{"kind": "compression", "turn": 1, "message": 0, "text": None, "message_tokens": 10,
-                   "served_tokens": 5, "mode": "compressed"}]
+    kept = TraceLog([{"kind": "compression", "turn": 1, "message": 0, "text": None, "message_tokens": 10,
+                      "served_tokens": 5, "mode": "compressed"}])
     for n in range(1, 5):
-        tr.record_turn(rec, {"kind": "turn", "turn": n}, {"turns_timed": 1, "prefilled_tokens": 100,
-                                                          "timed_prefilled_tokens": 100, "timed_prefill_ms": 50})
-    assert [t["kind"] for t in rec.traces] == ["turn", "turn", "compression"]  # the newest compression trace last
-    assert [t["turn"] for t in rec.traces[:2]] == [3, 4]
-    assert rec.trace_totals["turns_timed"] == 4 and session_rate(rec.trace_totals) == 2000
+        turn = tr.TurnTraces(n)
+        turn.add({"kind": "turn", "turn": n}, {"turns_timed": 1, "prefilled_tokens": 100,
+                                               "timed_prefilled_tokens": 100, "timed_prefill_ms": 50})
+        kept = tr.append(kept, turn)
+    assert [t["kind"] for t in kept.traces] == ["turn", "turn", "compression"]  # the newest compression trace last
+    assert [t["turn"] for t in kept.traces[:2]] == [3, 4]
+    assert kept.totals["turns_timed"] == 4 and session_rate(kept.totals) == 2000
 
 
 def test_a_session_of_trace_version_1_is_read_under_the_new_names():
@@ -210,11 +211,13 @@ def test_a_session_of_trace_version_1_is_read_under_the_new_names():
     assert tr.current(rec.traces[0]) == {"v": 1, "kind": "turn", "turn": 1, "cached_tokens": 7,
                                          "prefilled_tokens": 3, "prefill_ms": 1.5, "generated_tokens": 1,
                                          "generate_ms": 0.5}
-    tr.record_turn(rec, {"kind": "turn", "turn": 2}, {"turns_timed": 1, "prefilled_tokens": 100,
-                                                      "timed_prefilled_tokens": 100, "timed_prefill_ms": 100})
-    assert rec.trace_totals == {"turns_timed": 2, "prefilled_tokens": 400, "cached_tokens": 7,
-                                "timed_prefilled_tokens": 400, "timed_prefill_ms": 200}
-    assert session_rate(rec.trace_totals) == 2000
+    turn = tr.TurnTraces(2)  # a turn of this version: written to the session's trace log
+    turn.add({"kind": "turn", "turn": 2}, {"turns_timed": 1, "prefilled_tokens": 100,
+                                           "timed_prefilled_tokens": 100, "timed_prefill_ms": 100})
+    both = tr.log_of(rec, tr.append(TraceLog(), turn))
+    assert both.totals == {"turns_timed": 2, "prefilled_tokens": 400, "cached_tokens": 7,
+                           "timed_prefilled_tokens": 400, "timed_prefill_ms": 200}
+    assert session_rate(both.totals) == 2000 and [t["turn"] for t in both.traces] == [1, 2]
 
 
 def test_savings_metrics_by_cause():

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
+import json
 from types import SimpleNamespace
 
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
 from pflash_proxy.inspector import trace as tr
 from pflash_proxy.inspector.data import view
-from pflash_proxy.sessions.store import SessionRecord
+from pflash_proxy.sessions.index import SessionRecord, TraceLog
 
 TOPICS = ["glacier", "violin", "harbour", "orchard", "telescope", "bakery", "railway", "lighthouse", "vineyard",
           "monastery", "observatory", "foundry", "tannery", "apiary", "quarry", "shipyard"]
@@ -35,9 +35,9 @@ def test_a_compressed_trace_holds_units_scores_request_span_and_the_original():
     text = _doc()
     tt, request, outcome, stage, messages = _compress(text)
     assert outcome.mode == "compressed"
-    rec = SessionRecord(id="a" * 32, seed="s")
-    tr.record_compression(rec, 0, messages[0], tt, request, outcome, tt.total_tokens, tt.total_tokens, stage, 123)
-    (t,) = rec.traces
+    turn = tr.TurnTraces(1)
+    tr.record_compression(turn, 0, messages[0], tt, request, outcome, tt.total_tokens, tt.total_tokens, stage, 123)
+    (t,) = turn.items
     assert t["turn"] == 1 and t["message"] == 0 and t["mode"] == "compressed" and t["scorer"] == "lexical"
     assert t["budget"] == outcome.budget_tokens and t["served_tokens"] == 123
     v = view(t)
@@ -47,9 +47,9 @@ def test_a_compressed_trace_holds_units_scores_request_span_and_the_original():
     a, b = v["request"]["lines"]
     assert v["lines"][a:b] == ["How many visitors did the apiary records list?"]
     assert v["units"][-1]["pinned"]
-    totals = rec.trace_totals
+    totals = turn.counts
     assert totals["compressed"] == 1 and totals["tokens_in"] == tt.total_tokens and totals["tokens_served"] == 123
-    pickle.loads(pickle.dumps(rec))  # plain data: the record still pickles (diskcache)
+    assert json.loads(json.dumps(turn.items)) == turn.items  # plain data: stored as JSON as it is
     assert all(type(x).__module__ == "builtins" for x in (t["units"]["score"][0], t["units"]["start"][0]))
 
 
@@ -62,34 +62,46 @@ def test_a_flat_message_served_whole_keeps_its_scores_and_reason():
     request = RequestFinder(query_pin=32).find([{"role": "user", "content": text}], 0, tt)
     outcome = comp.compress(tt, request, tt.total_tokens, False, "paste", "1")
     assert outcome.mode == "full-flat"
-    rec = SessionRecord(id="b" * 32, seed="s")
+    turn = tr.TurnTraces(1)
     stage = SimpleNamespace(scorer=comp.scorer, compressor=comp)
-    tr.record_compression(rec, 0, {"role": "user"}, tt, request, outcome, tt.total_tokens, tt.total_tokens, stage,
+    tr.record_compression(turn, 0, {"role": "user"}, tt, request, outcome, tt.total_tokens, tt.total_tokens, stage,
                           tt.total_tokens)
-    v = view(rec.traces[0])
+    v = view(turn.items[0])
     assert v["mode"] == "full-flat" and "too flat" in v["reason"] and v["spread"] > 0.11
     assert v["units"] and all(u["kept"] for u in v["units"])  # served whole, with the scores that were flat
     assert v["lines"][slice(*v["request"]["lines"])] == ["List every invoice."]
-    assert rec.trace_totals["served_whole"] == 1
+    assert turn.counts["served_whole"] == 1
 
 
 def test_traces_are_bounded_in_number_and_text(monkeypatch):
     monkeypatch.setattr(tr, "MAX_TRACES", 3)
     monkeypatch.setattr(tr, "MAX_TEXT_CHARS", 2 * len(_doc()) + 10)
     tt, request, outcome, stage, messages = _compress(_doc())
-    rec = SessionRecord(id="c" * 32, seed="s")
-    for turn in range(5):
-        rec.turns = turn
-        tr.record_compression(rec, 0, messages[0], tt, request, outcome, 1, 1, stage, 1)
-    traces = rec.traces
+    kept = TraceLog()
+    for n in range(1, 6):
+        turn = tr.TurnTraces(n)
+        tr.record_compression(turn, 0, messages[0], tt, request, outcome, 1, 1, stage, 1)
+        kept = tr.append(kept, turn)
+    traces = kept.traces
     assert [t["turn"] for t in traces] == [3, 4, 5]  # the newest MAX_TRACES
     assert [t["text"] is not None for t in traces] == [False, True, True]  # the oldest lost its text
     assert view(traces[0])["lines"] is None and view(traces[0])["text_dropped"] and view(traces[0])["units"]
-    assert rec.trace_totals["compressed"] == 5  # totals outlive dropped traces
+    assert kept.totals["compressed"] == 5  # totals outlive dropped traces
+
+
+def test_a_sessions_log_follows_what_its_record_kept_before_the_log():
+    rec = SessionRecord(id="e" * 32, seed="s", traces=[{"kind": "turn", "turn": 1, "cache_n": 7}],
+                        trace_totals={"turns_timed": 1, "cache_n": 7})
+    turn = tr.TurnTraces(2)
+    turn.add({"kind": "turn", "turn": 2, "cached_tokens": 5}, {"turns_timed": 1, "cached_tokens": 5})
+    both = tr.log_of(rec, tr.append(TraceLog(), turn))
+    assert [t["turn"] for t in both.traces] == [1, 2]
+    assert both.totals == {"turns_timed": 2, "cached_tokens": 12}  # version-1 names renamed, then added
+    assert tr.log_of(rec, None).totals == {"turns_timed": 1, "cached_tokens": 7}
 
 
 def test_recording_never_raises():
-    rec = SessionRecord(id="d" * 32, seed="s")
-    tr.record_compression(rec, 0, {}, None, None, None, 0, 0, None, 0)  # garbage in: logged, skipped
-    tr.record_recall(rec, 0, None)
-    assert not rec.traces
+    turn = tr.TurnTraces(1)
+    tr.record_compression(turn, 0, {}, None, None, None, 0, 0, None, 0)  # garbage in: logged, skipped
+    tr.record_recall(turn, 0, None)
+    assert not turn.items and not turn.counts

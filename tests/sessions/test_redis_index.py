@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, open_index
+from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, TraceLog, open_index
 from pflash_proxy.sessions.redis_index import RedisIndex
 from pflash_proxy.sessions.store import SessionStore
 from tests.redis_server import RedisServer, binary
@@ -88,6 +88,34 @@ def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(i
     assert index.lookup("seed", msgs("conversation 0"))[0] is None
     assert index.lookup("seed", msgs("conversation 3"))[0].id == ids[3]
     assert index.count_sessions() == 2
+
+
+def test_a_sessions_trace_log_is_its_own_key_updated_atomically_and_pruned_with_it(index):
+    """The inspector's traces live apart from the record (which every turn reads): an update reads, changes and
+    writes the log in one transaction, counts as a use, writes nothing for a session that is gone, and the log
+    goes with its session."""
+    rec = index.new_session("seed", False)
+    index.save_session(rec, ["h"], msgs("hello"))
+    assert index.trace_log(rec.id) is None
+    assert index.update_trace_log("f" * 32, lambda kept: TraceLog([{"kind": "turn"}])) is None  # no such session
+    assert index.trace_log("f" * 32) is None
+    used = index.last_uses()[rec.id]
+
+    def one_more(kept: TraceLog) -> TraceLog:
+        return TraceLog(kept.traces + [{"kind": "turn", "turn": len(kept.traces) + 1}],
+                        {"turns": kept.totals.get("turns", 0) + 1})
+
+    threads = [threading.Thread(target=index.update_trace_log, args=(rec.id, one_more)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = index.trace_log(rec.id)
+    assert got is not None and [t["turn"] for t in got.traces] == list(range(1, 9)) and got.totals == {"turns": 8}
+    assert index.last_uses()[rec.id] >= used
+    assert index.get(rec.id).traces == []  # the record carries none of it
+    assert index.prune(older_than=None, max_sessions=0) == [rec.id]
+    assert index.trace_log(rec.id) is None
 
 
 def test_snapshot_records_round_trip(index):

@@ -1,0 +1,139 @@
+"""A turn's traces go to the session's trace log after its answer (``inspector.turns.SavingsStage``, step 5).
+
+The session record, which every turn reads at its lookup and writes at its commit, carries none of them; the
+answer does not wait for their write; a session's writes land in turn order; ``settle`` (what ``/pflash/stats``,
+the metrics and the inspector await) and ``stop`` wait for them; a failed write costs the traces, never the turn.
+Run on the in-process ``FakeEngine`` through the session stages as the server runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from pflash_proxy.contract import Pipeline
+from pflash_proxy.engine.fake import FakeEngine
+from pflash_proxy.inspector.turns import SavingsStage, price
+from pflash_proxy.sessions.index import StoreError, TraceLog
+from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
+from tests.conftest import make_settings
+from tests.sessions.test_fake_engine_pipeline import DOC_A, Proxy, chat
+
+QUESTIONS = [f"What is held at plot {i}?" for i in range(6)]
+
+
+class Proxied(Proxy):
+    savings: SavingsStage
+
+
+@pytest.fixture
+async def proxy(tmp_path) -> AsyncIterator[Proxied]:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    engine = FakeEngine(n_slots=1, save_dir=slots)
+    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots), engine)
+    service = SessionService(manager)
+    savings = SavingsStage(service, None, engine)
+    pipeline = Pipeline([SessionStage(service), savings, SessionCommitStage(service)])
+    await service.start()
+    p = Proxied(engine, manager, pipeline)
+    p.savings = savings
+    try:
+        yield p
+    finally:
+        await savings.stop()
+        await service.stop()
+
+
+def _gate(proxy: Proxied) -> tuple[threading.Event, list[int]]:
+    """The index's trace-log writes wait for the event (a slow disk); returns it and the turns written."""
+    gate, written = threading.Event(), []
+    store = proxy.manager.store
+    real = store.update_trace_log
+
+    def slow(sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        assert gate.wait(10)
+        out = real(sid, update)
+        written.append(out.traces[-1]["turn"] if out else -1)
+        return out
+
+    store.update_trace_log = slow  # type: ignore[method-assign]
+    return gate, written
+
+
+async def test_the_record_carries_no_traces_and_the_log_holds_every_turn(proxy):
+    for i in range(1, len(QUESTIONS) + 1):
+        req, _ = await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
+        sid = req.response_headers["X-PFlash-Session"]
+        await proxy.pipeline.settled()
+        rec = proxy.manager.store.get(sid)
+        assert rec is not None and rec.traces == [] and rec.trace_totals == {}
+    kept = proxy.manager.store.trace_log(sid)
+    assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3, 4, 5, 6]
+    assert kept.totals["turns_recorded"] == 6 and kept.totals["turns_timed"] == 6
+    assert all(t["prefilled_tokens"] is not None for t in kept.traces)
+    assert proxy.savings.stats()["turns"] == 6
+
+
+async def test_the_answer_does_not_wait_for_the_trace_write_and_settle_does(proxy):
+    gate, written = _gate(proxy)
+    req, _ = await asyncio.wait_for(proxy.turn(chat(DOC_A, QUESTIONS[0])), 5)  # finished with the write held
+    assert req.response_headers["X-PFlash-Cache"] == "miss" and written == []
+    assert proxy.savings.stats()["turns"] == 0  # counted once written, with the session's rate
+    settling = asyncio.ensure_future(proxy.pipeline.settled())
+    await asyncio.sleep(0.1)
+    assert not settling.done()  # a reader waits for it
+    gate.set()
+    await asyncio.wait_for(settling, 5)
+    assert written == [1] and proxy.savings.stats()["turns"] == 1
+
+
+async def test_a_sessions_writes_land_in_turn_order(proxy):
+    gate, written = _gate(proxy)
+    for i in range(1, 4):  # each turn's write waits behind the one before it
+        req, _ = await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
+    gate.set()
+    await proxy.pipeline.settled()
+    assert written == [1, 2, 3]
+    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3]
+
+
+async def test_stop_waits_for_the_writes_in_flight(proxy):
+    gate, written = _gate(proxy)
+    await proxy.turn(chat(DOC_A, QUESTIONS[0]))
+    stopping = asyncio.ensure_future(proxy.savings.stop())
+    await asyncio.sleep(0.1)
+    assert not stopping.done() and written == []
+    gate.set()
+    await asyncio.wait_for(stopping, 5)
+    assert written == [1]
+
+
+async def test_a_failed_write_costs_the_traces_not_the_turn(proxy, caplog):
+    def fail(sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
+        raise StoreError("session index: disk full")
+
+    proxy.manager.store.update_trace_log = fail  # type: ignore[method-assign]
+    req, answer = await proxy.turn(chat(DOC_A, QUESTIONS[0]))
+    assert answer and req.response_headers["X-PFlash-Session"]
+    await proxy.pipeline.settled()
+    assert "could not save the traces of turn 1" in caplog.text
+    assert proxy.savings.stats()["turns"] == 1 and proxy.savings.stats()["turns_timed"] == 1  # its own rate
+
+
+def test_a_turn_is_priced_at_the_rate_of_the_sessions_totals_before_it_and_its_own():
+    turn = {"kind": "turn", "prefilled_tokens": 100, "prefill_ms": 50.0, "cached_tokens": 0,
+            "tokens_avoided": {"compression": 1000, "cache": 0}, "saved_s": {"compression": None, "cache": None}}
+    totals = {"turns_timed": 1, "timed_prefilled_tokens": 100, "timed_prefill_ms": 50}
+    priced, added = price(turn, totals, {"timed_prefilled_tokens": 300, "timed_prefill_ms": 150})
+    assert priced["rate_tps"] == 2000.0 and priced["saved_s"] == {"compression": 0.5, "cache": 0.0}
+    assert added["saved_ms_compression"] == 500 and turn["saved_s"]["compression"] is None  # copies
+    alone, _ = price(turn, totals, {})
+    assert alone["saved_s"]["compression"] == 0.5  # the same rate from the turn alone here: 100 / 50 ms
+    untimed, same = price({**turn, "prefilled_tokens": None}, {"turns_recorded": 1}, {})
+    assert untimed["saved_s"] == {"compression": None, "cache": None} and same == {"turns_recorded": 1}
