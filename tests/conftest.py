@@ -17,11 +17,18 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
 
 from pflash_proxy.config import Settings
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.service import SessionService
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +45,22 @@ def make_settings(upstream: str | None, tmp_path: Path, **kw) -> Settings:
     snapshot counts a test asserts."""
     kw.setdefault("idle_save_s", 0)
     return Settings(upstream=upstream, home=tmp_path / "home", **kw)
+
+
+def session_service(app: web.Application) -> SessionService:
+    """The session service of a proxy's app: what its session stage calls."""
+    from pflash_proxy.server.keys import PIPELINE
+    from pflash_proxy.stages.sessions import SessionStage
+
+    stage = next(s for s in app[PIPELINE].stages if s.name == "sessions")
+    assert isinstance(stage, SessionStage)
+    return stage.sessions
+
+
+def session_manager(app: web.Application) -> SessionManager:
+    """The manager behind a proxy's session service, for tests that inspect or patch its parts (table, slots,
+    snapshots, counters); the stages themselves call the service only."""
+    return session_service(app).manager
 
 
 @pytest.fixture(scope="session")

@@ -190,9 +190,10 @@ COMPUTE_IN_A_THREAD = {"stages/compress.py"}
 
 
 def test_the_stages_call_the_session_service_only():
-    """No stage reaches the manager's table, index, cluster node, snapshots or isolation, and none but those
-    that compute in a worker thread chooses one: the session service decides where an index call runs."""
-    internals = {"store", "table", "cluster", "snapshots", "isolation", "watch"}
+    """No stage reaches the manager behind the service, nor its table, index, cluster node, snapshots or isolation,
+    and none but those that compute in a worker thread chooses one: the session service decides where an index call
+    runs."""
+    internals = {"manager", "store", "table", "cluster", "snapshots", "isolation", "watch"}
     modules = {str(p.relative_to(PACKAGE)): p for p in stage_modules()}
     assert {"stages/sessions.py", "stages/chains.py", "stages/compress.py", "inspector/turns.py"} <= set(modules)
     for name, path in modules.items():

@@ -129,15 +129,6 @@ def cache_report(answer: Mapping[str, object] | None) -> CacheReport | None:
     return None
 
 
-def cache_counts(answer: Mapping[str, object] | None) -> dict[str, int] | None:
-    """``cache_report`` in the shape the session layer reads until it takes a ``CacheReport``:
-    ``{"cache_n", "prompt_n", "predicted_n"}``, or None."""
-    report = cache_report(answer)
-    if report is None:
-        return None
-    return {"cache_n": report.cached_tokens, "prompt_n": report.new_tokens, "predicted_n": report.generated_tokens}
-
-
 # The inspector's traces before their version 2 named a turn's counts after llama-server's ``timings``: those
 # names, and the proxy's own (``inspector.trace.current`` renames them when an older session is read).
 TRACE_NAMES_V1 = {"cache_n": "cached_tokens", "prompt_n": "prefilled_tokens", "predicted_n": "generated_tokens",

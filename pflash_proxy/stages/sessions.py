@@ -55,7 +55,6 @@ from pflash_proxy.inspector.trace import TurnTraces, record_cache
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER, Turn
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import SessionRecord, StoreError
-from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.slots import Lease
 
@@ -100,11 +99,6 @@ class SessionStage(Stage):
 
     def __init__(self, sessions: SessionService):
         self.sessions = sessions
-
-    @property
-    def manager(self) -> SessionManager:
-        """The manager behind the service (tests inspect it; the stage calls the service only)."""
-        return self.sessions.manager
 
     def bind(self, hooks: StageHooks) -> None:
         self.sessions.on_snapshot_timing(hooks.on_snapshot_timing)  # snapshot timings feed the metrics

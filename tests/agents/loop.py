@@ -68,12 +68,6 @@ class Stack:
         if self.upstream is not None:
             await self.upstream.close()
 
-    def sessions(self):
-        from pflash_proxy.server.keys import PIPELINE
-
-        assert self.app is not None
-        return next(s for s in self.app[PIPELINE].stages if s.name == "sessions").manager
-
 
 async def run_once(agent: Agent, stack: Stack, home: Path, workdir: Path, prompt: str, filename: str,
                    timeout_s: float) -> Result:

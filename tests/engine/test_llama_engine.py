@@ -1,6 +1,7 @@
 """``LlamaServerEngine`` beyond the shared contract: its cache report reads every answer shape llama-server sends
-(and ``cache_counts`` gives the session layer the same numbers), its identity is the one the session index stores beside snapshots,
-and its errors say what happened (a fake upstream for the faults: refused, unreachable, timed out)."""
+(the engine's own ``cache_report``, which the session layer reads, gives the same report), its identity is the one
+the session index stores beside snapshots, and its errors say what happened (a fake upstream for the faults:
+refused, unreachable, timed out)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from pflash_proxy.engine import EngineNotReady, EngineRefused, EngineTimeout, EngineUnreachable
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
-from pflash_proxy.llama.engine import LlamaServerEngine, cache_counts, cache_report, identity_of
+from pflash_proxy.llama.engine import LlamaServerEngine, cache_report, identity_of
 from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.sessions.liveness import UpstreamWatch
@@ -32,11 +33,12 @@ EXPECTED = [(7, 3, 1), (0, 40, 0), (12, 4, 2), (5, 1, 0), (25, 5, 3), (9, 0, 0)]
 
 
 def test_the_cache_report_reads_every_answer_shape():
+    engine = LlamaServerEngine(Upstream("http://127.0.0.1:9"))  # never started: reading an answer calls nothing
     for answer, expected in zip(ANSWERS, EXPECTED, strict=True):
-        counts, report = cache_counts(answer), cache_report(answer)
-        assert counts is not None and report is not None, answer
+        report = cache_report(answer)
+        assert report is not None, answer
         assert (report.cached_tokens, report.new_tokens, report.generated_tokens) == expected, answer
-        assert (counts["cache_n"], counts["prompt_n"], counts["predicted_n"]) == expected, answer
+        assert engine.cache_report(answer) == report, answer
     timed = cache_report(ANSWERS[0])
     assert timed is not None and (timed.prompt_ms, timed.generate_ms, timed.prompt_tokens) == (1.5, 0.5, 10)
     # OpenAI usage without timings (a server that drops them): cached_tokens is part of prompt_tokens

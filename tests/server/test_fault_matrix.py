@@ -56,7 +56,7 @@ from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import PIPELINE
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.llama.spawn import free_port
-from tests.conftest import make_settings, start_llama_server, wait_for_proxy
+from tests.conftest import make_settings, session_manager, start_llama_server, wait_for_proxy
 
 pytestmark = pytest.mark.llama
 
@@ -100,10 +100,6 @@ async def make_proxy(aiohttp_client, fault_server, tmp_path):
     return make
 
 
-def _manager(client):
-    return next(s for s in client.server.app[PIPELINE].stages if s.name == "sessions").manager
-
-
 async def _chat(client, messages, max_tokens=4, **extra):
     r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": max_tokens, **GEN,
                                                          **extra})
@@ -125,7 +121,7 @@ def _reply(body: dict) -> dict:
 
 async def _check_table_matches_server(client, server, sid: str, served: list[dict]) -> None:
     """The table says the session's slot holds exactly ``served``; llama-server's own count agrees."""
-    slot = _manager(client).table.resident(sid)
+    slot = session_manager(client.app).table.resident(sid)
     assert slot is not None and slot.known and not slot.busy
     assert slot.served_hashes == [message_hash(m) for m in served]
     info = next(s for s in await _upstream_slots(server) if s["id"] == slot.id)
@@ -149,7 +145,7 @@ def _damage(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["missing", "truncated", "random", "kv-garbage"])
 async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill(make_proxy, fault_server, how):
     proxy = await make_proxy()
-    mgr = _manager(proxy)
+    mgr = session_manager(proxy.app)
     first = [{"role": "system", "content": DOC}, {"role": "user", "content": "Which hall has the amber lantern?"}]
     status, h, b1 = await _chat(proxy, first)
     assert status == 200
@@ -198,7 +194,7 @@ async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers
         pytest.skip("needs a small tmpfs for the slot files (mounting needs root or CAP_SYS_ADMIN)")
     caplog.set_level("WARNING", logger="pflash_proxy.sessions")
     proxy = await make_proxy()
-    mgr = _manager(proxy)
+    mgr = session_manager(proxy.app)
     first = [{"role": "user", "content": "Name three colours of lanterns."}]
     filler = fault_server.slot_dir / "filler"
     _fill(filler)
@@ -243,7 +239,7 @@ RECORDS = "\n".join(f"Record {i}: the {c} lantern of hall {i} was lit at {i % 12
 
 async def _served_whole(proxy, caplog, needle: str) -> None:
     """A long message whose compression fails is served whole, the session goes on, the reason is logged."""
-    mgr = _manager(proxy)
+    mgr = session_manager(proxy.app)
     msgs = [{"role": "user", "content": RECORDS + "\n\nWhich keeper lit the amber lantern of hall 3?"}]
     status, h, body = await _chat(proxy, msgs)
     assert status == 200 and h["X-PFlash-Mode"] == "full-error"
@@ -309,7 +305,7 @@ async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_sessi
     the lease until llama-server's slot is idle (nothing is ever sent to a busy slot), and the table claims
     nothing about the slot that no response confirmed, so no later check mistakes it for a restart."""
     proxy = await make_proxy(queue_timeout_s=60)
-    mgr = _manager(proxy)
+    mgr = session_manager(proxy.app)
     other = [{"role": "user", "content": "Name a colour."}]
     status, ht, bt = await _chat(proxy, other)
     first = [{"role": "user", "content": "Hello."}]
@@ -445,7 +441,7 @@ async def test_a_chunked_upload_over_the_limit_gets_413_before_it_ends(make_prox
     assert status == 413 and headers["content-type"].startswith("application/json")
     assert json.loads(body)["error"] == {"message": "request body exceeds --max-body-mb (1048576 bytes)",
                                          "type": "invalid_request_error", "code": "request_too_large"}
-    assert not any(s.busy for s in _manager(proxy).table.slots)
+    assert not any(s.busy for s in session_manager(proxy.app).table.slots)
 
     parts = (b'{"content": ', b'"Say yes."}') if path == b"/tokenize" else \
         (b'{"messages": [{"role": "user", ', b'"content": "Say yes."}], "max_tokens": 2}')
@@ -484,7 +480,7 @@ async def test_malformed_chunk_after_the_headers_holds_no_slot(make_proxy):
     proxy = await make_proxy()
     _, writer = await _send_split_malformed(proxy.server.host, proxy.server.port)
     await asyncio.sleep(0.5)
-    mgr = _manager(proxy)
+    mgr = session_manager(proxy.app)
     assert not any(s.busy for s in mgr.table.slots) and mgr.table.queued == 0  # the body comes before any lease
     assert (await _chat(proxy, [{"role": "user", "content": "Still there?"}]))[0] == 200
     writer.close()

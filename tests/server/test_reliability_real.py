@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.keys import PIPELINE
-from tests.conftest import make_settings
+from tests.conftest import make_settings, session_manager
 
 pytestmark = pytest.mark.llama
 
@@ -21,15 +20,6 @@ async def make_proxy(aiohttp_client, llama_server, tmp_path):
         settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, **kw)
         return await aiohttp_client(create_app(settings))
     return make
-
-
-def _manager(client):
-    pipe = client.server.app[PIPELINE]
-    return next(s for s in pipe.stages if s.name == "sessions").manager
-
-
-def _store(client):
-    return _manager(client).store
 
 
 async def _chat(client, messages, max_tokens=4, **extra):
@@ -47,7 +37,7 @@ async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_h
     history = turn1 + [{"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
     a_msgs = history + [{"role": "user", "content": "Count from one to forty in words, slowly."}]
     b_msgs = history + [{"role": "user", "content": "Name a colour."}]
-    manager = _manager(proxy)
+    manager = session_manager(proxy.app)
     prepare = manager.prepare_slot
 
     async def slow_prepare(lease, served_hashes):  # fault injection: A's slot restore (or compression) is slow
@@ -64,7 +54,7 @@ async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_h
     assert sa == sb == 200
     assert ha["X-PFlash-Session"] == sid
     assert hb["X-PFlash-Session"] != sid, "B diverges from what A served: it must fork, not overwrite"
-    rec = _store(proxy).get(sid)
+    rec = session_manager(proxy.app).store.get(sid)
     assert [m["content"] for m in rec.served] == [m["content"] for m in a_msgs]
     nxt = a_msgs + [{"role": "assistant", "content": ba["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "Thanks."}]
@@ -86,7 +76,7 @@ async def test_a_clients_hidden_fields_never_reach_another_clients_prompt(make_p
               {"role": "user", "content": "Name a tree."}]
     status, hb, _ = await _chat(proxy, b_msgs)
     assert status == 200
-    served_b = _store(proxy).get(hb["X-PFlash-Session"]).served
+    served_b = session_manager(proxy.app).store.get(hb["X-PFlash-Session"]).served
     assert secret not in repr(served_b)
     assert served_b[1] == b_msgs[1]
 
@@ -121,7 +111,7 @@ async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recover
     import sqlite3
 
     proxy = await make_proxy()
-    store = _store(proxy)
+    store = session_manager(proxy.app).store
     real_set = store.cache.set
     full = {"on": True}
 
@@ -140,7 +130,7 @@ async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recover
     status, h2, _ = await _chat(proxy, msgs + [{"role": "assistant", "content": "Nile."},
                                                {"role": "user", "content": "Another?"}])
     assert status == 200 and "X-PFlash-Degraded" not in h2
-    assert _store(proxy).get(h2["X-PFlash-Session"]) is not None  # saved again
+    assert session_manager(proxy.app).store.get(h2["X-PFlash-Session"]) is not None  # saved again
     assert (await (await proxy.get("/pflash/stats")).json())["sessions"]["store_available"] is True
 
 
@@ -152,13 +142,13 @@ async def test_a_damaged_index_at_start_up_is_moved_aside_and_chats_work(make_pr
     status, h, _ = await _chat(proxy, [{"role": "user", "content": "Hello?"}])
     assert status == 200 and "X-PFlash-Degraded" not in h
     assert list(index.glob("cache.db.corrupt-*"))
-    assert _store(proxy).get(h["X-PFlash-Session"]) is not None
+    assert session_manager(proxy.app).store.get(h["X-PFlash-Session"]) is not None
 
 
 async def test_a_quick_restart_of_an_attached_server_is_noticed_before_announcing_a_hit(make_proxy, llama_server):
     """Issue 13 item 1: a restart between two health polls was announced `hit` and prefilled in full."""
     proxy = await make_proxy(save_every_turn=True)
-    manager = _manager(proxy)
+    manager = session_manager(proxy.app)
     doc = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
     msgs = [{"role": "user", "content": doc + "\nWhat animal jumps?"}]
     status, h, body = await _chat(proxy, msgs)

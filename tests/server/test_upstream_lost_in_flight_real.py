@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import struct
 from urllib.parse import urlparse
 
 import pytest
 
 from tests.conftest import make_settings
-from tests.server.test_upstream_restart_real import pipe
+from tests.server.faultrelay import FaultRelay, reset
 
 pytestmark = pytest.mark.llama
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
 
 
-class DiesMidPrefill:
-    """A TCP relay in front of the real llama-server that plays a llama-server dying under a request it has taken.
+class DiesMidPrefill(FaultRelay):
+    """A llama-server dying under a request it has taken.
 
     While armed, the first chat request is held ``hold_s`` without an answer (a long prefill), then every
     connection is reset (RST) at once, and with ``down_s`` the port refuses connections that long (the process
@@ -28,70 +26,34 @@ class DiesMidPrefill:
     server still accepting) are reset as soon as they arrive. Every other connection is relayed as it is."""
 
     def __init__(self, target_port: int, hold_s: float, down_s: float, resets_after: int = 0):
-        self.target_port, self.hold_s, self.down_s = target_port, hold_s, down_s
+        super().__init__(target_port)
+        self.hold_s, self.down_s = hold_s, down_s
         self.armed, self.resets_after, self.chats = True, resets_after, 0
-        self.port = 0
-        self.server: asyncio.AbstractServer | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self.port
-
-    @staticmethod
-    def _reset(writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
-        writer.transport.abort()
 
     async def _die(self) -> None:
         assert self.server is not None
         if self.down_s:
             self.server.close()  # the port refuses from now on
         for w in list(self.writers):
-            self._reset(w)
+            reset(w)
         if self.down_s:
             await asyncio.sleep(self.down_s)
             await self.start()  # the successor listens on the same port
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Every request on the connection (a pooled one carries several) is looked at as it begins: on loopback a
-        small request arrives in one read."""
-        self.writers.add(writer)
-        up_writer: asyncio.StreamWriter | None = None
-        back: asyncio.Task | None = None
-        try:
-            while data := await reader.read(65536):
-                if data.startswith(b"POST /v1/chat/completions"):
-                    self.chats += 1
-                    if self.armed:
-                        self.armed = False
-                        await asyncio.sleep(self.hold_s)  # llama-server prefilling: nothing is answered
-                        await self._die()
-                        return
-                    if self.resets_after:
-                        self.resets_after -= 1
-                        self._reset(writer)
-                        return
-                if up_writer is None:
-                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-                    back = asyncio.create_task(pipe(up_reader, writer))
-                up_writer.write(data)
-                await up_writer.drain()
-        except (asyncio.CancelledError, ConnectionError, OSError):
-            writer.close()
-        finally:
-            self.writers.discard(writer)
-            if up_writer is not None:
-                up_writer.close()
-            if back is not None:
-                back.cancel()
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+    async def fault(self, data: bytes, writer: asyncio.StreamWriter) -> bool:
+        if not data.startswith(b"POST /v1/chat/completions"):
+            return False
+        self.chats += 1
+        if self.armed:
+            self.armed = False
+            await asyncio.sleep(self.hold_s)  # llama-server prefilling: nothing is answered
+            await self._die()
+            return True
+        if self.resets_after:
+            self.resets_after -= 1
+            reset(writer)
+            return True
+        return False
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import make_settings, start_llama_server
+from tests.server.faultrelay import FaultRelay, reset
 
 pytestmark = pytest.mark.llama
 
@@ -60,68 +61,23 @@ async def test_health_probes_and_a_zero_wait_still_answer_at_once(aiohttp_client
     assert chat.status in (502, 503)
 
 
-async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    """Copy one direction of a relayed connection until it ends, then close the other side (the fault relays)."""
-    try:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        dst.close()
-
-
-class ClosesMidBody:
-    """A TCP relay in front of the real llama-server that, while armed, resets the connection that carries a chat
-    request as soon as that request begins to arrive (its body still being written): what a llama-server that
-    stops to restart does to a request in flight. Everything else is relayed as it is.
-
-    Every request on a connection is looked at as it begins, not only a connection's first bytes: the proxy's
-    pooled keep-alive connection carries its own calls first (``/props``, ``/slots``), then the chat request. On
-    loopback a request's head arrives at the start of a read (the next request is sent after the last answer)."""
+class ClosesMidBody(FaultRelay):
+    """While armed, resets the connection that carries a chat request as soon as that request begins to arrive
+    (its body still being written): what a llama-server that stops to restart does to a request in flight."""
 
     CHAT = b"POST /v1/chat/completions "  # not /v1/chat/completions/input_tokens, the proxy's own token count
 
     def __init__(self, target_port: int):
-        self.target_port, self.armed, self.resets = target_port, 1, 0
-        self.server: asyncio.AbstractServer | None = None
+        super().__init__(target_port)
+        self.armed, self.resets = 1, 0
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        import socket
-        import struct
-
-        up_writer: asyncio.StreamWriter | None = None
-        back: asyncio.Task | None = None
-        try:
-            while data := await reader.read(65536):
-                if self.armed and data.startswith(self.CHAT):
-                    self.armed -= 1
-                    self.resets += 1
-                    sock = writer.get_extra_info("socket")
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
-                    writer.transport.abort()
-                    return
-                if up_writer is None:
-                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-                    back = asyncio.create_task(pipe(up_reader, writer))
-                up_writer.write(data)
-                await up_writer.drain()
-        except (asyncio.CancelledError, ConnectionError, OSError):  # the relay closing at the end of the test
-            writer.close()
-        finally:
-            if up_writer is not None:
-                up_writer.close()
-            if back is not None:
-                back.cancel()
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+    async def fault(self, data: bytes, writer: asyncio.StreamWriter) -> bool:
+        if self.armed and data.startswith(self.CHAT):
+            self.armed -= 1
+            self.resets += 1
+            reset(writer)
+            return True
+        return False
 
 
 async def test_a_connection_closed_while_the_body_is_written_is_sent_again(aiohttp_client, own_server, tmp_path):

@@ -30,7 +30,7 @@ from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.server.app import create_app
 from pflash_proxy.sessions.cluster import sign_forward, sign_heartbeat, verify_forward
 from pflash_proxy.sessions.redis_index import RedisIndex
-from tests.conftest import make_settings
+from tests.conftest import make_settings, session_manager
 from tests.redis_server import RedisServer, binary
 
 pytestmark = [pytest.mark.llama, pytest.mark.skipif(binary() is None, reason="redis-server not installed")]
@@ -137,16 +137,14 @@ async def test_a_slow_shared_index_does_not_stall_the_event_loop_on_a_miss(aioht
     import time
     import urllib.request
 
-    from pflash_proxy.server.keys import PIPELINE
-
     client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
-    manager = next(s for s in app[PIPELINE].stages if s.name == "sessions").manager
-    read = manager.store.snapshot
+    store = session_manager(app).store
+    read = store.snapshot
 
     def slow_snapshot(sid):  # fault injection: an index 0.8 s away
         time.sleep(0.8)
         return read(sid)
-    manager.store.snapshot = slow_snapshot
+    store.snapshot = slow_snapshot
     health, done, waits = str(client.make_url("/health")), threading.Event(), []
 
     def poll() -> None:  # from another thread: the test client shares the proxy's loop and would not see a stall

@@ -16,13 +16,13 @@ import pytest
 
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.keys import PIPELINE, UPSTREAM
+from pflash_proxy.server.keys import UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.manager import SlotsPrefetch
 from pflash_proxy.sessions.slots import SlotTable
 from pflash_proxy.stages.sessions import _hashes
 from pflash_proxy.sessions.store import SessionStore
-from tests.conftest import make_settings, serve_fake_engine
+from tests.conftest import make_settings, serve_fake_engine, session_manager, session_service
 
 MSGS = [{"role": "user", "content": "Hi"}]
 SAY_HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
@@ -168,7 +168,7 @@ async def after_one_turn(request, engine_kind, aiohttp_client, aiohttp_server, t
 
 async def _proxy_after_one_turn(aiohttp_client, app, body):
     proxy = await aiohttp_client(app)
-    manager = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").manager
+    manager = session_manager(proxy.app)
     await manager.ensure_ready()
     for _ in range(100):  # the sentinel connects in the background at start
         if manager.engine.epoch() is not None:
@@ -287,7 +287,7 @@ async def test_a_turn_that_looked_up_before_a_record_write_uses_the_record_read_
     write): that turn, looked up before the write, reads the record again once it holds the lease, and goes on
     with what the write left."""
     proxy, manager = after_one_turn
-    svc = next(s for s in proxy.server.app[PIPELINE].stages if s.name == "sessions").sessions
+    svc = session_service(proxy.app)
     seed = await svc.seed(None, None)
     sid = manager.store.lookup(seed, SAY_HELLO["messages"])[0].id
     held = await manager.table.acquire(sid)  # the previous turn still holds the lease

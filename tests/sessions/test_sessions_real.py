@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, start_llama_server
+from tests.conftest import make_settings, session_manager, start_llama_server
 
 pytestmark = pytest.mark.llama
 
@@ -143,14 +143,12 @@ async def test_save_every_turn_snapshots_in_the_background(aiohttp_client, llama
 
 
 async def test_pruned_session_loses_its_snapshot_and_starts_over(aiohttp_client, one_slot_server, tmp_path):
-    from pflash_proxy.server.keys import PIPELINE
-
     proxy = await make_proxy(aiohttp_client, one_slot_server, tmp_path, max_sessions=1)
     h_a, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?"))
     h_b, _ = await ask(proxy, chat(DOC_B, "What did pier 4 read?"))  # A is saved to disk to free the slot
     snap_a = one_slot_server.slot_dir / f"pf-{h_a['X-PFlash-Session']}.bin"
     assert snap_a.is_file()
-    manager = next(s for s in proxy.app[PIPELINE].stages if s.name == "sessions").manager
+    manager = session_manager(proxy.app)
     assert await manager.prune() == [h_a["X-PFlash-Session"]]  # B holds the slot, so A is the surplus one
     assert not snap_a.exists()
     h, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 5?"))

@@ -21,18 +21,13 @@ import aiohttp
 import pytest
 
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.keys import PIPELINE
-from tests.conftest import make_settings
+from tests.conftest import make_settings, session_manager
 
 pytestmark = pytest.mark.llama
 
 HELLO = "Hello there. I am planning a short trip to the coast next week and want to pack light."
 PRIVATE = "B-PRIVATE: my card number is 4111 1111 1111 1111"
 IDLE_WITHIN_S = 15
-
-
-def manager_of(proxy):
-    return next(s for s in proxy.app[PIPELINE].stages if s.name == "sessions").manager
 
 
 async def make_proxy(aiohttp_client, server, tmp_path, **kw):
@@ -62,14 +57,14 @@ async def test_a_response_id_expands_to_its_own_chain_not_a_conversation_that_sh
     hb, b1 = await respond(proxy, [{"role": "user", "content": HELLO}, {"role": "user", "content": PRIVATE}])
     assert hb["X-PFlash-Session"] == ha["X-PFlash-Session"]  # B continued the session A started: the shared record
     h2, a2 = await respond(proxy, "What did I just tell you?", previous_response_id=a1["id"])
-    served = manager_of(proxy).store.get(h2["X-PFlash-Session"]).served
+    served = session_manager(proxy.app).store.get(h2["X-PFlash-Session"]).served
     text = json.dumps(served)
     assert "B-PRIVATE" not in text and "4111" not in text
     assert [m["role"] for m in served] == ["user", "assistant", "user"]
     assert output_text(a1) and output_text(a1) in text  # A's own answer, as the chain holds it
     # B's chain is B's: its id expands to its two messages and its answer
     h3, _ = await respond(proxy, "And?", previous_response_id=b1["id"])
-    served_b = json.dumps(manager_of(proxy).store.get(h3["X-PFlash-Session"]).served)
+    served_b = json.dumps(session_manager(proxy.app).store.get(h3["X-PFlash-Session"]).served)
     assert PRIVATE in served_b and output_text(b1) in served_b
 
 
@@ -97,7 +92,7 @@ async def test_two_credentials_with_the_same_first_message_get_different_session
     assert ha2["X-PFlash-Session"] == ha["X-PFlash-Session"]
     hb2, _ = await chat(turn2, {**key_b, "X-PFlash-Session": ha["X-PFlash-Session"]})
     assert hb2["X-PFlash-Session"] != ha["X-PFlash-Session"]
-    store = manager_of(proxy).store
+    store = session_manager(proxy.app).store
     owners = {store.get(h["X-PFlash-Session"]).owner for h in (ha, hb, hn)}
     assert None in owners and len(owners) == 3
     # a response id recorded for one credential is unknown to another (llama-server's own 400)
@@ -118,7 +113,7 @@ async def test_recorded_responses_are_pruned_with_their_session(aiohttp_client, 
         _, r1 = await respond(proxy, [{"role": "user", "content": f"Conversation {i}: {HELLO}"}])
         _, r2 = await respond(proxy, "Go on.", previous_response_id=r1["id"])
         last.append(r2["id"])
-    mgr = manager_of(proxy)
+    mgr = session_manager(proxy.app)
     await mgr.prune()
     keys = list(mgr.store.cache.iterkeys())
     assert mgr.store.count_sessions() == 2
@@ -160,7 +155,7 @@ async def test_a_client_that_gives_up_leaves_the_slot_idle(aiohttp_client, llama
     # cancelled (llama-server logs it), not run to the context's end
     assert f"cancel task, id_task = {ran['id_task']}\n" in llama_server.log.read_text(errors="replace")
     # the proxy's lease follows llama-server's slot: released once it is idle
-    table = manager_of(proxy).table
+    table = session_manager(proxy.app).table
     deadline = time.monotonic() + 3
     while any(s.busy for s in table.slots) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
