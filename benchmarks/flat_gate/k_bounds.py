@@ -177,10 +177,12 @@ def budgeting(tt, analysis, budget: int, source: str, label: str) -> Budgeting: 
 
 def rankings(toks: np.ndarray, count: int) -> dict[str, np.ndarray]:
     """Scores that rank the units adversarially for ``k`` (density = score / tokens): smallest first (the most
-    units), largest first (the fewest, in one block), and ``count`` uniform random rankings (scattered: a marker
-    per omitted run)."""
+    units), largest first (the fewest), the message's first units first and its last ones first (contiguous: one
+    marker), and ``count`` uniform random rankings (scattered: a marker per omitted run)."""
     t = np.maximum(toks.astype(np.float64), 1.0)
-    out = {"smallest-first": 1.0 / t, "largest-first": t * t}
+    pos = np.arange(len(t), dtype=np.float64)
+    out = {"smallest-first": 1.0 / t, "largest-first": t * t, "front-first": t * (len(t) - pos),
+           "back-first": t * (1.0 + pos)}
     for seed in range(count):
         out[f"random-{seed}"] = np.random.default_rng(seed).uniform(0.01, 1.0, len(t))
     return out
@@ -290,7 +292,8 @@ def report(rows: list[dict], command: str = "") -> str:
     """Per length, test split: the share compressed (pointed, agent reads) and served whole (aggregation) for
     every ranking (lower bound) and for some ranking (upper bound), the lexical pipeline's own, and the sampled
     rankings' range; then every case whose decision depends on the ranking."""
-    ok = [r for r in rows if r.get("mode") == "compressed"]
+    every = [r for r in rows if r.get("mode") == "compressed"]
+    ok = [r for r in every if r["split"] == "test"]
     lost = [r for r in rows if r.get("mode") != "compressed"]
     out = ["# Flat gate: the decision for any scorer's ranking (bounds on k)", ""]
     if command:
@@ -327,27 +330,65 @@ def report(rows: list[dict], command: str = "") -> str:
                  + cell([r for r in mine if r["kind"] == "agent_read"], "compressed")
                  + cell([r for r in mine if r["kind"] == "aggregation"], "whole"))
         out.append(f"| {b // 1024}K | " + " | ".join(cells) + " |")
+    names = sorted({k for r in ok for k in r["sampled_flat"]}, key=lambda k: (k.startswith("random"), k))
+    out += ["", "## Each sampled ranking through the real selection (test)", "",
+            "The same cases, the ranking's own `k` and decision (no bound): pointed compressed, agent reads "
+            "compressed, aggregation whole; `k / lexical k`: median over the pointed and aggregation cases.", "",
+            "| ranking | " + " | ".join(f"{b // 1024}K pointed / agent / aggregation | {b // 1024}K k / lexical k"
+                                      for b in _lengths(ok)) + " |",
+            "|---|" + "---|---|" * len(_lengths(ok))]
+    for name in names:
+        cells = []
+        for b in _lengths(ok):
+            mine = [r for r in ok if r["band"] == b and name in r["sampled_flat"]]
+
+            def n(kind: str, whole: bool, mine: list[dict] = mine, name: str = name) -> str:
+                rs = [r for r in mine if r["kind"] == kind]
+                return f"{sum(r['sampled_flat'][name] == whole for r in rs)}/{len(rs)}" if rs else "-"
+            ratio = [r["sampled_k"][name] / max(1, r["lexical_k"]) for r in mine if r["kind"] != "agent_read"]
+            cells += [f"{n('pointed', False)} / {n('agent_read', False)} / {n('aggregation', True)}",
+                      f"{float(np.median(ratio)):.2f}" if ratio else "-"]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     dep = [r for r in ok if r["verdict"] == "depends"]
-    out += ["", f"## Cases whose decision depends on the ranking ({len(dep)})", "",
-            "`k` range: `[k_lo, k_hi]` (every ranking's `k` lies in it); `k_thr`: the fewest kept units the gate "
+    shown = [r for r in dep if len(set(r["sampled_flat"].values())) == 2]
+    out += ["", f"## Cases whose decision depends on the ranking ({len(dep)}; both decisions taken by sampled "
+            f"rankings through the real selection: {len(shown)})", "",
+            "Per length and kind, the cases of the bounds' `depends`, and of them those where the sampled rankings "
+            "themselves took both decisions (shown), or all served them whole / all compressed them (the bound "
+            "alone leaves them open):", "", "| length | kind | depends | shown | sampled all whole | "
+            "sampled all compressed |", "|---|---|---|---|---|---|"]
+    for b in _lengths(dep):
+        for kind in ("pointed", "agent_read", "aggregation"):
+            d = [r for r in dep if r["band"] == b and r["kind"] == kind]
+            if d:
+                sets = [set(r["sampled_flat"].values()) for r in d]
+                out.append(f"| {b // 1024}K | {kind} | {len(d)} | {sum(len(x) == 2 for x in sets)} | "
+                           f"{sum(x == {True} for x in sets)} | {sum(x == {False} for x in sets)} |")
+    out += ["", "`k` range: `[k_lo, k_hi]` (every ranking's `k` lies in it); `k_thr`: the fewest kept units the gate "
             "does not call flat (`spread <= thr`: fewer are served whole); `X`: the most note, marker, names and "
-            "close_blocks tokens a round can take off the room (what makes `k_lo` loose).", "",
+            "close_blocks tokens a round can take off the room (what makes `k_lo` loose); sampled: the rankings' "
+            "`k` and their decisions (W whole, C compressed).", "",
             "| case | kind | tokens | budget / pinned | units | N_eff | thr | k range | k_thr | lexical k | "
-            "sampled k | X |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "sampled k | sampled | X |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(dep, key=lambda r: (r["band"], r["kind"], r["case"])):
         sk = list(r["sampled_k"].values())
+        fl = list(r["sampled_flat"].values())
         out.append(f"| {r['case']} | {r['kind']} | {r['tokens']} | {r['budget']} / {r['pinned_tokens']} | "
                    f"{r['free']} | {r['n_eff']:.1f} | {r['thr']:.3f} | [{r['k_lo']}, {r['k_hi']}] | "
-                   f"{r['k_thr']} | {r['lexical_k']} | {min(sk)}-{max(sk)} | {r['extra_max']} |")
+                   f"{r['k_thr']} | {r['lexical_k']} | {min(sk)}-{max(sk)} | {sum(fl)} W {len(fl) - sum(fl)} C | "
+                   f"{r['extra_max']} |")
     diff = [r for r in ok if r["gated"] and not r.get("gate_same_as_lexical", True)]
     if diff:
         out += ["", f"Gated cases whose lexical gate scores differ from a drafter scorer's ({len(diff)}; the "
                 "lexical scorer reuses its scores of the request without its paths when the every-clause is the "
                 "whole request): the verdict with lexical's own, "
                 + ", ".join(f"{r['case']} {r['verdict']} -> {r['lexical_gate_verdict']}" for r in diff)]
-    bad = problems(ok)
-    out += ["", f"Checks: rankings run through the real selection whose `k` or decision contradicts the bound: "
-            f"{len(bad)}" + ("" if not bad else " — " + "; ".join(bad[:20]))]
+    bad = problems(every)
+    splits = ", ".join(sorted({r["split"] for r in every}))
+    n_rank = sum(1 + len(r["sampled_k"]) for r in every)
+    out += ["", f"Checks ({splits}: {len(every)} cases, {n_rank} rankings with the lexical one): rankings run through "
+            f"the real selection whose `k` or decision contradicts the bound: {len(bad)}"
+            + ("" if not bad else " — " + "; ".join(bad[:20]))]
     if lost:
         out += ["", f"Not compressible at all (left out): {len(lost)}"]
     return "\n".join(out) + "\n"

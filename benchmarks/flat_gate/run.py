@@ -254,7 +254,8 @@ def main() -> None:
                          "case when its unpinned units are the same (rows measured before the gate read BM25)")
     ap.add_argument("--resume", action="store_true", help="keep DIR/rows.jsonl's rows and measure only the rest")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--splits", default="train,test", help="measure these splits only (e.g. test)")
+    ap.add_argument("--splits", help="measure these splits only (e.g. test; default train,test, with --k-bounds "
+                                     "test)")
     ap.add_argument("--curves", default="",
                     help="the report's thresholds instead of the registry's: scorer=curve;scorer=curve (e.g. the "
                          "registry's before a change)")
@@ -289,7 +290,7 @@ def main() -> None:
         return
     lengths = tuple(int(x) for x in args.lengths.split(","))
     reads = None if args.reads == "all" else parse_per(args.reads)
-    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, tuple(args.splits.split(",")))
+    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, tuple((args.splits or "train,test").split(",")))
              if c.kind == "agent_read" or c.target in lengths]
     names = args.scorers.split(",")
     comps = {name: Compressor(CompressionSettings(), scorer=s)
@@ -330,7 +331,7 @@ def bounds_main(args: argparse.Namespace) -> None:
             rows += [json.loads(x) for x in text.splitlines() if x.strip()]
         (args.out / "bounds.md").write_text(k_bounds.report(rows, command))
         return
-    splits = ("test",) if args.splits == "train,test" else tuple(args.splits.split(","))
+    splits = tuple((args.splits or "test").split(","))
     lengths = tuple(int(x) for x in args.lengths.split(","))
     reads = None if args.reads == "all" else parse_per(args.reads)
     cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, splits)
