@@ -23,6 +23,11 @@ earlier runs' rows (e.g. a drafter run and a lexical run together). ``--estimate
 ``--render``): those scorers' rows of every lexical case, computed from the lexical row (its gate scores and its
 ``k``) and marked as an estimate: the gate reads BM25 whatever the scorer, so only ``k`` is the scorer's, and a
 drafter keeps a different number of units of the same budget (reported apart from the drafter's measured rows).
+``--k-bounds`` (``k_bounds.py``): instead of an estimate, the decision for ANY scorer's ranking: per case (test
+split unless ``--splits``) the range of ``k`` every ranking's budget keeps, from the units' sizes, the pinned tail
+and the budget alone, and whether the gate's decision is the same over all of it; checked against adversarial
+rankings run through the real selection (``--rankings`` random ones per case). Writes ``DIR/bounds-rows.jsonl``
+and ``DIR/bounds.md``.
 """
 
 from __future__ import annotations
@@ -249,7 +254,8 @@ def main() -> None:
                          "case when its unpinned units are the same (rows measured before the gate read BM25)")
     ap.add_argument("--resume", action="store_true", help="keep DIR/rows.jsonl's rows and measure only the rest")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--splits", default="train,test", help="measure these splits only (e.g. test)")
+    ap.add_argument("--splits", help="measure these splits only (e.g. test; default train,test, with --k-bounds "
+                                     "test)")
     ap.add_argument("--curves", default="",
                     help="the report's thresholds instead of the registry's: scorer=curve;scorer=curve (e.g. the "
                          "registry's before a change)")
@@ -258,7 +264,15 @@ def main() -> None:
     ap.add_argument("--render", type=Path, nargs="+",
                     help="write the report of earlier runs' flat_gate.json or rows.jsonl (or .gz) again, their rows "
                          "together")
+    ap.add_argument("--k-bounds", action="store_true",
+                    help="the decision for ANY scorer's ranking (k_bounds.py): per case the range of k every "
+                         "ranking's budget keeps and whether the gate's decision depends on it; writes "
+                         "DIR/bounds-rows.jsonl and DIR/bounds.md (with --render: bounds.md from those rows)")
+    ap.add_argument("--rankings", type=int, default=4, help="with --k-bounds: random rankings run per case")
     args = ap.parse_args()
+    if args.k_bounds:
+        bounds_main(args)
+        return
     if args.render:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = []
@@ -276,7 +290,7 @@ def main() -> None:
         return
     lengths = tuple(int(x) for x in args.lengths.split(","))
     reads = None if args.reads == "all" else parse_per(args.reads)
-    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, tuple(args.splits.split(",")))
+    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, tuple((args.splits or "train,test").split(",")))
              if c.kind == "agent_read" or c.target in lengths]
     names = args.scorers.split(",")
     comps = {name: Compressor(CompressionSettings(), scorer=s)
@@ -302,6 +316,37 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in r.items() if k not in ("s", "t", "k_idx", "sc")}), flush=True)
     (args.out / "flat_gate.json").write_text(json.dumps(rows))
     (args.out / "flat_gate.md").write_text(report(rows))
+
+
+def bounds_main(args: argparse.Namespace) -> None:
+    """``--k-bounds``: every case of the splits (default: test only) through ``k_bounds.measure``."""
+    import k_bounds
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/flat_gate/run.py " + " ".join(sys.argv[1:])
+    if args.render:
+        rows = []
+        for path in args.render:
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            rows += [json.loads(x) for x in text.splitlines() if x.strip()]
+        (args.out / "bounds.md").write_text(k_bounds.report(rows, command))
+        return
+    splits = tuple((args.splits or "test").split(","))
+    lengths = tuple(int(x) for x in args.lengths.split(","))
+    reads = None if args.reads == "all" else parse_per(args.reads)
+    cases = [(w, c) for w, c in all_cases(parse_per(args.per), reads, splits)
+             if c.kind == "agent_read" or c.target in lengths]
+    rows = []
+    t0 = time.perf_counter()
+    with (args.out / "bounds-rows.jsonl").open("w") as log:
+        for which, c in cases:
+            r = k_bounds.measure(c, args.rankings)
+            r.update(split=which, case=c.case_id, kind=c.kind, docs=c.docs, band=band(c.target))
+            rows.append(r)
+            log.write(json.dumps(r) + "\n")
+            log.flush()
+    print(f"{len(rows)} cases in {time.perf_counter() - t0:.0f} s", flush=True)
+    (args.out / "bounds.md").write_text(k_bounds.report(rows, command))
 
 
 def with_gate_scores(rows: list[dict], lexical_rows: Path) -> list[dict]:
