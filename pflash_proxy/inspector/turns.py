@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pflash_proxy.inspector")
 
+TurnTrace = dict[str, Any]  # a turn trace (plain data: module docstring, steps 1-4)
+Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
+
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
 BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
@@ -151,7 +154,7 @@ def estimate(tokens: int, rate_tps: float | None) -> float | None:
     return None if not rate_tps else round(tokens / rate_tps, 4)
 
 
-def session_rate(totals: Mapping[str, int], turn: dict[str, Any] | None = None) -> float | None:
+def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> float | None:
     """The prefill rate (tokens/s) the engine reported on the session (module docstring, step 3)."""
     n, ms = totals.get("timed_prefilled_tokens", 0), totals.get("timed_prefill_ms", 0)
     if n and ms:
@@ -161,8 +164,8 @@ def session_rate(totals: Mapping[str, int], turn: dict[str, Any] | None = None) 
     return None
 
 
-def price(turn: Mapping[str, Any], totals: Mapping[str, int], before: Mapping[str, int]
-          ) -> tuple[dict[str, Any], dict[str, int]]:
+def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
+          ) -> Built:
     """Step 3: copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
     totals ``before`` the turn and the turn's own (a turn the engine did not time is returned as it is)."""
     out, added = dict(turn), dict(totals)
@@ -217,7 +220,7 @@ class SavingsStage(Stage):
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces go to the session's trace log, after the answer, in a task of their own."""
         ctx = req.state.get(SESSIONS_STAGE)
-        built: tuple[dict[str, Any], dict[str, int]] | None = req.state.pop(BUILT_KEY, None)
+        built: Built | None = req.state.pop(BUILT_KEY, None)
         if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
@@ -234,10 +237,10 @@ class SavingsStage(Stage):
             del self._writes[sid]
 
     async def _write(self, previous: asyncio.Task[None] | None, sid: str, pending: TurnTraces,
-                     built: tuple[dict[str, Any], dict[str, int]] | None) -> None:
+                     built: Built | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])  # the session's writes in turn order
-        priced: list[dict[str, Any]] = []
+        priced: list[TurnTrace] = []
 
         def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
             items, counts = list(pending.items), dict(pending.counts)
@@ -268,7 +271,7 @@ class SavingsStage(Stage):
         await self.settle()
 
     def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
-                   noted: Noted) -> tuple[dict[str, Any], dict[str, int]]:
+                   noted: Noted) -> Built:
         """Steps 1, 2 and 4: the turn trace and what it adds to the session's totals, before the session's rate
         prices its tokens (``price``)."""
         n = noted["turn"]
@@ -288,7 +291,7 @@ class SavingsStage(Stage):
         compression_ms = float(fields.get("pflash_ms") or 0.0)
         prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
-        turn: dict[str, Any] = {
+        turn: TurnTrace = {
             "v": VERSION, "kind": "turn", "turn": n, "at": time.time(), "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
             "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
@@ -316,7 +319,7 @@ class SavingsStage(Stage):
             totals["restore_prepare_ms"] = round(prepare_ms - compression_ms)
         return turn, totals
 
-    def _count(self, turn: dict[str, Any]) -> None:
+    def _count(self, turn: TurnTrace) -> None:
         c = self.counters
         c["turns"] += 1
         c["message_tokens"] += sum(m["tokens"] for m in turn["messages"])

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import PIPELINE
 from tests.conftest import make_settings, session_manager
 
 from .test_gutter import difflib_head, function_lines, numbered
