@@ -214,7 +214,8 @@ def measure(case, random_rankings: int = 4) -> dict:  # noqa: ANN001 - a gate_ca
     thr = comp.settings.fallback_spread.at(max(prompt, tt.total_tokens))  # as Compressor.compress reads it
     g = find_gutter(tt.lines)
     work = tt if g is None else bare_text(tt, g)
-    any_gate = gate_scores(_Other(), work, a.units, a.reps, a.scores, request.text)  # type: ignore[arg-type]
+    any_gate = gate_scores(_Other(), work, a.units, a.reps, a.scores, request.text,  # type: ignore[arg-type]
+                           request.text)[0]
     free = np.ones(len(a.units), bool)
     free[list(a.pinned)] = False
     bud = budgeting(tt, a, out.budget_tokens, source, label)

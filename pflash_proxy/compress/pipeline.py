@@ -42,7 +42,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    all such additions stay within ``CLOSE_BUDGET`` of the budget.
 5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
    prompt's tokens, of BM25's scores of the request's every-clause (``gate_scores``, computed with stage 3 for
-   a request that asks for every match, whatever the serving scorer): flat only for zero
+   a request that asks for every match, whatever the serving scorer), per unit that step 4 keeps when it ranks
+   by BM25's scores of the request (for another scorer a second selection: the decision does not turn on how
+   many units the serving scorer's ranking packs into the budget): flat only for zero
    relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
    anyway (recall can bring lines back).
@@ -127,6 +129,7 @@ class Analysis:
     named_optional: tuple[tuple[int, ...], ...] = ()  # step 2: a name's definitions kept while they fit (step 4)
     outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
     gate_scores: np.ndarray | None = None  # step 5: BM25 of the request's every-clause (``gate_scores``), or None
+    gate_ranking: np.ndarray | None = None  # step 5: BM25's ranking the gate's ``k`` is selected by, or None (own)
 
 
 @dataclass(frozen=True)
@@ -168,20 +171,26 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
 
 
 def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps, scores: np.ndarray,
-                request: str) -> np.ndarray | None:
-    """Step 5's scores: BM25 of the request's every-clause (``spread.every_clause``) over the units, for a request
-    that asks for every match (None otherwise). Whatever the serving scorer: what a "list every X" asks for is
-    the units that spell X, and BM25 tells an every-clause whose words name nothing here (zero) from one whose
-    words are everywhere, where a drafter's relevance of a clause cut from its object ("list all the steps it
-    takes") is spread over the message either way. The lexical scorer's own scores when the clause is the whole
-    request; its reps when it is the serving scorer."""
+                request: str, query: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Step 5's scores, for a request that asks for every match ((None, None) otherwise): BM25 of the request's
+    every-clause (``spread.every_clause``) over the units, and the ranking whose selection gives the gate its
+    ``k``: BM25's of ``query`` (what step 3 ranks by), None when BM25 is the serving scorer (its own).
+    Whatever the serving scorer: what a "list every X" asks for is the units that spell X, and BM25 tells an
+    every-clause whose words name nothing here (zero) from one whose words are everywhere, where a drafter's
+    relevance of a clause cut from its object ("list all the steps it takes") is spread over the message either
+    way; and the spread per kept unit must not turn on how many units a scorer's own ranking happens to pack into
+    the budget (a ranking that prefers small units keeps more of them and reads as pointed)."""
     if not asks_for_every(request):
-        return None
+        return None, None
     clause = every_clause(request)
     if isinstance(scorer, LexicalScorer):
-        return scores if clause == request else validate_scores(scorer.score(reps, clause), len(units))
+        return (scores if clause == request else validate_scores(scorer.score(reps, clause), len(units))), None
     lexical = LexicalScorer()
-    return validate_scores(lexical.score(lexical.represent(work, units), clause), len(units))
+    lex_reps = lexical.represent(work, units)
+    ranking = validate_scores(lexical.score(lex_reps, query), len(units))
+    if query != request and not ranking.any():
+        ranking = validate_scores(lexical.score(lex_reps, request), len(units))
+    return validate_scores(lexical.score(lex_reps, clause), len(units)), ranking
 
 
 def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
@@ -266,24 +275,17 @@ class Compressor:
                 if query != request.text and not scores.any():  # nothing left to rank by: the whole request
                     scores = validate_scores(self.scorer.score(reps, request.text), len(units))
                 t = _lap(ms, "score", t)
-                gate = gate_scores(self.scorer, work, units, reps, scores, request.text)
+                gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if code else (), gate)
+                                    outline(work.lines, defs) if code else (), gate, ranking)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
-            dens = density(scores, toks)
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
             budget = max(1, budget - budget_adjust)
-            keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
-            first = first_choice(scores, pinned)
-            if is_code(units):
-                first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
-            kept = self._select_with_overhead(units, toks, dens, budget,
-                                              pinned | keep_named | first,
-                                              source, label, len(tt.lines), analysis.blocks, analysis.outline)
+            kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines))
             t = _lap(ms, "select", t)
             # The pinned units (the request itself, when it sits in the message) are kept whatever their
             # score and would dominate the measure: spread is over the units the budget actually chooses.
@@ -291,7 +293,9 @@ class Compressor:
             free[list(pinned)] = False
             assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
             gate = analysis.gate_scores
-            sp = flat_gate(scores[free], len(set(kept) - pinned),
+            counted = kept if analysis.gate_ranking is None else \
+                self._choose(analysis.gate_ranking, analysis, toks, budget, source, label, len(tt.lines))
+            sp = flat_gate(scores[free], len(set(counted) - pinned),
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
                            None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
@@ -318,6 +322,19 @@ class Compressor:
                                       len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)
         except Exception as e:  # noqa: BLE001 - a failure here serves the message whole, never fails the request
             return full("full-error", f"{type(e).__name__}: {e}")
+
+    def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
+                label: str, n_lines: int) -> list[int]:
+        """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
+        by density (``_select_with_overhead``)."""
+        units, pinned = analysis.units, analysis.pinned
+        dens = density(scores, toks)
+        keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
+        first = first_choice(scores, pinned)
+        if is_code(units):
+            first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
+        return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first, source, label,
+                                          n_lines, analysis.blocks, analysis.outline)
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
                               pinned: set[int], source: Source, label: str, n_lines: int,

@@ -263,3 +263,57 @@ def test_every_registered_scorer_serves_list_every_whole_and_a_pointed_question_
             got = comp.compress(ptt, preq, ptt.total_tokens + 64, False, "paste", "1")
             assert got.mode == "compressed", (name, q, got.reason)
             assert rid in got.text
+
+
+class _BySize:
+    """A scorer that ranks every unit by its size alone (``small``: the shortest first, the most units a budget
+    holds; else the longest first, the fewest): the two ends of what any scorer's ranking packs."""
+
+    def __init__(self, small: bool):
+        from pflash_proxy.compress.scores import LexicalScorer
+
+        self.name, self.small, self.lexical = ("small-first" if small else "large-first"), small, LexicalScorer()
+
+    def represent(self, tt, units):
+        self.sizes = np.array([u.tokens for u in units], dtype=np.float64)
+        return self.lexical.represent(tt, units)
+
+    def score(self, reps, query):
+        return 1.0 / self.sizes if self.small else self.sizes / self.sizes.max()
+
+
+def _ledger(seed: int, question: str) -> str:
+    import random
+
+    rng = random.Random(seed)
+    paras = []
+    for i in range(60):
+        words = " ".join(rng.choice(["cargo", "ledger", "crate", "tide", "clerk", "berth", "rope", "salt"])
+                         for _ in range(rng.choice([6, 10, 40, 90])))
+        place = "harbour" if rng.random() < 0.4 else "market"
+        paras.append(f"Entry {i}: the {place} office noted {words}.")
+    if "lighthouse" in question:
+        paras.insert(30, "Entry 99: the lighthouse keeper logged a brass bell, a red lamp and a torn chart.")
+    return "\n\n".join(paras) + "\n\n" + question
+
+
+def _mode(text: str, scorer: object | None) -> str:
+    comp = Compressor(CompressionSettings(threshold=100, fallback_spread=default_spread("lexical")),
+                      scorer=scorer)  # type: ignore[arg-type]
+    tt = TokenizedText.from_text(text)
+    request = RequestFinder(query_pin=16).find([{"role": "user", "content": text}], 0, tt)
+    return comp.compress(tt, request, tt.total_tokens + 64, False, "paste", "1").mode
+
+
+@pytest.mark.parametrize("question", ["List every entry that mentions the harbour.",
+                                      "What did the lighthouse keeper log? List all the items."])
+def test_the_gate_decides_alike_whatever_the_scorers_ranking_packs(question):
+    """The gate's ``k`` comes from BM25's selection for every scorer: a ranking that packs the most units (small
+    first: an aggregation request reads as pointed) or the fewest (large first: a pointed one reads as flat) does
+    not change whether a cold message is served whole. Ledger 3's harbour request was compressed by small-first
+    when the gate counted the serving scorer's own ``k``."""
+    for seed in range(8):
+        text = _ledger(seed, question)
+        lexical = _mode(text, None)
+        assert lexical in ("compressed", "full-flat")
+        assert [_mode(text, _BySize(small)) for small in (True, False)] == [lexical, lexical], (seed, lexical)
