@@ -21,11 +21,14 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
 5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
-   and its turn trace are written to the session's trace log in one index write (``SessionService.update_trace_log``,
-   a worker thread), as a task the answer does not wait for; a session's writes run one after another, in turn
-   order. The session's prefill rate (step 3) is read from the log's totals in that write, so the time saved and
-   the savings counters are complete when it ends; ``settle`` (awaited by ``/pflash/stats``, the metrics and the
-   inspector before they read) and ``stop`` wait for the writes in flight.
+   and its turn trace join the session's next write to its trace log (``SessionService.update_trace_log``, a
+   worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
+   and writes them at once (an agent's quick tool turns cost one read and one write of the log, not one each,
+   and the write runs while the session is idle rather than beside its next turn); a session's writes run one
+   after another, in turn order. The session's prefill rate (step 3) is read from the log's totals in that
+   write, so the time saved and the savings counters are complete when it ends; ``settle`` (awaited by
+   ``/pflash/stats``, the metrics and the inspector before they read) writes what is gathered at once and waits
+   for it, and ``stop`` does the same.
 Recording never fails a request: an error is logged and the turn's traces are lost (its savings are counted,
 at the turn's own rate).
 """
@@ -38,6 +41,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
@@ -58,6 +62,7 @@ Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
 BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
+FLUSH_AFTER_S = 0.5  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
 CAUSES = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
@@ -164,6 +169,15 @@ def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> fl
     return None
 
 
+@dataclass
+class _Batch:
+    """The turns one trace write of a session gathers (``SavingsStage``, step 5)."""
+
+    turns: list[tuple[TurnTraces, Built | None]] = field(default_factory=list)
+    now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
+    task: asyncio.Task[None] | None = None
+
+
 def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
           ) -> Built:
     """Step 3: copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
@@ -197,7 +211,8 @@ class SavingsStage(Stage):
                                            "message_served_tokens": 0}
         self.avoided = dict.fromkeys(CAUSES, 0)
         self.saved_s = dict.fromkeys(CAUSES, 0.0)
-        self._writes: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write in flight
+        self._batches: dict[str, _Batch] = {}  # session id -> the turns its next trace write gathers
+        self._last: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write (waiting or running)
 
     async def on_request(self, req: ProxyRequest) -> None:
         ctx = req.state.get(SESSIONS_STAGE)
@@ -218,7 +233,7 @@ class SavingsStage(Stage):
             log.exception("inspector: could not build the turn trace")
 
     async def on_finish(self, req: ProxyRequest) -> None:
-        """Step 5: the turn's traces go to the session's trace log, after the answer, in a task of their own."""
+        """Step 5: the turn's traces join its session's next trace write, after the answer."""
         ctx = req.state.get(SESSIONS_STAGE)
         built: Built | None = req.state.pop(BUILT_KEY, None)
         if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
@@ -227,45 +242,61 @@ class SavingsStage(Stage):
         if built is None and not pending.items:
             return
         sid = ctx.record.id
-        previous = self._writes.get(sid)
-        task = asyncio.get_running_loop().create_task(self._write(previous, sid, pending, built))
-        self._writes[sid] = task
-        task.add_done_callback(functools.partial(self._written, sid))
+        batch = self._batches.get(sid)
+        if batch is None:  # the session's next write: after the one in flight, if any
+            batch = self._batches[sid] = _Batch()
+            batch.task = asyncio.get_running_loop().create_task(self._write(sid, batch, self._last.get(sid)))
+            self._last[sid] = batch.task
+            batch.task.add_done_callback(functools.partial(self._written, sid))
+        batch.turns.append((pending, built))
 
     def _written(self, sid: str, task: asyncio.Task[None]) -> None:
-        if self._writes.get(sid) is task:
-            del self._writes[sid]
+        if self._last.get(sid) is task:
+            del self._last[sid]
 
-    async def _write(self, previous: asyncio.Task[None] | None, sid: str, pending: TurnTraces,
-                     built: Built | None) -> None:
+    async def _write(self, sid: str, batch: _Batch, previous: asyncio.Task[None] | None) -> None:
+        """One index write of the turns the batch gathered while it waited (``FLUSH_AFTER_S``, or until
+        ``settle``), after the session's write before it; each turn priced at the session's rate up to it."""
+        try:
+            await asyncio.wait_for(batch.now.wait(), FLUSH_AFTER_S)
+        except TimeoutError:
+            pass
+        if self._batches.get(sid) is batch:
+            del self._batches[sid]  # a later turn starts the next batch
         if previous is not None:
-            await asyncio.wait([previous])  # the session's writes in turn order
+            await asyncio.wait([previous])
         priced: list[TurnTrace] = []
 
         def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
-            items, counts = list(pending.items), dict(pending.counts)
             priced.clear()
-            if built is not None:
-                turn, totals = price(built[0], built[1], kept.totals)
-                priced.append(turn)
-                items.append(turn)
-                for k, v in totals.items():
-                    counts[k] = counts.get(k, 0) + v
-            return append(kept, TurnTraces(pending.turn, items, counts))
+            for pending, built in batch.turns:
+                items, counts = list(pending.items), dict(pending.counts)
+                if built is not None:
+                    turn, totals = price(built[0], built[1], kept.totals)
+                    priced.append(turn)
+                    items.append(turn)
+                    for k, v in totals.items():
+                        counts[k] = counts.get(k, 0) + v
+                kept = append(kept, TurnTraces(pending.turn, items, counts))
+            return kept
 
         try:
             written = await self.sessions.update_trace_log(sid, update)
-        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answer went out, the traces are lost
-            log.warning("inspector: could not save the traces of turn %d of session %s: %s", pending.turn, sid[:8],
-                        exc)
+        except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answers went out, the traces are lost
+            log.warning("inspector: could not save the traces of turns %s of session %s: %s",
+                        ", ".join(str(p.turn) for p, _ in batch.turns), sid[:8], exc)
             written = None
-        if built is not None:
-            self._count(priced[0] if written is not None and priced else price(built[0], built[1], {})[0])
+        if written is None or len(priced) != sum(b is not None for _, b in batch.turns):
+            priced = [price(b[0], b[1], {})[0] for _, b in batch.turns if b is not None]  # each at its own rate
+        for turn in priced:
+            self._count(turn)
 
     async def settle(self) -> None:
-        """Wait (at most ``SETTLE_S``) for the trace writes in flight."""
-        if self._writes:
-            await asyncio.wait(list(self._writes.values()), timeout=SETTLE_S)
+        """Write what the batches gathered now, and wait (at most ``SETTLE_S``) for the writes in flight."""
+        for batch in self._batches.values():
+            batch.now.set()
+        if self._last:
+            await asyncio.wait(list(self._last.values()), timeout=SETTLE_S)
 
     async def stop(self) -> None:
         await self.settle()

@@ -15,6 +15,7 @@ import pytest
 
 from pflash_proxy.contract import Pipeline
 from pflash_proxy.engine.fake import FakeEngine
+from pflash_proxy.inspector import turns
 from pflash_proxy.inspector.turns import SavingsStage, price
 from pflash_proxy.sessions.index import StoreError, TraceLog
 from pflash_proxy.sessions.manager import SessionManager
@@ -92,15 +93,41 @@ async def test_the_answer_does_not_wait_for_the_trace_write_and_settle_does(prox
     assert written == [1] and proxy.savings.stats()["turns"] == 1
 
 
-async def test_a_sessions_writes_land_in_turn_order(proxy):
+async def test_a_sessions_quick_turns_go_in_one_write_in_turn_order(proxy):
     gate, written = _gate(proxy)
-    for i in range(1, 4):  # each turn's write waits behind the one before it
+    for i in range(1, 4):  # within FLUSH_AFTER_S of each other
         req, _ = await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
     gate.set()
     await proxy.pipeline.settled()
-    assert written == [1, 2, 3]
+    assert written == [3]  # one read and one write of the log for the three
     kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3]
+
+
+async def test_a_write_waits_for_the_sessions_write_before_it(proxy, monkeypatch):
+    monkeypatch.setattr(turns, "FLUSH_AFTER_S", 0.0)
+    gate, written = _gate(proxy)
+    await proxy.turn(chat(DOC_A, *QUESTIONS[:1]))
+    await asyncio.sleep(0.05)  # its write started and waits on the disk
+    await proxy.turn(chat(DOC_A, *QUESTIONS[:2]))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await proxy.pipeline.settled()
+    assert written == [1, 2]
+    kept = proxy.manager.store.trace_log(next(iter(proxy.manager.store.last_uses())))
+    assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2]
+
+
+async def test_turns_apart_go_in_writes_of_their_own(proxy, monkeypatch):
+    monkeypatch.setattr(turns, "FLUSH_AFTER_S", 0.05)
+    gate, written = _gate(proxy)
+    gate.set()
+    await proxy.turn(chat(DOC_A, *QUESTIONS[:1]))
+    await asyncio.sleep(0.3)  # written on its own, without a reader asking
+    assert written == [1] and proxy.savings.stats()["turns"] == 1
+    await proxy.turn(chat(DOC_A, *QUESTIONS[:2]))
+    await proxy.pipeline.settled()
+    assert written == [1, 2]
 
 
 async def test_stop_waits_for_the_writes_in_flight(proxy):
@@ -122,7 +149,7 @@ async def test_a_failed_write_costs_the_traces_not_the_turn(proxy, caplog):
     req, answer = await proxy.turn(chat(DOC_A, QUESTIONS[0]))
     assert answer and req.response_headers["X-PFlash-Session"]
     await proxy.pipeline.settled()
-    assert "could not save the traces of turn 1" in caplog.text
+    assert "could not save the traces of turns 1 of session" in caplog.text
     assert proxy.savings.stats()["turns"] == 1 and proxy.savings.stats()["turns_timed"] == 1  # its own rate
 
 
