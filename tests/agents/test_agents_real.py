@@ -193,15 +193,19 @@ def answer_of(name: str, stdout: str, workdir: Path) -> str:
     return "\n".join(ln for ln in after.splitlines() if ln.strip() and not ln.startswith(">")).strip()
 
 
-@pytest.mark.timeout(2 * CLI_TIMEOUT_S + 120)
+EMPTY_TRIES = 4  # tries of a turn the bundled base model may answer with its end of turn alone
+
+
+@pytest.mark.timeout(EMPTY_TRIES * CLI_TIMEOUT_S + 120)
 @pytest.mark.parametrize("name", ["claude", "codex", "opencode", "aider"])
 async def test_agent_says_hi_through_wrap_on_the_spawned_bundled_model(name, spawned_proxy, tmp_path):
     """No script: the bundled model answers, and the client ends its turn (exit 0) with a non-empty answer.
 
-    The bundled base model often writes its end of turn first (an empty answer, still exit 0): a second try is
-    allowed for that alone, and every try must end its turn with exit 0."""
+    The bundled base model often writes its end of turn first (an empty answer, still exit 0; each try is a new
+    conversation, and Codex answered empty twice in a row in one full suite):
+    up to ``EMPTY_TRIES`` tries are allowed for that alone, and every try must end its turn with exit 0."""
     agent = _agent(name)
-    for attempt in range(2):
+    for attempt in range(EMPTY_TRIES):
         work, home, _ = _workdir(tmp_path / f"try{attempt}")
         env = {**_base_env(home), "PFLASH_AGENTS_CACHE": str(CACHE), "PFLASH_HOME": str(home / "pflash")}
         run = Run([sys.executable, "-m", "pflash_proxy", "wrap", "--url", spawned_proxy, agent.name,
@@ -211,4 +215,4 @@ async def test_agent_says_hi_through_wrap_on_the_spawned_bundled_model(name, spa
         assert result.rc == 0, f"{name} exited {result.rc}\n{result.tail()}"
         if answer_of(name, result.stdout, work):
             return
-    pytest.fail(f"{name} printed no answer in two turns\n{result.tail()}")
+    pytest.fail(f"{name} printed no answer in {EMPTY_TRIES} turns\n{result.tail()}")
