@@ -82,8 +82,7 @@ class SessionRecord:
         for old, new in _LEGACY_EXTRA.items():
             if old in extra and new not in data:
                 data[new] = extra[old]
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
 
     def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
@@ -97,6 +96,9 @@ class TraceLog:
 
     traces: list[JSONObject] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
 
 
 def prune_victims(ranked: list[tuple[str, float]], older_than: float | None, max_sessions: int,

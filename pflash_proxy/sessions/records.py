@@ -132,6 +132,7 @@ def encode(kind: str, value: Any) -> bytes:
 
 # 2. Decoding ----------------------------------------------------------------------------------------------------
 _DATACLASSES: dict[str, type] | None = None
+_RECALL_SOURCE = "pflash_proxy.compress.recall.RecallSource"
 
 
 def _dataclasses() -> dict[str, type]:
@@ -230,10 +231,8 @@ _IDS = TypeAdapter(list[str])
 
 def _session(value: object) -> SessionRecord:
     checked = _SessionValue.model_validate(value)
-    data = {k: getattr(checked, k) for k in type(checked).model_fields}
+    data = dict(checked.__dict__)  # the declared fields, then the others (``from_stored`` reads an ``extra``)
     data.update(checked.model_extra or {})
-    from pflash_proxy.compress.recall import RecallSource
-
     sources = []
     for i, raw in enumerate(data["recall_sources"]):
         try:
@@ -241,7 +240,7 @@ def _session(value: object) -> SessionRecord:
         except (RecordError, TypeError, ValueError, KeyError) as exc:  # that source alone is lost
             log.warning("session %s: recall source %d is unreadable (%s); dropped", data["id"][:8], i, exc)
             continue
-        if isinstance(source, RecallSource):
+        if isinstance(source, _dataclasses()[_RECALL_SOURCE]):
             sources.append(source)
     data["recall_sources"] = sources
     return SessionRecord.from_stored(data)
