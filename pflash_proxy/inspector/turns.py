@@ -40,9 +40,9 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
 from pflash_proxy.engine import Engine
@@ -60,7 +60,7 @@ TurnTrace = dict[str, Any]  # a turn trace (plain data: module docstring, steps 
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
 
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
-BUILT_KEY = "savings-turn"  # req.state: what builds the turn trace (on_response), handed to the write by on_finish
+BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
 FLUSH_AFTER_S = 0.5  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
@@ -119,12 +119,10 @@ class Timings(TypedDict):
 
 
 class Noted(TypedDict):
-    """What ``on_request`` notes for ``on_response``: the turn's number, when it was forwarded (and when its answer
-    ended, noted by ``on_response``)."""
+    """What ``on_request`` notes for ``on_response``: the turn's number, when it was forwarded."""
 
     turn: int
     forwarding_at: float
-    answered_at: NotRequired[float]
 
 
 def _count(value: object) -> int:
@@ -175,7 +173,7 @@ def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> fl
 class _Batch:
     """The turns one trace write of a session gathers (``SavingsStage``, step 5)."""
 
-    turns: list[tuple[TurnTraces, Callable[[], Built] | None]] = field(default_factory=list)
+    turns: list[tuple[TurnTraces, Built | None]] = field(default_factory=list)
     now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
     task: asyncio.Task[None] | None = None
 
@@ -229,14 +227,15 @@ class SavingsStage(Stage):
         ctx = req.state.get(SESSIONS_STAGE)
         if noted is None or ctx is None or ctx.record is None:
             return
-        noted["answered_at"] = time.time()
-        # built with the write, not here: a whole answer leaves only after the response stages
-        req.state[BUILT_KEY] = functools.partial(self.turn_trace, req, result, ctx, noted)
+        try:
+            req.state[BUILT_KEY] = self.turn_trace(req, result, ctx, noted)
+        except Exception:  # noqa: BLE001 - never cost the request
+            log.exception("inspector: could not build the turn trace")
 
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces join its session's next trace write, after the answer."""
         ctx = req.state.get(SESSIONS_STAGE)
-        built: Callable[[], Built] | None = req.state.pop(BUILT_KEY, None)
+        built: Built | None = req.state.pop(BUILT_KEY, None)
         if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
@@ -266,18 +265,11 @@ class SavingsStage(Stage):
             del self._batches[sid]  # a later turn starts the next batch
         if previous is not None:
             await asyncio.wait([previous])
-        turns: list[tuple[TurnTraces, Built | None]] = []
-        for pending, builder in batch.turns:
-            try:
-                turns.append((pending, None if builder is None else builder()))
-            except Exception:  # noqa: BLE001 - the turn's other traces are still written
-                log.exception("inspector: could not build the trace of turn %d", pending.turn)
-                turns.append((pending, None))
         priced: list[TurnTrace] = []
 
         def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
             priced.clear()
-            for pending, built in turns:
+            for pending, built in batch.turns:
                 items, counts = list(pending.items), dict(pending.counts)
                 if built is not None:
                     turn, totals = price(built[0], built[1], kept.totals)
@@ -292,10 +284,10 @@ class SavingsStage(Stage):
             written = await self.sessions.update_trace_log(sid, update)
         except Exception as exc:  # noqa: BLE001 - the index is unwritable: the answers went out, the traces are lost
             log.warning("inspector: could not save the traces of turns %s of session %s: %s",
-                        ", ".join(str(p.turn) for p, _ in turns), sid[:8], exc)
+                        ", ".join(str(p.turn) for p, _ in batch.turns), sid[:8], exc)
             written = None
-        if written is None or len(priced) != sum(b is not None for _, b in turns):
-            priced = [price(b[0], b[1], {})[0] for _, b in turns if b is not None]  # each at its own rate
+        if written is None or len(priced) != sum(b is not None for _, b in batch.turns):
+            priced = [price(b[0], b[1], {})[0] for _, b in batch.turns if b is not None]  # each at its own rate
         for turn in priced:
             self._count(turn)
 
@@ -331,7 +323,7 @@ class SavingsStage(Stage):
         prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
         turn: TurnTrace = {
-            "v": VERSION, "kind": "turn", "turn": n, "at": noted.get("answered_at", time.time()), "client": client_name(req.headers),
+            "v": VERSION, "kind": "turn", "turn": n, "at": time.time(), "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
             "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
             "why": plain_reason(mode, fields.get("pflash_reason"), self.threshold) if not messages else None,
