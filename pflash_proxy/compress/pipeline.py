@@ -187,10 +187,17 @@ def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: Un
         return (scores if clause == request else validate_scores(scorer.score(reps, clause), len(units))), None
     lexical = LexicalScorer()
     lex_reps = lexical.represent(work, units)
-    ranking = validate_scores(lexical.score(lex_reps, query), len(units))
-    if query != request and not ranking.any():
-        ranking = validate_scores(lexical.score(lex_reps, request), len(units))
-    return validate_scores(lexical.score(lex_reps, clause), len(units)), ranking
+    return validate_scores(lexical.score(lex_reps, clause), len(units)), rank(lexical, lex_reps, query, request,
+                                                                              len(units))
+
+
+def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np.ndarray:
+    """Step 3: ``scorer``'s scores of ``query`` (the request, in code without its paths), or of the whole request
+    when the query leaves nothing to rank by."""
+    scores = validate_scores(scorer.score(reps, query), n)
+    if query != request and not scores.any():
+        scores = validate_scores(scorer.score(reps, request), n)
+    return scores
 
 
 def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
@@ -271,9 +278,7 @@ class Compressor:
                 t = _lap(ms, "represent", t)
                 code = is_code(units)
                 query = without_paths(request.text) if code else request.text
-                scores = validate_scores(self.scorer.score(reps, query), len(units))
-                if query != request.text and not scores.any():  # nothing left to rank by: the whole request
-                    scores = validate_scores(self.scorer.score(reps, request.text), len(units))
+                scores = rank(self.scorer, reps, query, request.text, len(units))
                 t = _lap(ms, "score", t)
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,

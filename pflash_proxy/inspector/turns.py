@@ -175,7 +175,6 @@ class _Batch:
 
     turns: list[tuple[TurnTraces, Built | None]] = field(default_factory=list)
     now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
-    task: asyncio.Task[None] | None = None
 
 
 def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
@@ -245,9 +244,9 @@ class SavingsStage(Stage):
         batch = self._batches.get(sid)
         if batch is None:  # the session's next write: after the one in flight, if any
             batch = self._batches[sid] = _Batch()
-            batch.task = asyncio.get_running_loop().create_task(self._write(sid, batch, self._last.get(sid)))
-            self._last[sid] = batch.task
-            batch.task.add_done_callback(functools.partial(self._written, sid))
+            task = asyncio.get_running_loop().create_task(self._write(sid, batch, self._last.get(sid)))
+            self._last[sid] = task
+            task.add_done_callback(functools.partial(self._written, sid))
         batch.turns.append((pending, built))
 
     def _written(self, sid: str, task: asyncio.Task[None]) -> None:

@@ -246,6 +246,12 @@ def _session(value: object) -> SessionRecord:
     return SessionRecord.from_stored(data)
 
 
+def trace_log(data: object, where: str) -> TraceLog | None:
+    """The ``TraceLog`` stored as ``data`` (None when nothing is stored or it is not readable: ``decode``)."""
+    found: TraceLog | None = decode("traces", data, where) if data else None
+    return found
+
+
 def decode(kind: str, data: object, where: str = "") -> Any:
     """The record of ``kind`` stored as ``data`` (bytes or str), or None (logged) when it is not one: not JSON,
     another schema or kind, a value of the wrong shape, or a value written by an older version (a pickle)."""

@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
-from pflash_proxy.sessions.records import RecordError, decode, encode
+from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -184,9 +184,7 @@ class RedisIndex:
 
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
-        data = self._get(f"{self.p}traces:{sid}")
-        log_ = decode("traces", data, f"traces:{sid[:40]}") if data else None
-        return log_ if isinstance(log_, TraceLog) else None
+        return stored_trace_log(self._get(f"{self.p}traces:{sid}"), f"traces:{sid[:40]}")
 
     @_guarded
     def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
@@ -197,9 +195,7 @@ class RedisIndex:
         def attempt(pipe: Any) -> TraceLog | None:
             if not pipe.exists(f"{self.p}session:{sid}"):
                 return None
-            data = pipe.get(key)
-            current = decode("traces", data, f"traces:{sid[:40]}") if data else None
-            new = update(current if isinstance(current, TraceLog) else TraceLog())
+            new = update(stored_trace_log(pipe.get(key), f"traces:{sid[:40]}") or TraceLog())
             pipe.multi()
             pipe.set(key, encode("traces", new))
             pipe.zadd(f"{self.p}used", {sid: time.time()})

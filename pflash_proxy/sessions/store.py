@@ -54,7 +54,7 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
-from pflash_proxy.sessions.records import RecordError, decode, encode
+from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -306,8 +306,8 @@ class SessionStore:
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
-        """Write ``rec`` back (a trace added after its commit). Marked as a write: a lookup that read the record
-        before it must read it again under the lease, or the next turn would commit the record without it."""
+        """Write ``rec`` back as it is. Marked as a write: a lookup that read the record before it must read it
+        again under the lease, or the next turn would commit the record without the change."""
         self._writing(+1)
         try:
             with self.cache.transact():
@@ -317,9 +317,7 @@ class SessionStore:
 
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
-        data = self.read(("traces", sid))
-        log_ = decode("traces", data, f"traces of {sid[:40]}") if data else None
-        return log_ if isinstance(log_, TraceLog) else None
+        return stored_trace_log(self.read(("traces", sid)), f"traces of {sid[:40]}")
 
     @_guarded
     def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
@@ -327,9 +325,7 @@ class SessionStore:
         with self.cache.transact():
             if ("session", sid) not in self.cache:
                 return None
-            data = self.cache.get(("traces", sid))
-            current = decode("traces", data, f"traces of {sid[:40]}") if data else None
-            new = update(current if isinstance(current, TraceLog) else TraceLog())
+            new = update(stored_trace_log(self.cache.get(("traces", sid)), f"traces of {sid[:40]}") or TraceLog())
             self.cache.set(("traces", sid), encode("traces", new))
             self.cache.set(("used", sid), time.time())
         return new
