@@ -241,6 +241,8 @@ class LlamaServerEngine:
         self.upstream = upstream
         self._slots = LlamaServerSlots(upstream)
         self._props: dict[str, object] | None = None  # the last /props answer (``setup_warning`` reads it)
+        # the last answer read and its report: the stages that read one turn's answer share one reading
+        self._last_report: tuple[object, CacheReport | None] = (None, None)
 
     @property
     def slots(self) -> LlamaServerSlots:
@@ -276,7 +278,11 @@ class LlamaServerEngine:
         return [_piece(t) for t in await self._tokenize(text, False, True)]
 
     def cache_report(self, answer: Mapping[str, object] | None) -> CacheReport | None:
-        return cache_report(answer)
+        last, report = self._last_report
+        if answer is None or answer is not last:
+            report = cache_report(answer)
+            self._last_report = (answer, report)
+        return report
 
     async def describe(self, *, wait: bool = True) -> EngineInfo:
         status, data = await _call(self.upstream, "GET", "/props", wait=wait)

@@ -49,6 +49,23 @@ def test_the_cache_report_reads_every_answer_shape():
         assert cache_report(nothing) is None
 
 
+def test_one_answer_is_read_once_by_the_stages_that_share_it(monkeypatch):
+    """The session stage's headers, the slot table and the savings stage each ask the engine for the turn's cache
+    report: one answer is parsed once; another answer (or the next turn's) is parsed anew."""
+    import pflash_proxy.llama.engine as llama_engine
+    reads: list[object] = []
+    monkeypatch.setattr(llama_engine, "cache_report", lambda answer: reads.append(answer) or cache_report(answer))
+    engine = LlamaServerEngine(Upstream("http://127.0.0.1:9"))
+    first, second = dict(ANSWERS[0]), dict(ANSWERS[2])
+    reports = [engine.cache_report(first) for _ in range(3)]
+    assert reports[0] is not None and reports[0].cached_tokens == 7 and all(r is reports[0] for r in reports)
+    assert len(reads) == 1
+    later = engine.cache_report(second)
+    assert later is not None and later.cached_tokens == 12 and len(reads) == 2
+    assert engine.cache_report(first) == reports[0] and len(reads) == 3  # an earlier answer again: read again
+    assert engine.cache_report(None) is None and engine.cache_report(None) is None
+
+
 def test_the_identity_is_the_one_snapshots_were_stored_with():
     props = {"total_slots": 2, "model_path": "/m/gemma.gguf", "model_alias": "gemma",
              "default_generation_settings": {"n_ctx": 4096}}
