@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pflash_proxy.jsontypes import JSONObject
+from pflash_proxy.sessions.identity import chain
 
 if TYPE_CHECKING:
     from pflash_proxy.compress.recall import RecallSource
@@ -99,6 +100,23 @@ class TraceLog:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
+
+
+def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:
+    """The chain entries a save of ``rec`` with ``client_hashes`` writes (before ``rec`` takes them): one per prefix,
+    except the prefixes ``rec``'s previous save already wrote (a stored record, ``turns`` > 0, whose hashes begin
+    the same way). A turn of a long conversation writes the entries of its new messages, not of all of them.
+    An entry of such a prefix that another session's save took over since (a fork writes its shared prefix) is
+    left to that session: its served history begins the same way, so a lookup of that prefix finds an equal
+    history either way."""
+    values = chain(rec.seed, client_hashes)
+    if not rec.turns:  # a new session, or a fork: every prefix is its own (a fork takes its parent's over)
+        return values
+    known, n = rec.client_hashes, 0
+    limit = min(len(known), len(client_hashes))
+    while n < limit and known[n] == client_hashes[n]:
+        n += 1
+    return values[n:]
 
 
 def prune_victims(ranked: list[tuple[str, float]], older_than: float | None, max_sessions: int,

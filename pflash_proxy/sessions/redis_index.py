@@ -32,7 +32,8 @@ from typing import Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
+from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
+                                         prune_victims)
 from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
 
 T = TypeVar("T")
@@ -165,13 +166,14 @@ class RedisIndex:
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
+        written = chain_to_write(rec, client_hashes)
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()
         rec.turns += 1
         pipe = self.r.pipeline(transaction=True)
         self._put(pipe, rec)
-        entries = {f"{self.p}chain:{h}": rec.id for h in chain(rec.seed, client_hashes)}
+        entries = {f"{self.p}chain:{h}": rec.id for h in written}
         if entries:
             pipe.mset(entries)
         pipe.execute()

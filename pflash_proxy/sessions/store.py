@@ -53,7 +53,8 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, prune_victims
+from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
+                                         prune_victims)
 from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
 
 
@@ -291,6 +292,7 @@ class SessionStore:
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
+        entries = chain_to_write(rec, client_hashes)
         rec.client_hashes = list(client_hashes)
         rec.served = list(served)
         rec.last_use = time.time()
@@ -299,7 +301,7 @@ class SessionStore:
         try:
             with self.cache.transact():
                 self._put(rec)
-                for h in chain(rec.seed, client_hashes):
+                for h in entries:
                     self.cache.set(("chain", h), rec.id)
         finally:
             self._writing(-1)

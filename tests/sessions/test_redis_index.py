@@ -71,6 +71,64 @@ def test_lookup_finds_the_longest_served_prefix_and_forks_keep_their_parent(inde
     assert [r.id for r in index.sessions()] == [rec.id]
 
 
+def _chain_writes(index) -> list[str]:
+    """Count the chain entries the index writes from now on (diskcache ``set`` / Redis ``MSET`` keys)."""
+    written: list[str] = []
+    if isinstance(index, SessionStore):
+        inner = index.cache.set
+
+        def cache_set(key, value, *args, **kwargs):
+            if key[0] == "chain":
+                written.append(key[1])
+            return inner(key, value, *args, **kwargs)
+        index.cache.set = cache_set
+    else:
+        inner_pipeline = index.r.pipeline
+
+        def pipeline(*args, **kwargs):
+            pipe = inner_pipeline(*args, **kwargs)
+            mset = pipe.mset
+
+            def counted(mapping):
+                written.extend(k for k in mapping if "chain:" in k)
+                return mset(mapping)
+            pipe.mset = counted
+            return pipe
+        index.r.pipeline = pipeline
+    return written
+
+
+def test_a_later_turn_writes_the_chain_entries_of_its_new_messages_only(index):
+    """A conversation of 40 messages that grows by two per turn writes two chain entries a turn, not 40; the
+    lookups stay what they were, also after a fork took the shared prefix over and when the parent goes on."""
+    history = msgs(*(f"message {i}" for i in range(40)))
+    rec = index.new_session("seed", False, owner="o")
+    index.save_session(rec, index.lookup("seed", history)[2], history)
+    written = _chain_writes(index)
+    longer = history + [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    found, matched, hashes = index.lookup("seed", longer)
+    assert found is not None and found.id == rec.id and matched == 40
+    index.save_session(found, hashes, longer)
+    assert len(written) == 2  # the two new messages' entries; the 40 before were written by the first save
+    # a fork at message 20 takes the shared prefix over (a new session writes every prefix)
+    parent, at, fork_hashes = index.lookup("seed", history[:20] + [{"role": "user", "content": "other"}])
+    assert parent is not None and parent.id == rec.id and at == 20
+    fork = index.new_session("seed", False, parent=parent, upto=20, owner="o")
+    index.save_session(fork, fork_hashes, history[:20] + [{"role": "user", "content": "other"}])
+    assert len(written) == 2 + 21
+    # the parent goes on: it is found by its own newest entries, and writes only its new ones
+    again, matched, hashes = index.lookup("seed", longer + [{"role": "user", "content": "next"}])
+    assert again is not None and again.id == rec.id and matched == 42
+    index.save_session(again, hashes, longer + [{"role": "user", "content": "next"}])
+    assert len(written) == 2 + 21 + 1
+    # a request that diverges inside the shared prefix finds a session holding that very prefix
+    either, at, _ = index.lookup("seed", history[:10] + [{"role": "user", "content": "elsewhere"}])
+    assert either is not None and either.id in (rec.id, fork.id) and at == 10
+    assert either.served[:10] == history[:10]
+    assert index.lookup("seed", longer + [{"role": "user", "content": "next"}])[0].id == rec.id
+    assert index.lookup("seed", history[:20] + [{"role": "user", "content": "other"}])[0].id == fork.id
+
+
 def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(index):
     ids = []
     for i in range(4):
