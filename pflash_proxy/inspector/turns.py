@@ -23,8 +23,10 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
 5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
    and its turn trace join the session's next write to its trace log (``SessionService.update_trace_log``, a
    worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
-   and writes them at once (an agent's quick tool turns cost one read and one write of the log, not one each,
-   and the write runs while the session is idle rather than beside its next turn); a session's writes run one
+   and writes them at once (a write decodes and encodes the whole log, up to ``trace.MAX_TURNS`` turns: an
+   agent's quick tool turns cost one read and one write of it, not one each, and the write runs while the
+   session is idle rather than beside its next turn; a process killed loses at most that wait's traces, never a
+   turn or its history); a session's writes run one
    after another, in turn order. The session's prefill rate (step 3) is read from the log's totals in that
    write, so the time saved and the savings counters are complete when it ends; ``settle`` (awaited by
    ``/pflash/stats``, the metrics and the inspector before they read) writes what is gathered at once and waits
@@ -62,7 +64,7 @@ Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
 BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
-FLUSH_AFTER_S = 0.5  # a session's turn traces wait this long for its next turns, then go in one write
+FLUSH_AFTER_S = 2.0  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
 CAUSES = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
@@ -75,12 +77,16 @@ def client_name(headers: Mapping[str, str]) -> str | None:
     """The client, from its headers: Codex's ``originator`` (``codex_exec``), else the ``User-Agent``'s first
     product (``claude-cli``, ``opencode``, ``OpenAI``, ``curl``), with Claude Code's ``x-app`` (``cli``) when it
     says more; None without either."""
+    return _client_name(headers.get("originator"), headers.get("User-Agent"), headers.get("x-app"))
+
+
+@functools.lru_cache(maxsize=256)  # a client sends the same three headers turn after turn
+def _client_name(originator_header: str | None, agent_header: str | None, app_header: str | None) -> str | None:
     def first(value: str | None) -> str | None:
         m = _TOKEN.match((value or "").strip())
         return m.group(0).split("/", 1)[0] if m else None
 
-    originator, agent, app = first(headers.get("originator")), first(headers.get("User-Agent")), \
-        first(headers.get("x-app"))
+    originator, agent, app = first(originator_header), first(agent_header), first(app_header)
     if originator:
         return originator
     if agent:

@@ -93,7 +93,7 @@ class KeyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no types
 
     def put(self, key: Any) -> tuple[Any, bool]:
         if type(key) is tuple and KeyDisk.fast is not False:
-            data = _tuple_key(key) if self.pickle_protocol == 5 else None
+            data = _key_bytes(key) if self.pickle_protocol == 5 else None
             if data is not None:
                 if KeyDisk.fast is None:
                     KeyDisk.fast = data == pickletools.optimize(pickle.dumps(key, protocol=5))
@@ -155,6 +155,26 @@ def _parse_key(data: bytes) -> tuple[str, ...] | None:
         else:
             return None
     return None
+
+
+_KEY_BYTES: dict[tuple[object, ...], bytes | None] = {}  # the keys of the sessions in use, spelled once each
+_KEY_BYTES_MAX = 8192
+
+
+def _key_bytes(key: tuple[object, ...]) -> bytes | None:
+    """``_tuple_key`` of keys seen before from a bounded table: a turn's keys (its session, last use and chain
+    entries) are mostly the previous turn's."""
+    try:
+        return _KEY_BYTES[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable part: diskcache's own path
+        return None
+    data = _tuple_key(key)
+    if len(_KEY_BYTES) >= _KEY_BYTES_MAX:
+        _KEY_BYTES.clear()
+    _KEY_BYTES[key] = data
+    return data
 
 
 def _tuple_key(key: tuple[object, ...]) -> bytes | None:
