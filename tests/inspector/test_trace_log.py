@@ -104,6 +104,19 @@ async def test_a_sessions_quick_turns_go_in_one_write_in_turn_order(proxy):
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3]
 
 
+async def test_back_to_back_turns_over_a_second_share_one_write(proxy):
+    """A write costs a decode and an encode of the whole log: turns that follow each other for over a second
+    (an agent's tool loop) still cost one (FLUSH_AFTER_S), with no reader asking for it."""
+    gate, written = _gate(proxy)
+    gate.set()
+    for i in range(1, 4):
+        await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
+        await asyncio.sleep(0.45)
+    assert written == []  # 1.35 s after the first turn: still gathering
+    await asyncio.sleep(turns.FLUSH_AFTER_S)
+    assert written == [3]
+
+
 async def test_a_write_waits_for_the_sessions_write_before_it(proxy, monkeypatch):
     monkeypatch.setattr(turns, "FLUSH_AFTER_S", 0.0)
     gate, written = _gate(proxy)
