@@ -16,14 +16,21 @@ at its commit, so what only the inspector reads is kept apart, under the session
 (``trace_log`` / ``update_trace_log``; ``inspector/trace.py``): the traces and their running totals, written
 after the answer. Records written before the trace log kept them in the record (``traces``, ``trace_totals``;
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
+For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
+hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
+``records.load_recall`` at a lookup, through a ``RecallCache`` of the sources the index read or wrote), not in
+the record every later turn reads and writes; records that held them inline are read as they were and store them
+under keys at their next save.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -60,6 +67,12 @@ class SessionRecord:
     turns: int = 0
     # compression: the omitted units of compressed messages, recalled on a later short question
     recall_sources: list[RecallSource] = field(default_factory=list)
+    # the keys each stored recall source has of its own (``recall_key``), oldest first: a source is written once,
+    # when the turn that made it is committed, never again with every later turn's record
+    recall_keys: list[str] = field(default_factory=list)
+    # not stored: how many of ``recall_sources`` (from the first) an index read back from ``recall_keys``; the
+    # ones after it are new, and the next save gives them keys
+    recall_stored: int = field(default=0, compare=False, repr=False)
     # the inspector's traces and totals as versions before the trace log kept them (read, never written)
     traces: list[JSONObject] = field(default_factory=list)
     trace_totals: dict[str, int] = field(default_factory=dict)
@@ -87,7 +100,17 @@ class SessionRecord:
 
     def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "recall_stored"}
+
+    def new_recall_sources(self) -> list[tuple[str, RecallSource]]:
+        """For an index's save: the recall sources not stored yet, each with the new key it is written under;
+        the record now names them in ``recall_keys`` (its record is written after them, in the same
+        transaction)."""
+        new = [(uuid.uuid4().hex, source) for source in self.recall_sources[self.recall_stored:]]
+        if new:
+            self.recall_keys = [*self.recall_keys, *(key for key, _ in new)]
+            self.recall_stored = len(self.recall_sources)
+        return new
 
 
 @dataclass
@@ -100,6 +123,43 @@ class TraceLog:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
+
+
+class RecallCache:
+    """The recall sources an index read or wrote, by key (a source under its key never changes, so nothing here
+    goes stale), within ``max_bytes`` of their stored size, the least recently used out first. Thread-safe."""
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[RecallSource, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> RecallSource | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: str, source: RecallSource, size: int) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            self._bytes -= old[1] if old is not None else 0
+            if size > self.max_bytes:
+                return
+            self._items[key] = (source, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, gone) = self._items.popitem(last=False)
+                self._bytes -= gone
+
+    def discard(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                old = self._items.pop(key, None)
+                self._bytes -= old[1] if old is not None else 0
 
 
 def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:

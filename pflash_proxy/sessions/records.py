@@ -8,7 +8,9 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
    ``RecordError`` for a value it cannot hold, which the indexes raise as ``StoreError``). Kinds:
    ``session`` (a ``SessionRecord``), ``snapshot`` (a ``SnapshotRecord``), ``response`` (one Responses answer:
    an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded),
-   ``traces`` (a ``TraceLog``: the inspector's traces of a session, objects, and its totals, integers).
+   ``traces`` (a ``TraceLog``: the inspector's traces of a session, objects, and its totals, integers),
+   ``recall`` (one ``RecallSource``, under its own key: a session record names its sources' keys in
+   ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
    ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
    maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
@@ -27,18 +29,19 @@ import base64
 import dataclasses
 import json
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONValue
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+from pflash_proxy.sessions.index import RecallCache, SessionRecord, SnapshotRecord, TraceLog
 
 log = logging.getLogger("pflash_proxy.sessions")
 
 SCHEMA = 1
-KINDS = ("session", "snapshot", "response", "ids", "traces")
+KINDS = ("session", "snapshot", "response", "ids", "traces", "recall")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
 
@@ -103,7 +106,7 @@ def _name(cls: type) -> str:
 def _session_value(rec: SessionRecord) -> dict[str, object]:
     value = rec.stored()
     sources = []
-    for i, source in enumerate(rec.recall_sources):
+    for i, source in enumerate(rec.recall_sources[rec.recall_stored:], rec.recall_stored):
         try:
             sources.append(_tagged(source))
         except TypeError as exc:  # a scorer's representation this format cannot hold: that recall source is lost
@@ -116,6 +119,11 @@ def encode(kind: str, value: Any) -> bytes:
     """``value`` as stored bytes (module docstring, 1)."""
     if kind == "session":
         value = _session_value(value)
+    elif kind == "recall":
+        try:
+            value = _tagged(value)
+        except TypeError as exc:  # a scorer's representation this format cannot hold
+            raise RecordError(f"a recall source that cannot be stored: {exc}") from exc
     elif kind == "snapshot":
         value = dataclasses.asdict(value)
     elif kind == "traces":
@@ -210,6 +218,7 @@ class _SessionValue(BaseModel):
     last_use: float = 0.0
     turns: int = 0
     recall_sources: list[Any] = []
+    recall_keys: list[str] = []
     traces: list[Any] = []
     trace_totals: dict[str, int] = {}
 
@@ -246,6 +255,29 @@ def _session(value: object) -> SessionRecord:
     return SessionRecord.from_stored(data)
 
 
+def load_recall(rec: SessionRecord, cache: RecallCache, read: Callable[[list[str]], Sequence[object]]) -> None:
+    """Put ``rec``'s sources stored under their own keys (``recall_keys``, read from ``cache``, else with ``read``:
+    the stored values of the keys it is given, None for one that is gone) in front of its inline ones, and mark
+    them stored. A key whose value is gone or unreadable costs that source (logged), as an unreadable inline one
+    does."""
+    if not rec.recall_keys:
+        return
+    found = {k: s for k in rec.recall_keys if (s := cache.get(k)) is not None}
+    missing = [k for k in rec.recall_keys if k not in found]
+    if missing:
+        for key, data in zip(missing, read(missing)):
+            if not data:
+                log.warning("session %s: recall source %s is gone; dropped", rec.id[:8], key[:8])
+                continue
+            source = decode("recall", data, f"recall source {key[:40]}")
+            if source is not None:
+                found[key] = source
+                cache.put(key, source, len(data) if isinstance(data, (bytes, str)) else 0)
+    stored = [found[k] for k in rec.recall_keys if k in found]
+    rec.recall_sources = [*stored, *rec.recall_sources[rec.recall_stored:]]
+    rec.recall_stored = len(stored)
+
+
 def trace_log(data: object, where: str) -> TraceLog | None:
     """The ``TraceLog`` stored as ``data`` (None when nothing is stored or it is not readable: ``decode``)."""
     found: TraceLog | None = decode("traces", data, where) if data else None
@@ -278,6 +310,11 @@ def decode(kind: str, data: object, where: str = "") -> Any:
         if kind == "traces":
             checked = _TraceLogValue.model_validate(value)
             return TraceLog(checked.traces, checked.totals)
+        if kind == "recall":
+            source = _untagged(value)
+            if not isinstance(source, _dataclasses()[_RECALL_SOURCE]):
+                raise RecordError("not a recall source")
+            return source
         raise RecordError(f"unknown record kind {kind!r}")
     except (RecordError, ValidationError, ValueError, TypeError, KeyError, RecursionError) as exc:
         log.warning("session index: %s is not a readable %s record (%s: %s); treated as absent",

@@ -4,8 +4,10 @@ Keys (all under ``pflash:``; records are schema-versioned JSON, ``records.py``, 
 that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
 node; nothing is ever unpickled):
 1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
-2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, recall sources); ``traces:<sid>`` →
-   its ``TraceLog`` (the inspector's, written after each answer in a ``WATCH``ed transaction);
+2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, the keys of its recall sources);
+   ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
+   wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
+   after each answer in a ``WATCH``ed transaction);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
 3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
@@ -32,9 +34,9 @@ from typing import Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
+from pflash_proxy.sessions.index import (RecallCache, SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
                                          prune_victims)
-from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
+from pflash_proxy.sessions.records import RecordError, decode, encode, load_recall, trace_log as stored_trace_log
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -99,6 +101,7 @@ class RedisIndex:
         self._release = self.r.register_script(_RELEASE)
         self._claim = self.r.register_script(_CLAIM)
         self._del_if = self.r.register_script(_DEL_IF)
+        self._recall = RecallCache()  # the recall sources read or written, by key
         self.salt = self._salt()
 
     def _get(self, key: str) -> object:
@@ -144,8 +147,13 @@ class RedisIndex:
                 continue
             rec = self.get(sid)
             if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
+                load_recall(rec, self._recall, self._read_recall)
                 return rec, i + 1, hashes
         return None, 0, hashes
+
+    def _read_recall(self, keys: list[str]) -> list[object]:
+        values: list[object] = self.r.mget([f"{self.p}recall:{key}" for key in keys])
+        return values
 
     def write_mark(self) -> int | None:
         """Other nodes write this index too: no mark can vouch that a lookup would read the same again."""
@@ -207,6 +215,14 @@ class RedisIndex:
         return result
 
     def _put(self, pipe: Any, rec: SessionRecord) -> None:
+        for key, source in rec.new_recall_sources():  # written once, under a key of its own (records.py)
+            try:
+                data = encode("recall", source)
+            except RecordError as exc:  # this source alone is lost
+                log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
+                continue
+            pipe.set(f"{self.p}recall:{key}", data)
+            self._recall.put(key, source, len(data))
         pipe.set(f"{self.p}session:{rec.id}", encode("session", rec))
         pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
 
@@ -219,14 +235,16 @@ class RedisIndex:
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
             rec = self.get(sid)
+            keys = rec.recall_keys if rec is not None else []
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
             pipe = self.r.pipeline(transaction=True)
             pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",
-                        f"{self.p}traces:{sid}")
+                        f"{self.p}traces:{sid}", *(f"{self.p}recall:{key}" for key in keys))
             pipe.zrem(f"{self.p}used", sid)
             for rid in rids:
                 pipe.delete(f"{self.p}response:{rid}")
             pipe.execute()
+            self._recall.discard(keys)
             for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                 self._del_if(keys=[f"{self.p}chain:{h}"], args=[sid])
         return victims

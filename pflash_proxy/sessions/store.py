@@ -7,7 +7,10 @@ anything else) is logged and read as absent, never unpickled. Keys are tuples of
 
 Keys:
 1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
-2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash;
+2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash, and
+   the keys of its recall sources; ``("recall", key)`` → one recall source, written once with the turn that made
+   it, never again with a later turn's record (the store keeps those it read or wrote in memory, by key: they
+   never change, so a long session's turn reads and writes its record, not every document it compressed);
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning; ``("traces", sid)``
    → the session's ``TraceLog`` (the inspector's: written after each answer, never read by a turn);
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
@@ -53,9 +56,9 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
-                                         prune_victims)
-from pflash_proxy.sessions.records import RecordError, decode, encode, trace_log as stored_trace_log
+from pflash_proxy.sessions.index import (RecallCache, SessionRecord, SnapshotRecord, StoreError, TraceLog,
+                                         chain_to_write, prune_victims)
+from pflash_proxy.sessions.records import RecordError, decode, encode, load_recall, trace_log as stored_trace_log
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -243,6 +246,7 @@ class SessionStore:
         # ``prune``): begun and ended, so a caller can tell that none ran since a mark (``write_mark``/
         # ``unchanged_since``)
         self._writes_lock = threading.Lock()
+        self._recall = RecallCache()  # the recall sources read or written, by key
         self._writes_running = 0
         self._writes_done = 0
 
@@ -282,8 +286,24 @@ class SessionStore:
                 continue
             rec = self.get(sid)
             if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
+                load_recall(rec, self._recall, self._read_recall)
                 return rec, i + 1, hashes
         return None, 0, hashes
+
+    def _read_recall(self, keys: list[str]) -> list[object]:
+        return [self.read(("recall", key)) for key in keys]
+
+    def _put_recall(self, rec: SessionRecord) -> None:
+        """Write the record's new recall sources under their own keys (in the caller's transaction); a source this
+        format cannot hold is lost alone (logged), as before."""
+        for key, source in rec.new_recall_sources():
+            try:
+                data = encode("recall", source)
+            except RecordError as exc:
+                log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
+                continue
+            self.cache.set(("recall", key), data)
+            self._recall.put(key, source, len(data))
 
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
@@ -320,6 +340,7 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
+                self._put_recall(rec)
                 self._put(rec)
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
@@ -333,6 +354,7 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
+                self._put_recall(rec)
                 self._put(rec)
         finally:
             self._writing(-1)
@@ -392,9 +414,13 @@ class SessionStore:
                 for rid in self._ids(sid):
                     self.cache.delete(("response", rid))
                 self.cache.delete(("responses", sid))
+                for key in rec.recall_keys if rec is not None else ():
+                    self.cache.delete(("recall", key))
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
+            if rec is not None:
+                self._recall.discard(rec.recall_keys)
         return victims
 
     def _drop_legacy_responses(self, keys: list[tuple[str, ...]]) -> None:

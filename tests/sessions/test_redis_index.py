@@ -17,6 +17,7 @@ import time
 import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, TraceLog, open_index
+from pflash_proxy.sessions.records import encode
 from pflash_proxy.sessions.redis_index import RedisIndex
 from pflash_proxy.sessions.store import SessionStore
 from tests.redis_server import RedisServer, binary
@@ -127,6 +128,82 @@ def test_a_later_turn_writes_the_chain_entries_of_its_new_messages_only(index):
     assert either.served[:10] == history[:10]
     assert index.lookup("seed", longer + [{"role": "user", "content": "next"}])[0].id == rec.id
     assert index.lookup("seed", history[:20] + [{"role": "user", "content": "other"}])[0].id == fork.id
+
+
+def _recall_source(word: str):
+    """A real recall source: what compressing a document leaves for later questions."""
+    from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
+    from pflash_proxy.compress.scores import LexicalScorer
+
+    text = "\n".join(f"Line {i} of the {word} ledger notes a shipment of {i * 7} crates to dock {i % 13}."
+                      for i in range(400)) + "\n"
+    tt = TokenizedText.from_text(text)
+    request = RequestFinder().find([{"role": "user", "content": text + f"Which dock got 700 {word} crates?"}], 0, tt)
+    out = Compressor(CompressionSettings(threshold=100), scorer=LexicalScorer()).compress(
+        tt, request, tt.total_tokens + 50, True, "paste", "1")
+    assert out.recall is not None
+    return out.recall
+
+
+def _stored_values(index) -> dict[str, bytes]:
+    """Every stored value by key name (``session:<id>``, ``recall:<key>`` ...), whatever the backend."""
+    if isinstance(index, SessionStore):
+        return {":".join(k): index.cache.get(k) for k in index.cache.iterkeys()}
+    return {k.decode()[len(index.p):]: index.r.get(k) for k in index.r.keys(f"{index.p}*")
+            if index.r.type(k) == b"string"}
+
+
+def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
+    """A session that compressed two documents: each recall source is written once, at the turn that made it,
+    and no later turn's record carries it; the lookup gives them back in order (also to a fresh index, as
+    after a restart), records written with inline sources are read and move them to keys at their next save, and
+    pruning removes them with their session."""
+    first, second = _recall_source("amber"), _recall_source("cobalt")
+    rec = index.new_session("seed", False, owner="o")
+    served = msgs("paste one", "ok")
+    rec.recall_sources = [first]
+    index.save_session(rec, index.lookup("seed", served)[2], served)
+    values = _stored_values(index)
+    recall_keys = {k for k in values if k.startswith("recall:")}
+    assert len(recall_keys) == 1 and len(rec.recall_keys) == 1
+    assert b"omitted_texts" not in values[f"session:{rec.id}"]  # the record names the source, never holds it
+    found, matched, hashes = index.lookup("seed", served + msgs("paste two"))
+    assert found is not None and matched == 2 and found.recall_sources == [first]
+    found.recall_sources = [*found.recall_sources, second]  # the compression stage's append
+    before = {k: v for k, v in _stored_values(index).items() if k.startswith("recall:")}
+    index.save_session(found, hashes, served + msgs("paste two"))
+    after = {k: v for k, v in _stored_values(index).items() if k.startswith("recall:")}
+    assert len(after) == 2 and all(after[k] == v for k, v in before.items())  # the first one untouched
+    for _ in range(3):  # later turns write no source again
+        again, _, hashes = index.lookup("seed", served + msgs("paste two", "q"))
+        assert again is not None and again.recall_sources == [first, second]
+        index.save_session(again, hashes, served + msgs("paste two", "q"))
+    assert {k: v for k, v in _stored_values(index).items() if k.startswith("recall:")} == after
+    # a fresh index object reads them back from the store (its cache is empty)
+    fresh = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)
+    try:
+        back, _, _ = fresh.lookup("seed", served + msgs("paste two", "q"))
+        assert back is not None and [s.omitted_texts for s in back.recall_sources] == \
+            [first.omitted_texts, second.omitted_texts]
+    finally:
+        fresh.close()
+    # a record written before the keys held its sources inline: read as they were, moved to keys at its save
+    legacy = index.new_session("other seed", False)
+    legacy.recall_sources = [first]
+    legacy.recall_stored = 0
+    inline = encode("session", legacy)  # nothing stored under keys yet: the sources go inline
+    assert b"omitted_texts" in inline
+    if isinstance(index, SessionStore):
+        index.cache.set(("session", legacy.id), inline)
+    else:
+        index.r.set(f"{index.p}session:{legacy.id}", inline)
+    old = index.get(legacy.id)
+    assert old is not None and [s.omitted_texts for s in old.recall_sources] == [first.omitted_texts]
+    index.save_session(old, ["h"], msgs("legacy"))
+    assert len(old.recall_keys) == 1 and b"omitted_texts" not in _stored_values(index)[f"session:{legacy.id}"]
+    # pruned with its session
+    index.prune(older_than=None, max_sessions=0)
+    assert not any(k.startswith("recall:") for k in _stored_values(index))
 
 
 def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(index):

@@ -1,0 +1,82 @@
+"""What a session's index costs per turn as its compressed messages add up: lookup + commit on the embedded index.
+
+1. Compress a synthetic document of ``--doc-lines`` lines (lexical scorer, the product's pipeline) ``--sources``
+   times, as a session whose turns each pasted one such document: every compression leaves a recall source.
+2. Store the session (its served history of ``--messages`` messages and those sources) in a fresh embedded index
+   (``SessionStore``), then run ``--turns`` turns of what every request does: ``lookup`` of its history plus one
+   new message, ``save_session`` of it.
+3. Print the median milliseconds of a turn's lookup and save, the bytes of the session's record and of all its
+   stored values, as JSON.
+
+    .venv/bin/python benchmarks/bench_session_turns.py [--sources 3] [--turns 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText  # noqa: E402
+from pflash_proxy.compress.scores import LexicalScorer  # noqa: E402
+from pflash_proxy.sessions.store import SessionStore  # noqa: E402
+
+
+def document(i: int, lines: int) -> str:
+    return "\n".join(f"Entry {n} of ledger {i}: {n * 7} crates of {('tea', 'wool', 'salt', 'tin')[n % 4]} "
+                     f"left dock {n % 13} for the {('north', 'east', 'south')[n % 3]} line on day {n % 31}."
+                     for n in range(lines)) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sources", type=int, default=3)
+    ap.add_argument("--doc-lines", type=int, default=1500)
+    ap.add_argument("--messages", type=int, default=40)
+    ap.add_argument("--turns", type=int, default=20)
+    args = ap.parse_args()
+    comp = Compressor(CompressionSettings(threshold=100), scorer=LexicalScorer())
+    sources = []
+    for i in range(args.sources):
+        text = document(i, args.doc_lines)
+        tt = TokenizedText.from_text(text)
+        request = RequestFinder().find([{"role": "user", "content": text + "Which dock got 700 crates?"}], 0, tt)
+        out = comp.compress(tt, request, tt.total_tokens + 50, True, "paste", str(i))
+        assert out.recall is not None
+        sources.append(out.recall)
+    history = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"message {n} " * 30}
+               for n in range(args.messages)]
+    lookups, saves = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SessionStore(Path(tmp) / "idx")
+        rec = store.new_session("seed", False)
+        rec.recall_sources = list(sources)
+        store.save_session(rec, store.lookup("seed", history)[2], history)
+        for t in range(args.turns):
+            history = [*history, {"role": "user" if len(history) % 2 == 0 else "assistant", "content": f"turn {t}"}]
+            t0 = time.perf_counter()
+            found, _, hashes = store.lookup("seed", history)
+            t1 = time.perf_counter()
+            assert found is not None and len(found.recall_sources) == args.sources
+            store.save_session(found, hashes, history)
+            t2 = time.perf_counter()
+            lookups.append((t1 - t0) * 1000)
+            saves.append((t2 - t1) * 1000)
+        keys = list(store.cache.iterkeys())
+        sizes = {":".join(k): len(v) for k in keys if isinstance(v := store.cache.get(k), (bytes, str))}
+        store.close()
+    print(json.dumps({"sources": args.sources, "doc_lines": args.doc_lines, "messages": args.messages,
+                      "turns": args.turns, "lookup_ms_p50": round(statistics.median(lookups), 2),
+                      "save_ms_p50": round(statistics.median(saves), 2),
+                      "record_bytes": max(v for k, v in sizes.items() if k.startswith("session:")),
+                      "stored_bytes": sum(sizes.values())}))
+
+
+if __name__ == "__main__":
+    main()
