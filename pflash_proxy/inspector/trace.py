@@ -177,13 +177,24 @@ def current(stored: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _turn(trace: Mapping[str, object]) -> int:
+    n = trace.get("turn")
+    return n if isinstance(n, int) else 0
+
+
 def append(kept: TraceLog, turn: TurnTraces) -> TraceLog:
     """``kept`` with the turn's traces added (the newest ``MAX_TRACES`` traces and ``MAX_TURNS`` turn traces kept,
-    ``MAX_TEXT_CHARS`` of their texts) and its counts added to the totals."""
+    ``MAX_TEXT_CHARS`` of their texts) and its counts added to the totals. Traces stay in turn order: a session's
+    turns are written in order by the node that served them, but a session that moved to another node may have
+    its later turns written before the first node's last ones."""
     turns = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") == "turn"]
     traces = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") != "turn"]
     for trace in turn.items:
         (turns if trace.get("kind") == "turn" else traces).append(trace)
+    if turns and _turn(turns[-1]) < max(map(_turn, turns)):  # a turn written after a later one (another node's)
+        turns.sort(key=_turn)  # stable: a turn's own traces keep their order
+    if traces and _turn(traces[-1]) < max(map(_turn, traces)):
+        traces.sort(key=_turn)
     del traces[:-MAX_TRACES]
     del turns[:-MAX_TURNS]
     used = 0

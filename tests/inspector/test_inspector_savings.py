@@ -186,6 +186,22 @@ def test_reasons_in_plain_words():
     assert "failed" in plain_reason("full-error", "ValueError: x")
 
 
+def test_traces_written_out_of_turn_order_are_kept_in_turn_order():
+    """A session moved to another node within its first node's trace wait: turn 4's traces are written before
+    turns 2 and 3's; the log reads 1, 2, 3, 4 (each turn's own traces in their order), and the newest kept."""
+    kept = TraceLog()
+    for n in (1, 4, 2, 3):
+        turn = tr.TurnTraces(n)
+        turn.add({"kind": "compression", "turn": n, "message": 0, "text": None, "step": "a"})
+        turn.add({"kind": "recall", "turn": n, "message": 0, "text": None, "step": "b"})
+        turn.add({"kind": "turn", "turn": n}, {"turns_timed": 1})
+        kept = tr.append(kept, turn)
+    assert [t["turn"] for t in kept.traces if t["kind"] == "turn"] == [1, 2, 3, 4]
+    rest = [(t["turn"], t["step"]) for t in kept.traces if t["kind"] != "turn"]
+    assert rest == [(n, s) for n in (1, 2, 3, 4) for s in "ab"][-tr.MAX_TRACES:]
+    assert kept.totals["turns_timed"] == 4
+
+
 def test_turn_traces_are_bounded_apart_from_the_compression_traces(monkeypatch):
     monkeypatch.setattr(tr, "MAX_TURNS", 2)
     kept = TraceLog([{"kind": "compression", "turn": 1, "message": 0, "text": None, "message_tokens": 10,
