@@ -2,7 +2,8 @@
 
 1. Compress a synthetic document of ``--doc-lines`` lines (lexical scorer, the product's pipeline) ``--sources``
    times, as a session whose turns each pasted one such document: every compression leaves a recall source.
-2. Store the session (its served history of ``--messages`` messages and those sources) in a fresh embedded index
+2. Store the session (its served history of ``--messages`` messages of ``--message-chars`` characters, and those
+   sources) in a fresh embedded index
    (``SessionStore``), then run ``--turns`` turns of what every request does: ``lookup`` of its history plus one
    new message, ``save_session`` of it.
 3. Print the median milliseconds of a turn's lookup and save, the bytes of the session's record and of all its
@@ -34,12 +35,22 @@ def document(i: int, lines: int) -> str:
                      for n in range(lines)) + "\n"
 
 
+def _size(value: object) -> int:
+    """Stored bytes of a value (an older tree's index held pickled objects: their pickle's size)."""
+    if isinstance(value, (bytes, str)):
+        return len(value)
+    import pickle  # only to size what an older tree stored
+
+    return len(pickle.dumps(value))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sources", type=int, default=3)
     ap.add_argument("--doc-lines", type=int, default=1500)
     ap.add_argument("--messages", type=int, default=40)
     ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--message-chars", type=int, default=300, help="characters of each history message")
     args = ap.parse_args()
     comp = Compressor(CompressionSettings(threshold=100), scorer=LexicalScorer())
     sources = []
@@ -50,7 +61,8 @@ def main() -> None:
         out = comp.compress(tt, request, tt.total_tokens + 50, True, "paste", str(i))
         assert out.recall is not None
         sources.append(out.recall)
-    history = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"message {n} " * 30}
+    history = [{"role": "user" if n % 2 == 0 else "assistant",
+                "content": (f"message {n}: " + "tool output line " * (args.message_chars // 17 + 1))[:args.message_chars]}
                for n in range(args.messages)]
     lookups, saves = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,9 +81,10 @@ def main() -> None:
             lookups.append((t1 - t0) * 1000)
             saves.append((t2 - t1) * 1000)
         keys = list(store.cache.iterkeys())
-        sizes = {":".join(k): len(v) for k in keys if isinstance(v := store.cache.get(k), (bytes, str))}
+        sizes = {":".join(map(str, k)): _size(store.cache.get(k)) for k in keys}
         store.close()
     print(json.dumps({"sources": args.sources, "doc_lines": args.doc_lines, "messages": args.messages,
+                      "message_chars": args.message_chars,
                       "turns": args.turns, "lookup_ms_p50": round(statistics.median(lookups), 2),
                       "save_ms_p50": round(statistics.median(saves), 2),
                       "record_bytes": max(v for k, v in sizes.items() if k.startswith("session:")),
