@@ -18,9 +18,11 @@ after the answer. Records written before the trace log kept them in the record (
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
 hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
-``records.load_recall`` at a lookup, through a ``RecallCache`` of the sources the index read or wrote), not in
+``records.load_recall`` at a lookup, through a ``ValueCache`` of the sources the index read or wrote), not in
 the record every later turn reads and writes; records that held them inline are read as they were and store them
-under keys at their next save.
+under keys at their next save. The served history is kept the same way: each message once, under its session and
+position (``served_keyed``, ``new_served``, ``records.load_served``), so a turn of a long conversation writes its
+new messages, not the whole history again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.identity import chain
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 class StoreError(Exception):
@@ -67,6 +70,12 @@ class SessionRecord:
     turns: int = 0
     # compression: the omitted units of compressed messages, recalled on a later short question
     recall_sources: list[RecallSource] = field(default_factory=list)
+    # how many leading messages of ``served`` are stored under keys of their own (``("served", id, i)``), each
+    # written once, by the save that added it; the rest (none, once an index saved the record) are inline
+    served_keyed: int = 0
+    # not stored: how many leading messages of ``served`` an index read back from their keys (the next save writes
+    # the ones after them)
+    served_stored: int = field(default=0, compare=False, repr=False)
     # the keys each stored recall source has of its own (``recall_key``), oldest first: a source is written once,
     # when the turn that made it is committed, never again with every later turn's record
     recall_keys: list[str] = field(default_factory=list)
@@ -100,7 +109,16 @@ class SessionRecord:
 
     def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "recall_stored"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_STORED}
+
+    def new_served(self) -> list[tuple[int, dict[str, object]]]:
+        """For an index's save: the served messages not stored yet, with their positions; the record now counts
+        them as stored (``served_keyed``). The messages before them are the ones stored: a session's served
+        history only grows (a request that diverges from it is a new session), and each message keeps the content
+        it was served with."""
+        new = list(enumerate(self.served[self.served_stored:], self.served_stored))
+        self.served_stored = self.served_keyed = len(self.served)
+        return new
 
     def new_recall_sources(self) -> list[tuple[str, RecallSource]]:
         """For an index's save: the recall sources not stored yet, each with the new key it is written under;
@@ -123,19 +141,21 @@ class TraceLog:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
+_NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index learnt reading the record back
 
 
-class RecallCache:
-    """The recall sources an index read or wrote, by key (a source under its key never changes, so nothing here
-    goes stale), within ``max_bytes`` of their stored size, the least recently used out first. Thread-safe."""
+class ValueCache(Generic[V]):
+    """Values an index read or wrote under keys whose value never changes (a recall source, a served message at
+    its position), so nothing here goes stale: by key, within ``max_bytes`` of their stored size, the least
+    recently used out first. Thread-safe. An index puts a value it wrote only once its transaction committed."""
 
     def __init__(self, max_bytes: int = 64 << 20):
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[RecallSource, int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[V, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> RecallSource | None:
+    def get(self, key: str) -> V | None:
         with self._lock:
             hit = self._items.get(key)
             if hit is None:
@@ -143,13 +163,13 @@ class RecallCache:
             self._items.move_to_end(key)
             return hit[0]
 
-    def put(self, key: str, source: RecallSource, size: int) -> None:
+    def put(self, key: str, value: V, size: int) -> None:
         with self._lock:
             old = self._items.pop(key, None)
             self._bytes -= old[1] if old is not None else 0
             if size > self.max_bytes:
                 return
-            self._items[key] = (source, size)
+            self._items[key] = (value, size)
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _, (_, gone) = self._items.popitem(last=False)

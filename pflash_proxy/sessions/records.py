@@ -10,7 +10,9 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
    an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded),
    ``traces`` (a ``TraceLog``: the inspector's traces of a session, objects, and its totals, integers),
    ``recall`` (one ``RecallSource``, under its own key: a session record names its sources' keys in
-   ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did).
+   ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did),
+   ``message`` (one served message, an object, under its session and position: a session record counts its
+   messages stored so in ``served_keyed`` and holds the others inline, as records before did all of them).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
    ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
    maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
@@ -30,18 +32,21 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONValue
-from pflash_proxy.sessions.index import RecallCache, SessionRecord, SnapshotRecord, TraceLog
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog, ValueCache
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.recall import RecallSource
 
 log = logging.getLogger("pflash_proxy.sessions")
 
 SCHEMA = 1
-KINDS = ("session", "snapshot", "response", "ids", "traces", "recall")
+KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
 
@@ -105,6 +110,8 @@ def _name(cls: type) -> str:
 
 def _session_value(rec: SessionRecord) -> dict[str, object]:
     value = rec.stored()
+    value["served"] = rec.served[rec.served_stored:]  # the messages not stored under keys of their own
+    value["served_keyed"] = rec.served_stored
     sources = []
     for i, source in enumerate(rec.recall_sources[rec.recall_stored:], rec.recall_stored):
         try:
@@ -119,6 +126,9 @@ def encode(kind: str, value: Any) -> bytes:
     """``value`` as stored bytes (module docstring, 1)."""
     if kind == "session":
         value = _session_value(value)
+    elif kind == "message":
+        if not isinstance(value, dict):
+            raise RecordError("a served message is an object")
     elif kind == "recall":
         try:
             value = _tagged(value)
@@ -212,6 +222,7 @@ class _SessionValue(BaseModel):
     seed: str
     client_hashes: list[str] = []
     served: list[dict[str, Any]] = []
+    served_keyed: int = 0
     explicit: bool = False
     owner: str | None = None
     created: float = 0.0
@@ -236,6 +247,7 @@ class _TraceLogValue(BaseModel):
 
 _SNAPSHOT = TypeAdapter(SnapshotRecord)
 _IDS = TypeAdapter(list[str])
+_MESSAGE = TypeAdapter(dict[str, object])
 
 
 def _session(value: object) -> SessionRecord:
@@ -255,7 +267,7 @@ def _session(value: object) -> SessionRecord:
     return SessionRecord.from_stored(data)
 
 
-def load_recall(rec: SessionRecord, cache: RecallCache, read: Callable[[list[str]], Sequence[object]]) -> None:
+def load_recall(rec: SessionRecord, cache: ValueCache[RecallSource], read: Callable[[list[str]], Sequence[object]]) -> None:
     """Put ``rec``'s sources stored under their own keys (``recall_keys``, read from ``cache``, else with ``read``:
     the stored values of the keys it is given, None for one that is gone) in front of its inline ones, and mark
     them stored. A key whose value is gone or unreadable costs that source (logged), as an unreadable inline one
@@ -276,6 +288,34 @@ def load_recall(rec: SessionRecord, cache: RecallCache, read: Callable[[list[str
     stored = [found[k] for k in rec.recall_keys if k in found]
     rec.recall_sources = [*stored, *rec.recall_sources[rec.recall_stored:]]
     rec.recall_stored = len(stored)
+
+
+def load_served(rec: SessionRecord, cache: ValueCache[dict[str, object]],
+                read: Callable[[list[int]], Sequence[object]]) -> bool:
+    """Put ``rec``'s served messages stored under keys of their own (the first ``served_keyed``, read from
+    ``cache`` by ``"<id>:<position>"``, else with ``read``: the stored values of the positions it is given, None
+    for one that is gone) in front of its inline ones. False when one of them is gone or unreadable: the served
+    history cannot be replayed, and the record is read as absent (a cold prefill, as for a damaged record)."""
+    if not rec.served_keyed:
+        return True
+    found: dict[int, dict[str, object]] = {}
+    for i in range(rec.served_keyed):
+        hit = cache.get(f"{rec.id}:{i}")
+        if hit is not None:
+            found[i] = hit
+    missing = [i for i in range(rec.served_keyed) if i not in found]
+    if missing:
+        for i, data in zip(missing, read(missing)):
+            message = decode("message", data, f"served message {i} of session {rec.id[:40]}") if data else None
+            if not isinstance(message, dict):
+                log.warning("session %s: served message %d is %s; the session is read as absent", rec.id[:8], i,
+                            "gone" if not data else "unreadable")
+                return False
+            found[i] = message
+            cache.put(f"{rec.id}:{i}", message, len(data) if isinstance(data, (bytes, str)) else 0)
+    rec.served = [*(found[i] for i in range(rec.served_keyed)), *rec.served]
+    rec.served_stored = rec.served_keyed
+    return True
 
 
 def trace_log(data: object, where: str) -> TraceLog | None:
@@ -310,6 +350,8 @@ def decode(kind: str, data: object, where: str = "") -> Any:
         if kind == "traces":
             checked = _TraceLogValue.model_validate(value)
             return TraceLog(checked.traces, checked.totals)
+        if kind == "message":
+            return _MESSAGE.validate_python(value)
         if kind == "recall":
             source = _untagged(value)
             if not isinstance(source, _dataclasses()[_RECALL_SOURCE]):

@@ -4,7 +4,8 @@ Keys (all under ``pflash:``; records are schema-versioned JSON, ``records.py``, 
 that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
 node; nothing is ever unpickled):
 1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
-2. ``session:<sid>`` → the ``SessionRecord`` (served history, client hashes, the keys of its recall sources);
+2. ``session:<sid>`` → the ``SessionRecord`` (client hashes, how many served messages are stored, the keys of its
+   recall sources); ``served:<sid>:<i>`` → its served message ``i``, written once, by the save that added it;
    ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
    wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
    after each answer in a ``WATCH``ed transaction);
@@ -30,17 +31,21 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (RecallCache, SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
-                                         prune_victims)
-from pflash_proxy.sessions.records import RecordError, decode, encode, load_recall, trace_log as stored_trace_log
+from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, ValueCache,
+                                         chain_to_write, prune_victims)
+from pflash_proxy.sessions.records import (RecordError, decode, encode, load_recall, load_served,
+                                           trace_log as stored_trace_log)
 
 T = TypeVar("T")
 P = ParamSpec("P")
 PREFIX = "pflash:"
+if TYPE_CHECKING:
+    from pflash_proxy.compress.recall import RecallSource
+
 log = logging.getLogger("pflash_proxy.sessions")
 
 # KEYS[1]=lease key, ARGV[1]=token, ARGV[2]=ttl ms: extend only our own lease
@@ -101,7 +106,8 @@ class RedisIndex:
         self._release = self.r.register_script(_RELEASE)
         self._claim = self.r.register_script(_CLAIM)
         self._del_if = self.r.register_script(_DEL_IF)
-        self._recall = RecallCache()  # the recall sources read or written, by key
+        self._recall: ValueCache[RecallSource] = ValueCache()  # the recall sources read or written, by key
+        self._served: ValueCache[dict[str, object]] = ValueCache(128 << 20)  # served messages, by "<id>:<i>"
         self.salt = self._salt()
 
     def _get(self, key: str) -> object:
@@ -166,7 +172,14 @@ class RedisIndex:
     def get(self, sid: str) -> SessionRecord | None:
         data = self._get(f"{self.p}session:{sid}")
         rec = decode("session", data, f"session:{sid[:40]}") if data else None
-        return rec if rec is not None and rec.id == sid else None
+        return self._loaded(rec) if rec is not None and rec.id == sid else None
+
+    def _loaded(self, rec: SessionRecord) -> SessionRecord | None:
+        """``rec`` with its served messages stored under keys read back (None: one is gone)."""
+        def read(at: list[int]) -> list[object]:
+            values: list[object] = self.r.mget([f"{self.p}served:{rec.id}:{i}" for i in at])
+            return values
+        return rec if load_served(rec, self._served, read) else None
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord:
@@ -180,17 +193,19 @@ class RedisIndex:
         rec.last_use = time.time()
         rec.turns += 1
         pipe = self.r.pipeline(transaction=True)
-        self._put(pipe, rec)
+        cached = self._put(pipe, rec)
         entries = {f"{self.p}chain:{h}": rec.id for h in written}
         if entries:
             pipe.mset(entries)
         pipe.execute()
+        self._cache_served(cached)
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
         pipe = self.r.pipeline(transaction=True)
-        self._put(pipe, rec)
+        cached = self._put(pipe, rec)
         pipe.execute()
+        self._cache_served(cached)
 
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
@@ -214,7 +229,14 @@ class RedisIndex:
         result: TraceLog | None = self.r.transaction(attempt, key, value_from_callable=True)
         return result
 
-    def _put(self, pipe: Any, rec: SessionRecord) -> None:
+    def _put(self, pipe: Any, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
+        """Queue the record's writes on ``pipe`` (its new served messages and recall sources first); what the
+        served-message cache takes once the pipe executed."""
+        cached = []
+        for i, message in rec.new_served():
+            data = encode("message", message)
+            pipe.set(f"{self.p}served:{rec.id}:{i}", data)
+            cached.append((f"{rec.id}:{i}", message, len(data)))
         for key, source in rec.new_recall_sources():  # written once, under a key of its own (records.py)
             try:
                 data = encode("recall", source)
@@ -225,6 +247,11 @@ class RedisIndex:
             self._recall.put(key, source, len(data))
         pipe.set(f"{self.p}session:{rec.id}", encode("session", rec))
         pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
+        return cached
+
+    def _cache_served(self, cached: list[tuple[str, dict[str, object], int]]) -> None:
+        for key, message, size in cached:
+            self._served.put(key, message, size)
 
     @_guarded
     def prune(self, *, older_than: float | None, max_sessions: int,
@@ -234,17 +261,20 @@ class RedisIndex:
         ranked = [(_text(sid) or "", t) for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)]
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
-            rec = self.get(sid)
+            data = self._get(f"{self.p}session:{sid}")
+            rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
             keys = rec.recall_keys if rec is not None else []
+            served = [f"{self.p}served:{sid}:{i}" for i in range(rec.served_keyed if rec is not None else 0)]
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
             pipe = self.r.pipeline(transaction=True)
             pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",
-                        f"{self.p}traces:{sid}", *(f"{self.p}recall:{key}" for key in keys))
+                        f"{self.p}traces:{sid}", *(f"{self.p}recall:{key}" for key in keys), *served)
             pipe.zrem(f"{self.p}used", sid)
             for rid in rids:
                 pipe.delete(f"{self.p}response:{rid}")
             pipe.execute()
             self._recall.discard(keys)
+            self._served.discard([f"{sid}:{i}" for i in range(len(served))])
             for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                 self._del_if(keys=[f"{self.p}chain:{h}"], args=[sid])
         return victims
@@ -262,7 +292,7 @@ class RedisIndex:
         ids = [_text(s) for s in self.r.zrange(f"{self.p}used", 0, -1)]
         values = self.r.mget([f"{self.p}session:{sid}" for sid in ids]) if ids else []
         recs = (decode("session", v, f"session:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
-        return [rec for rec in recs if rec is not None]
+        return [loaded for rec in recs if rec is not None and (loaded := self._loaded(rec)) is not None]
 
     @_guarded
     def volume(self) -> int:

@@ -7,10 +7,12 @@ anything else) is logged and read as absent, never unpickled. Keys are tuples of
 
 Keys:
 1. ``("chain", h_i)`` → session id, for every prefix of every served request (see ``identity``);
-2. ``("session", sid)`` → ``SessionRecord``: the exact served version of each message and its client hash, and
-   the keys of its recall sources; ``("recall", key)`` → one recall source, written once with the turn that made
-   it, never again with a later turn's record (the store keeps those it read or wrote in memory, by key: they
-   never change, so a long session's turn reads and writes its record, not every document it compressed);
+2. ``("session", sid)`` → ``SessionRecord``: each message's client hash, how many served messages are stored,
+   and the keys of its recall sources; ``("served", sid, i)`` → the exact served version of message ``i``, and
+   ``("recall", key)`` → one recall source: each written once, by the save that added it, never again with a
+   later turn's record (the store keeps those it read or wrote in memory, by key: they never change, so a turn of
+   a long session reads and writes its record and its new messages, not its whole history and every document it
+   compressed);
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning; ``("traces", sid)``
    → the session's ``TraceLog`` (the inspector's: written after each answer, never read by a turn);
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
@@ -50,16 +52,20 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ParamSpec, TypeVar
 
 import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (RecallCache, SessionRecord, SnapshotRecord, StoreError, TraceLog,
+from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, ValueCache,
                                          chain_to_write, prune_victims)
-from pflash_proxy.sessions.records import RecordError, decode, encode, load_recall, trace_log as stored_trace_log
+from pflash_proxy.sessions.records import (RecordError, decode, encode, load_recall, load_served,
+                                           trace_log as stored_trace_log)
 
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress.recall import RecallSource
 
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
@@ -246,7 +252,8 @@ class SessionStore:
         # ``prune``): begun and ended, so a caller can tell that none ran since a mark (``write_mark``/
         # ``unchanged_since``)
         self._writes_lock = threading.Lock()
-        self._recall = RecallCache()  # the recall sources read or written, by key
+        self._recall: ValueCache[RecallSource] = ValueCache()  # the recall sources read or written, by key
+        self._served: ValueCache[dict[str, object]] = ValueCache(128 << 20)  # served messages, by "<id>:<i>"
         self._writes_running = 0
         self._writes_done = 0
 
@@ -293,6 +300,16 @@ class SessionStore:
     def _read_recall(self, keys: list[str]) -> list[object]:
         return [self.read(("recall", key)) for key in keys]
 
+    def _put_served(self, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
+        """Write the record's new served messages under their positions (in the caller's transaction); what the
+        cache takes once that transaction committed."""
+        done = []
+        for i, message in rec.new_served():
+            data = encode("message", message)
+            self.cache.set(("served", rec.id, str(i)), data)
+            done.append((f"{rec.id}:{i}", message, len(data)))
+        return done
+
     def _put_recall(self, rec: SessionRecord) -> None:
         """Write the record's new recall sources under their own keys (in the caller's transaction); a source this
         format cannot hold is lost alone (logged), as before."""
@@ -307,6 +324,14 @@ class SessionStore:
 
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
+        rec = self._record(sid)
+        if rec is None:
+            return None
+        return rec if load_served(rec, self._served, lambda at: [self.read(("served", sid, str(i))) for i in at]) \
+            else None
+
+    def _record(self, sid: str) -> SessionRecord | None:
+        """The record as stored, its served messages under keys not read (``prune`` needs only its keys)."""
         data = self.read(("session", sid))
         rec = decode("session", data, f"session {sid[:40]}") if data else None
         return rec if rec is not None and rec.id == sid else None
@@ -340,10 +365,13 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
+                cached = self._put_served(rec)
                 self._put_recall(rec)
                 self._put(rec)
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
+            for key, message, size in cached:
+                self._served.put(key, message, size)
         finally:
             self._writing(-1)
 
@@ -354,8 +382,11 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
+                cached = self._put_served(rec)
                 self._put_recall(rec)
                 self._put(rec)
+            for key, message, size in cached:
+                self._served.put(key, message, size)
         finally:
             self._writing(-1)
 
@@ -406,7 +437,7 @@ class SessionStore:
         ranked = sorted(self._last_uses(keys).items(), key=lambda kv: kv[1])
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
-            rec = self.get(sid)
+            rec = self._record(sid)
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
@@ -416,11 +447,14 @@ class SessionStore:
                 self.cache.delete(("responses", sid))
                 for key in rec.recall_keys if rec is not None else ():
                     self.cache.delete(("recall", key))
+                for i in range(rec.served_keyed if rec is not None else 0):
+                    self.cache.delete(("served", sid, str(i)))
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
             if rec is not None:
                 self._recall.discard(rec.recall_keys)
+                self._served.discard([f"{sid}:{i}" for i in range(rec.served_keyed)])
         return victims
 
     def _drop_legacy_responses(self, keys: list[tuple[str, ...]]) -> None:

@@ -206,6 +206,58 @@ def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
     assert not any(k.startswith("recall:") for k in _stored_values(index))
 
 
+def test_served_messages_are_written_once_under_their_session_and_position(index, tmp_path):
+    """A long conversation's turn writes its new served messages, not its history again: the record holds no
+    message, a fresh index (a restart) reads the history back in order, a record written with its history inline
+    is read and moves it to keys at its next save, a history with a message gone is read as absent (a cold
+    prefill, never a wrong replay), and pruning removes the messages."""
+    history = msgs(*(f"message {i} " + "x" * 500 for i in range(40)))
+    rec = index.new_session("seed", False)
+    index.save_session(rec, index.lookup("seed", history)[2], history)
+    served_keys = lambda: {k for k in _stored_values(index) if k.startswith("served:")}  # noqa: E731
+    assert len(served_keys()) == 40
+    assert b"message 3 " not in _stored_values(index)[f"session:{rec.id}"]
+    before = {k: v for k, v in _stored_values(index).items() if k.startswith("served:")}
+    longer = history + [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    found, matched, hashes = index.lookup("seed", longer)
+    assert found is not None and matched == 40 and found.served == history
+    index.save_session(found, hashes, longer)
+    after = {k: v for k, v in _stored_values(index).items() if k.startswith("served:")}
+    assert len(after) == 42 and all(after[k] == v for k, v in before.items())
+    fresh = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)
+    try:
+        back = fresh.get(rec.id)
+        assert back is not None and back.served == longer and back.turns == 2
+        # a message gone: the history cannot be replayed, the session reads as absent
+        if isinstance(fresh, SessionStore):
+            fresh.cache.delete(("served", rec.id, "7"))
+        else:
+            fresh.r.delete(f"{fresh.p}served:{rec.id}:7")
+        reader = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)  # nothing cached
+        try:
+            assert reader.get(rec.id) is None and reader.lookup("seed", longer)[0] is None
+        finally:
+            reader.close()
+    finally:
+        fresh.close()
+    # a record written before the keys held its history inline: read as it was, moved to keys at its save
+    legacy = index.new_session("other seed", False)
+    legacy.served = msgs("old one", "old two")
+    inline = encode("session", legacy)
+    assert b"old one" in inline
+    if isinstance(index, SessionStore):
+        index.cache.set(("session", legacy.id), inline)
+    else:
+        index.r.set(f"{index.p}session:{legacy.id}", inline)
+    old = index.get(legacy.id)
+    assert old is not None and old.served == msgs("old one", "old two")
+    index.save_session(old, ["h1", "h2", "h3"], msgs("old one", "old two", "new"))
+    assert b"old one" not in _stored_values(index)[f"session:{legacy.id}"]
+    assert index.get(legacy.id).served == msgs("old one", "old two", "new")
+    index.prune(older_than=None, max_sessions=0)
+    assert not served_keys()
+
+
 def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(index):
     ids = []
     for i in range(4):
