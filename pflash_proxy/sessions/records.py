@@ -23,6 +23,10 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
    record's fields by type, a snapshot record as its dataclass. Values written by older versions (pickles) are
    never unpickled: they read as absent, and the sessions they held are prefilled again (a snapshot record that
    an older version wrote as plain JSON, without the envelope, is still read).
+4. Versions: values are written as schema ``SCHEMA`` (2: a session record's messages and recall sources may be
+   stored under keys of their own) and read in any of ``READABLE`` (1: everything inline, which schema 2 still
+   reads). A version that reads schema 1 only reads a schema-2 value as absent (a cold prefill) rather than as a
+   record whose served history looks empty, which it would replay without the messages it holds.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pflash_proxy.sessions")
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE = (1, 2)  # schema 1: a session's served history and recall sources inline (read as they are)
 KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
@@ -335,8 +340,8 @@ def decode(kind: str, data: object, where: str = "") -> Any:
         doc = json.loads(data)
         if kind == "snapshot" and isinstance(doc, dict) and "schema" not in doc:
             doc = {"schema": SCHEMA, "kind": kind, "value": doc}  # the plain JSON of versions before the envelope
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("kind") != kind:
-            raise RecordError(f"not a schema-{SCHEMA} {kind} record")
+        if not isinstance(doc, dict) or doc.get("schema") not in READABLE or doc.get("kind") != kind:
+            raise RecordError(f"not a {kind} record of schema {' or '.join(map(str, READABLE))}")
         value = doc.get("value")
         if kind == "session":
             return _session(value)

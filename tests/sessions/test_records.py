@@ -109,6 +109,19 @@ def test_what_is_not_a_record_reads_as_absent(value, caplog):
     assert "treated as absent" in caplog.text
 
 
+def test_records_are_written_as_schema_2_and_schema_1_still_reads():
+    """A session record may keep its messages under keys of their own (schema 2): a version that reads schema 1
+    only must read it as absent, not as a record with an empty history (it would forward the request without the
+    messages that history covers); the records such a version wrote (everything inline) still read."""
+    rec = SessionRecord(id="a" * 32, seed="s", client_hashes=["h1"], served=[{"role": "user", "content": "hi"}])
+    rec.served_stored = 1  # an index stored the message under its own key
+    doc = json.loads(encode("session", rec))
+    assert doc["schema"] == 2 and doc["value"]["served"] == [] and doc["value"]["served_keyed"] == 1
+    v1 = {"id": "b" * 32, "seed": "s", "client_hashes": ["h1"], "served": [{"role": "user", "content": "old"}]}
+    old = decode("session", json.dumps({"schema": 1, "kind": "session", "value": v1}))
+    assert old is not None and old.served == v1["served"] and old.served_keyed == 0
+
+
 def test_an_unknown_class_in_a_recall_source_drops_that_source_only():
     value = {"id": "x", "seed": "s", "recall_sources": [{"$dc": "os.system", "f": {"command": "touch /tmp/x"}}]}
     rec = decode("session", json.dumps({"schema": SCHEMA, "kind": "session", "value": value}))
