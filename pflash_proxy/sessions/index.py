@@ -111,6 +111,12 @@ class SessionRecord:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_STORED}
 
+    def continued_by(self, hashes: Sequence[str], n: int) -> bool:
+        """The request of message hashes ``hashes`` begins with this record's first ``n`` messages, and the record
+        holds their served versions (a record whose served history is shorter than its hashes, damaged or written
+        by a version that kept it elsewhere, would replay the request without them)."""
+        return len(self.served) >= n and self.client_hashes[:n] == list(hashes[:n])
+
     def new_served(self) -> list[tuple[int, dict[str, object]]]:
         """For an index's save: the served messages not stored yet, with their positions; the record now counts
         them as stored (``served_keyed``). The messages before them are the ones stored: a session's served

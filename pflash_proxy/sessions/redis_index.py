@@ -152,7 +152,7 @@ class RedisIndex:
             if sid is None:
                 continue
             rec = self.get(sid)
-            if rec is not None and rec.client_hashes[: i + 1] == hashes[: i + 1]:
+            if rec is not None and rec.continued_by(hashes, i + 1):
                 load_recall(rec, self._recall, self._read_recall)
                 return rec, i + 1, hashes
         return None, 0, hashes

@@ -258,6 +258,24 @@ def test_served_messages_are_written_once_under_their_session_and_position(index
     assert not served_keys()
 
 
+def test_a_record_without_the_served_versions_of_its_messages_is_not_continued(index):
+    """A record whose served history is shorter than its hashes (damaged, or written by a version that kept its
+    messages elsewhere) is not a match at that length: replaying it would drop the request's first messages."""
+    history = msgs("one", "two", "three")
+    rec = index.new_session("seed", False)
+    index.save_session(rec, index.lookup("seed", history)[2], history)
+    short = index.get(rec.id)
+    short.served = short.served[:1]
+    short.served_stored = short.served_keyed = 1
+    if isinstance(index, SessionStore):
+        index.cache.set(("session", rec.id), encode("session", short))
+    else:
+        index.r.set(f"{index.p}session:{rec.id}", encode("session", short))
+    found, matched, _ = index.lookup("seed", history + msgs("four"))
+    assert found is None or matched <= len(found.served)
+    assert matched == 1 and found.id == rec.id  # the one message it holds the served version of
+
+
 def test_prune_forgets_old_and_surplus_sessions_with_their_chain_and_responses(index):
     ids = []
     for i in range(4):
