@@ -153,6 +153,14 @@ def _stored_values(index) -> dict[str, bytes]:
             if index.r.type(k) == b"string"}
 
 
+def _store_record(index, sid: str, data: bytes) -> None:
+    """Put a record's bytes in the index as they are (one an older version, or damage, wrote)."""
+    if isinstance(index, SessionStore):
+        index.cache.set(("session", sid), data)
+    else:
+        index.r.set(f"{index.p}session:{sid}", data)
+
+
 def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
     """A session that compressed two documents: each recall source is written once, at the turn that made it,
     and no later turn's record carries it; the lookup gives them back in order (also to a fresh index, as
@@ -193,10 +201,7 @@ def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
     legacy.recall_stored = 0
     inline = encode("session", legacy)  # nothing stored under keys yet: the sources go inline
     assert b"omitted_texts" in inline
-    if isinstance(index, SessionStore):
-        index.cache.set(("session", legacy.id), inline)
-    else:
-        index.r.set(f"{index.p}session:{legacy.id}", inline)
+    _store_record(index, legacy.id, inline)
     old = index.get(legacy.id)
     assert old is not None and [s.omitted_texts for s in old.recall_sources] == [first.omitted_texts]
     index.save_session(old, ["h"], msgs("legacy"))
@@ -245,10 +250,7 @@ def test_served_messages_are_written_once_under_their_session_and_position(index
     legacy.served = msgs("old one", "old two")
     inline = encode("session", legacy)
     assert b"old one" in inline
-    if isinstance(index, SessionStore):
-        index.cache.set(("session", legacy.id), inline)
-    else:
-        index.r.set(f"{index.p}session:{legacy.id}", inline)
+    _store_record(index, legacy.id, inline)
     old = index.get(legacy.id)
     assert old is not None and old.served == msgs("old one", "old two")
     index.save_session(old, ["h1", "h2", "h3"], msgs("old one", "old two", "new"))
@@ -267,10 +269,7 @@ def test_a_record_without_the_served_versions_of_its_messages_is_not_continued(i
     short = index.get(rec.id)
     short.served = short.served[:1]
     short.served_stored = short.served_keyed = 1
-    if isinstance(index, SessionStore):
-        index.cache.set(("session", rec.id), encode("session", short))
-    else:
-        index.r.set(f"{index.p}session:{rec.id}", encode("session", short))
+    _store_record(index, rec.id, encode("session", short))
     found, matched, _ = index.lookup("seed", history + msgs("four"))
     assert found is None or matched <= len(found.served)
     assert matched == 1 and found.id == rec.id  # the one message it holds the served version of
