@@ -153,7 +153,9 @@ _NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index lea
 class ValueCache(Generic[V]):
     """Values an index read or wrote under keys whose value never changes (a recall source, a served message at
     its position), so nothing here goes stale: by key, within ``max_bytes`` of their stored size, the least
-    recently used out first. Thread-safe. An index puts a value it wrote only once its transaction committed."""
+    recently used out first. Thread-safe. A served message's position is written again when the save that wrote
+    it failed, so an index puts the messages it wrote only once their transaction committed (a recall source's
+    key is new at every write, and never written twice)."""
 
     def __init__(self, max_bytes: int = 64 << 20):
         self.max_bytes = max_bytes
