@@ -191,10 +191,8 @@ def append(kept: TraceLog, turn: TurnTraces) -> TraceLog:
     traces = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") != "turn"]
     for trace in turn.items:
         (turns if trace.get("kind") == "turn" else traces).append(trace)
-    if turns and _turn(turns[-1]) < max(map(_turn, turns)):  # a turn written after a later one (another node's)
-        turns.sort(key=_turn)  # stable: a turn's own traces keep their order
-    if traces and _turn(traces[-1]) < max(map(_turn, traces)):
-        traces.sort(key=_turn)
+    turns.sort(key=_turn)  # stable (a turn's own traces keep their order), linear when already in order
+    traces.sort(key=_turn)
     del traces[:-MAX_TRACES]
     del turns[:-MAX_TURNS]
     used = 0

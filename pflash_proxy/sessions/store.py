@@ -301,8 +301,7 @@ class SessionStore:
         return [self.read(("recall", key)) for key in keys]
 
     def _put_served(self, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
-        """Write the record's new served messages under their positions (in the caller's transaction); what the
-        cache takes once that transaction committed."""
+        """Write the record's new served messages under their positions (in ``_put``'s transaction)."""
         done = []
         for i, message in rec.new_served():
             data = encode("message", message)
@@ -365,13 +364,10 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                cached = self._put_served(rec)
-                self._put_recall(rec)
-                self._put(rec)
+                cached = self._put(rec)
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
-            for key, message, size in cached:
-                self._served.put(key, message, size)
+            self._cache_served(cached)
         finally:
             self._writing(-1)
 
@@ -382,11 +378,8 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                cached = self._put_served(rec)
-                self._put_recall(rec)
-                self._put(rec)
-            for key, message, size in cached:
-                self._served.put(key, message, size)
+                cached = self._put(rec)
+            self._cache_served(cached)
         finally:
             self._writing(-1)
 
@@ -405,10 +398,19 @@ class SessionStore:
             self.cache.set(("used", sid), time.time())
         return new
 
-    def _put(self, rec: SessionRecord) -> None:
+    def _put(self, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
+        """Write the record (in the caller's transaction), its new served messages and recall sources first; what
+        the served-message cache takes once that transaction committed (``_cache_served``)."""
+        cached = self._put_served(rec)
+        self._put_recall(rec)
         self.cache.set(("session", rec.id), encode("session", rec))
         # last use on its own key: pruning ranks every session without unpickling their served histories
         self.cache.set(("used", rec.id), rec.last_use)
+        return cached
+
+    def _cache_served(self, cached: list[tuple[str, dict[str, object], int]]) -> None:
+        for key, message, size in cached:
+            self._served.put(key, message, size)
 
     def _last_uses(self, keys: list[tuple[str, ...]] | None = None) -> dict[str, float]:
         keys = list(self.cache.iterkeys()) if keys is None else keys
