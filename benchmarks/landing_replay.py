@@ -76,7 +76,7 @@ def main() -> None:
     marker = re.compile(MARKER_RE)
     found = [m for line in first.text.split("\n") if (m := marker.match(line))]
     markers = [m.group(0) for m in found]
-    spans = [(int(m.group(2)) - 1, int(m.group(3) or m.group(2))) for m in found]
+    spans = [(int(m.group(1)) - 1, int(m.group(2) or m.group(1))) for m in found]
     estimated = int(marker_tokens_arrays(np.array([s for s, _ in spans]), np.array([e for _, e in spans])).sum()) \
         if spans else 0
     real = sum(count(m + "\n") for m in markers)

@@ -69,7 +69,7 @@ def main() -> None:
         out = comp.compress(tt, RequestSpec(question, 0, "tool-call"), tt.total_tokens + 1500, True, "tool", "4")
         if out.mode != "compressed":
             continue
-        names = [m.group(4) for line in out.text.split("\n") if (m := re.match(MARKER_RE, line)) and m.group(4)]
+        names = [m.group(3) for line in out.text.split("\n") if (m := re.match(MARKER_RE, line)) and m.group(3)]
         cost = sum(approx_tokens(f" — {n}") for n in names)
         rows.setdefault(label, []).append((cost / max(out.kept_tokens, 1), cost, out.kept_tokens))
     md = ["| cases | n | names' tokens / kept tokens: median | mean | max | all cases together |",

@@ -6,12 +6,12 @@ Algorithm (``Rewriter.rewrite``):
    (0-based ``[start_line, end_line)`` plus the unit indices it covers).
 3. Output, in order: the note line, then the kept lines byte for byte, with each
    omitted run replaced by ONE marker line
-   ``[… 37 lines omitted: lines 120–156 …]`` (1-based, inclusive line numbers of the
-   original message; ``1 line omitted: line 7`` for a single line).  A marker that
+   ``[… lines 120–156 omitted …]`` (1-based, inclusive line numbers of the
+   original message; ``[… line 7 omitted …]`` for a single line).  A marker that
    ends the message carries a newline only if the original ended with one.  In code
    (an ``outline`` from ``named.outline``) a marker also names the definitions whose
    first line it hides (``names_in``), so an agent re-reads that range instead of the
-   file: ``[… 183 lines omitted: lines 1176–1358 — class Store: __setitem__, pop …]``;
+   file: ``[… lines 1176–1358 omitted — class Store: __setitem__, pop …]``;
    methods whose class line is shown are under the class's bare name (``Store: pop``),
    at most ``MAX_NOTE_NAMES`` names per marker (file-level ones first when there are more),
    then ``… +N more``; all the names of a
@@ -38,7 +38,7 @@ __all__ = ["MARKER_RE", "MAX_NOTE_NAMES", "OmittedRange", "Rewriter", "Rewritten
 
 Source = Literal["tool", "paste", "prompt"]
 Outline = Sequence[tuple[int, str, str | None]]  # (line, name, owner) per definition: ``named.outline``
-MARKER_RE = r"^\[… (\d{1,3}(?:,\d{3})*) lines? omitted: lines? (\d+)(?:–(\d+))?(?: — (.+?))? …\]$"
+MARKER_RE = r"^\[… lines? (\d+)(?:–(\d+))? omitted(?: — (.+?))? …\]$"  # groups: first, last, names
 MAX_NOTE_NAMES = 8
 
 
@@ -78,8 +78,8 @@ class Rewritten:
 def marker_line(r: OmittedRange, names: str = "") -> str:
     tail = f" — {names}" if names else ""
     if r.n_lines == 1:
-        return f"[… 1 line omitted: line {r.first}{tail} …]"
-    return f"[… {r.n_lines:,} lines omitted: lines {r.first}–{r.last}{tail} …]"
+        return f"[… line {r.first} omitted{tail} …]"
+    return f"[… lines {r.first}–{r.last} omitted{tail} …]"
 
 
 def names_in(outline: Outline, starts: Sequence[int], start: int, end: int, limit: int = MAX_NOTE_NAMES) -> str:
@@ -124,7 +124,7 @@ _HOW = {
 def note_line(source: Source, shown: int, total: int, label: str = "") -> str:
     noun = _NOUN[source] + (f" (message {label})" if label else "")
     return (f"[pflash: showing {shown:,} of {total:,} lines of {noun}; parts marked "
-            f"\"[… N lines omitted: lines A–B …]\" were left out.{_HOW[source]}]")
+            f"\"[… lines A–B omitted …]\" were left out.{_HOW[source]}]")
 
 
 def omitted_ranges(units: Sequence[Unit], kept_indices: Sequence[int]) -> list[OmittedRange]:
@@ -150,17 +150,24 @@ def marker_tokens(runs: Sequence[OmittedRange]) -> int:
     return int(marker_tokens_arrays(a, b).sum())
 
 
+# A marker's words as ``approx_tokens`` counts them, plus its newline and the space before its first number; its
+# digits one token each. Gemma's and Qwen's tokenizers give every digit, and a space before one, a token of its own
+# (a bytes/4 estimate counted a digit as a quarter of a token).
+_MANY_WORDS = approx_tokens("[… lines – omitted …]") + 2
+_ONE_WORDS = approx_tokens("[… line  omitted …]") + 2
+
+
 def marker_tokens_arrays(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Estimated tokens of the markers of the omitted ranges ``[start, end)`` (0-based lines), newline included."""
     n = end - start
 
     def digits(x: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.floor(np.log10(np.maximum(x, 1))).astype(np.int64) + 1
         return out
 
-    many = len("[…  lines omitted: lines – …]".encode()) + digits(n) + (digits(n) - 1) // 3 + digits(start + 1) \
-        + digits(end)
-    one = len("[… 1 line omitted: line  …]".encode()) + digits(start + 1)
-    return (np.where(n == 1, one, many) + 3) // 4 + 1
+    many = _MANY_WORDS + digits(start + 1) + digits(end)
+    one = _ONE_WORDS + digits(start + 1)
+    return np.where(n == 1, one, many)
 
 
 @dataclass(frozen=True)
@@ -184,8 +191,7 @@ class Rewriter:
             parts += lines[pos:a]
             k = b - a
             tail = f" — {found}" if found else ""
-            m = (f"[… 1 line omitted: line {b}{tail} …]" if k == 1
-                 else f"[… {k:,} lines omitted: lines {a + 1}–{b}{tail} …]")
+            m = f"[… line {b} omitted{tail} …]" if k == 1 else f"[… lines {a + 1}–{b} omitted{tail} …]"
             parts.append(m + "\n" if b < total or ends_nl else m)
             pos = b
         parts += lines[pos:]

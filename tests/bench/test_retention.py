@@ -6,7 +6,7 @@ from pflash_proxy.bench.cases import (check_retention, default_count_tokens, gol
                                       marker_line, random_units, shorten_longest)
 from pflash_proxy.bench.cases.retention import split_units
 
-MARKER_RX = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+) …\]$")
+MARKER_RX = re.compile(r"^\[… lines? (\d+)(?:–(\d+))? omitted …\]$")
 
 
 def expand(shortened: str, original: str) -> str:
@@ -16,8 +16,8 @@ def expand(shortened: str, original: str) -> str:
     for line in shortened.split("\n"):
         m = MARKER_RX.match(line)
         if m:
-            n, a, b = map(int, m.groups())
-            assert n == b - a + 1 and 1 <= a <= b <= len(src)
+            a, b = int(m.group(1)), int(m.group(2) or m.group(1))
+            assert 1 <= a <= b <= len(src) and (m.group(2) is None) == (a == b)
             out.extend(src[a - 1:b])
         else:
             out.append(line)
@@ -112,7 +112,7 @@ def test_followup_turn_checks_its_own_gold(by_family):
     msgs = case.turn_messages(2)
     assert check_retention(case, msgs, turn=2).all_gold
     doc = msgs[0]["content"]
-    msgs[0] = dict(msgs[0], content=doc.replace(case.followups[1].gold[0], "[… 1 lines omitted: lines 9–9 …]"))
+    msgs[0] = dict(msgs[0], content=doc.replace(case.followups[1].gold[0], "[… line 9 omitted …]"))
     r2 = check_retention(case, msgs, turn=2)
     assert not r2.all_gold and r2.turn == 2
     assert check_retention(case, msgs, turn=1).all_gold  # follow-up 1's gold is still there

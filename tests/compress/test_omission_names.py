@@ -65,13 +65,13 @@ def test_markers_in_a_compressed_file_name_what_they_hide(python_source):
     out = Rewriter().rewrite(tt, units, kept, "tool", "1", outline(tt.lines, definitions(tt)))
     marks = _markers(out.text)
     methods = sorted((f.lineno, f.name) for f in chain.body if isinstance(f, ast.FunctionDef))
-    after = next(m for m in marks if int(m.group(2)) > chain.lineno)
-    assert f"ChainMap: {methods[0][1]}" in after.group(4) or any(
-        f"ChainMap: {n}" in after.group(4) for ln, n in methods if ln >= int(after.group(2)))
+    after = next(m for m in marks if int(m.group(1)) > chain.lineno)
+    assert f"ChainMap: {methods[0][1]}" in after.group(3) or any(
+        f"ChainMap: {n}" in after.group(3) for ln, n in methods if ln >= int(after.group(1)))
     ordered = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OrderedDict")
-    hiding = next(m for m in marks if int(m.group(2)) <= ordered.lineno <= int(m.group(3) or m.group(2)))
-    assert "class OrderedDict" in hiding.group(4) and hiding.group(4).endswith("more")  # bounded
-    assert "__reversed__" not in hiding.group(4)  # too many to name: the file-level definitions come first
+    hiding = next(m for m in marks if int(m.group(1)) <= ordered.lineno <= int(m.group(2) or m.group(1)))
+    assert "class OrderedDict" in hiding.group(3) and hiding.group(3).endswith("more")  # bounded
+    assert "__reversed__" not in hiding.group(3)  # too many to name: the file-level definitions come first
 
 
 def test_the_names_stay_within_their_share_of_the_budget(python_source):
@@ -80,10 +80,10 @@ def test_the_names_stay_within_their_share_of_the_budget(python_source):
     out = comp.compress(tt, RequestSpec("what does this module export?", 0, "tool-call"), tt.total_tokens, True,
                         "tool", "1")
     assert out.mode == "compressed"
-    names = [m.group(4) for m in _markers(out.text) if m.group(4)]
+    names = [m.group(3) for m in _markers(out.text) if m.group(3)]
     assert names and sum(approx_tokens(f" — {n}") for n in names) <= NAMES_SHARE * out.budget_tokens
-    longest = max(_markers(out.text), key=lambda m: int(m.group(1).replace(",", "")))
-    assert longest.group(4)  # the longest omission is named first
+    longest = max(_markers(out.text), key=lambda m: int(m.group(2) or m.group(1)) - int(m.group(1)))
+    assert longest.group(3)  # the longest omission is named first
 
 
 def test_markers_name_definitions_behind_a_line_number_gutter(python_source):
@@ -96,16 +96,16 @@ def test_markers_name_definitions_behind_a_line_number_gutter(python_source):
                         "tool", "1")
     assert out.mode == "compressed"
     marks = _markers(out.text)
-    assert any(m.group(4) for m in marks)
+    assert any(m.group(3) for m in marks)
     defined = {}  # name -> the 1-based lines that define it
     for node in ast.walk(ast.parse(python_source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.setdefault(node.name, []).append(node.lineno)
     for m in marks:  # every name a marker gives is defined inside the lines it hides
-        if not m.group(4):
+        if not m.group(3):
             continue
-        a, b = int(m.group(2)), int(m.group(3) or m.group(2))
-        for part in m.group(4).split("; "):
+        a, b = int(m.group(1)), int(m.group(2) or m.group(1))
+        for part in m.group(3).split("; "):
             head, _, names = part.rpartition(": ")
             for name in [n for n in names.split(", ") if not n.startswith("…")]:
                 assert any(a <= ln <= b for ln in defined[name.split(" ")[-1]]), (name, a, b)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.llama
 
 CURVE = "1000:0.45 4000:0.35"
 SAMPLING = {"temperature": 0, "seed": 3, "top_k": 1, "max_tokens": 4}
-MARKER = re.compile(r"^\[… (\d+) lines omitted: lines (\d+)–(\d+)(?: — .+?)? …\]$")  # names: in code
+MARKER = re.compile(r"^\[… lines? (\d+)(?:–(\d+))? omitted(?: — .+?)? …\]$")  # names: in code
 
 TOPICS = ["glacier", "violin", "harbour", "orchard", "telescope", "bakery", "railway", "lighthouse", "vineyard",
           "monastery", "observatory", "foundry", "tannery", "apiary", "quarry", "shipyard", "weaving", "pottery",
@@ -73,8 +73,8 @@ def check_markers(served: str, original: str) -> list[tuple[int, int]]:
     for line in lines[1:]:
         m = MARKER.match(line)
         if m:
-            n, a, b = map(int, m.groups())
-            assert b - a + 1 == n and a == pos + 1
+            a, b = int(m.group(1)), int(m.group(2) or m.group(1))
+            assert a <= b and a == pos + 1
             ranges.append((a, b))
             pos = b
         else:

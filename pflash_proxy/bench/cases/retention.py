@@ -6,7 +6,7 @@ Retention algorithm:
 2. Line endings are normalised (`\\r\\n` and `\\r` become `\\n`) on both the gold and the received texts; nothing
    else is touched: no whitespace folding, no marker stripping.
 3. A gold item is whole when it occurs as one exact substring of one received text. A gold split by a
-   `[… N lines omitted: lines A–B …]` marker, cut in half, or spread across two messages is not whole.
+   `[… lines A–B omitted …]` marker, cut in half, or spread across two messages is not whole.
 4. Kept fraction = tokens of the received prompt / tokens of the case's prompt for that turn, with the same
    estimator (default UTF-8 bytes / 4).
 
@@ -32,8 +32,9 @@ Received = Sequence[ChatMessage] | str
 
 
 def marker_line(n: int, first: int, last: int) -> str:
-    """The line that stands for omitted lines `first`..`last` (1-based, inclusive) of a message."""
-    return f"[… {n} lines omitted: lines {first}–{last} …]"
+    """The line that stands for the `n` omitted lines `first`..`last` (1-based, inclusive) of a message, as the
+    proxy writes it (``compress.rewrite.marker_line``)."""
+    return f"[… line {first} omitted …]" if n == 1 else f"[… lines {first}–{last} omitted …]"
 
 
 def normalize_newlines(text: str) -> str:
