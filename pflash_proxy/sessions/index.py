@@ -18,10 +18,10 @@ after the answer. Records written before the trace log kept them in the record (
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
 hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
-``records.load_recall`` at a lookup, through a ``ValueCache`` of the sources the index read or wrote), not in
+``records.RecordParts.load_recall`` at a lookup, through a ``ValueCache`` of the sources read or written), not in
 the record every later turn reads and writes; records that held them inline are read as they were and store them
 under keys at their next save. The served history is kept the same way: each message once, under its session and
-position (``served_keyed``, ``new_served``, ``records.load_served``), so a turn of a long conversation writes its
+position (``served_keyed``, ``new_served``, ``RecordParts.load_served``), so a turn of a long conversation writes its
 new messages, not the whole history again.
 """
 

@@ -272,55 +272,105 @@ def _session(value: object) -> SessionRecord:
     return SessionRecord.from_stored(data)
 
 
-def load_recall(rec: SessionRecord, cache: ValueCache[RecallSource], read: Callable[[list[str]], Sequence[object]]) -> None:
-    """Put ``rec``'s sources stored under their own keys (``recall_keys``, read from ``cache``, else with ``read``:
-    the stored values of the keys it is given, None for one that is gone) in front of its inline ones, and mark
-    them stored. A key whose value is gone or unreadable costs that source (logged), as an unreadable inline one
-    does."""
-    if not rec.recall_keys:
-        return
-    found = {k: s for k in rec.recall_keys if (s := cache.get(k)) is not None}
-    missing = [k for k in rec.recall_keys if k not in found]
-    if missing:
-        for key, data in zip(missing, read(missing)):
-            if not data:
-                log.warning("session %s: recall source %s is gone; dropped", rec.id[:8], key[:8])
+Key = tuple[str, ...]  # a value's key in an index: the embedded one uses the tuple, Redis its parts joined by ":"
+
+
+@dataclasses.dataclass
+class PartWrites:
+    """What one save writes besides the record (``RecordParts.new``), in the record's own transaction."""
+
+    values: list[tuple[Key, bytes]]  # the new served messages and recall sources, encoded, under their keys
+    served: list[tuple[str, dict[str, object], int]]  # what the served-message cache takes once they committed
+
+
+class RecordParts:
+    """A session record's parts stored under keys of their own, for both indexes (module docstring, 1): its
+    served messages (``("served", id, "<position>")``) and recall sources (``("recall", key)``). Values under these
+    keys never change, so this process keeps the ones it read or wrote in two ``ValueCache``s:
+
+    1. ``new(rec)``: the record's new messages and sources encoded under their keys (a source this format cannot
+       hold is lost alone, logged); the index writes them in the record's transaction and calls ``committed``
+       after it, when the served-message cache takes the messages (a position is written again when its save
+       failed; a recall key is new at every write, so a source is cached at once).
+    2. ``load_served(rec, read)`` / ``load_recall(rec, read)``: put the stored parts in front of the record's
+       inline ones, from the caches, else with ``read`` (the stored values of the keys it is given, None for one
+       that is gone). A message gone makes the record absent (False: it cannot be replayed, a cold prefill); a
+       source gone costs that source (logged).
+    3. ``keys(rec)`` / ``forget(rec)``: the keys a prune deletes, and the cache entries it drops.
+    """
+
+    def __init__(self, served_bytes: int = 128 << 20, recall_bytes: int = 64 << 20):
+        self.served: ValueCache[dict[str, object]] = ValueCache(served_bytes)  # by "<id>:<position>"
+        self.recall: ValueCache[RecallSource] = ValueCache(recall_bytes)  # by recall key
+
+    def new(self, rec: SessionRecord) -> PartWrites:
+        out = PartWrites([], [])
+        for i, message in rec.new_served():
+            data = encode("message", message)
+            out.values.append((("served", rec.id, str(i)), data))
+            out.served.append((f"{rec.id}:{i}", message, len(data)))
+        for key, source in rec.new_recall_sources():
+            try:
+                data = encode("recall", source)
+            except RecordError as exc:
+                log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
                 continue
-            source = decode("recall", data, f"recall source {key[:40]}")
-            if source is not None:
-                found[key] = source
-                cache.put(key, source, len(data) if isinstance(data, (bytes, str)) else 0)
-    stored = [found[k] for k in rec.recall_keys if k in found]
-    rec.recall_sources = [*stored, *rec.recall_sources[rec.recall_stored:]]
-    rec.recall_stored = len(stored)
+            out.values.append((("recall", key), data))
+            self.recall.put(key, source, len(data))
+        return out
 
+    def committed(self, writes: PartWrites) -> None:
+        for key, message, size in writes.served:
+            self.served.put(key, message, size)
 
-def load_served(rec: SessionRecord, cache: ValueCache[dict[str, object]],
-                read: Callable[[list[int]], Sequence[object]]) -> bool:
-    """Put ``rec``'s served messages stored under keys of their own (the first ``served_keyed``, read from
-    ``cache`` by ``"<id>:<position>"``, else with ``read``: the stored values of the positions it is given, None
-    for one that is gone) in front of its inline ones. False when one of them is gone or unreadable: the served
-    history cannot be replayed, and the record is read as absent (a cold prefill, as for a damaged record)."""
-    if not rec.served_keyed:
+    def load_served(self, rec: SessionRecord, read: Callable[[list[Key]], Sequence[object]]) -> bool:
+        if not rec.served_keyed:
+            return True
+        found: dict[int, dict[str, object]] = {}
+        for i in range(rec.served_keyed):
+            hit = self.served.get(f"{rec.id}:{i}")
+            if hit is not None:
+                found[i] = hit
+        missing = [i for i in range(rec.served_keyed) if i not in found]
+        if missing:
+            for i, data in zip(missing, read([("served", rec.id, str(i)) for i in missing])):
+                message = decode("message", data, f"served message {i} of session {rec.id[:40]}") if data else None
+                if not isinstance(message, dict):
+                    log.warning("session %s: served message %d is %s; the session is read as absent", rec.id[:8], i,
+                                "gone" if not data else "unreadable")
+                    return False
+                found[i] = message
+                self.served.put(f"{rec.id}:{i}", message, len(data) if isinstance(data, (bytes, str)) else 0)
+        rec.served = [*(found[i] for i in range(rec.served_keyed)), *rec.served]
+        rec.served_stored = rec.served_keyed
         return True
-    found: dict[int, dict[str, object]] = {}
-    for i in range(rec.served_keyed):
-        hit = cache.get(f"{rec.id}:{i}")
-        if hit is not None:
-            found[i] = hit
-    missing = [i for i in range(rec.served_keyed) if i not in found]
-    if missing:
-        for i, data in zip(missing, read(missing)):
-            message = decode("message", data, f"served message {i} of session {rec.id[:40]}") if data else None
-            if not isinstance(message, dict):
-                log.warning("session %s: served message %d is %s; the session is read as absent", rec.id[:8], i,
-                            "gone" if not data else "unreadable")
-                return False
-            found[i] = message
-            cache.put(f"{rec.id}:{i}", message, len(data) if isinstance(data, (bytes, str)) else 0)
-    rec.served = [*(found[i] for i in range(rec.served_keyed)), *rec.served]
-    rec.served_stored = rec.served_keyed
-    return True
+
+    def load_recall(self, rec: SessionRecord, read: Callable[[list[Key]], Sequence[object]]) -> None:
+        if not rec.recall_keys:
+            return
+        found = {k: s for k in rec.recall_keys if (s := self.recall.get(k)) is not None}
+        missing = [k for k in rec.recall_keys if k not in found]
+        if missing:
+            for key, data in zip(missing, read([("recall", k) for k in missing])):
+                if not data:
+                    log.warning("session %s: recall source %s is gone; dropped", rec.id[:8], key[:8])
+                    continue
+                source = decode("recall", data, f"recall source {key[:40]}")
+                if source is not None:
+                    found[key] = source
+                    self.recall.put(key, source, len(data) if isinstance(data, (bytes, str)) else 0)
+        stored = [found[k] for k in rec.recall_keys if k in found]
+        rec.recall_sources = [*stored, *rec.recall_sources[rec.recall_stored:]]
+        rec.recall_stored = len(stored)
+
+    @staticmethod
+    def keys(rec: SessionRecord) -> list[Key]:
+        return [*(("served", rec.id, str(i)) for i in range(rec.served_keyed)),
+                *(("recall", key) for key in rec.recall_keys)]
+
+    def forget(self, rec: SessionRecord) -> None:
+        self.recall.discard(rec.recall_keys)
+        self.served.discard([f"{rec.id}:{i}" for i in range(rec.served_keyed)])
 
 
 def trace_log(data: object, where: str) -> TraceLog | None:

@@ -31,21 +31,17 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable, ParamSpec, TypeVar
+from typing import Any, Callable, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, ValueCache,
-                                         chain_to_write, prune_victims)
-from pflash_proxy.sessions.records import (RecordError, decode, encode, load_recall, load_served,
-                                           trace_log as stored_trace_log)
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, decode, encode
+from pflash_proxy.sessions.records import trace_log as stored_trace_log
 
 T = TypeVar("T")
 P = ParamSpec("P")
 PREFIX = "pflash:"
-if TYPE_CHECKING:
-    from pflash_proxy.compress.recall import RecallSource
-
 log = logging.getLogger("pflash_proxy.sessions")
 
 # KEYS[1]=lease key, ARGV[1]=token, ARGV[2]=ttl ms: extend only our own lease
@@ -106,8 +102,7 @@ class RedisIndex:
         self._release = self.r.register_script(_RELEASE)
         self._claim = self.r.register_script(_CLAIM)
         self._del_if = self.r.register_script(_DEL_IF)
-        self._recall: ValueCache[RecallSource] = ValueCache()  # the recall sources read or written, by key
-        self._served: ValueCache[dict[str, object]] = ValueCache(128 << 20)  # served messages, by "<id>:<i>"
+        self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.salt = self._salt()
 
     def _get(self, key: str) -> object:
@@ -153,12 +148,16 @@ class RedisIndex:
                 continue
             rec = self.get(sid)
             if rec is not None and rec.continued_by(hashes, i + 1):
-                load_recall(rec, self._recall, self._read_recall)
+                self.parts.load_recall(rec, self._read_many)
                 return rec, i + 1, hashes
         return None, 0, hashes
 
-    def _read_recall(self, keys: list[str]) -> list[object]:
-        values: list[object] = self.r.mget([f"{self.p}recall:{key}" for key in keys])
+    def _key(self, key: tuple[str, ...]) -> str:
+        """An index key (``records.Key``) as this index's Redis key."""
+        return self.p + ":".join(key)
+
+    def _read_many(self, keys: list[tuple[str, ...]]) -> list[object]:
+        values: list[object] = self.r.mget([self._key(k) for k in keys])
         return values
 
     def write_mark(self) -> int | None:
@@ -172,14 +171,7 @@ class RedisIndex:
     def get(self, sid: str) -> SessionRecord | None:
         data = self._get(f"{self.p}session:{sid}")
         rec = decode("session", data, f"session:{sid[:40]}") if data else None
-        return self._loaded(rec) if rec is not None and rec.id == sid else None
-
-    def _loaded(self, rec: SessionRecord) -> SessionRecord | None:
-        """``rec`` with its served messages stored under keys read back (None: one is gone)."""
-        def read(at: list[int]) -> list[object]:
-            values: list[object] = self.r.mget([f"{self.p}served:{rec.id}:{i}" for i in at])
-            return values
-        return rec if load_served(rec, self._served, read) else None
+        return rec if rec is not None and rec.id == sid and self.parts.load_served(rec, self._read_many) else None
 
     def new_session(self, seed: str, explicit: bool, parent: SessionRecord | None = None, upto: int = 0,
                     owner: str | None = None) -> SessionRecord:
@@ -193,19 +185,19 @@ class RedisIndex:
         rec.last_use = time.time()
         rec.turns += 1
         pipe = self.r.pipeline(transaction=True)
-        cached = self._put(pipe, rec)
+        writes = self._put(pipe, rec)
         entries = {f"{self.p}chain:{h}": rec.id for h in written}
         if entries:
             pipe.mset(entries)
         pipe.execute()
-        self._cache_served(cached)
+        self.parts.committed(writes)
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
         pipe = self.r.pipeline(transaction=True)
-        cached = self._put(pipe, rec)
+        writes = self._put(pipe, rec)
         pipe.execute()
-        self._cache_served(cached)
+        self.parts.committed(writes)
 
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
@@ -229,29 +221,15 @@ class RedisIndex:
         result: TraceLog | None = self.r.transaction(attempt, key, value_from_callable=True)
         return result
 
-    def _put(self, pipe: Any, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
-        """Queue the record's writes on ``pipe`` (its new served messages and recall sources first); what the
-        served-message cache takes once the pipe executed."""
-        cached = []
-        for i, message in rec.new_served():
-            data = encode("message", message)
-            pipe.set(f"{self.p}served:{rec.id}:{i}", data)
-            cached.append((f"{rec.id}:{i}", message, len(data)))
-        for key, source in rec.new_recall_sources():  # written once, under a key of its own (records.py)
-            try:
-                data = encode("recall", source)
-            except RecordError as exc:  # this source alone is lost
-                log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
-                continue
-            pipe.set(f"{self.p}recall:{key}", data)
-            self._recall.put(key, source, len(data))
+    def _put(self, pipe: Any, rec: SessionRecord) -> PartWrites:
+        """Queue the record's writes on ``pipe`` (its new served messages and recall sources first); the caller
+        hands what it returns to ``parts.committed`` once the pipe executed."""
+        writes = self.parts.new(rec)
+        for key, data in writes.values:
+            pipe.set(self._key(key), data)
         pipe.set(f"{self.p}session:{rec.id}", encode("session", rec))
         pipe.zadd(f"{self.p}used", {rec.id: rec.last_use})
-        return cached
-
-    def _cache_served(self, cached: list[tuple[str, dict[str, object], int]]) -> None:
-        for key, message, size in cached:
-            self._served.put(key, message, size)
+        return writes
 
     @_guarded
     def prune(self, *, older_than: float | None, max_sessions: int,
@@ -263,18 +241,17 @@ class RedisIndex:
         for sid in victims:
             data = self._get(f"{self.p}session:{sid}")
             rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
-            keys = rec.recall_keys if rec is not None else []
-            served = [f"{self.p}served:{sid}:{i}" for i in range(rec.served_keyed if rec is not None else 0)]
+            parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
             pipe = self.r.pipeline(transaction=True)
             pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",
-                        f"{self.p}traces:{sid}", *(f"{self.p}recall:{key}" for key in keys), *served)
+                        f"{self.p}traces:{sid}", *parts)
             pipe.zrem(f"{self.p}used", sid)
             for rid in rids:
                 pipe.delete(f"{self.p}response:{rid}")
             pipe.execute()
-            self._recall.discard(keys)
-            self._served.discard([f"{sid}:{i}" for i in range(len(served))])
+            if rec is not None:
+                self.parts.forget(rec)
             for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                 self._del_if(keys=[f"{self.p}chain:{h}"], args=[sid])
         return victims
@@ -292,7 +269,7 @@ class RedisIndex:
         ids = [_text(s) for s in self.r.zrange(f"{self.p}used", 0, -1)]
         values = self.r.mget([f"{self.p}session:{sid}" for sid in ids]) if ids else []
         recs = (decode("session", v, f"session:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
-        return [loaded for rec in recs if rec is not None and (loaded := self._loaded(rec)) is not None]
+        return [rec for rec in recs if rec is not None and self.parts.load_served(rec, self._read_many)]
 
     @_guarded
     def volume(self) -> int:

@@ -52,20 +52,16 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable, ParamSpec, TypeVar
+from typing import Any, Callable, ParamSpec, TypeVar
 
 import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import (SessionRecord, SnapshotRecord, StoreError, TraceLog, ValueCache,
-                                         chain_to_write, prune_victims)
-from pflash_proxy.sessions.records import (RecordError, decode, encode, load_recall, load_served,
-                                           trace_log as stored_trace_log)
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, decode, encode
+from pflash_proxy.sessions.records import trace_log as stored_trace_log
 
-
-if TYPE_CHECKING:
-    from pflash_proxy.compress.recall import RecallSource
 
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
@@ -252,8 +248,7 @@ class SessionStore:
         # ``prune``): begun and ended, so a caller can tell that none ran since a mark (``write_mark``/
         # ``unchanged_since``)
         self._writes_lock = threading.Lock()
-        self._recall: ValueCache[RecallSource] = ValueCache()  # the recall sources read or written, by key
-        self._served: ValueCache[dict[str, object]] = ValueCache(128 << 20)  # served messages, by "<id>:<i>"
+        self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self._writes_running = 0
         self._writes_done = 0
 
@@ -293,41 +288,19 @@ class SessionStore:
                 continue
             rec = self.get(sid)
             if rec is not None and rec.continued_by(hashes, i + 1):
-                load_recall(rec, self._recall, self._read_recall)
+                self.parts.load_recall(rec, self._read_many)
                 return rec, i + 1, hashes
         return None, 0, hashes
 
-    def _read_recall(self, keys: list[str]) -> list[object]:
-        return [self.read(("recall", key)) for key in keys]
-
-    def _put_served(self, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
-        """Write the record's new served messages under their positions (in ``_put``'s transaction)."""
-        done = []
-        for i, message in rec.new_served():
-            data = encode("message", message)
-            self.cache.set(("served", rec.id, str(i)), data)
-            done.append((f"{rec.id}:{i}", message, len(data)))
-        return done
-
-    def _put_recall(self, rec: SessionRecord) -> None:
-        """Write the record's new recall sources under their own keys (in the caller's transaction); a source this
-        format cannot hold is lost alone (logged), as before."""
-        for key, source in rec.new_recall_sources():
-            try:
-                data = encode("recall", source)
-            except RecordError as exc:
-                log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
-                continue
-            self.cache.set(("recall", key), data)
-            self._recall.put(key, source, len(data))
+    def _read_many(self, keys: list[tuple[str, ...]]) -> list[object]:
+        return [self.read(key) for key in keys]
 
     @_guarded
     def get(self, sid: str) -> SessionRecord | None:
         rec = self._record(sid)
         if rec is None:
             return None
-        return rec if load_served(rec, self._served, lambda at: [self.read(("served", sid, str(i))) for i in at]) \
-            else None
+        return rec if self.parts.load_served(rec, self._read_many) else None
 
     def _record(self, sid: str) -> SessionRecord | None:
         """The record as stored, its served messages under keys not read (``prune`` needs only its keys)."""
@@ -364,10 +337,10 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                cached = self._put(rec)
+                writes = self._put(rec)
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
-            self._cache_served(cached)
+            self.parts.committed(writes)
         finally:
             self._writing(-1)
 
@@ -378,8 +351,8 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                cached = self._put(rec)
-            self._cache_served(cached)
+                writes = self._put(rec)
+            self.parts.committed(writes)
         finally:
             self._writing(-1)
 
@@ -398,19 +371,16 @@ class SessionStore:
             self.cache.set(("used", sid), time.time())
         return new
 
-    def _put(self, rec: SessionRecord) -> list[tuple[str, dict[str, object], int]]:
-        """Write the record (in the caller's transaction), its new served messages and recall sources first; what
-        the served-message cache takes once that transaction committed (``_cache_served``)."""
-        cached = self._put_served(rec)
-        self._put_recall(rec)
+    def _put(self, rec: SessionRecord) -> PartWrites:
+        """Write the record (in the caller's transaction), its new served messages and recall sources first; the
+        caller hands what it returns to ``parts.committed`` once that transaction committed."""
+        writes = self.parts.new(rec)
+        for key, data in writes.values:
+            self.cache.set(key, data)
         self.cache.set(("session", rec.id), encode("session", rec))
-        # last use on its own key: pruning ranks every session without unpickling their served histories
+        # last use on its own key: pruning ranks every session without reading their records
         self.cache.set(("used", rec.id), rec.last_use)
-        return cached
-
-    def _cache_served(self, cached: list[tuple[str, dict[str, object], int]]) -> None:
-        for key, message, size in cached:
-            self._served.put(key, message, size)
+        return writes
 
     def _last_uses(self, keys: list[tuple[str, ...]] | None = None) -> dict[str, float]:
         keys = list(self.cache.iterkeys()) if keys is None else keys
@@ -447,16 +417,13 @@ class SessionStore:
                 for rid in self._ids(sid):
                     self.cache.delete(("response", rid))
                 self.cache.delete(("responses", sid))
-                for key in rec.recall_keys if rec is not None else ():
-                    self.cache.delete(("recall", key))
-                for i in range(rec.served_keyed if rec is not None else 0):
-                    self.cache.delete(("served", sid, str(i)))
+                for key in RecordParts.keys(rec) if rec is not None else ():
+                    self.cache.delete(key)
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
             if rec is not None:
-                self._recall.discard(rec.recall_keys)
-                self._served.discard([f"{sid}:{i}" for i in range(rec.served_keyed)])
+                self.parts.forget(rec)
         return victims
 
     def _drop_legacy_responses(self, keys: list[tuple[str, ...]]) -> None:

@@ -60,7 +60,7 @@ def test_no_mark_is_given_while_a_write_runs_and_it_ends_changed(tmp_path):
     def slow_put(r):  # the write is held inside its transaction
         inside.set()
         go_on.wait(10)
-        put(r)
+        return put(r)
     store._put = slow_put
     t = threading.Thread(target=store.save_session, args=(rec, [message_hash(MSGS[0])], MSGS))
     t.start()
