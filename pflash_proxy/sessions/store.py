@@ -34,6 +34,16 @@ proxy does not know how to replay.
 record it returns (``save_session``, ``update_record``, ``prune``) began or ended in this process since a mark
 was taken.
 
+A ``lookup`` reads the chain entries and records it needs through ``Mirror``: a write-through copy, in memory, of
+the most recently used ``("chain", h)`` and ``("session", sid)`` values. This process is the only writer of those
+keys (``pflash-proxy rm`` deletes snapshots alone), so the copy is exact when every write mirrors what it
+committed: a save puts its record and the entry of its whole history and updates the mirrored entries it
+rewrote, ``update_record`` puts the record, a prune drops what it deleted, each after its transaction committed
+and before it ends (``_writing``). A key the mirror does not hold is read from SQLite, and what a lookup read
+there is taken into the mirror only when no such write began or ended during the lookup (``write_mark``), so a
+value read before a concurrent write never outlives it. A turn that continues a session it served recently reads
+no SQLite row but its new messages' chain entries (absent: never mirrored).
+
 Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
 this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
 An index that cannot even be opened at start-up is moved aside (``cache.db.corrupt-<time>``) and a fresh one is
@@ -50,6 +60,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, ParamSpec, TypeVar
@@ -66,6 +77,58 @@ from pflash_proxy.sessions.records import trace_log as stored_trace_log
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+Key = tuple[str, ...]
+MIRROR_KEYS = 1024  # chain entries and records the lookup mirror holds (``Mirror``), the least recently used out
+
+
+class Mirror:
+    """Stored values of some keys, as this process last wrote or read them (module docstring); thread-safe.
+    Absent means "not known here", never "not stored"."""
+
+    def __init__(self, size: int = MIRROR_KEYS):
+        self.size = size
+        self._items: OrderedDict[Key, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Key) -> object | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Key, value: object) -> None:
+        with self._lock:
+            self._put(key, value)
+
+    def _put(self, key: Key, value: object) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def update(self, keys: Sequence[Key], value: object) -> None:
+        """``keys`` now hold ``value``: the mirrored ones among them take it."""
+        with self._lock:
+            for key in keys:
+                if key in self._items:
+                    self._items[key] = value
+
+    def drop(self, keys: Sequence[Key]) -> None:
+        with self._lock:
+            for key in keys:
+                self._items.pop(key, None)
+
+    def learn(self, read: Sequence[tuple[Key, object]], still_true: Callable[[], bool]) -> None:
+        """Take what a reader found in SQLite, when ``still_true()`` (no write ran since it began reading)."""
+        if not read:
+            return
+        with self._lock:
+            if still_true():
+                for key, value in read:
+                    self._put(key, value)
 
 
 def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
@@ -249,6 +312,7 @@ class SessionStore:
         # ``unchanged_since``)
         self._writes_lock = threading.Lock()
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
+        self.mirror = Mirror()  # what a lookup reads, kept as written (module docstring)
         self._writes_running = 0
         self._writes_done = 0
 
@@ -282,15 +346,32 @@ class SessionStore:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
         hashes = [message_hash(m) for m in messages]
         chain_values = chain(seed, hashes)
-        for i in range(len(chain_values) - 1, -1, -1):
-            sid = self.cache.get(("chain", chain_values[i]))
-            if not isinstance(sid, str):
-                continue
-            rec = self.get(sid)
-            if rec is not None and rec.continued_by(hashes, i + 1):
-                self.parts.load_recall(rec, self._read_many)
-                return rec, i + 1, hashes
-        return None, 0, hashes
+        mark = self.write_mark()
+        read: list[tuple[Key, object]] = []  # found in SQLite, for the mirror
+        try:
+            for i in range(len(chain_values) - 1, -1, -1):
+                sid = self._mirrored(("chain", chain_values[i]), read)
+                if not isinstance(sid, str):
+                    continue
+                data = self._mirrored(("session", sid), read)
+                rec = decode("session", data, f"session {sid[:40]}") if data else None
+                if rec is None or rec.id != sid or not self.parts.load_served(rec, self._read_many):
+                    continue
+                if rec.continued_by(hashes, i + 1):
+                    self.parts.load_recall(rec, self._read_many)
+                    return rec, i + 1, hashes
+            return None, 0, hashes
+        finally:
+            self.mirror.learn(read, lambda: self.unchanged_since(mark))
+
+    def _mirrored(self, key: Key, read: list[tuple[Key, object]]) -> object:
+        """The value stored under ``key``: the mirror's, else SQLite's (noted in ``read``)."""
+        value = self.mirror.get(key)
+        if value is None:
+            value = self.read(key)
+            if value is not None:
+                read.append((key, value))
+        return value
 
     def _read_many(self, keys: list[tuple[str, ...]]) -> list[object]:
         return [self.read(key) for key in keys]
@@ -337,10 +418,14 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                writes = self._put(rec)
+                writes, data = self._put(rec)
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
             self.parts.committed(writes)
+            self.mirror.put(("session", rec.id), data)
+            if entries:  # the entry of the whole history is the one the session's next turn looks up
+                self.mirror.update([("chain", h) for h in entries[:-1]], rec.id)
+                self.mirror.put(("chain", entries[-1]), rec.id)
         finally:
             self._writing(-1)
 
@@ -351,8 +436,9 @@ class SessionStore:
         self._writing(+1)
         try:
             with self.cache.transact():
-                writes = self._put(rec)
+                writes, data = self._put(rec)
             self.parts.committed(writes)
+            self.mirror.put(("session", rec.id), data)
         finally:
             self._writing(-1)
 
@@ -371,16 +457,18 @@ class SessionStore:
             self.cache.set(("used", sid), time.time())
         return new
 
-    def _put(self, rec: SessionRecord) -> PartWrites:
+    def _put(self, rec: SessionRecord) -> tuple[PartWrites, bytes]:
         """Write the record (in the caller's transaction), its new served messages and recall sources first; the
-        caller hands what it returns to ``parts.committed`` once that transaction committed."""
+        caller hands the writes it returns to ``parts.committed``, and the record as stored to the mirror, once
+        that transaction committed."""
         writes = self.parts.new(rec)
-        for key, data in writes.values:
-            self.cache.set(key, data)
-        self.cache.set(("session", rec.id), encode("session", rec))
+        for key, value in writes.values:
+            self.cache.set(key, value)
+        data = encode("session", rec)
+        self.cache.set(("session", rec.id), data)
         # last use on its own key: pruning ranks every session without reading their records
         self.cache.set(("used", rec.id), rec.last_use)
-        return writes
+        return writes, data
 
     def _last_uses(self, keys: list[tuple[str, ...]] | None = None) -> dict[str, float]:
         keys = list(self.cache.iterkeys()) if keys is None else keys
@@ -419,9 +507,12 @@ class SessionStore:
                 self.cache.delete(("responses", sid))
                 for key in RecordParts.keys(rec) if rec is not None else ():
                     self.cache.delete(key)
+                dropped: list[Key] = [("session", sid)]
                 for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                     if self.cache.get(("chain", h)) == sid:
                         self.cache.delete(("chain", h))
+                        dropped.append(("chain", h))
+            self.mirror.drop(dropped)
             if rec is not None:
                 self.parts.forget(rec)
         return victims

@@ -154,9 +154,11 @@ def _stored_values(index) -> dict[str, bytes]:
 
 
 def _store_record(index, sid: str, data: bytes) -> None:
-    """Put a record's bytes in the index as they are (one an older version, or damage, wrote)."""
+    """Put a record's bytes in the index as they are (one an older version, or damage, wrote), as a process
+    other than this one would: the embedded index's lookup mirror does not hold what it did not write or read."""
     if isinstance(index, SessionStore):
         index.cache.set(("session", sid), data)
+        index.mirror.drop([("session", sid)])
     else:
         index.r.set(f"{index.p}session:{sid}", data)
 

@@ -1,0 +1,133 @@
+"""The embedded index's lookup mirror (``store.Mirror``): a continued session is found without reading SQLite, and
+the mirror answers every lookup as SQLite alone does, through saves, forks, record updates and prunes, and when a
+write runs during a lookup."""
+
+from __future__ import annotations
+
+import random
+
+from pflash_proxy.sessions.identity import message_hash
+from pflash_proxy.sessions.store import SessionStore
+
+
+def msgs(*texts: str) -> list[dict[str, object]]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+
+
+def save(store: SessionStore, rec, messages: list[dict[str, object]]) -> None:
+    store.save_session(rec, [message_hash(m) for m in messages], messages)
+
+
+def counting_reads(store: SessionStore, monkeypatch) -> list[tuple[str, ...]]:
+    reads: list[tuple[str, ...]] = []
+    real = store.cache.get
+
+    def get(key, *a, **kw):
+        reads.append(key)
+        return real(key, *a, **kw)
+
+    monkeypatch.setattr(store.cache, "get", get)
+    return reads
+
+
+def test_a_continued_session_is_found_without_reading_sqlite(tmp_path, monkeypatch):
+    store = SessionStore(tmp_path / "idx")
+    rec = store.new_session("seed", False)
+    history = msgs("hello", "hi there", "what is 2+2?")
+    save(store, rec, history)
+    reads = counting_reads(store, monkeypatch)
+
+    found, matched, _ = store.lookup("seed", history)  # the same turn again
+    assert found is not None and found.id == rec.id and matched == 3 and found.served == history
+    assert reads == []
+
+    found, matched, _ = store.lookup("seed", history + msgs("4")[:1])  # a new message: only its entry is read
+    assert found is not None and found.id == rec.id and matched == 3
+    assert [k[0] for k in reads] == ["chain"]
+
+
+def test_a_session_another_index_wrote_is_read_from_sqlite_then_mirrored(tmp_path, monkeypatch):
+    writer = SessionStore(tmp_path / "idx")
+    rec = writer.new_session("seed", False)
+    history = msgs("hello", "hi there")
+    save(writer, rec, history)
+    reader = SessionStore(tmp_path / "idx")  # as after a restart: nothing mirrored
+    reads = counting_reads(reader, monkeypatch)
+    assert reader.lookup("seed", history)[0].id == rec.id
+    assert {k[0] for k in reads} >= {"chain", "session"}
+    reads.clear()
+    assert reader.lookup("seed", history)[0].id == rec.id
+    assert reads == []
+
+
+def test_a_lookup_during_a_write_keeps_nothing_it_read(tmp_path, monkeypatch):
+    """A write that begins while a lookup reads SQLite may change what it read: the mirror takes none of it (it
+    would otherwise answer with the value from before that write for as long as it holds it)."""
+    store = SessionStore(tmp_path / "idx")
+    rec = store.new_session("seed", False)
+    history = msgs("hello", "hi there")
+    save(store, rec, history)
+    reader = SessionStore(tmp_path / "idx")
+    real = reader.read
+
+    def read_during_a_write(key):
+        reader._writing(+1)  # a save of this process, in a worker thread, begins ...
+        try:
+            return real(key)
+        finally:
+            reader._writing(-1)  # ... and ends while the lookup runs
+
+    monkeypatch.setattr(reader, "read", read_during_a_write)
+    assert reader.lookup("seed", history)[0].id == rec.id
+    assert reader.mirror.get(("session", rec.id)) is None
+    monkeypatch.setattr(reader, "read", real)
+    assert reader.lookup("seed", history)[0].id == rec.id  # quiet now: it keeps what it read
+    assert reader.mirror.get(("session", rec.id)) is not None
+
+
+def _answer(store: SessionStore, seed: str, request: list[dict[str, object]]) -> tuple[object, ...]:
+    found, matched, _ = store.lookup(seed, request)
+    if found is None:
+        return (None, matched)
+    return (found.id, matched, found.turns, found.served, found.client_hashes, found.recall_keys)
+
+
+def test_the_mirror_answers_every_lookup_as_sqlite_does(tmp_path):
+    """Random conversations on one index (new ones, continued ones, forks that rewrite a shared opening, record
+    updates, prunes down to a few sessions, a small mirror that evicts): after each step, every request of the run
+    looked up through this index (its mirror) and through a fresh index on the same directory (SQLite alone) gets
+    the same answer."""
+    rnd = random.Random(7)
+    store = SessionStore(tmp_path / "idx")
+    store.mirror.size = 12  # small: the mirror evicts during the run
+    seeds = ["seed-a", "seed-b"]
+    histories: list[tuple[str, list[dict[str, object]]]] = []
+    words = ["alpha", "beta", "gamma", "delta"]
+    for step in range(220):
+        op = rnd.random()
+        if op < 0.3 or not histories:
+            seed, request = rnd.choice(seeds), msgs(*rnd.choices(words, k=rnd.randint(1, 3)))
+        elif op < 0.85:
+            seed, history = rnd.choice(histories)
+            cut = rnd.randint(1, len(history))  # a continuation, or a fork inside the history
+            request = history[:cut] + msgs(*rnd.choices(words, k=rnd.randint(1, 2)))[: rnd.randint(0, 2)]
+            request = request or history[:1]
+        elif op < 0.93:
+            victims = store.prune(older_than=None, max_sessions=rnd.randint(1, 4))
+            assert all(store.mirror.get(("session", sid)) is None for sid in victims)
+            seed, request = rnd.choice(histories)
+        else:
+            seed, request = rnd.choice(histories)
+            found, matched, _ = store.lookup(seed, request)
+            if found is not None:
+                found.turns += 10  # a record written back with a change
+                store.update_record(found)
+        found, matched, hashes = store.lookup(seed, request)
+        if found is None or matched < len(found.served):
+            found = store.new_session(seed, False, parent=found, upto=matched)
+        save(store, found, request)
+        histories.append((seed, request))
+        sqlite_only = SessionStore(tmp_path / "idx")
+        for seed_, request_ in rnd.sample(histories, min(len(histories), 8)):
+            assert _answer(store, seed_, request_) == _answer(sqlite_only, seed_, request_), step
+        sqlite_only.close()
