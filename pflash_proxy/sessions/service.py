@@ -24,7 +24,8 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
    is reported as), ``finish`` (release the lease, or keep it until the engine's slot is idle; the save of
    ``--save-every-turn``).
 6. The index: ``commit`` starts writing the served history now (on the loop for a short history in a local
-   index, else in a worker thread) and says later whether it was kept; ``update_trace_log`` (the inspector's
+   index, once the request it commits has been sent to the engine, else in a worker thread) and says later
+   whether it was kept; ``update_trace_log`` (the inspector's
    traces of a turn, after its answer) and ``index_work`` (the response chains' reads and writes) run in a worker
    thread. A failed index call is counted and logged (``store_failed``), never raised to the request;
    ``update_trace_log`` alone raises it to its caller, which logs it without counting it.
@@ -315,9 +316,10 @@ class SessionService:
     def commit(self, record: SessionRecord, client_hashes: list[str], served: list[Message], body_bytes: int
                ) -> Awaitable[bool]:
         """Start writing the served history now; the awaitable says whether it was kept (False: the index failed,
-        counted). A short history in a local index is written on the loop, in a task that starts once the caller
-        waits (the request has left by then); unless a write of this process (a long history's save, a prune)
-        is running: SQLite would make the loop wait for its lock, so that one waits in a worker thread."""
+        counted). A short history in a local index is written on the loop, in a task that writes once the tasks
+        ready when the caller waits have run (the request has left by then: ``_write_inline``); unless a write
+        of this process (a long history's save, a prune) is running: SQLite would make the loop wait for its
+        lock, so that one waits in a worker thread."""
         index = self._index
         write: asyncio.Future[None]
         if body_bytes < INLINE_BYTES and not index.remote:
@@ -329,6 +331,10 @@ class SessionService:
 
     async def _write_inline(self, record: SessionRecord, client_hashes: list[str], served: list[Message]) -> None:
         index = self._index
+        # The caller goes on to send the request and waits for its answer. The client's task that writes the
+        # request was made after this one, so on Python 3.11 (no eager tasks) it would run after this write: let
+        # the tasks ready now run first, and the write overlaps the engine's work instead of delaying it.
+        await asyncio.sleep(0)
         if index.write_mark() is None:
             await asyncio.get_running_loop().run_in_executor(None, index.save_session, record, client_hashes,
                                                              served)

@@ -303,3 +303,58 @@ async def test_a_turn_that_looked_up_before_a_record_write_uses_the_record_read_
         assert got.record.id == sid and got.record.turns == 41
     finally:
         manager.table.release(got.lease)
+
+
+async def test_a_short_history_is_written_once_the_request_has_reached_the_engine(aiohttp_client, tmp_path):
+    """The inline history write is a task made before the client's task that sends the request (Python 3.11 has
+    no eager tasks): it lets the tasks ready when the route waits run first, so the engine has the request while
+    the write runs instead of after it. The upstream is a thread of its own, so it notes the request's arrival
+    while the loop is inside the (slowed) write; the turn runs on a pooled connection, as turns do."""
+    import json
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    loop = asyncio.get_running_loop()
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    fake = FakeEngine(n_slots=2, save_dir=slots)
+    arrived: list[float] = []
+
+    class Chat(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            arrived.append(time.monotonic())
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = json.dumps(asyncio.run_coroutine_threadsafe(fake.complete(body), loop).result(10)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        app = create_app(make_settings(f"http://127.0.0.1:{upstream.server_address[1]}", tmp_path,
+                                       slot_save_path=slots), engine=lambda _transport: fake)
+        proxy, manager = await _proxy_after_one_turn(aiohttp_client, app, SAY_HELLO)
+        writes: list[float] = []
+        save = manager.store.save_session
+
+        def slow_save(*a):  # fault injection: a slow disk (the loop waits, the GIL is free)
+            writes.append(time.monotonic())
+            threading.Event().wait(0.4)
+            save(*a)
+        manager.store.save_session = slow_save
+        arrived.clear()
+        r = await proxy.post("/v1/chat/completions", json=follow_up(SAY_HELLO))
+        assert r.status == 200 and len(writes) == 1 and len(arrived) == 1
+        # the request arrived while the write ran (noted within 0.2 s of its start), not after its 0.4 s
+        assert arrived[0] < writes[0] + 0.2, (writes, arrived)
+    finally:
+        upstream.shutdown()
+
