@@ -293,11 +293,12 @@ class Pipeline:
                 log.exception("stage %s failed in on_response", stage.name)
 
     async def finish(self, req: ProxyRequest) -> None:
+        """Run ``on_finish`` of the stages whose ``on_request`` ran, in reverse order; once per ``run_request``."""
         try:
             await req.settle()
         except Exception:
             log.exception("work beside the upstream request failed")
-        for stage in reversed(req.state.get("_ran", [])):
+        for stage in reversed(req.state.pop("_ran", [])):
             try:
                 await stage.on_finish(req)
             except Exception:

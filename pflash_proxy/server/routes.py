@@ -21,6 +21,9 @@
    A turn another node holds is forwarded there through a transport of its own (``peers.PeerNode``).
 4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
    whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
+   A whole (non-streamed) answer is written to the client once the stages' ``on_response`` and ``on_finish``
+   ran (``send_whole``: what the client may do next, such as its next turn, finds the slot released and the
+   table told what the slot holds); the metrics and the log line follow it.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         resp, result = await relay(request, up, style=stream_style_for(request.path))
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
+        await send_whole(request, resp)
         return resp
     except ProxyError as exc:
         status = exc.status
@@ -221,6 +225,8 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
+        await pipeline.finish(req)
+        await send_whole(request, resp)
         return resp
     except ProxyError as exc:
         status = exc.status
@@ -237,6 +243,19 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             await pipeline.finish(req)
         _observe(request, status, started, result, req.log_fields if req is not None else {})
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
+
+
+async def send_whole(request: web.Request, resp: web.StreamResponse) -> None:
+    """Write a whole answer the relay built but did not send (step 4: before the metrics and the log line).
+    aiohttp sends nothing twice: the handler still returns ``resp``. A client that left meanwhile is the relay's
+    case of a client gone after the answer was complete: nothing to do."""
+    if resp.prepared:
+        return
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.debug("client of %s %s left before its answer was written", request.method, request.path)
 
 
 async def forward_to_node(request: web.Request, req: ProxyRequest, style: StreamStyle, prepared: web.StreamResponse | None
