@@ -21,7 +21,8 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
 5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
-   and its turn trace join the session's next write to its trace log (``SessionService.update_trace_log``, a
+   and its turn trace (built from what ``on_response`` noted when that write begins, not while the client waits
+   for the answer) join the session's next write to its trace log (``SessionService.update_trace_log``, a
    worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
    and writes them at once (a write decodes and encodes the whole log, up to ``trace.MAX_TURNS`` turns: an
    agent's quick tool turns cost one read and one write of it, not one each, and the write runs while the
@@ -62,7 +63,7 @@ TurnTrace = dict[str, Any]  # a turn trace (plain data: module docstring, steps 
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
 
 SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
-BUILT_KEY = "savings-turn"  # req.state: the turn trace on_response built, written by on_finish
+ANSWERED_KEY = "savings-turn"  # req.state: what on_response noted of the answer (``Answered``), for on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
 FLUSH_AFTER_S = 2.0  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
@@ -176,10 +177,21 @@ def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> fl
 
 
 @dataclass
+class Answered:
+    """What ``on_response`` notes of a turn for its turn trace, built when the trace write begins (step 5)."""
+
+    req: ProxyRequest
+    result: RelayResult
+    ctx: SessionContext
+    noted: Noted
+    at: float  # when the answer ended (epoch s)
+
+
+@dataclass
 class _Batch:
     """The turns one trace write of a session gathers (``SavingsStage``, step 5)."""
 
-    turns: list[tuple[TurnTraces, Built | None]] = field(default_factory=list)
+    turns: list[tuple[TurnTraces, Answered | None]] = field(default_factory=list)
     now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
 
 
@@ -232,19 +244,16 @@ class SavingsStage(Stage):
         ctx = req.state.get(SESSIONS_STAGE)
         if noted is None or ctx is None or ctx.record is None:
             return
-        try:
-            req.state[BUILT_KEY] = self.turn_trace(req, result, ctx, noted)
-        except Exception:  # noqa: BLE001 - never cost the request
-            log.exception("inspector: could not build the turn trace")
+        req.state[ANSWERED_KEY] = Answered(req, result, ctx, noted, time.time())
 
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces join its session's next trace write, after the answer."""
         ctx = req.state.get(SESSIONS_STAGE)
-        built: Built | None = req.state.pop(BUILT_KEY, None)
+        answered: Answered | None = req.state.pop(ANSWERED_KEY, None)
         if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
-        if built is None and not pending.items:
+        if answered is None and not pending.items:
             return
         sid = ctx.record.id
         batch = self._batches.get(sid)
@@ -253,7 +262,7 @@ class SavingsStage(Stage):
             task = asyncio.get_running_loop().create_task(self._write(sid, batch, self._last.get(sid)))
             self._last[sid] = task
             task.add_done_callback(functools.partial(self._written, sid))
-        batch.turns.append((pending, built))
+        batch.turns.append((pending, answered))
 
     def _written(self, sid: str, task: asyncio.Task[None]) -> None:
         if self._last.get(sid) is task:
@@ -271,10 +280,11 @@ class SavingsStage(Stage):
         if previous is not None:
             await asyncio.wait([previous])
         priced: list[TurnTrace] = []
+        turns = [(pending, self._built(answered)) for pending, answered in batch.turns]
 
         def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
             priced.clear()
-            for pending, built in batch.turns:
+            for pending, built in turns:
                 items, counts = list(pending.items), dict(pending.counts)
                 if built is not None:
                     turn, totals = price(built[0], built[1], kept.totals)
@@ -291,8 +301,8 @@ class SavingsStage(Stage):
             log.warning("inspector: could not save the traces of turns %s of session %s: %s",
                         ", ".join(str(p.turn) for p, _ in batch.turns), sid[:8], exc)
             written = None
-        if written is None or len(priced) != sum(b is not None for _, b in batch.turns):
-            priced = [price(b[0], b[1], {})[0] for _, b in batch.turns if b is not None]  # each at its own rate
+        if written is None or len(priced) != sum(b is not None for _, b in turns):
+            priced = [price(b[0], b[1], {})[0] for _, b in turns if b is not None]  # each at its own rate
         for turn in priced:
             self._count(turn)
 
@@ -306,8 +316,17 @@ class SavingsStage(Stage):
     async def stop(self) -> None:
         await self.settle()
 
+    def _built(self, answered: Answered | None) -> Built | None:
+        if answered is None:
+            return None
+        try:
+            return self.turn_trace(answered.req, answered.result, answered.ctx, answered.noted, answered.at)
+        except Exception:  # noqa: BLE001 - never cost the turn its other traces
+            log.exception("inspector: could not build the turn trace")
+            return None
+
     def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
-                   noted: Noted) -> Built:
+                   noted: Noted, at: float) -> Built:
         """Steps 1, 2 and 4: the turn trace and what it adds to the session's totals, before the session's rate
         prices its tokens (``price``)."""
         n = noted["turn"]
@@ -328,7 +347,7 @@ class SavingsStage(Stage):
         prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
         turn: TurnTrace = {
-            "v": VERSION, "kind": "turn", "turn": n, "at": time.time(), "client": client_name(req.headers),
+            "v": VERSION, "kind": "turn", "turn": n, "at": at, "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
             "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
             "why": plain_reason(mode, fields.get("pflash_reason"), self.threshold) if not messages else None,

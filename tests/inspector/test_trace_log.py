@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -177,3 +178,25 @@ def test_a_turn_is_priced_at_the_rate_of_the_sessions_totals_before_it_and_its_o
     assert alone["saved_s"]["compression"] == 0.5  # the same rate from the turn alone here: 100 / 50 ms
     untimed, same = price({**turn, "prefilled_tokens": None}, {"turns_recorded": 1}, {})
     assert untimed["saved_s"] == {"compression": None, "cache": None} and same == {"turns_recorded": 1}
+
+
+async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(proxy, monkeypatch):
+    """The answer's path only notes what the turn trace needs (``Answered``); the trace write builds it, with the
+    time the answer ended."""
+    built: list[int] = []
+    real = proxy.savings.turn_trace
+
+    def spy(req, result, ctx, noted, at):
+        built.append(noted["turn"])
+        return real(req, result, ctx, noted, at)
+
+    monkeypatch.setattr(proxy.savings, "turn_trace", spy)
+    before = time.time()
+    req, _ = await proxy.turn(chat(DOC_A, QUESTIONS[0]))
+    answered = time.time()
+    assert built == []  # the turn ended (on_response, on_finish): nothing built yet
+    await asyncio.sleep(0.2)
+    await proxy.pipeline.settled()
+    assert built == [1]
+    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    assert kept is not None and before <= kept.traces[-1]["at"] <= answered
