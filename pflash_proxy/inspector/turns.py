@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
-from pflash_proxy.engine import Engine
+from pflash_proxy.engine import CacheReport, Engine
 from pflash_proxy.inspector.trace import VERSION, TurnTraces, append, current
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
@@ -95,6 +95,7 @@ def _client_name(originator_header: str | None, agent_header: str | None, app_he
     return app
 
 
+@functools.lru_cache(maxsize=256)  # a proxy serves few distinct modes and reasons
 def plain_reason(mode: str | None, reason: str | None, threshold: int | None = None) -> str | None:
     """Why a message (or a turn) was served whole, for a person: None when it was compressed."""
     if mode == "compressed" or mode == "recall":
@@ -146,10 +147,9 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _timings(engine: Engine, final: Mapping[str, object] | None) -> Timings | None:
+def _timings(report: CacheReport | None) -> Timings | None:
     """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
-    report = engine.cache_report(final)
     if report is None:
         return None
     timed = report.prompt_ms is not None
@@ -185,6 +185,7 @@ class Answered:
     ctx: SessionContext
     noted: Noted
     at: float  # when the answer ended (epoch s)
+    report: CacheReport | None  # the engine's cache report of the answer (``Engine.cache_report``)
 
 
 @dataclass
@@ -244,7 +245,8 @@ class SavingsStage(Stage):
         ctx = req.state.get(SESSIONS_STAGE)
         if noted is None or ctx is None or ctx.record is None:
             return
-        req.state[ANSWERED_KEY] = Answered(req, result, ctx, noted, time.time())
+        req.state[ANSWERED_KEY] = Answered(req, result, ctx, noted, time.time(),
+                                           self.engine.cache_report(result.final_json))
 
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces join its session's next trace write, after the answer."""
@@ -320,17 +322,18 @@ class SavingsStage(Stage):
         if answered is None:
             return None
         try:
-            return self.turn_trace(answered.req, answered.result, answered.ctx, answered.noted, answered.at)
+            return self.turn_trace(answered.req, answered.result, answered.ctx, answered.noted, answered.at,
+                                   answered.report)
         except Exception:  # noqa: BLE001 - never cost the turn its other traces
             log.exception("inspector: could not build the turn trace")
             return None
 
     def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
-                   noted: Noted, at: float) -> Built:
+                   noted: Noted, at: float, report: CacheReport | None) -> Built:
         """Steps 1, 2 and 4: the turn trace and what it adds to the session's totals, before the session's rate
         prices its tokens (``price``)."""
         n = noted["turn"]
-        timings = _timings(self.engine, result.final_json)
+        timings = _timings(report)
         mode = req.response_headers.get("X-PFlash-Mode")
         messages = []
         avoided_compression = 0
@@ -350,7 +353,7 @@ class SavingsStage(Stage):
             "v": VERSION, "kind": "turn", "turn": n, "at": at, "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
             "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
-            "why": plain_reason(mode, fields.get("pflash_reason"), self.threshold) if not messages else None,
+            "why": plain_reason(mode, _text(fields.get("pflash_reason")), self.threshold) if not messages else None,
             "messages": messages, "first_byte_ms": first, "queue_ms": fields.get("queue_ms"),
             "prepare_ms": round(prepare_ms, 1), "compression_ms": round(compression_ms, 1),
             "cached_tokens": None, "prefilled_tokens": None, "prefill_ms": None, "generated_tokens": None,

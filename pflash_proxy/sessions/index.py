@@ -109,7 +109,7 @@ class SessionRecord:
 
     def stored(self) -> dict[str, object]:
         """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_STORED}
+        return {name: getattr(self, name) for name in _STORED_FIELDS}
 
     def continued_by(self, hashes: Sequence[str], n: int) -> bool:
         """The request of message hashes ``hashes`` begins with this record's first ``n`` messages, and the record
@@ -148,6 +148,7 @@ class TraceLog:
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
 _NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index learnt reading the record back
+_STORED_FIELDS = tuple(f.name for f in fields(SessionRecord) if f.name not in _NOT_STORED)  # in field order
 
 
 class ValueCache(Generic[V]):

@@ -186,9 +186,9 @@ async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(
     built: list[int] = []
     real = proxy.savings.turn_trace
 
-    def spy(req, result, ctx, noted, at):
+    def spy(req, result, ctx, noted, at, report):
         built.append(noted["turn"])
-        return real(req, result, ctx, noted, at)
+        return real(req, result, ctx, noted, at, report)
 
     monkeypatch.setattr(proxy.savings, "turn_trace", spy)
     before = time.time()
