@@ -25,9 +25,8 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
    ``--save-every-turn``).
 6. The index: ``commit`` starts writing the served history now (on the loop for a short history in a local
    index, once the request it commits has been sent to the engine, else in a worker thread) and says later
-   whether it was kept; ``update_trace_log`` (the inspector's
-   traces of a turn, after its answer) and ``index_work`` (the response chains' reads and writes) run in a worker
-   thread. A failed index call is counted and logged (``store_failed``), never raised to the request;
+   whether it was kept; ``update_trace_log`` (the inspector's traces of a turn, after its answer) and
+   ``index_work`` (the response chains' reads and writes) run in a worker thread. A failed index call is counted and logged (``store_failed``), never raised to the request;
    ``update_trace_log`` alone raises it to its caller, which logs it without counting it.
 """
 
