@@ -48,6 +48,20 @@ def start_proxy(home: Path, model: Path, *extra: str) -> tuple[subprocess.Popen,
     raise RuntimeError("proxy did not announce its URL")
 
 
+def state(pid: int) -> str | None:
+    """The process's state letter (``/proc/<pid>/stat``), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def running(pid: int) -> bool:
+    """Still running: present and not a zombie (an orphan that exited waits for init to reap it, and
+    ``kill(pid, 0)`` still finds it meanwhile)."""
+    return state(pid) not in (None, "Z", "X")
+
+
 def llama_pid(home: Path) -> int:
     out = subprocess.run(["pgrep", "-f", f"slot-save-path {home}/slots"], capture_output=True, text=True)
     pids = [int(p) for p in out.stdout.split()]
@@ -113,14 +127,12 @@ def test_spawned_llama_server_dies_with_a_killed_proxy(tmp_path, gemma_model):
     proc.communicate(timeout=30)
     deadline = time.time() + 20
     while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not running(pid):
             break
         time.sleep(0.1)
     else:
         os.kill(pid, signal.SIGKILL)
-        pytest.fail("the spawned llama-server outlived its proxy")
+        pytest.fail(f"the spawned llama-server outlived its proxy: {state(pid)}")
 
 
 def test_invalid_configuration_is_one_clear_line(tmp_path):
