@@ -353,9 +353,8 @@ class SessionStore:
                 sid = self._mirrored(("chain", chain_values[i]), read)
                 if not isinstance(sid, str):
                     continue
-                data = self._mirrored(("session", sid), read)
-                rec = decode("session", data, f"session {sid[:40]}") if data else None
-                if rec is None or rec.id != sid or not self.parts.load_served(rec, self._read_many):
+                rec = self._decoded(sid, self._mirrored(("session", sid), read))
+                if rec is None or not self.parts.load_served(rec, self._read_many):
                     continue
                 if rec.continued_by(hashes, i + 1):
                     self.parts.load_recall(rec, self._read_many)
@@ -385,8 +384,12 @@ class SessionStore:
 
     def _record(self, sid: str) -> SessionRecord | None:
         """The record as stored, its served messages under keys not read (``prune`` needs only its keys)."""
-        data = self.read(("session", sid))
-        rec = decode("session", data, f"session {sid[:40]}") if data else None
+        return self._decoded(sid, self.read(("session", sid)))
+
+    @staticmethod
+    def _decoded(sid: str, data: object) -> SessionRecord | None:
+        """The record stored as ``data`` under ``sid`` (None: nothing, unreadable, or another session's)."""
+        rec: SessionRecord | None = decode("session", data, f"session {sid[:40]}") if data else None
         return rec if rec is not None and rec.id == sid else None
 
     @_guarded
