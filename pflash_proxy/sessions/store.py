@@ -42,7 +42,9 @@ rewrote, ``update_record`` puts the record, a prune drops what it deleted, each 
 and before it ends (``_writing``). A key the mirror does not hold is read from SQLite, and what a lookup read
 there is taken into the mirror only when no such write began or ended during the lookup (``write_mark``), so a
 value read before a concurrent write never outlives it. A turn that continues a session it served recently reads
-no SQLite row but its new messages' chain entries (absent: never mirrored).
+no SQLite row but its new messages' chain entries (absent: never mirrored), and does not decode its record again:
+the record decoded from the mirror's bytes is kept until the session is saved again, and each lookup gets a copy
+of it whose lists and dicts are its own.
 
 Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
 this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
@@ -52,6 +54,7 @@ started, so a damaged file costs the cached sessions, not the service.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import pickle
@@ -129,6 +132,18 @@ class Mirror:
             if still_true():
                 for key, value in read:
                     self._put(key, value)
+
+
+def _fresh(rec: SessionRecord) -> SessionRecord:
+    """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
+    sources are shared by every reader already, ``RecordParts``)."""
+    out = copy.copy(rec)
+    for name, value in vars(rec).items():
+        if isinstance(value, list):
+            setattr(out, name, list(value))
+        elif isinstance(value, dict):
+            setattr(out, name, dict(value))
+    return out
 
 
 def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
@@ -313,6 +328,9 @@ class SessionStore:
         self._writes_lock = threading.Lock()
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.mirror = Mirror()  # what a lookup reads, kept as written (module docstring)
+        # session id -> a record's stored bytes and the record decoded from them (``_decoded``)
+        self._decodes: dict[str, tuple[bytes, SessionRecord]] = {}
+        self._decodes_lock = threading.Lock()
         self._writes_running = 0
         self._writes_done = 0
 
@@ -386,11 +404,22 @@ class SessionStore:
         """The record as stored, its served messages under keys not read (``prune`` needs only its keys)."""
         return self._decoded(sid, self.read(("session", sid)))
 
-    @staticmethod
-    def _decoded(sid: str, data: object) -> SessionRecord | None:
-        """The record stored as ``data`` under ``sid`` (None: nothing, unreadable, or another session's)."""
+    def _decoded(self, sid: str, data: object) -> SessionRecord | None:
+        """The record stored as ``data`` under ``sid`` (None: nothing, unreadable, or another session's). The
+        bytes a lookup finds in the mirror are the ones it found there last time until the session is saved
+        again, so the record decoded from them is kept (``_decodes``) and a copy of it returned."""
+        kept = self._decodes.get(sid)
+        if kept is not None and kept[0] is data:
+            return _fresh(kept[1])
         rec: SessionRecord | None = decode("session", data, f"session {sid[:40]}") if data else None
-        return rec if rec is not None and rec.id == sid else None
+        if rec is None or rec.id != sid:
+            return None
+        if isinstance(data, bytes):
+            with self._decodes_lock:
+                self._decodes[sid] = (data, _fresh(rec))
+                while len(self._decodes) > MIRROR_KEYS:
+                    self._decodes.pop(next(iter(self._decodes)))
+        return rec
 
     @_guarded
     def read(self, key: tuple[str, ...]) -> object:

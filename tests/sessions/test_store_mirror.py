@@ -131,3 +131,38 @@ def test_the_mirror_answers_every_lookup_as_sqlite_does(tmp_path):
         for seed_, request_ in rnd.sample(histories, min(len(histories), 8)):
             assert _answer(store, seed_, request_) == _answer(sqlite_only, seed_, request_), step
         sqlite_only.close()
+
+
+def test_a_continued_session_is_not_decoded_again_and_each_lookup_gets_its_own_record(tmp_path, monkeypatch):
+    """The record a lookup finds in the mirror is decoded once per save; every lookup gets a copy whose lists are
+    its own, so what one turn changes in its record is not what the next lookup returns."""
+    import pflash_proxy.sessions.store as store_module
+
+    store = SessionStore(tmp_path / "idx")
+    rec = store.new_session("seed", False)
+    history = msgs("hello", "hi there", "what is 2+2?")
+    save(store, rec, history)
+    decodes: list[str] = []
+    real = store_module.decode
+
+    def counting(kind, data, what):
+        decodes.append(kind)
+        return real(kind, data, what)
+
+    monkeypatch.setattr(store_module, "decode", counting)
+    first, _, _ = store.lookup("seed", history)
+    second, _, _ = store.lookup("seed", history)
+    assert decodes.count("session") == 1
+    assert first is not second and first == second and first.served == history
+    first.client_hashes.append("x")
+    first.served.append({"role": "assistant", "content": "4"})
+    first.trace_totals["turns"] = 9
+    third, _, _ = store.lookup("seed", history)
+    assert third.client_hashes == second.client_hashes and third.served == history and third.trace_totals == {}
+
+    save(store, second, history + msgs("", "4")[1:])  # saved again: the new bytes are decoded once
+    decodes.clear()
+    for _ in range(2):
+        found, matched, _ = store.lookup("seed", history + msgs("", "4")[1:])
+        assert found is not None and matched == 4 and found.turns == 2
+    assert decodes.count("session") == 1
