@@ -24,11 +24,10 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
    and its turn trace (built from what ``on_response`` noted when that write begins, not while the client waits
    for the answer) join the session's next write to its trace log (``SessionService.update_trace_log``, a
    worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
-   and writes them at once (a write decodes and encodes the whole log, up to ``trace.MAX_TURNS`` turns: an
-   agent's quick tool turns cost one read and one write of it, not one each, and the write runs while the
-   session is idle rather than beside its next turn; a process killed loses at most that wait's traces, never a
-   turn or its history); a session's writes run one
-   after another, in turn order. The session's prefill rate (step 3) is read from the log's totals in that
+   and writes them at once, in one pass over the log (a write decodes and encodes the whole log, up to
+   ``trace.MAX_TURNS`` turns: an agent's quick tool turns cost one read and one write of it, not one each, and
+   the write runs while the session is idle rather than beside its next turn; a process killed loses at most
+   that wait's traces, never a turn or its history); a session's writes run one after another, in turn order. The session's prefill rate (step 3) is read from the log's totals in that
    write, so the time saved and the savings counters are complete when it ends; ``settle`` (awaited by
    ``/pflash/stats``, the metrics and the inspector before they read) writes what is gathered at once and waits
    for it, and ``stop`` does the same.
@@ -286,16 +285,23 @@ class SavingsStage(Stage):
 
         def update(kept: TraceLog) -> TraceLog:  # in the index's transaction; may run again on a conflict
             priced.clear()
+            # the batch's turns in one ``append`` (one pass over the log, not one per turn), each priced at the
+            # totals the turns before it leave
+            joined = TurnTraces(turns[0][0].turn)
+            running = current(kept.totals)
             for pending, built in turns:
                 items, counts = list(pending.items), dict(pending.counts)
                 if built is not None:
-                    turn, totals = price(built[0], built[1], kept.totals)
+                    turn, totals = price(built[0], built[1], running)
                     priced.append(turn)
                     items.append(turn)
                     for k, v in totals.items():
                         counts[k] = counts.get(k, 0) + v
-                kept = append(kept, TurnTraces(pending.turn, items, counts))
-            return kept
+                for k, v in counts.items():
+                    running[k] = running.get(k, 0) + int(v)
+                    joined.counts[k] = joined.counts.get(k, 0) + int(v)
+                joined.items.extend(items)
+            return append(kept, joined)
 
         try:
             written = await self.sessions.update_trace_log(sid, update)

@@ -105,6 +105,46 @@ async def test_a_sessions_quick_turns_go_in_one_write_in_turn_order(proxy):
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3]
 
 
+async def test_a_writes_turns_join_the_log_in_one_pass_each_priced_at_the_turns_before_it(proxy, monkeypatch):
+    """The turns one write gathers go into the log in one ``append`` (not one pass over the whole log per turn),
+    and each is priced, and its totals added, as if written one after another."""
+    gate, written = _gate(proxy)
+    appends: list[int] = []
+    real = turns.append
+
+    def counting(kept: TraceLog, turn):  # type: ignore[no-untyped-def]
+        appends.append(len(turn.items))
+        return real(kept, turn)
+
+    monkeypatch.setattr(turns, "append", counting)
+    for i in range(1, 4):
+        req, _ = await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
+    gate.set()
+    await proxy.pipeline.settled()
+    assert written == [3] and len(appends) == 1
+    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    assert kept is not None
+    logged = [t for t in kept.traces if t["kind"] == "turn"]
+    assert [t["turn"] for t in logged] == [1, 2, 3]
+    totals: dict[str, int] = {}
+    for t in logged:  # priced one after another: at the session's totals up to the turn
+        built = {"turns_recorded": 1, "turns_timed": 1, "prefilled_tokens": t["prefilled_tokens"],
+                 "cached_tokens": t["cached_tokens"], "avoided_compression": t["tokens_avoided"]["compression"],
+                 "avoided_cache": t["cached_tokens"]}
+        if t["prefill_ms"]:
+            built["prefill_ms"] = round(t["prefill_ms"])
+            if t["prefilled_tokens"] >= turns.MIN_TIMED_PROMPT:
+                built["timed_prefilled_tokens"] = t["prefilled_tokens"]
+                built["timed_prefill_ms"] = max(1, round(t["prefill_ms"]))
+        bare = {k: v for k, v in t.items() if k not in ("rate_tps", "saved_s")}
+        bare.update(rate_tps=None, saved_s={"compression": None, "cache": None})
+        again, added = price(bare, built, totals)
+        assert again["saved_s"] == t["saved_s"] and again["rate_tps"] == t["rate_tps"]
+        for k, v in added.items():
+            totals[k] = totals.get(k, 0) + v
+    assert {k: kept.totals.get(k) for k in totals} == totals
+
+
 async def test_back_to_back_turns_over_a_second_share_one_write(proxy):
     """A write costs a decode and an encode of the whole log: turns that follow each other for over a second
     (an agent's tool loop) still cost one (FLUSH_AFTER_S), with no reader asking for it."""
