@@ -143,7 +143,8 @@ async def drive(url: str, requests: int) -> list[tuple[float, float, float]]:
                 raw = await resp.read()
                 assert resp.status == 200, resp.status
             timings = json.loads(raw).get("timings") or {}
-            sent.append((t0, time.perf_counter(), float(timings.get("prompt_ms", 0)) + float(timings.get("predicted_ms", 0))))
+            llama_ms = float(timings.get("prompt_ms", 0)) + float(timings.get("predicted_ms", 0))
+            sent.append((t0, time.perf_counter(), llama_ms))
     return sent[50:]
 
 

@@ -27,8 +27,9 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
    and writes them at once, in one pass over the log (a write decodes and encodes the whole log, up to
    ``trace.MAX_TURNS`` turns: an agent's quick tool turns cost one read and one write of it, not one each, and
    the write runs while the session is idle rather than beside its next turn; a process killed loses at most
-   that wait's traces, never a turn or its history); a session's writes run one after another, in turn order. The session's prefill rate (step 3) is read from the log's totals in that
-   write, so the time saved and the savings counters are complete when it ends; ``settle`` (awaited by
+   that wait's traces, never a turn or its history); a session's writes run one after another, in turn order.
+   The session's prefill rate (step 3) is read from the log's totals in that write, so the time saved and the
+   savings counters are complete when it ends; ``settle`` (awaited by
    ``/pflash/stats``, the metrics and the inspector before they read) writes what is gathered at once and waits
    for it, and ``stop`` does the same.
 Recording never fails a request: an error is logged and the turn's traces are lost (its savings are counted,

@@ -43,11 +43,12 @@ from pflash_proxy.stages import default_stages
 
 log = logging.getLogger("pflash_proxy.app")
 
+
 async def freeze_start_up_heap(app: web.Application) -> None:
     """Step 6, once everything started: collect, then move every object start-up left (modules, the stages, the
     drafter's Python side) out of the garbage collector's reach (``gc.freeze``). A full collection, which the
     objects that live across a turn's collections set off now and then, then scans what the turns made rather than
-    the whole start-up heap: a pause of tens of milliseconds becomes a few."""
+    the whole start-up heap (``benchmarks/hop_segments.py`` reports the collections' pauses)."""
     gc.collect()
     gc.freeze()
     log.debug("start-up heap frozen: %d objects", gc.get_freeze_count())
