@@ -10,7 +10,7 @@ Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later
 4. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
 5. the stages (``stages.default_stages``, or the list a caller gives): each is bound to the app's hooks
    (``Stage.bind``), then started in order (``Stage.start``) and stopped in reverse (``Stage.stop``);
-6. in the server process (``serve``): the start-up heap frozen (``freeze_start_up_heap``).
+6. in the server process (``serve``): the garbage collector tuned (``tune_garbage_collector``).
 """
 
 from __future__ import annotations
@@ -44,13 +44,23 @@ from pflash_proxy.stages import default_stages
 log = logging.getLogger("pflash_proxy.app")
 
 
-async def freeze_start_up_heap(app: web.Application) -> None:
-    """Step 6, once everything started: collect, then move every object start-up left (modules, the stages, the
-    drafter's Python side) out of the garbage collector's reach (``gc.freeze``). A full collection, which the
-    objects that live across a turn's collections set off now and then, then scans what the turns made rather than
-    the whole start-up heap (``benchmarks/hop_segments.py`` reports the collections' pauses)."""
+# the youngest generation is collected after this many new container objects (CPython's default: 700)
+GEN0_THRESHOLD = 10_000
+
+
+async def tune_garbage_collector(app: web.Application) -> None:
+    """Step 6, once everything started:
+    1. collect, then move every object start-up left (modules, the stages, the drafter's Python side) out of the
+       garbage collector's reach (``gc.freeze``): a full collection then scans what the turns made, not the whole
+       start-up heap;
+    2. collect the youngest generation after ``GEN0_THRESHOLD`` new objects rather than 700: a turn makes hundreds
+       that live until its answer, so at the default a collection often ran in the middle of a turn and moved the
+       turn's live objects into the older generations, whose collections scan more and pause longer; now most of
+       a turn's objects are gone before a collection sees them (``benchmarks/hop_segments.py`` reports the
+       collections and their pauses)."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])
     log.debug("start-up heap frozen: %d objects", gc.get_freeze_count())
 
 
@@ -64,8 +74,8 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     """The app. ``stages``: the pipeline's stages, read at start-up (default: ``stages.default_stages`` on the
     app's engine); ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives another:
     the session, compression and savings stages, the routes and the inspector all use the one it builds);
-    ``freeze_heap``: once started, the objects start-up made are frozen (``freeze_start_up_heap``; the server
-    process's, not a test's)."""
+    ``freeze_heap``: once started, the objects start-up made are frozen and the collector tuned
+    (``tune_garbage_collector``; the server process's, not a test's)."""
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
     # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
     app = web.Application(client_max_size=settings.limits.max_body_bytes,
@@ -87,7 +97,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))
     if freeze_heap:
-        app.on_startup.append(freeze_start_up_heap)  # after the cleanup_ctx start-up, which aiohttp runs first
+        app.on_startup.append(tune_garbage_collector)  # after the cleanup_ctx start-up, which aiohttp runs first
     add_routes(app)
     app[API_KEY] = settings.inspector.api_key
     pipeline = app[PIPELINE]
