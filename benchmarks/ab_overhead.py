@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
@@ -40,36 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_proxy import CHAT, RAW_PREFIX, Tap, cpu_ns  # noqa: E402
+from bench_proxy import CHAT, RAW_PREFIX, Tap, cpu_ns, start_proxy, timed  # noqa: E402
 from tests.conftest import start_llama_server, stop_started_on_sigterm  # noqa: E402
-
-from pflash_proxy.llama.spawn import free_port  # noqa: E402
 
 PATH = "/v1/chat/completions"
 
 
-async def start_proxy(tree: Path, upstream: str, slot_dir: Path, home: Path) -> tuple[asyncio.subprocess.Process, str]:
-    port = free_port()
-    env = {**os.environ, "PFLASH_HOME": str(home), "PYTHONPATH": str(tree)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pflash_proxy", "serve", "--upstream", upstream, "--port", str(port),
-        "--slot-save-path", str(slot_dir), "--log-level", "warning", env=env, cwd=str(tree),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    assert proc.stdout is not None
-    while b"listening on" not in (await proc.stdout.readline() or b"listening on"):
-        pass
-    return proc, f"http://127.0.0.1:{port}"
-
-
 async def turn(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
     """Wall ms and net ms (wall − llama-server's own timings) of one chat turn."""
-    t0 = time.perf_counter()
-    async with session.post(url, json=CHAT) as resp:
-        raw = await resp.read()
-        assert resp.status == 200, (url, resp.status, raw[:200])
-    wall = (time.perf_counter() - t0) * 1000
-    t = json.loads(raw).get("timings") or {}
-    return wall, wall - float(t.get("prompt_ms", 0)) - float(t.get("predicted_ms", 0))
+    wall, server_ms = await timed(session, "POST", url, json=CHAT)
+    return wall, wall - (server_ms or 0.0)
 
 
 def median_diff_ci(a: list[float], b: list[float], draws: int = 2000, seed: int = 7) -> tuple[float, float, float]:
@@ -93,7 +71,7 @@ async def run(trees: dict[str, Path], server_url: str, slot_dir: Path, work: Pat
     arms: dict[str, str] = {"direct": tap_url + PATH}
     try:
         for name, tree in trees.items():
-            procs[name], url = await start_proxy(tree, tap_url, slot_dir, work / f"home-{name}")
+            procs[name], url = await start_proxy(tap_url, slot_dir, work / f"home-{name}", tree)
             arms[f"{name} parsed"] = url + PATH
             arms[f"{name} passthrough"] = url + RAW_PREFIX.decode() + PATH
         results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}

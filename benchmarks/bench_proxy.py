@@ -205,21 +205,30 @@ def rss_kb(pid: int) -> dict:
     return fields
 
 
+async def start_proxy(upstream: str, slot_dir: Path, home: Path, tree: Path | None = None
+                      ) -> tuple[asyncio.subprocess.Process, str]:
+    """A proxy process in front of ``upstream`` (from ``tree``'s source when given: ``PYTHONPATH``), once it
+    listens: the process and its URL."""
+    port = free_port()
+    env = {**os.environ, "PFLASH_HOME": str(home), **({"PYTHONPATH": str(tree)} if tree else {})}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pflash_proxy", "serve", "--upstream", upstream, "--port", str(port),
+        "--slot-save-path", str(slot_dir), "--log-level", "warning", env=env, cwd=str(tree) if tree else None,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    assert proc.stdout is not None
+    while b"listening on" not in (await proc.stdout.readline() or b"listening on"):
+        pass
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def with_proxy(server, work: Path, requests: int, streams: int) -> dict:
     tap = Tap(int(server.url.rsplit(":", 1)[1]))
     await tap.start()
     tap_url = f"http://127.0.0.1:{tap.port}"
-    port = free_port()
-    env = {**os.environ, "PFLASH_HOME": str(work / "home")}
-    proxy = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pflash_proxy", "serve", "--upstream", tap_url, "--port", str(port),
-        "--slot-save-path", str(server.slot_dir), "--log-level", "warning", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proxy, proxy_url = await start_proxy(tap_url, server.slot_dir, work / "home")
     try:
-        while b"listening on" not in (await proxy.stdout.readline() or b"listening on"):
-            pass
         # Both arms go through the tap, so "added" is the proxy alone.
-        results = await run(tap_url, f"http://127.0.0.1:{port}", tap, requests, streams, proxy.pid)
+        results = await run(tap_url, proxy_url, tap, requests, streams, proxy.pid)
         results["proxy_rss_kb"] = rss_kb(proxy.pid)
     finally:
         proxy.terminate()

@@ -93,12 +93,13 @@ def serve_instrumented(out: Path, argv: list[str]) -> int:
             events.append(("save1", now()))
     store.SessionStore.save_session = timed_save  # type: ignore[method-assign]
     collections: list[tuple[int, float, float]] = []  # (generation, start, seconds) of each garbage collection
+    began = [0.0]  # when the collection in progress started
 
-    def collected(phase: str, info: dict[str, int], _start: list[float] = [0.0]) -> None:  # noqa: B006
+    def collected(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            _start[0] = now()
+            began[0] = now()
         else:
-            collections.append((info["generation"], _start[0], now() - _start[0]))
+            collections.append((info["generation"], began[0], now() - began[0]))
     gc.callbacks.append(collected)
     atexit.register(lambda: Path(f"{out}.gc").write_text(json.dumps(collections)))
     atexit.register(lambda: out.write_text("".join(f"{n} {t:.7f}\n" for n, t in events)))

@@ -367,7 +367,7 @@ def serve(settings: Settings) -> int:
         where = ", ".join(f"{h}:{proxy.port}" for h in proxy.tcp_hosts)
         print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    app = create_app(settings, freeze_heap=True)
+    app = create_app(settings, tune_collector=True)
 
     port = socks[0].getsockname()[1] if socks else proxy.port  # the one bound, also for --port 0
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \

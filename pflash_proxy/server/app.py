@@ -70,11 +70,11 @@ EngineFactory: TypeAlias = Callable[[Upstream], Engine]
 
 
 def create_app(settings: Settings, stages: list[Stage] | None = None,
-               engine: EngineFactory = LlamaServerEngine, freeze_heap: bool = False) -> web.Application:
+               engine: EngineFactory = LlamaServerEngine, tune_collector: bool = False) -> web.Application:
     """The app. ``stages``: the pipeline's stages, read at start-up (default: ``stages.default_stages`` on the
     app's engine); ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives another:
     the session, compression and savings stages, the routes and the inspector all use the one it builds);
-    ``freeze_heap``: once started, the objects start-up made are frozen and the collector tuned
+    ``tune_collector``: once started, the objects start-up made are frozen and the collector tuned
     (``tune_garbage_collector``; the server process's, not a test's)."""
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
     # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
@@ -96,7 +96,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     app[PIPELINE] = Pipeline()
     steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages)]
     app.cleanup_ctx.append(_in_order(steps))
-    if freeze_heap:
+    if tune_collector:
         app.on_startup.append(tune_garbage_collector)  # after the cleanup_ctx start-up, which aiohttp runs first
     add_routes(app)
     app[API_KEY] = settings.inspector.api_key

@@ -11,8 +11,9 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
    or a new one, or a fork of one the request diverges from; then its slot's lease. The lease serialises a
    session's requests, but the first lookup happens before the wait, so it is repeated under the lease unless
    no write that can change its answer or the record it read ran since (``SessionIndex.write_mark``); when the
-   answer is the same, the record read under the lease is the one used; when the answer changed, the lease is returned and the decision taken again, at most
-   ``LOOKUP_ATTEMPTS`` times in all (then the last decision stands). A history under ``INLINE_BYTES`` in a local index is looked up on the loop.
+   answer is the same, the record read under the lease is the one used; when the answer changed, the lease is
+   returned and the decision taken again, at most ``LOOKUP_ATTEMPTS`` times in all (then the last decision
+   stands). A history under ``INLINE_BYTES`` in a local index is looked up on the loop.
 3. Several nodes (``cluster.py``): a session another live node holds is not leased here (``Found.forward`` names
    that node); otherwise the session's turn lease in the shared index is taken with the slot's
    (``Found.turn``, freed by ``end_turn``) and ``claim`` makes this node the holder (the node it took the session
@@ -26,8 +27,9 @@ call runs (``index.run``: from the index's declared ``remote``, and from the siz
 6. The index: ``commit`` starts writing the served history now (on the loop for a short history in a local
    index, once the request it commits has been sent to the engine, else in a worker thread) and says later
    whether it was kept; ``update_trace_log`` (the inspector's traces of a turn, after its answer) and
-   ``index_work`` (the response chains' reads and writes) run in a worker thread. A failed index call is counted and logged (``store_failed``), never raised to the request;
-   ``update_trace_log`` alone raises it to its caller, which logs it without counting it.
+   ``index_work`` (the response chains' reads and writes) run in a worker thread. A failed index call is counted
+   and logged (``store_failed``), never raised to the request; ``update_trace_log`` alone raises it to its caller,
+   which logs it without counting it.
 """
 
 from __future__ import annotations

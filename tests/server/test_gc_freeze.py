@@ -22,7 +22,7 @@ async def test_the_served_app_freezes_the_start_up_heap_and_raises_the_threshold
         assert gc.get_threshold() == thresholds
 
         frozen = await aiohttp_client(create_app(make_settings("http://127.0.0.1:9", tmp_path / "b"),
-                                                 engine=lambda _t: FakeEngine(), freeze_heap=True))
+                                                 engine=lambda _t: FakeEngine(), tune_collector=True))
         assert frozen.server.app is not None
         assert gc.get_freeze_count() > 10_000  # the modules, the app, its stages
         assert gc.get_threshold() == (GEN0_THRESHOLD, *thresholds[1:])
