@@ -42,9 +42,10 @@ rewrote, ``update_record`` puts the record, a prune drops what it deleted, each 
 and before it ends (``_writing``). A key the mirror does not hold is read from SQLite, and what a lookup read
 there is taken into the mirror only when no such write began or ended during the lookup (``write_mark``), so a
 value read before a concurrent write never outlives it. A turn that continues a session it served recently reads
-no SQLite row but its new messages' chain entries (absent: never mirrored), and does not decode its record again:
-the record decoded from the mirror's bytes is kept until the session is saved again, and each lookup gets a copy
-of it whose lists and dicts are its own.
+no SQLite row but its new messages' chain entries (absent: never mirrored), and decodes no record: a save keeps
+the record it wrote as decoding its bytes would give it, a lookup that had to decode bytes keeps what it decoded,
+each beside those bytes until the session is saved again, and each lookup gets a copy whose lists and dicts are its
+own.
 
 Failures of the layer below (SQLite: disk full, a damaged file, a lock timeout; ``OSError``) are translated at
 this boundary into ``StoreError``, which callers treat as "serve without the index", never as a failed request.
@@ -54,7 +55,7 @@ started, so a damaged file costs the cached sessions, not the service.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import functools
 import logging
 import pickle
@@ -134,15 +135,27 @@ class Mirror:
                     self._put(key, value)
 
 
+_CONTAINERS = tuple(f.name for f in dataclasses.fields(SessionRecord) if f.default_factory in (list, dict))
+
+
 def _fresh(rec: SessionRecord) -> SessionRecord:
     """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
     sources are shared by every reader already, ``RecordParts``)."""
-    out = copy.copy(rec)
-    for name, value in vars(rec).items():
-        if isinstance(value, list):
-            setattr(out, name, list(value))
-        elif isinstance(value, dict):
-            setattr(out, name, dict(value))
+    out = object.__new__(SessionRecord)
+    fields = out.__dict__
+    fields.update(rec.__dict__)
+    for name in _CONTAINERS:
+        fields[name] = fields[name].copy()
+    return out
+
+
+def _as_stored(rec: SessionRecord) -> SessionRecord:
+    """What decoding the bytes a save just wrote of ``rec`` returns (``records.decode``), without decoding them: the
+    save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
+    record as stored holds none inline, and has read none back."""
+    out = _fresh(rec)
+    out.served, out.recall_sources = [], []
+    out.served_stored = out.recall_stored = 0
     return out
 
 
@@ -407,7 +420,8 @@ class SessionStore:
     def _decoded(self, sid: str, data: object) -> SessionRecord | None:
         """The record stored as ``data`` under ``sid`` (None: nothing, unreadable, or another session's). The
         bytes a lookup finds in the mirror are the ones it found there last time until the session is saved
-        again, so the record decoded from them is kept (``_decodes``) and a copy of it returned."""
+        again, so the record decoded from them is kept (``_decodes``; a save keeps the one it wrote:
+        ``_keep_decoded``) and a copy of it returned."""
         kept = self._decodes.get(sid)
         if kept is not None and kept[0] is data:
             return _fresh(kept[1])
@@ -415,11 +429,20 @@ class SessionStore:
         if rec is None or rec.id != sid:
             return None
         if isinstance(data, bytes):
-            with self._decodes_lock:
-                self._decodes[sid] = (data, _fresh(rec))
-                while len(self._decodes) > MIRROR_KEYS:
-                    self._decodes.pop(next(iter(self._decodes)))
+            self._keep(sid, data, _fresh(rec))
         return rec
+
+    def _keep_decoded(self, rec: SessionRecord, data: bytes) -> None:
+        """After a save of ``rec`` as ``data``: the record a lookup would decode from them, kept for it."""
+        if len(rec.served) == rec.served_stored and len(rec.recall_sources) == rec.recall_stored:
+            self._keep(rec.id, data, _as_stored(rec))
+
+    def _keep(self, sid: str, data: bytes, rec: SessionRecord) -> None:
+        with self._decodes_lock:
+            self._decodes.pop(sid, None)  # newest last: the oldest go first
+            self._decodes[sid] = (data, rec)
+            while len(self._decodes) > MIRROR_KEYS:
+                self._decodes.pop(next(iter(self._decodes)))
 
     @_guarded
     def read(self, key: tuple[str, ...]) -> object:
@@ -454,6 +477,7 @@ class SessionStore:
                 for h in entries:
                     self.cache.set(("chain", h), rec.id)
             self.parts.committed(writes)
+            self._keep_decoded(rec, data)
             self.mirror.put(("session", rec.id), data)
             if entries:  # the entry of the whole history is the one the session's next turn looks up
                 self.mirror.update([("chain", h) for h in entries[:-1]], rec.id)
@@ -470,6 +494,7 @@ class SessionStore:
             with self.cache.transact():
                 writes, data = self._put(rec)
             self.parts.committed(writes)
+            self._keep_decoded(rec, data)
             self.mirror.put(("session", rec.id), data)
         finally:
             self._writing(-1)

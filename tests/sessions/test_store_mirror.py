@@ -134,8 +134,9 @@ def test_the_mirror_answers_every_lookup_as_sqlite_does(tmp_path):
 
 
 def test_a_continued_session_is_not_decoded_again_and_each_lookup_gets_its_own_record(tmp_path, monkeypatch):
-    """The record a lookup finds in the mirror is decoded once per save; every lookup gets a copy whose lists are
-    its own, so what one turn changes in its record is not what the next lookup returns."""
+    """The record a lookup finds in the mirror is not decoded again: the save kept what it wrote, and an index that
+    did not write it decodes it once; every lookup gets a copy whose lists are its own, so what one turn changes in
+    its record is not what the next lookup returns."""
     import pflash_proxy.sessions.store as store_module
 
     store = SessionStore(tmp_path / "idx")
@@ -152,7 +153,7 @@ def test_a_continued_session_is_not_decoded_again_and_each_lookup_gets_its_own_r
     monkeypatch.setattr(store_module, "decode", counting)
     first, _, _ = store.lookup("seed", history)
     second, _, _ = store.lookup("seed", history)
-    assert decodes.count("session") == 1
+    assert decodes.count("session") == 0
     assert first is not second and first == second and first.served == history
     first.client_hashes.append("x")
     first.served.append({"role": "assistant", "content": "4"})
@@ -160,9 +161,66 @@ def test_a_continued_session_is_not_decoded_again_and_each_lookup_gets_its_own_r
     third, _, _ = store.lookup("seed", history)
     assert third.client_hashes == second.client_hashes and third.served == history and third.trace_totals == {}
 
-    save(store, second, history + msgs("", "4")[1:])  # saved again: the new bytes are decoded once
+    save(store, second, history + msgs("", "4")[1:])  # saved again: the save keeps what it wrote, decoded
     decodes.clear()
     for _ in range(2):
         found, matched, _ = store.lookup("seed", history + msgs("", "4")[1:])
         assert found is not None and matched == 4 and found.turns == 2
+    assert decodes.count("session") == 0
+    assert found.served == history + msgs("", "4")[1:]
+
+    other = SessionStore(tmp_path / "idx")  # another index on the same directory decodes what it reads, once
+    decodes.clear()
+    for _ in range(2):
+        assert other.lookup("seed", history + msgs("", "4")[1:])[0].turns == 2
     assert decodes.count("session") == 1
+
+
+def test_a_save_keeps_what_decoding_its_bytes_gives(tmp_path):
+    """What a save keeps for the next lookup is the record decoding the stored bytes gives, recall sources and all:
+    served messages and sources under keys of their own, none inline, none read back; after every save of a run of
+    new, continued, forked and updated sessions."""
+    from pflash_proxy.sessions.records import decode
+    from tests.sessions.test_redis_index import _recall_source
+
+    rnd = random.Random(3)
+    store = SessionStore(tmp_path / "idx")
+    sources = [_recall_source("copper"), _recall_source("tin")]
+    histories: list[list[dict[str, object]]] = []
+    for step in range(60):
+        if histories and rnd.random() < 0.7:
+            history = rnd.choice(histories)
+            request = history[: rnd.randint(1, len(history))] + msgs("more", "again")[: rnd.randint(0, 2)]
+        else:
+            request = msgs(*rnd.choices(["alpha", "beta", "gamma"], k=rnd.randint(1, 3)))
+        found, matched, _ = store.lookup("seed", request)
+        if found is None or matched < len(found.served):
+            found = store.new_session("seed", False, parent=found, upto=matched)
+        if rnd.random() < 0.3:
+            found.recall_sources.append(rnd.choice(sources))
+        save(store, found, request)
+        if rnd.random() < 0.2:
+            found.turns += 5
+            store.update_record(found)
+        histories.append(request)
+        data, kept = store._decodes[found.id]
+        assert data is store.mirror.get(("session", found.id))
+        decoded = decode("session", data, "test")
+        assert kept == decoded, step
+        assert (kept.served, kept.recall_sources, kept.served_stored, kept.recall_stored) == ([], [], 0, 0)
+        again, matched, _ = store.lookup("seed", request)
+        assert again is not None and again.id == found.id and again.served == request
+        assert again.recall_sources == found.recall_sources
+
+
+def test_a_copy_of_a_record_owns_every_list_and_dict(tmp_path):
+    """``_fresh`` copies each container field of a record (a field added as a list or dict is copied too)."""
+    from pflash_proxy.sessions.store import _fresh
+
+    rec = SessionStore(tmp_path / "idx").new_session("seed", False)
+    containers = [k for k, v in vars(rec).items() if isinstance(v, (list, dict))]
+    assert containers  # the record has some
+    copy = _fresh(rec)
+    assert copy == rec and type(copy) is type(rec)
+    for name in containers:
+        assert getattr(copy, name) == getattr(rec, name) and getattr(copy, name) is not getattr(rec, name), name
