@@ -25,7 +25,9 @@ saved, estimated (``inspector.turns``). Traces and totals of version 1 named tho
 
 ``append`` adds a turn's traces to the log. Bounds per session: the newest ``MAX_TRACES`` compression and recall
 traces and, apart from them, the newest ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in
-all, the oldest traces lose their text (their units, scores and line ranges stay). ``TraceLog.totals`` keeps the
+all, the oldest traces lose their text (their units, scores and line ranges stay). An index stores each text under
+a key of its own, written once (``sessions.records.TraceTexts``): the log ``append`` is given names it there and
+counts its characters, and a reader gets the texts back in place. ``TraceLog.totals`` keeps the
 session's running totals (messages compressed, tokens in, tokens served; turns timed, tokens prefilled and
 cached, tokens avoided and milliseconds saved by cause), which outlive dropped traces. ``log_of`` reads a
 session's log together with what records written before the log kept of it.
@@ -45,6 +47,7 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.llama.engine import TRACE_NAMES_V1
 from pflash_proxy.sessions.index import TraceLog
+from pflash_proxy.sessions.records import drop_text, text_chars
 
 if TYPE_CHECKING:
     from pflash_proxy.compress import CompressionOutcome, RecallDecision, RequestSpec, Segmenter
@@ -197,11 +200,9 @@ def append(kept: TraceLog, turn: TurnTraces) -> TraceLog:
     del turns[:-MAX_TURNS]
     used = 0
     for t in reversed(traces):  # the newest keep their text
-        text = t.get("text")
-        n = len(text) if isinstance(text, str) else 0  # a trace's text: a string, or None once dropped
+        n = text_chars(t)  # inline, or under a key of its own as an index stores it; 0 once dropped
         if used + n > MAX_TEXT_CHARS:
-            t["text"] = None
-            t["text_dropped"] = True
+            drop_text(t)
         else:
             used += n
     totals = current(kept.totals)

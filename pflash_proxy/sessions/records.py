@@ -12,7 +12,8 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
    ``recall`` (one ``RecallSource``, under its own key: a session record names its sources' keys in
    ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did),
    ``message`` (one served message, an object, under its session and position: a session record counts its
-   messages stored so in ``served_keyed`` and holds the others inline, as records before did all of them).
+   messages stored so in ``served_keyed`` and holds the others inline, as records before did all of them),
+   ``text`` (one trace's original text, a string, under its session and a key of its own: ``TraceTexts``).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
    ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
    maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
@@ -35,7 +36,8 @@ import base64
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,7 +53,7 @@ log = logging.getLogger("pflash_proxy.sessions")
 
 SCHEMA = 2
 READABLE = (1, 2)  # schema 1: a session's served history and recall sources inline (read as they are)
-KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message")
+KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message", "text")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
 
@@ -143,6 +145,9 @@ def encode(kind: str, value: Any) -> bytes:
         value = dataclasses.asdict(value)
     elif kind == "traces":
         value = {"traces": value.traces, "totals": value.totals}  # plain already: no deep copy
+    elif kind == "text":
+        if not isinstance(value, str):
+            raise RecordError("a trace text is a string")
     elif kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")
     doc = {"schema": SCHEMA, "kind": kind, "value": value}
@@ -373,6 +378,79 @@ class RecordParts:
         self.served.discard([f"{rec.id}:{i}" for i in range(rec.served_keyed)])
 
 
+TEXT_KEY, TEXT_CHARS = "text_key", "text_chars"  # a stored trace's text: its key, its length
+
+
+def text_chars(trace: Mapping[str, object]) -> int:
+    """The length of a trace's text, inline or under a key of its own (``TraceTexts``); 0 when it has none."""
+    text = trace.get("text")
+    if isinstance(text, str):
+        return len(text)
+    n = trace.get(TEXT_CHARS)
+    return n if isinstance(n, int) and isinstance(trace.get(TEXT_KEY), str) else 0
+
+
+def drop_text(trace: MutableMapping[str, Any]) -> None:
+    """The trace without its text (inline or under a key: the index deletes a key no trace names any more)."""
+    trace["text"] = None
+    trace["text_dropped"] = True
+    trace.pop(TEXT_KEY, None)
+    trace.pop(TEXT_CHARS, None)
+
+
+class TraceTexts:
+    """A trace log's texts under keys of their own, for both indexes: ``("trace-text", sid, key)`` → one trace's
+    original text (kind ``text``), written once, by the trace write that added the trace. The stored trace names
+    it (``text_key``) and keeps its length (``text_chars``: what ``inspector.trace.append`` bounds) in place of
+    ``text``, so a session's trace write carries its log's metadata and the new texts, not every text the log
+    keeps.
+
+    1. ``stored(sid, kept)``: the log as stored (a trace with a text gets a new key for it; the trace is copied,
+       the caller's untouched) and the writes of those texts.
+    2. ``keys(sid, kept)``: the text keys a stored log names: a write deletes those its new log no longer names (a
+       trace dropped, or its text dropped), a prune all of them.
+    3. ``joined(sid, kept, read)``: the log as readers see it, each trace's text in its ``text`` (read with ``read``:
+       the stored values of the keys it is given, None for one that is gone); a text gone or unreadable reads as
+       dropped.
+    """
+
+    @staticmethod
+    def stored(sid: str, kept: TraceLog) -> tuple[TraceLog, list[tuple[Key, bytes]]]:
+        traces: list[dict[str, Any]] = []
+        writes: list[tuple[Key, bytes]] = []
+        for trace in kept.traces:
+            text = trace.get("text")
+            if isinstance(text, str) and text:
+                key = uuid.uuid4().hex
+                writes.append((("trace-text", sid, key), encode("text", text)))
+                trace = {k: v for k, v in trace.items() if k != "text"}
+                trace[TEXT_KEY], trace[TEXT_CHARS] = key, len(text)
+            traces.append(trace)
+        return TraceLog(traces, kept.totals), writes
+
+    @staticmethod
+    def keys(sid: str, kept: TraceLog) -> set[Key]:
+        return {("trace-text", sid, key) for t in kept.traces if isinstance(key := t.get(TEXT_KEY), str)}
+
+    @staticmethod
+    def joined(sid: str, kept: TraceLog, read: Callable[[list[Key]], Sequence[object]]) -> TraceLog:
+        named = [(i, key) for i, t in enumerate(kept.traces) if isinstance(key := t.get(TEXT_KEY), str)]
+        if not named:
+            return kept
+        traces = list(kept.traces)
+        for (i, key), data in zip(named, read([("trace-text", sid, key) for _, key in named])):
+            trace = {k: v for k, v in traces[i].items() if k not in (TEXT_KEY, TEXT_CHARS)}
+            text = decode("text", data, f"trace text {key[:40]} of {sid[:40]}") if data else None
+            if isinstance(text, str):
+                trace["text"] = text
+            else:
+                if not data:
+                    log.warning("inspector trace text %s of session %s is gone", key[:8], sid[:8])
+                trace["text"], trace["text_dropped"] = None, True
+            traces[i] = trace
+        return TraceLog(traces, kept.totals)
+
+
 def trace_log(data: object, where: str) -> TraceLog | None:
     """The ``TraceLog`` stored as ``data`` (None when nothing is stored or it is not readable: ``decode``)."""
     found: TraceLog | None = decode("traces", data, where) if data else None
@@ -407,6 +485,10 @@ def decode(kind: str, data: object, where: str = "") -> Any:
             return TraceLog(checked.traces, checked.totals)
         if kind == "message":
             return _MESSAGE.validate_python(value)
+        if kind == "text":
+            if not isinstance(value, str):
+                raise RecordError("not a string")
+            return value
         if kind == "recall":
             source = _untagged(value)
             if not isinstance(source, _dataclasses()[_RECALL_SOURCE]):
