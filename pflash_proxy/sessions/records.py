@@ -37,13 +37,13 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from pflash_proxy.jsontypes import JSONValue
+from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog, ValueCache
 
 if TYPE_CHECKING:
@@ -390,7 +390,7 @@ def text_chars(trace: Mapping[str, object]) -> int:
     return n if isinstance(n, int) and isinstance(trace.get(TEXT_KEY), str) else 0
 
 
-def drop_text(trace: MutableMapping[str, Any]) -> None:
+def drop_text(trace: JSONObject) -> None:
     """The trace without its text (inline or under a key: the index deletes a key no trace names any more)."""
     trace["text"] = None
     trace["text_dropped"] = True
@@ -416,7 +416,7 @@ class TraceTexts:
 
     @staticmethod
     def stored(sid: str, kept: TraceLog) -> tuple[TraceLog, list[tuple[Key, bytes]]]:
-        traces: list[dict[str, Any]] = []
+        traces: list[JSONObject] = []
         writes: list[tuple[Key, bytes]] = []
         for trace in kept.traces:
             text = trace.get("text")
