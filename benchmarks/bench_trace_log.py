@@ -7,7 +7,7 @@
    ``update_trace_log``): the log the inspector keeps for such a session.
 3. Time ``--writes`` more trace writes that add one turn trace each (a follow-up question that compressed
    nothing): the loop thread's CPU per write (``time.thread_time``: this thread only), the stored log's size, and
-   the bytes each write stores (the log, and any text it writes under a key of its own).
+   the bytes each write stores (the log, and any text or unit table it writes under a key of its own).
 4. Print one markdown row and write the JSON to ``--out``.
 
 Only public interfaces are used, so ``PYTHONPATH=<tree> python benchmarks/bench_trace_log.py`` measures any tree.
@@ -44,7 +44,7 @@ def document(i: int, chars: int) -> str:
 
 
 def stored_bytes(store: SessionStore) -> int:
-    return sum(len(v) for k in store.cache.iterkeys() if k[0] in ("traces", "trace-text")
+    return sum(len(v) for k in store.cache.iterkeys() if k[0] in ("traces", "trace-part")
                and isinstance(v := store.cache.get(k), (bytes, str)))
 
 
@@ -99,7 +99,7 @@ def main() -> None:
     print("| documents × chars | CPU per write, p50 (max) | stored log | bytes stored per write | texts read back |")
     print("|---|---|---|---|---|")
     print(f"| {out['documents']} × {out['doc_chars']:,} | {out['cpu_ms_per_write_p50']:.2f} ms "
-          f"({out['cpu_ms_per_write_max']:.2f}) | {out['log_bytes']:,} B | {out['bytes_stored_per_write_p50']:,} B | "
+          f"({out['cpu_ms_per_write_max']:.2f}) | {out['log_bytes']:,} B | {round(out['bytes_stored_per_write_p50']):,} B | "
           f"{out['texts_read_back']} |")
 
 

@@ -13,7 +13,8 @@ most that record (a cold prefill, a lost recall), never a request, a listing or 
    ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did),
    ``message`` (one served message, an object, under its session and position: a session record counts its
    messages stored so in ``served_keyed`` and holds the others inline, as records before did all of them),
-   ``text`` (one trace's original text, a string, under its session and a key of its own: ``TraceTexts``).
+   ``trace-part`` (one field of an inspector trace, its original text or its units, under its session and a key
+   of its own: ``TraceParts``).
 2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
    ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
    maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
@@ -53,7 +54,7 @@ log = logging.getLogger("pflash_proxy.sessions")
 
 SCHEMA = 2
 READABLE = (1, 2)  # schema 1: a session's served history and recall sources inline (read as they are)
-KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message", "text")
+KINDS = ("session", "snapshot", "response", "ids", "traces", "recall", "message", "trace-part")
 _NUMERIC_KINDS = "biuf"  # numpy dtype kinds an array may have: bool, signed, unsigned, float
 _MAX_TAG_DEPTH = 64  # the compressor's objects nest a handful of levels
 
@@ -145,9 +146,9 @@ def encode(kind: str, value: Any) -> bytes:
         value = dataclasses.asdict(value)
     elif kind == "traces":
         value = {"traces": value.traces, "totals": value.totals}  # plain already: no deep copy
-    elif kind == "text":
-        if not isinstance(value, str):
-            raise RecordError("a trace text is a string")
+    elif kind == "trace-part":
+        if not isinstance(value, (str, dict)):
+            raise RecordError("a trace part is a string or an object")
     elif kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")
     doc = {"schema": SCHEMA, "kind": kind, "value": value}
@@ -379,10 +380,11 @@ class RecordParts:
 
 
 TEXT_KEY, TEXT_CHARS = "text_key", "text_chars"  # a stored trace's text: its key, its length
+_PARTS = {"text": str, "units": dict}  # a trace's fields stored under keys of their own, and their types
 
 
 def text_chars(trace: Mapping[str, object]) -> int:
-    """The length of a trace's text, inline or under a key of its own (``TraceTexts``); 0 when it has none."""
+    """The length of a trace's text, inline or under a key of its own (``TraceParts``); 0 when it has none."""
     text = trace.get("text")
     if isinstance(text, str):
         return len(text)
@@ -398,20 +400,21 @@ def drop_text(trace: JSONObject) -> None:
     trace.pop(TEXT_CHARS, None)
 
 
-class TraceTexts:
-    """A trace log's texts under keys of their own, for both indexes: ``("trace-text", sid, key)`` → one trace's
-    original text (kind ``text``), written once, by the trace write that added the trace. The stored trace names
-    it (``text_key``) and keeps its length (``text_chars``: what ``inspector.trace.append`` bounds) in place of
-    ``text``, so a session's trace write carries its log's metadata and the new texts, not every text the log
-    keeps.
+class TraceParts:
+    """The bulk of a trace log under keys of their own, for both indexes: ``("trace-part", sid, key)`` → one
+    trace's original text or its units (the line ranges, tokens and scores of every unit; kind ``trace-part``),
+    written once, by the trace write that added the trace (neither changes after). The stored trace names each
+    (``text_key``, ``units_key``) in its place, and keeps its text's length (``text_chars``: what
+    ``inspector.trace.append`` bounds), so a session's trace write carries its log's small fields and the new
+    parts, not every text and unit table the log keeps.
 
-    1. ``stored(sid, kept)``: the log as stored (a trace with a text gets a new key for it; the trace is copied,
-       the caller's untouched) and the writes of those texts.
-    2. ``keys(sid, kept)``: the text keys a stored log names: a write deletes those its new log no longer names (a
+    1. ``stored(sid, kept)``: the log as stored (each text and unit table not under a key yet gets a new one; the
+       trace is copied, the caller's untouched) and the writes of those parts.
+    2. ``keys(sid, kept)``: the part keys a stored log names: a write deletes those its new log no longer names (a
        trace dropped, or its text dropped), a prune all of them.
-    3. ``joined(sid, kept, read)``: the log as readers see it, each trace's text in its ``text`` (read with ``read``:
-       the stored values of the keys it is given, None for one that is gone); a text gone or unreadable reads as
-       dropped.
+    3. ``joined(sid, kept, read)``: the log as readers see it, each part in its field (read with ``read``: the
+       stored values of the keys it is given, None for one that is gone); a text gone or unreadable reads as
+       dropped, units as None (a trace without units), logged.
     """
 
     @staticmethod
@@ -419,35 +422,40 @@ class TraceTexts:
         traces: list[JSONObject] = []
         writes: list[tuple[Key, bytes]] = []
         for trace in kept.traces:
-            text = trace.get("text")
-            if isinstance(text, str) and text:
-                key = uuid.uuid4().hex
-                writes.append((("trace-text", sid, key), encode("text", text)))
-                trace = {k: v for k, v in trace.items() if k != "text"}
-                trace[TEXT_KEY], trace[TEXT_CHARS] = key, len(text)
+            parts = {f: v for f, kind in _PARTS.items() if isinstance(v := trace.get(f), kind) and v}
+            if parts:
+                trace = {k: v for k, v in trace.items() if k not in parts}
+                for field_, value in parts.items():
+                    key = uuid.uuid4().hex
+                    writes.append((("trace-part", sid, key), encode("trace-part", value)))
+                    trace[f"{field_}_key"] = key
+                    if field_ == "text":
+                        trace[TEXT_CHARS] = len(str(value))
             traces.append(trace)
         return TraceLog(traces, kept.totals), writes
 
     @staticmethod
     def keys(sid: str, kept: TraceLog) -> set[Key]:
-        return {("trace-text", sid, key) for t in kept.traces if isinstance(key := t.get(TEXT_KEY), str)}
+        return {("trace-part", sid, key) for t in kept.traces for f in _PARTS if isinstance(key := t.get(f"{f}_key"), str)}
 
     @staticmethod
     def joined(sid: str, kept: TraceLog, read: Callable[[list[Key]], Sequence[object]]) -> TraceLog:
-        named = [(i, key) for i, t in enumerate(kept.traces) if isinstance(key := t.get(TEXT_KEY), str)]
+        named = [(i, f, key) for i, t in enumerate(kept.traces) for f in _PARTS
+                 if isinstance(key := t.get(f"{f}_key"), str)]
         if not named:
             return kept
         traces = list(kept.traces)
-        for (i, key), data in zip(named, read([("trace-text", sid, key) for _, key in named])):
-            trace = {k: v for k, v in traces[i].items() if k not in (TEXT_KEY, TEXT_CHARS)}
-            text = decode("text", data, f"trace text {key[:40]} of {sid[:40]}") if data else None
-            if isinstance(text, str):
-                trace["text"] = text
-            else:
-                if not data:
-                    log.warning("inspector trace text %s of session %s is gone", key[:8], sid[:8])
-                trace["text"], trace["text_dropped"] = None, True
-            traces[i] = trace
+        for (i, field_, key), data in zip(named, read([("trace-part", sid, key) for _, _, key in named])):
+            trace = traces[i] = {k: v for k, v in traces[i].items() if k not in (f"{field_}_key", TEXT_CHARS)}
+            value = decode("trace-part", data, f"trace {field_} {key[:40]} of {sid[:40]}") if data else None
+            if isinstance(value, _PARTS[field_]):
+                trace[field_] = value
+                continue
+            if not data:
+                log.warning("inspector trace %s %s of session %s is gone", field_, key[:8], sid[:8])
+            trace[field_] = None
+            if field_ == "text":
+                trace["text_dropped"] = True
         return TraceLog(traces, kept.totals)
 
 
@@ -485,9 +493,9 @@ def decode(kind: str, data: object, where: str = "") -> Any:
             return TraceLog(checked.traces, checked.totals)
         if kind == "message":
             return _MESSAGE.validate_python(value)
-        if kind == "text":
-            if not isinstance(value, str):
-                raise RecordError("not a string")
+        if kind == "trace-part":
+            if not isinstance(value, (str, dict)):
+                raise RecordError("not a string or an object")
             return value
         if kind == "recall":
             source = _untagged(value)

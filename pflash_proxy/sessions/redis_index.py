@@ -8,8 +8,8 @@ node; nothing is ever unpickled):
    recall sources); ``served:<sid>:<i>`` → its served message ``i``, written once, by the save that added it;
    ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
    wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
-   after each answer in a ``WATCH``ed transaction), each trace's original text under ``trace-text:<sid>:<key>``,
-   written once (``records.TraceTexts``);
+   after each answer in a ``WATCH``ed transaction), each trace's original text and units under ``trace-part:<sid>:<key>``,
+   written once (``records.TraceParts``);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
 3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
-from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceTexts, decode, encode
+from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.records import trace_log as stored_trace_log
 
 T = TypeVar("T")
@@ -203,12 +203,12 @@ class RedisIndex:
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
         kept = stored_trace_log(self._get(f"{self.p}traces:{sid}"), f"traces:{sid[:40]}")
-        return None if kept is None else TraceTexts.joined(sid, kept, self._read_many)
+        return None if kept is None else TraceParts.joined(sid, kept, self._read_many)
 
     @_guarded
     def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
-        """``WATCH`` the log, read it, ``update``, then ``MULTI``/``EXEC`` the write (the new texts under keys of
-        their own, the texts the log no longer names deleted: ``TraceTexts``) and the last use; retried
+        """``WATCH`` the log, read it, ``update``, then ``MULTI``/``EXEC`` the write (the new texts and units under
+        keys of their own, those the log no longer names deleted: ``TraceParts``) and the last use; retried
         (``update`` runs again) when another node wrote the log in between."""
         key = f"{self.p}traces:{sid}"
 
@@ -216,10 +216,10 @@ class RedisIndex:
             if not pipe.exists(f"{self.p}session:{sid}"):
                 return None
             kept = stored_trace_log(pipe.get(key), f"traces:{sid[:40]}") or TraceLog()
-            named = TraceTexts.keys(sid, kept)  # before ``update``, which drops texts in place
+            named = TraceParts.keys(sid, kept)  # before ``update``, which drops texts in place
             new = update(kept)
-            stored, writes = TraceTexts.stored(sid, new)
-            gone = named - TraceTexts.keys(sid, stored)
+            stored, writes = TraceParts.stored(sid, new)
+            gone = named - TraceParts.keys(sid, stored)
             pipe.multi()
             for text_key, data in writes:
                 pipe.set(self._key(text_key), data)
@@ -254,7 +254,7 @@ class RedisIndex:
             rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
             parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
             kept = stored_trace_log(self._get(f"{self.p}traces:{sid}"), f"traces:{sid[:40]}")
-            parts += [self._key(k) for k in TraceTexts.keys(sid, kept)] if kept is not None else []
+            parts += [self._key(k) for k in TraceParts.keys(sid, kept)] if kept is not None else []
             rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
             pipe = self.r.pipeline(transaction=True)
             pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",

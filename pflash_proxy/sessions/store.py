@@ -15,7 +15,7 @@ Keys:
    compressed);
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning; ``("traces", sid)``
    → the session's ``TraceLog`` (the inspector's: written after each answer, never read by a turn), each trace's
-   original text under ``("trace-text", sid, key)``, written once (``records.TraceTexts``);
+   original text and units under ``("trace-part", sid, key)``, written once (``records.TraceParts``);
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size, checksum and last use;
 5. ``("response", rid)`` → one Responses answer (``stages/chains.py``): its owner, the session that recorded
@@ -75,7 +75,7 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
-from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceTexts, decode, encode
+from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.records import trace_log as stored_trace_log
 
 
@@ -503,22 +503,22 @@ class SessionStore:
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
         kept = stored_trace_log(self.read(("traces", sid)), f"traces of {sid[:40]}")
-        return None if kept is None else TraceTexts.joined(sid, kept, self._read_many)
+        return None if kept is None else TraceParts.joined(sid, kept, self._read_many)
 
     @_guarded
     def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
-        """One SQLite transaction: read, ``update``, write (the new texts under keys of their own, the texts the log
-        no longer names deleted: ``TraceTexts``), and the session's last use."""
+        """One SQLite transaction: read, ``update``, write (the new texts and units under keys of their own, those
+        the log no longer names deleted: ``TraceParts``), and the session's last use."""
         with self.cache.transact():
             if ("session", sid) not in self.cache:
                 return None
             kept = stored_trace_log(self.cache.get(("traces", sid)), f"traces of {sid[:40]}") or TraceLog()
-            named = TraceTexts.keys(sid, kept)  # before ``update``, which drops texts in place
+            named = TraceParts.keys(sid, kept)  # before ``update``, which drops texts in place
             new = update(kept)
-            stored, writes = TraceTexts.stored(sid, new)
+            stored, writes = TraceParts.stored(sid, new)
             for key, data in writes:
                 self.cache.set(key, data)
-            for key in named - TraceTexts.keys(sid, stored):
+            for key in named - TraceParts.keys(sid, stored):
                 self.cache.delete(key)
             self.cache.set(("traces", sid), encode("traces", stored))
             self.cache.set(("used", sid), time.time())
@@ -565,7 +565,7 @@ class SessionStore:
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         texts: dict[str, list[Key]] = {}
         for k in keys:
-            if k[0] == "trace-text" and len(k) == 3:
+            if k[0] == "trace-part" and len(k) == 3:
                 texts.setdefault(k[1], []).append(k)
         for sid in victims:
             rec = self._record(sid)

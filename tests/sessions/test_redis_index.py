@@ -324,12 +324,12 @@ def test_a_sessions_trace_log_is_its_own_key_updated_atomically_and_pruned_with_
     assert index.trace_log(rec.id) is None
 
 
-def test_a_traces_text_is_written_once_under_a_key_of_its_own(index, monkeypatch):
-    """A compressed document's trace keeps its original text: the trace write that adds the trace writes the text
-    once, under a key of its own, and every later write of the session's log carries the log's metadata only; a
-    reader gets each text in place. A text the log drops (``MAX_TEXT_CHARS``) or a trace it drops (``MAX_TRACES``)
-    takes its key with it, a prune takes them all, and a log written with its texts inline (before) is read as it
-    is and moves them to keys at its next write."""
+def test_a_traces_text_and_units_are_written_once_under_keys_of_their_own(index, monkeypatch):
+    """A compressed document's trace keeps its original text and its units: the trace write that adds the trace
+    writes each once, under a key of its own, and every later write of the session's log carries the log's small
+    fields only; a reader gets each in place. A text the log drops (``MAX_TEXT_CHARS``) takes its key with it and
+    keeps its units, a trace it drops (``MAX_TRACES``) takes both, a prune takes them all, and a log written with
+    its texts inline (before) is read as it is and moves them to keys at its next write."""
     from pflash_proxy.inspector import trace as trace_module
     from pflash_proxy.inspector.trace import TurnTraces, append
 
@@ -339,44 +339,48 @@ def test_a_traces_text_is_written_once_under_a_key_of_its_own(index, monkeypatch
     index.save_session(rec, ["h"], msgs("hello"))
     documents = [f"document {i}: " + "line of the pasted file\n" * 500 for i in range(5)]  # ~12K chars each
 
+    def units(i: int) -> dict:
+        return {"start": list(range(i, i + 50)), "end": list(range(i + 1, i + 51)), "tokens": [7] * 50,
+                "score": [0.25] * 50}
+
     def add(turn: int, *documents_: str) -> None:
         traces = TurnTraces(turn)
         for i, text in enumerate(documents_):
-            traces.add({"v": 2, "kind": "compression", "turn": turn, "message": i, "text": text}, {"compressed": 1})
+            traces.add({"v": 2, "kind": "compression", "turn": turn, "message": i, "text": text,
+                        "units": units(turn)}, {"compressed": 1})
         traces.add({"v": 2, "kind": "turn", "turn": turn})
         assert index.update_trace_log(rec.id, lambda kept: append(kept, traces)) is not None
 
-    def stored() -> tuple[dict, dict[str, bytes]]:  # the session's log and its texts, as stored
+    def stored() -> tuple[dict, dict[str, bytes]]:  # the session's log and its parts, as stored
         values = _stored_values(index)
         log = json.loads(values[f"traces:{rec.id}"])["value"]
-        return log, {k: v for k, v in values.items() if k.startswith(f"trace-text:{rec.id}:")}
+        return log, {k: v for k, v in values.items() if k.startswith(f"trace-part:{rec.id}:")}
+
+    def compressions() -> list[tuple[str | None, dict | None]]:
+        got = index.trace_log(rec.id)
+        assert got is not None and all(not k.endswith("_key") and k != "text_chars" for t in got.traces for k in t)
+        return [(t.get("text"), t.get("units")) for t in got.traces if t["kind"] == "compression"]
 
     add(1, documents[0])
-    log, texts = stored()
-    assert len(texts) == 1 and documents[0].encode() not in values_of(log)  # the log names the text
+    log, parts = stored()
+    assert len(parts) == 2 and b"line of the pasted file" not in json.dumps(log).encode()
     [compression] = [t for t in log["traces"] if t["kind"] == "compression"]
-    assert compression["text_chars"] == len(documents[0]) and "text" not in compression
-    assert texts == {f"trace-text:{rec.id}:{compression['text_key']}": texts[next(iter(texts))]}
-    for turn in (2, 3):  # turns without a document: the text is not written again
+    assert compression["text_chars"] == len(documents[0]) and "text" not in compression and "units" not in compression
+    assert set(parts) == {f"trace-part:{rec.id}:{compression[k]}" for k in ("text_key", "units_key")}
+    for turn in (2, 3):  # turns without a document: nothing is written again
         add(turn)
-        assert stored()[1] == texts
-    got = index.trace_log(rec.id)
-    assert got is not None and [t.get("text") for t in got.traces if t["kind"] == "compression"] == [documents[0]]
-    assert all("text_key" not in t and "text_chars" not in t for t in got.traces)
+        assert stored()[1] == parts
+    assert compressions() == [(documents[0], units(1))]
 
     add(4, documents[1])  # two texts, ~24K chars: both kept
-    add(5, documents[2])  # a third: the oldest loses its text, and its key goes
-    got = index.trace_log(rec.id)
-    compressions = [t for t in got.traces if t["kind"] == "compression"]
-    assert [t.get("text") for t in compressions] == [None, documents[1], documents[2]]
-    assert compressions[0]["text_dropped"] is True and len(stored()[1]) == 2
-    add(6, documents[3])  # MAX_TRACES 3: the first trace goes (its text went already), the second loses its text
-    got = index.trace_log(rec.id)
-    assert [t.get("text") for t in got.traces if t["kind"] == "compression"] == [None, documents[2], documents[3]]
-    assert len(stored()[1]) == 2
+    add(5, documents[2])  # a third: the oldest loses its text (and its key), keeps its units
+    assert compressions() == [(None, units(1)), (documents[1], units(4)), (documents[2], units(5))]
+    assert len(stored()[1]) == 5
+    add(6, documents[3])  # MAX_TRACES 3: the first trace goes with its units, the second loses its text
+    assert compressions() == [(None, units(4)), (documents[2], units(5)), (documents[3], units(6))]
+    assert len(stored()[1]) == 5
 
-    # another session's log written before, its texts inline: read as it is, the texts moved to keys at its next
-    # write
+    # another session's log written before, its text inline: read as it is, moved to a key at its next write
     rec = index.new_session("other seed", False)
     index.save_session(rec, ["h2"], msgs("hi"))
     old = TraceLog([{"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": documents[4]}], {})
@@ -384,21 +388,24 @@ def test_a_traces_text_is_written_once_under_a_key_of_its_own(index, monkeypatch
         index.cache.set(("traces", rec.id), encode("traces", old))
     else:
         index.r.set(f"{index.p}traces:{rec.id}", encode("traces", old))
-    assert [t.get("text") for t in index.trace_log(rec.id).traces] == [documents[4]]
-    assert not stored()[1]
+    assert compressions() == [(documents[4], None)] and not stored()[1]
     add(2)
-    log, texts = stored()
-    assert len(texts) == 1 and all("text" not in t for t in log["traces"] if t["kind"] == "compression")
-    assert [t.get("text") for t in index.trace_log(rec.id).traces if t["kind"] == "compression"] == [documents[4]]
-    assert len(stored_texts(index)) == 3  # the first session's two, this one's
+    log, parts = stored()
+    assert len(parts) == 1 and all("text" not in t for t in log["traces"] if t["kind"] == "compression")
+    assert compressions() == [(documents[4], None)]
+    assert len(stored_parts(index)) == 6  # the first session's five, this one's
 
     index.prune(older_than=None, max_sessions=0)
-    assert not stored_texts(index)
+    assert not stored_parts(index)
+
+
+def stored_parts(index) -> list[str]:
+    return [k for k in _stored_values(index) if k.startswith("trace-part:")]
 
 
 def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
-    """A text key that is gone or holds something other than a text record costs that trace its text (logged),
-    never the log or the other traces' texts."""
+    """A text key that is gone or holds something other than a trace-part record costs that trace its text
+    (logged), never the log or the other traces' texts."""
     from pflash_proxy.inspector.trace import TurnTraces, append
 
     rec = index.new_session("seed", False)
@@ -407,7 +414,7 @@ def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     for i in range(3):
         traces.add({"v": 2, "kind": "compression", "turn": 1, "message": i, "text": f"text {i}"})
     index.update_trace_log(rec.id, lambda kept: append(kept, traces))
-    keys = sorted(k for k in _stored_values(index) if k.startswith("trace-text:"))
+    keys = sorted(k for k in _stored_values(index) if k.startswith("trace-part:"))
     by_message = {json.loads(_stored_values(index)[k])["value"]: k for k in keys}
     gone, damaged = by_message["text 0"], by_message["text 1"]
     if isinstance(index, SessionStore):
@@ -419,15 +426,7 @@ def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     got = index.trace_log(rec.id)
     assert got is not None
     assert [(t.get("text"), t.get("text_dropped")) for t in got.traces] == [(None, True), (None, True), ("text 2", None)]
-    assert "gone" in caplog.text and "not a readable text record" in caplog.text
-
-
-def values_of(log: dict) -> bytes:
-    return json.dumps(log).encode()
-
-
-def stored_texts(index) -> list[str]:
-    return [k for k in _stored_values(index) if k.startswith("trace-text:")]
+    assert "gone" in caplog.text and "not a readable trace-part record" in caplog.text
 
 
 def test_snapshot_records_round_trip(index):
