@@ -27,9 +27,9 @@ saved, estimated (``inspector.turns``). Traces and totals of version 1 named tho
 traces and, apart from them, the newest ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in
 all, the oldest traces lose their text (their units, scores and line ranges stay). An index stores each text and
 unit table under a key of its own, written once (``sessions.records.TraceParts``): the log ``append`` is given
-names them there and counts the text's characters, and a reader gets them back in place. ``TraceLog.totals`` keeps the
-session's running totals (messages compressed, tokens in, tokens served; turns timed, tokens prefilled and
-cached, tokens avoided and milliseconds saved by cause), which outlive dropped traces. ``log_of`` reads a
+names them there and counts the text's characters, and a reader gets them back in place. ``TraceLog.totals``
+keeps the session's running totals (messages compressed, tokens in, tokens served; turns timed, tokens prefilled
+and cached, tokens avoided and milliseconds saved by cause), which outlive dropped traces. ``log_of`` reads a
 session's log together with what records written before the log kept of it.
 
 Recording never fails a request: an error is logged and the trace skipped.

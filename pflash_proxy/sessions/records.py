@@ -379,8 +379,15 @@ class RecordParts:
         self.served.discard([f"{rec.id}:{i}" for i in range(rec.served_keyed)])
 
 
-TEXT_KEY, TEXT_CHARS = "text_key", "text_chars"  # a stored trace's text: its key, its length
 _PARTS = {"text": str, "units": dict}  # a trace's fields stored under keys of their own, and their types
+
+
+def _named(field_: str) -> str:
+    """The field of a stored trace that names the key its part ``field_`` is stored under."""
+    return f"{field_}_key"
+
+
+TEXT_KEY, TEXT_CHARS = _named("text"), "text_chars"  # a stored trace's text: its key, its length
 
 
 def text_chars(trace: Mapping[str, object]) -> int:
@@ -400,6 +407,16 @@ def drop_text(trace: JSONObject) -> None:
     trace.pop(TEXT_CHARS, None)
 
 
+@dataclasses.dataclass
+class TraceWrite:
+    """One trace write (``TraceParts.update``): what the index stores, in one transaction, and returns."""
+
+    new: TraceLog  # the log the change made, as its caller gave it (the new parts inline)
+    log: bytes  # that log as stored, encoded
+    writes: list[tuple[Key, bytes]]  # the new parts, encoded, under their keys
+    gone: set[Key]  # the part keys the stored log named and the new one does not
+
+
 class TraceParts:
     """The bulk of a trace log under keys of their own, for both indexes: ``("trace-part", sid, key)`` → one
     trace's original text or its units (the line ranges, tokens and scores of every unit; kind ``trace-part``),
@@ -408,17 +425,26 @@ class TraceParts:
     ``inspector.trace.append`` bounds), so a session's trace write carries its log's small fields and the new
     parts, not every text and unit table the log keeps.
 
-    1. ``stored(sid, kept)``: the log as stored (each text and unit table not under a key yet gets a new one; the
-       trace is copied, the caller's untouched) and the writes of those parts.
-    2. ``keys(sid, kept)``: the part keys a stored log names: a write deletes those its new log no longer names (a
-       trace dropped, or its text dropped), a prune all of them.
+    1. ``update(sid, kept, change)``: a trace write, for both indexes to carry out in one transaction
+       (``TraceWrite``): the log ``change`` makes of the stored one, that log as stored (each text and unit table
+       not under a key yet gets a new one; the trace is copied, the caller's untouched), the parts to write, and
+       the part keys to delete: those the stored log named and the new one does not (a trace dropped, or its
+       text dropped).
+    2. ``keys(sid, kept)``: the part keys a stored log names (a prune deletes them all).
     3. ``joined(sid, kept, read)``: the log as readers see it, each part in its field (read with ``read``: the
        stored values of the keys it is given, None for one that is gone); a text gone or unreadable reads as
        dropped, units as None (a trace without units), logged.
     """
 
     @staticmethod
-    def stored(sid: str, kept: TraceLog) -> tuple[TraceLog, list[tuple[Key, bytes]]]:
+    def update(sid: str, kept: TraceLog, change: Callable[[TraceLog], TraceLog]) -> TraceWrite:
+        named = TraceParts.keys(sid, kept)  # before ``change``, which drops texts in place
+        new = change(kept)
+        stored, writes = TraceParts._stored(sid, new)
+        return TraceWrite(new, encode("traces", stored), writes, named - TraceParts.keys(sid, stored))
+
+    @staticmethod
+    def _stored(sid: str, kept: TraceLog) -> tuple[TraceLog, list[tuple[Key, bytes]]]:
         traces: list[JSONObject] = []
         writes: list[tuple[Key, bytes]] = []
         for trace in kept.traces:
@@ -428,7 +454,7 @@ class TraceParts:
                 for field_, value in parts.items():
                     key = uuid.uuid4().hex
                     writes.append((("trace-part", sid, key), encode("trace-part", value)))
-                    trace[f"{field_}_key"] = key
+                    trace[_named(field_)] = key
                     if field_ == "text":
                         trace[TEXT_CHARS] = len(str(value))
             traces.append(trace)
@@ -436,17 +462,18 @@ class TraceParts:
 
     @staticmethod
     def keys(sid: str, kept: TraceLog) -> set[Key]:
-        return {("trace-part", sid, key) for t in kept.traces for f in _PARTS if isinstance(key := t.get(f"{f}_key"), str)}
+        return {("trace-part", sid, key) for t in kept.traces for f in _PARTS
+                if isinstance(key := t.get(_named(f)), str)}
 
     @staticmethod
     def joined(sid: str, kept: TraceLog, read: Callable[[list[Key]], Sequence[object]]) -> TraceLog:
         named = [(i, f, key) for i, t in enumerate(kept.traces) for f in _PARTS
-                 if isinstance(key := t.get(f"{f}_key"), str)]
+                 if isinstance(key := t.get(_named(f)), str)]
         if not named:
             return kept
         traces = list(kept.traces)
         for (i, field_, key), data in zip(named, read([("trace-part", sid, key) for _, _, key in named])):
-            trace = traces[i] = {k: v for k, v in traces[i].items() if k not in (f"{field_}_key", TEXT_CHARS)}
+            trace = traces[i] = {k: v for k, v in traces[i].items() if k not in (_named(field_), TEXT_CHARS)}
             value = decode("trace-part", data, f"trace {field_} {key[:40]} of {sid[:40]}") if data else None
             if isinstance(value, _PARTS[field_]):
                 trace[field_] = value

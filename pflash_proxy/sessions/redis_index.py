@@ -8,8 +8,8 @@ node; nothing is ever unpickled):
    recall sources); ``served:<sid>:<i>`` → its served message ``i``, written once, by the save that added it;
    ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
    wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
-   after each answer in a ``WATCH``ed transaction), each trace's original text and units under ``trace-part:<sid>:<key>``,
-   written once (``records.TraceParts``);
+   after each answer in a ``WATCH``ed transaction), each trace's original text and units under
+   ``trace-part:<sid>:<key>``, written once (``records.TraceParts``);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
 3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
@@ -216,18 +216,15 @@ class RedisIndex:
             if not pipe.exists(f"{self.p}session:{sid}"):
                 return None
             kept = stored_trace_log(pipe.get(key), f"traces:{sid[:40]}") or TraceLog()
-            named = TraceParts.keys(sid, kept)  # before ``update``, which drops texts in place
-            new = update(kept)
-            stored, writes = TraceParts.stored(sid, new)
-            gone = named - TraceParts.keys(sid, stored)
+            write = TraceParts.update(sid, kept, update)
             pipe.multi()
-            for text_key, data in writes:
-                pipe.set(self._key(text_key), data)
-            if gone:
-                pipe.delete(*(self._key(k) for k in gone))
-            pipe.set(key, encode("traces", stored))
+            for part_key, data in write.writes:
+                pipe.set(self._key(part_key), data)
+            if write.gone:
+                pipe.delete(*(self._key(k) for k in write.gone))
+            pipe.set(key, write.log)
             pipe.zadd(f"{self.p}used", {sid: time.time()})
-            return new
+            return write.new
 
         result: TraceLog | None = self.r.transaction(attempt, key, value_from_callable=True)
         return result

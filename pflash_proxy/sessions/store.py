@@ -142,7 +142,7 @@ _CONTAINERS = tuple(f.name for f in dataclasses.fields(SessionRecord) if f.defau
 def _fresh(rec: SessionRecord) -> SessionRecord:
     """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
     sources are shared by every reader already, ``RecordParts``)."""
-    out = object.__new__(SessionRecord)
+    out = object.__new__(type(rec))
     fields = out.__dict__
     fields.update(rec.__dict__)
     for name in _CONTAINERS:
@@ -434,9 +434,8 @@ class SessionStore:
         return rec
 
     def _keep_decoded(self, rec: SessionRecord, data: bytes) -> None:
-        """After a save of ``rec`` as ``data``: the record a lookup would decode from them, kept for it."""
-        if len(rec.served) == rec.served_stored and len(rec.recall_sources) == rec.recall_stored:
-            self._keep(rec.id, data, _as_stored(rec))
+        """After a save of ``rec`` as ``data`` (``_put``): the record a lookup would decode from them, kept for it."""
+        self._keep(rec.id, data, _as_stored(rec))
 
     def _keep(self, sid: str, data: bytes, rec: SessionRecord) -> None:
         with self._decodes_lock:
@@ -513,16 +512,14 @@ class SessionStore:
             if ("session", sid) not in self.cache:
                 return None
             kept = stored_trace_log(self.cache.get(("traces", sid)), f"traces of {sid[:40]}") or TraceLog()
-            named = TraceParts.keys(sid, kept)  # before ``update``, which drops texts in place
-            new = update(kept)
-            stored, writes = TraceParts.stored(sid, new)
-            for key, data in writes:
+            write = TraceParts.update(sid, kept, update)
+            for key, data in write.writes:
                 self.cache.set(key, data)
-            for key in named - TraceParts.keys(sid, stored):
+            for key in write.gone:
                 self.cache.delete(key)
-            self.cache.set(("traces", sid), encode("traces", stored))
+            self.cache.set(("traces", sid), write.log)
             self.cache.set(("used", sid), time.time())
-        return new
+        return write.new
 
     def _put(self, rec: SessionRecord) -> tuple[PartWrites, bytes]:
         """Write the record (in the caller's transaction), its new served messages and recall sources first; the
@@ -563,17 +560,17 @@ class SessionStore:
         self._drop_legacy_responses(keys)
         ranked = sorted(self._last_uses(keys).items(), key=lambda kv: kv[1])
         victims = prune_victims(ranked, older_than, max_sessions, keep)
-        texts: dict[str, list[Key]] = {}
+        trace_parts: dict[str, list[Key]] = {}  # by session: listed already, not read from each log
         for k in keys:
             if k[0] == "trace-part" and len(k) == 3:
-                texts.setdefault(k[1], []).append(k)
+                trace_parts.setdefault(k[1], []).append(k)
         for sid in victims:
             rec = self._record(sid)
             with self.cache.transact():
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
                 self.cache.delete(("traces", sid))
-                for key in texts.get(sid, ()):
+                for key in trace_parts.get(sid, ()):
                     self.cache.delete(key)
                 for rid in self._ids(sid):
                     self.cache.delete(("response", rid))
