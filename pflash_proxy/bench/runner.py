@@ -87,12 +87,12 @@ class LlamaProc:
         await self._launch()
 
     async def _launch(self) -> None:
-        from pflash_proxy.llama.spawn import die_with_parent
+        from pflash_proxy.llama.spawn import LLAMA_DEATH_SIGNAL, die_with_parent
 
         with open(self.log_path, "ab") as logf:
             self.proc = await asyncio.create_subprocess_exec(*self.args, stdin=asyncio.subprocess.DEVNULL,
                                                              stdout=logf, stderr=logf, start_new_session=True,
-                                                             preexec_fn=die_with_parent())
+                                                             preexec_fn=die_with_parent(LLAMA_DEATH_SIGNAL))
         await self.wait_healthy()
 
     async def wait_healthy(self, timeout_s: float = 300) -> None:

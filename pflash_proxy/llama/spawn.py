@@ -26,8 +26,8 @@
    The user's extra arguments come last, so they win.
 5. Wait for ``/health`` = 200, then open the upstream gate.  If the process dies, close the gate (clients get
    503), tell the session layer that the server's state is gone, and restart with exponential backoff.
-6. On stop: SIGTERM, then SIGKILL after a grace period.  On Linux the child also gets SIGTERM from the kernel
-   when the proxy dies without stopping it (``kill -9``, the OOM killer): ``die_with_parent``.
+6. On stop: SIGTERM, then SIGKILL after a grace period.  On Linux the kernel kills the child (SIGKILL) when the
+   proxy dies without stopping it (``kill -9``, the OOM killer): ``die_with_parent``.
 7. ``llama-server.log`` (in the state directory) is appended to by every launch; a log past
    ``LOG_ROTATE_BYTES`` at a launch becomes ``llama-server.log.1`` (one old log kept), so a service that runs
    for months does not fill the disk with it.
@@ -66,14 +66,20 @@ class SpawnError(Exception):
 
 
 PR_SET_PDEATHSIG = 1
+# llama-server installs its SIGTERM handler after the model has loaded, and the handler only clears the flag
+# that its task loop sets when it starts: a SIGTERM between the two (the moment /health first answers 200) is
+# lost and the server runs on.  With its proxy gone nothing is left for it to do in order, so it is killed.
+LLAMA_DEATH_SIGNAL = signal.SIGKILL
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to SIGTERM the child when the process that spawned it dies.
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to send ``sig`` to the child when the process that spawned it dies.
 
     The child runs in a session of its own (a Ctrl-C at the terminal reaches the proxy, which stops it in
     order), so nothing else would end it after a ``kill -9`` of the proxy: it would hold its port, its memory
-    and the slot files.  None where ``prctl`` is not available (not Linux)."""
+    and the slot files.  A child with clean-up of its own to run (the proxy under ``wrap``) gets SIGTERM; a
+    spawned llama-server gets SIGKILL (``LLAMA_DEATH_SIGNAL``).  None where ``prctl`` is not available (not
+    Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -84,7 +90,7 @@ def die_with_parent() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:  # the parent died between fork and prctl
             os._exit(1)
 
@@ -245,7 +251,7 @@ class LlamaServerSupervisor:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                preexec_fn=die_with_parent())
+                preexec_fn=die_with_parent(LLAMA_DEATH_SIGNAL))
         finally:
             logf.close()
         log.info("started llama-server pid %s: %s", self.proc.pid, " ".join(self.args))

@@ -135,6 +135,35 @@ def test_spawned_llama_server_dies_with_a_killed_proxy(tmp_path, gemma_model):
         pytest.fail(f"the spawned llama-server outlived its proxy: {state(pid)}")
 
 
+PARENT = """
+import signal, subprocess, sys, time
+from pflash_proxy.llama.spawn import LLAMA_DEATH_SIGNAL, die_with_parent
+# the child ignores SIGTERM, as llama-server does between its model load and the start of its task loop
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=die_with_parent(LLAMA_DEATH_SIGNAL))
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_that_ignores_sigterm_still_dies_with_its_parent():
+    """llama-server loses a SIGTERM that lands just as it becomes ready; the kernel's signal on the proxy's death
+    must be one it cannot ignore."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.communicate(timeout=30)
+    deadline = time.time() + 10
+    while running(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    if running(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the child outlived its parent: {state(pid)}")
+
+
 def test_invalid_configuration_is_one_clear_line(tmp_path):
     env = {**os.environ, "PFLASH_HOME": str(tmp_path), "PFLASH_PORT": "eighty"}
     out = subprocess.run([sys.executable, "-m", "pflash_proxy", "serve", "--upstream", "http://127.0.0.1:1"],
