@@ -106,11 +106,11 @@ class RedisIndex:
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.salt = self._salt()
 
-    def _get(self, key: str) -> object:
-        """``GET key``; None (logged) when the key holds something that is not a string, as for any value that is
-        not a record."""
+    def _get(self, key: str, via: Any = None) -> object:
+        """``GET key`` (on ``via``, a pipeline in its ``WATCH`` phase, where given); None (logged) when the key holds
+        something that is not a string, as for any value that is not a record."""
         try:
-            return self.r.get(key)
+            return (via or self.r).get(key)
         except Exception as exc:
             if not _wrong_type(exc):
                 raise
@@ -226,7 +226,8 @@ class RedisIndex:
             pipe.zadd(f"{self.p}used", {sid: time.time()})
             return write.new
 
-        result: TraceLog | None = self.r.transaction(attempt, key, value_from_callable=True)
+        # the record is watched too: a prune between the check and the write would leave a log of a session gone
+        result: TraceLog | None = self.r.transaction(attempt, key, f"{self.p}session:{sid}", value_from_callable=True)
         return result
 
     def _put(self, pipe: Any, rec: SessionRecord) -> PartWrites:
@@ -247,24 +248,36 @@ class RedisIndex:
         ranked = [(_text(sid) or "", t) for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)]
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
-            data = self._get(f"{self.p}session:{sid}")
-            rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
-            parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
-            kept = stored_trace_log(self._get(f"{self.p}traces:{sid}"), f"traces:{sid[:40]}")
-            parts += [self._key(k) for k in TraceParts.keys(sid, kept)] if kept is not None else []
-            rids = [_text(r) for r in self.r.lrange(f"{self.p}responses:{sid}", 0, -1)]
-            pipe = self.r.pipeline(transaction=True)
-            pipe.delete(f"{self.p}session:{sid}", f"{self.p}responses:{sid}", f"{self.p}holder:{sid}",
-                        f"{self.p}traces:{sid}", *parts)
-            pipe.zrem(f"{self.p}used", sid)
-            for rid in rids:
-                pipe.delete(f"{self.p}response:{rid}")
-            pipe.execute()
+            rec = self._prune_one(sid)
             if rec is not None:
                 self.parts.forget(rec)
             for h in chain(rec.seed, rec.client_hashes) if rec is not None else ():
                 self._del_if(keys=[f"{self.p}chain:{h}"], args=[sid])
         return victims
+
+    def _prune_one(self, sid: str) -> SessionRecord | None:
+        """Delete one session's keys in a transaction that ``WATCH``es its record, trace log and responses: a trace
+        write or a save that lands between the read of the keys to delete and their deletion makes it read again,
+        so none of the parts it wrote is left behind.  Returns the record that was deleted (None if there was none
+        or it could not be read)."""
+        session, traces, responses = (f"{self.p}{k}:{sid}" for k in ("session", "traces", "responses"))
+
+        def attempt(pipe: Any) -> SessionRecord | None:
+            data = self._get(session, pipe)
+            rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
+            parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
+            kept = stored_trace_log(self._get(traces, pipe), f"traces:{sid[:40]}")
+            parts += [self._key(k) for k in TraceParts.keys(sid, kept)] if kept is not None else []
+            rids = [_text(r) for r in pipe.lrange(responses, 0, -1)]
+            pipe.multi()
+            pipe.delete(session, responses, f"{self.p}holder:{sid}", traces, *parts)
+            pipe.zrem(f"{self.p}used", sid)
+            for rid in rids:
+                pipe.delete(f"{self.p}response:{rid}")
+            return rec
+
+        rec: SessionRecord | None = self.r.transaction(attempt, session, traces, responses, value_from_callable=True)
+        return rec
 
     @_guarded
     def last_uses(self) -> dict[str, float]:

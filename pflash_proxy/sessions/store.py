@@ -565,12 +565,14 @@ class SessionStore:
             if k[0] == "trace-part" and len(k) == 3:
                 trace_parts.setdefault(k[1], []).append(k)
         for sid in victims:
-            rec = self._record(sid)
             with self.cache.transact():
+                # read in the transaction: a save or trace write that committed since the listing named more parts
+                rec = self._decoded(sid, self.cache.get(("session", sid)))
+                kept = stored_trace_log(self.cache.get(("traces", sid)), f"traces of {sid[:40]}")
                 self.cache.delete(("session", sid))
                 self.cache.delete(("used", sid))
                 self.cache.delete(("traces", sid))
-                for key in trace_parts.get(sid, ()):
+                for key in {*trace_parts.get(sid, ()), *(TraceParts.keys(sid, kept) if kept is not None else ())}:
                     self.cache.delete(key)
                 for rid in self._ids(sid):
                     self.cache.delete(("response", rid))

@@ -403,6 +403,71 @@ def stored_parts(index) -> list[str]:
     return [k for k in _stored_values(index) if k.startswith("trace-part:")]
 
 
+def _add_document_trace(index, sid: str, turn: int) -> TraceLog | None:
+    from pflash_proxy.inspector.trace import TurnTraces, append
+
+    traces = TurnTraces(turn)
+    traces.add({"v": 2, "kind": "compression", "turn": turn, "message": 0, "text": f"document {turn}",
+                "units": {"spans": [[0, 1]]}})
+    return index.update_trace_log(sid, lambda kept: append(kept, traces))
+
+
+def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monkeypatch):
+    """A prune lists what a session's keys are, then deletes them; a trace write that lands in between (it runs
+    after the answer, in a worker thread or on another node) adds parts the prune did not list: they must go too,
+    never stay behind without a log that names them."""
+    from pflash_proxy.sessions import redis_index, store
+
+    rec = index.new_session("seed", False)
+    index.save_session(rec, ["h"], msgs("hello"))
+    assert _add_document_trace(index, rec.id, 1) is not None
+    assert len(stored_parts(index)) == 2
+    landed: list[TraceLog | None] = []
+
+    def write_once() -> None:
+        if not landed:
+            landed.append(None)  # before the write: the write reads the log too
+            landed[0] = _add_document_trace(index, rec.id, 2)
+
+    if isinstance(index, SessionStore):  # between the listing of the keys and the victim's transaction
+        victims = store.prune_victims
+        monkeypatch.setattr(store, "prune_victims", lambda *a: (victims(*a), write_once())[0])
+    else:  # between the read of the log and the transaction that deletes
+        read = redis_index.stored_trace_log
+        monkeypatch.setattr(redis_index, "stored_trace_log", lambda *a: (read(*a), write_once())[0])
+    assert index.prune(older_than=None, max_sessions=0) == [rec.id]
+    assert landed and landed[0] is not None  # the write did land, with its parts
+    assert index.trace_log(rec.id) is None and not stored_parts(index)
+
+
+def test_a_prune_landing_inside_a_trace_write_leaves_no_log_behind(tmp_path):
+    """The other order, across nodes: a trace write has checked that its session exists and is about to write
+    the session's first log when another node prunes the session; the write must not land."""
+    server = RedisServer.start(tmp_path / "redis")
+    try:
+        a, b = open_index(tmp_path / "a", server.url), open_index(tmp_path / "b", server.url)
+        rec = a.new_session("seed", False)
+        a.save_session(rec, ["h"], msgs("hello"))
+        from pflash_proxy.inspector.trace import TurnTraces, append
+
+        traces = TurnTraces(1)
+        traces.add({"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": "document"})
+        pruned = []
+
+        def update(kept: TraceLog) -> TraceLog:
+            if not pruned:
+                pruned.append(b.prune(older_than=None, max_sessions=0))
+            return append(kept, traces)
+
+        assert a.update_trace_log(rec.id, update) is None
+        assert pruned == [[rec.id]]
+        assert a.trace_log(rec.id) is None and not stored_parts(a)
+        a.close()
+        b.close()
+    finally:
+        server.stop()
+
+
 def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     """A text key that is gone or holds something other than a trace-part record costs that trace its text
     (logged), never the log or the other traces' texts."""
