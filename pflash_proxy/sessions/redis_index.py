@@ -32,7 +32,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, ParamSpec, TypeVar
+from typing import Any, Callable, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
@@ -76,8 +76,21 @@ def _wrong_type(exc: Exception) -> bool:
     return type(exc).__name__ == "ResponseError" and str(exc).startswith("WRONGTYPE")
 
 
-def _text(v: Any) -> str | None:
-    return v.decode() if isinstance(v, bytes) else v
+def _text(v: object) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v if isinstance(v, str) else None
+
+
+class _Pipe(Protocol):
+    """What this module calls on a redis-py pipeline (immediate while it ``WATCH``es, queued after ``multi``)."""
+
+    def get(self, key: str) -> object: ...
+    def exists(self, *keys: str) -> int: ...
+    def lrange(self, key: str, start: int, end: int) -> list[bytes]: ...
+    def multi(self) -> None: ...
+    def set(self, key: str, value: bytes) -> object: ...
+    def delete(self, *keys: str) -> object: ...
+    def zadd(self, key: str, mapping: Mapping[str, float]) -> object: ...
+    def zrem(self, key: str, *members: str) -> object: ...
 
 
 class RedisIndex:
@@ -106,7 +119,7 @@ class RedisIndex:
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.salt = self._salt()
 
-    def _get(self, key: str, via: Any = None) -> object:
+    def _get(self, key: str, via: _Pipe | None = None) -> object:
         """``GET key`` (on ``via``, a pipeline in its ``WATCH`` phase, where given); None (logged) when the key holds
         something that is not a string, as for any value that is not a record."""
         try:
@@ -212,7 +225,7 @@ class RedisIndex:
         (``update`` runs again) when another node wrote the log in between."""
         key = f"{self.p}traces:{sid}"
 
-        def attempt(pipe: Any) -> TraceLog | None:
+        def attempt(pipe: _Pipe) -> TraceLog | None:
             if not pipe.exists(f"{self.p}session:{sid}"):
                 return None
             kept = stored_trace_log(pipe.get(key), f"traces:{sid[:40]}") or TraceLog()
@@ -230,7 +243,7 @@ class RedisIndex:
         result: TraceLog | None = self.r.transaction(attempt, key, f"{self.p}session:{sid}", value_from_callable=True)
         return result
 
-    def _put(self, pipe: Any, rec: SessionRecord) -> PartWrites:
+    def _put(self, pipe: _Pipe, rec: SessionRecord) -> PartWrites:
         """Queue the record's writes on ``pipe`` (its new served messages and recall sources first); the caller
         hands what it returns to ``parts.committed`` once the pipe executed."""
         writes = self.parts.new(rec)
@@ -262,7 +275,7 @@ class RedisIndex:
         or it could not be read)."""
         session, traces, responses = (f"{self.p}{k}:{sid}" for k in ("session", "traces", "responses"))
 
-        def attempt(pipe: Any) -> SessionRecord | None:
+        def attempt(pipe: _Pipe) -> SessionRecord | None:
             data = self._get(session, pipe)
             rec = decode("session", data, f"session:{sid[:40]}") if data else None  # its keys: nothing read
             parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
