@@ -354,6 +354,7 @@ def _loose_settings(args: argparse.Namespace) -> Settings:
 def serve(settings: Settings) -> int:
     from aiohttp import web
 
+    from pflash_proxy.cli import home
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
     from pflash_proxy.llama.spawn import SpawnError
@@ -367,11 +368,18 @@ def serve(settings: Settings) -> int:
         where = ", ".join(f"{h}:{proxy.port}" for h in proxy.tcp_hosts)
         print(f"pflash-proxy: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    app = create_app(settings, tune_collector=True)
-
     port = socks[0].getsockname()[1] if socks else proxy.port  # the one bound, also for --port 0
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
         [f"unix://{p}" for p in proxy.unix_paths]
+    try:  # one serving proxy per state directory, held until this process ends (cli/home.py)
+        home_lock = home.hold(proxy.home)
+    except home.HomeTaken as exc:
+        for sock in socks:
+            sock.close()
+        print(f"pflash-proxy: {exc}", file=sys.stderr)
+        return 1
+    home.announce(home_lock, listen)
+    app = create_app(settings, tune_collector=True)
 
     def announce(_: str) -> None:
         print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)

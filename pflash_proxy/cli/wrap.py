@@ -1,7 +1,8 @@
 """``pflash-proxy wrap AGENT [ARGS...]``: run an agent CLI (Claude Code, Codex, opencode, aider) against the proxy.
 
-1. The proxy: the one that answers at ``--url`` (default: the configured ``http://HOST:PORT``) — a pflash-proxy
-   is one whose ``/pflash/metrics`` answers — waiting while its llama-server starts.  With none there, and
+1. The proxy: the one that answers at ``--url`` (default: the configured ``http://HOST:PORT``, else the one
+   serving from the configured state directory on another port: ``cli/home.py``) — a pflash-proxy is one whose
+   ``/pflash/metrics`` answers — waiting while its llama-server starts.  With none there, and
    ``--spawn`` or ``--upstream URL`` given, a ``pflash-proxy serve`` is started as a child on the configured port
    (a free one when that is taken), its output in ``$PFLASH_HOME/wrap-serve.log``, and waited for until
    ``/health`` answers 200.  Without either flag: one line saying how to start one.
@@ -45,6 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Mapping, Sequence
 
+from pflash_proxy.cli.home import holder
 from pflash_proxy.config import Settings, private_dir
 
 AGENT_NAMES = ("claude", "codex", "opencode", "aider")
@@ -331,6 +333,9 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         url = (args.url or settings.proxy.local_url).rstrip("/")
         timeout_s = args.startup_timeout_s or settings.upstream.startup_timeout_s + 60
         state = probe(url)
+        serving = None if args.url or state not in ("absent", "other") else holder(private_dir(settings.proxy.home))
+        if serving and (found := probe(serving.rstrip("/"))) not in ("absent", "other"):
+            url, state = serving.rstrip("/"), found  # the proxy already serving from this state directory
         if state in ("absent", "other"):
             if not (args.spawn or args.upstream):
                 what = "nothing answers" if state == "absent" else "what answers is not a pflash-proxy"
