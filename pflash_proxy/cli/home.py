@@ -10,11 +10,13 @@ slots are on another llama-server and write over the first one's records, so it 
    inherited by the spawned llama-server.
 2. A ``serve`` that finds the lock taken exits 1 with one line naming the holder (pid, URL) and the way out.
 3. ``holder(home)`` tells ``wrap`` the URL of the proxy serving from a directory, where one does.
-4. Where ``fcntl`` is missing (not POSIX), nothing is locked.
+4. Where ``fcntl`` is missing (not POSIX) or the file system refuses locks (some network mounts), nothing is
+   locked (logged).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import IO, Sequence
@@ -25,6 +27,7 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = "serve.lock"
+log = logging.getLogger("pflash_proxy.cli")
 
 
 class HomeTaken(Exception):
@@ -48,13 +51,21 @@ def hold(home: Path) -> IO[str] | None:
     lifetime); ``HomeTaken`` if another process holds it.  None where nothing can be locked."""
     if fcntl is None:
         return None
-    f = os.fdopen(os.open(home / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+")
+    try:
+        f = os.fdopen(os.open(home / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+")
+    except OSError as exc:
+        log.warning("cannot open %s (%s): serving without the one-proxy-per-directory lock", home / LOCK_NAME, exc)
+        return None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         pid, urls = _holder_line(f)
         f.close()
         raise HomeTaken(home, pid, urls) from None
+    except OSError as exc:  # a file system without locks (some network mounts: ENOLCK)
+        f.close()
+        log.warning("cannot lock %s (%s): serving without the one-proxy-per-directory lock", home / LOCK_NAME, exc)
+        return None
     return f
 
 

@@ -81,3 +81,16 @@ def test_wrap_finds_the_proxy_serving_from_its_state_directory_on_another_port(t
     finally:
         proxy.terminate()
         proxy.wait(timeout=60)
+
+
+def test_a_file_system_without_locks_serves_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
+    import errno
+
+    from pflash_proxy.cli import home as home_module
+
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(home_module.fcntl, "flock", no_locks)
+    assert home_module.hold(tmp_path) is None
+    assert "serving without the one-proxy-per-directory lock" in caplog.text and "No locks available" in caplog.text
