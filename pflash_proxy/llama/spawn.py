@@ -66,9 +66,10 @@ class SpawnError(Exception):
 
 
 PR_SET_PDEATHSIG = 1
-# llama-server installs its SIGTERM handler after the model has loaded, and the handler only clears the flag
-# that its task loop sets when it starts: a SIGTERM between the two (the moment /health first answers 200) is
-# lost and the server runs on.  With its proxy gone nothing is left for it to do in order, so it is killed.
+# The kernel sends the parent-death signal each time the child passes to another thread of the dying proxy (it
+# has worker threads), so a SIGTERM can come twice: llama-server's handler calls exit() on the second while the
+# first one's clean-up runs, and that can hang for good (a killed proxy left a llama-server asleep, CI and
+# 2 of 30 tries).  With its proxy gone nothing is left for it to do in order: SIGKILL, which no handler delays.
 LLAMA_DEATH_SIGNAL = signal.SIGKILL
 
 
