@@ -5,7 +5,7 @@
 2. Store the session (its served history of ``--messages`` messages of ``--message-chars`` characters, and those
    sources) in a fresh embedded index
    (``SessionStore``), then run ``--turns`` turns of what every request does: ``lookup`` of its history plus one
-   new message, ``save_session`` of it.
+   new message (parsed anew from JSON each turn, as a request's body is), ``save_session`` of it.
 3. Print the median milliseconds of a turn's lookup and save, the bytes of the session's record and of all its
    stored values, as JSON.
 
@@ -72,8 +72,9 @@ def main() -> None:
         store.save_session(rec, store.lookup("seed", history)[2], history)
         for t in range(args.turns):
             history = [*history, {"role": "user" if len(history) % 2 == 0 else "assistant", "content": f"turn {t}"}]
+            request = json.loads(json.dumps(history))  # parsed anew, as each request's body is
             t0 = time.perf_counter()
-            found, _, hashes = store.lookup("seed", history)
+            found, _, hashes = store.lookup("seed", request)
             t1 = time.perf_counter()
             assert found is not None and len(found.recall_sources) == args.sources
             store.save_session(found, hashes, history)
