@@ -182,7 +182,10 @@ def message_hash(msg: Mapping[str, object], memo: HashMemo | None = MEMO) -> str
     if memo is None or (isinstance(content, str) and len(content) < MEMO_MIN_CHARS and not msg.get("tool_calls")):
         return _digest(canonical)
     chars = [0]
-    key = _memo_key(canonical, chars)
+    try:
+        key = _memo_key(canonical, chars)
+    except RecursionError:  # arguments nested deeper than freezing reaches (json.dumps reaches further)
+        return _digest(canonical)
     if chars[0] < MEMO_MIN_CHARS:
         return _digest(canonical)
     hash(key)  # the strings' hashes, computed (and kept on them) outside the memo's lock

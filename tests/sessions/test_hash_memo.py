@@ -92,3 +92,11 @@ def test_the_memo_keeps_no_more_characters_than_its_bound():
     assert memo.get(identity._memo_key(canonical_message({"role": "user", "content": texts[0]}), [0])) is not None
     message_hash({"role": "user", "content": "y" * memo.max_chars}, memo)  # over the bound: not kept
     assert len(memo) == 4
+
+
+def test_arguments_nested_too_deep_to_freeze_are_hashed_as_before():
+    for depth in (400, 900):  # 900: the frozen form is too deep for Python's recursion, json.dumps is not
+        args = "[" * depth + "]" * depth
+        m = {"role": "assistant", "content": LONG, "tool_calls": [{"id": "c", "function": {"name": "f",
+                                                                                        "arguments": args}}]}
+        assert message_hash(m, HashMemo()) == message_hash(m, None)
