@@ -12,7 +12,7 @@
    match its own credential (and name) AND the exact same messages: two API keys never share a session record,
    however their conversations begin, and naming a session never reads another's state.
 4. The raw credential is never stored: only the HMAC-SHA256 of its values under the index's own random salt.
-5. A message's hash is remembered (``HashMemo``) by its canonical form, frozen into tuples with each scalar's
+5. A message's hash is remembered (``MEMO``, an ``lru.ValueCache``) by its canonical form, frozen into tuples with each scalar's
    type beside it (``true`` and ``1`` stay apart), when its strings hold at least ``MEMO_MIN_CHARS``
    characters: every turn of a conversation sends its whole history again, and serialising it for the hash
    (``json.dumps``) costs ~3 ms per MB, where finding the frozen form in the memo costs a pass of Python's
@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
-from collections import OrderedDict
 from typing import Any, Iterable, Mapping
+
+from pflash_proxy.sessions.lru import ValueCache
 
 CREDENTIAL_HEADERS = ("Authorization", "x-api-key", "api-key")
 
@@ -105,13 +105,6 @@ def _frozen(value: object, chars: list[int]) -> object:
     return (type(value).__name__, value)  # True == 1 == 1.0 in Python, not in JSON
 
 
-def _scalar(value: object, chars: list[int]) -> object:
-    if type(value) is str:
-        chars[0] += len(value)
-        return value
-    return _frozen(value, chars)
-
-
 def _memo_key(canonical: dict[str, object], chars: list[int]) -> object:
     """``_frozen(canonical)`` by the shape ``canonical_message`` gives (its five fields in a fixed order, a text
     part as its string): the same equality, in a fifth of the time."""
@@ -125,49 +118,11 @@ def _memo_key(canonical: dict[str, object], chars: list[int]) -> object:
         else:
             parts.append(_frozen(part, chars))
     calls = canonical["tool_calls"]
-    return (_scalar(canonical["role"], chars), _scalar(canonical["tool_call_id"], chars),
-            _scalar(canonical["name"], chars), tuple(parts), _frozen(calls, chars) if calls else ())
+    return (_frozen(canonical["role"], chars), _frozen(canonical["tool_call_id"], chars),
+            _frozen(canonical["name"], chars), tuple(parts), _frozen(calls, chars) if calls else ())
 
 
-class HashMemo:
-    """Message hashes by frozen canonical message, least recently used dropped past ``max_chars``; thread-safe
-    (lookups run on the loop and in worker threads)."""
-
-    def __init__(self, max_chars: int = MEMO_MAX_CHARS):
-        self.max_chars = max_chars
-        self._hashes: OrderedDict[object, tuple[str, int]] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: object) -> str | None:
-        with self._lock:
-            found = self._hashes.get(key)
-            if found is None:
-                return None
-            self._hashes.move_to_end(key)
-            return found[0]
-
-    def put(self, key: object, chars: int, digest: str) -> None:
-        chars += MEMO_ENTRY_CHARS
-        if chars > self.max_chars:
-            return
-        with self._lock:
-            if key in self._hashes:
-                return
-            self._hashes[key] = (digest, chars)
-            self._chars += chars
-            while self._chars > self.max_chars:
-                self._chars -= self._hashes.popitem(last=False)[1][1]
-
-    @property
-    def chars(self) -> int:
-        return self._chars
-
-    def __len__(self) -> int:
-        return len(self._hashes)
-
-
-MEMO = HashMemo()
+MEMO: ValueCache[str] = ValueCache(MEMO_MAX_CHARS)  # message hashes by frozen canonical message, sized in characters
 
 
 def _digest(canonical: dict[str, object]) -> str:
@@ -176,7 +131,7 @@ def _digest(canonical: dict[str, object]) -> str:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def message_hash(msg: Mapping[str, object], memo: HashMemo | None = MEMO) -> str:
+def message_hash(msg: Mapping[str, object], memo: ValueCache[str] | None = MEMO) -> str:
     canonical = canonical_message(msg)
     content = msg.get("content")
     if memo is None or (isinstance(content, str) and len(content) < MEMO_MIN_CHARS and not msg.get("tool_calls")):
@@ -192,7 +147,7 @@ def message_hash(msg: Mapping[str, object], memo: HashMemo | None = MEMO) -> str
     digest = memo.get(key)
     if digest is None:
         digest = _digest(canonical)
-        memo.put(key, chars[0], digest)
+        memo.put(key, digest, chars[0] + MEMO_ENTRY_CHARS)
     return digest
 
 

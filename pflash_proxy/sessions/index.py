@@ -18,7 +18,7 @@ after the answer. Records written before the trace log kept them in the record (
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
 hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
-``records.RecordParts.load_recall`` at a lookup, through a ``ValueCache`` of the sources read or written), not in
+``records.RecordParts.load_recall`` at a lookup, through a ``lru.ValueCache`` of the sources read or written), not in
 the record every later turn reads and writes; records that held them inline are read as they were and store them
 under keys at their next save. The served history is kept the same way: each message once, under its session and
 position (``served_keyed``, ``new_served``, ``RecordParts.load_served``), so a turn of a long conversation writes its
@@ -28,14 +28,12 @@ new messages, not the whole history again.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.identity import chain
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
-V = TypeVar("V")
 
 
 class StoreError(Exception):
@@ -149,46 +146,6 @@ class TraceLog:
 _RECORD_FIELDS = frozenset(f.name for f in fields(SessionRecord))
 _NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index learnt reading the record back
 _STORED_FIELDS = tuple(f.name for f in fields(SessionRecord) if f.name not in _NOT_STORED)  # in field order
-
-
-class ValueCache(Generic[V]):
-    """Values an index read or wrote under keys whose value never changes (a recall source, a served message at
-    its position), so nothing here goes stale: by key, within ``max_bytes`` of their stored size, the least
-    recently used out first. Thread-safe. A served message's position is written again when the save that wrote
-    it failed, so an index puts the messages it wrote only once their transaction committed (a recall source's
-    key is new at every write, and never written twice)."""
-
-    def __init__(self, max_bytes: int = 64 << 20):
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[V, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> V | None:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is None:
-                return None
-            self._items.move_to_end(key)
-            return hit[0]
-
-    def put(self, key: str, value: V, size: int) -> None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            self._bytes -= old[1] if old is not None else 0
-            if size > self.max_bytes:
-                return
-            self._items[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, gone) = self._items.popitem(last=False)
-                self._bytes -= gone
-
-    def discard(self, keys: Sequence[str]) -> None:
-        with self._lock:
-            for key in keys:
-                old = self._items.pop(key, None)
-                self._bytes -= old[1] if old is not None else 0
 
 
 def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:

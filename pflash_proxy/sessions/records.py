@@ -45,7 +45,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONObject, JSONValue
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog, ValueCache
+from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+from pflash_proxy.sessions.lru import ValueCache
 
 if TYPE_CHECKING:
     from pflash_proxy.compress.recall import RecallSource

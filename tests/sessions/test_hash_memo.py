@@ -9,7 +9,8 @@ import random
 import string
 
 from pflash_proxy.sessions import identity
-from pflash_proxy.sessions.identity import MEMO_ENTRY_CHARS, MEMO_MIN_CHARS, HashMemo, canonical_message, message_hash
+from pflash_proxy.sessions.identity import MEMO_ENTRY_CHARS, MEMO_MIN_CHARS, canonical_message, message_hash
+from pflash_proxy.sessions.lru import ValueCache
 
 LONG = "x" * MEMO_MIN_CHARS
 
@@ -42,14 +43,14 @@ def _messages(rng: random.Random) -> list[dict]:
 
 def test_the_memo_gives_the_hash_of_the_serialised_message_and_keeps_json_types_apart():
     rng = random.Random(7)
-    memo = HashMemo()
+    memo = ValueCache()
     messages = _messages(rng) + _messages(rng)
     for m in messages + json.loads(json.dumps(messages)):  # again, as a new request parses them
         assert message_hash(m, memo) == message_hash(m, None)
     assert len(memo) > 0
     # true, 1 and 1.0 are equal in Python and three different JSON texts: three hashes, in either order
     for order in ([True, 1, 1.0], [1.0, 1, True]):
-        memo = HashMemo()
+        memo = ValueCache()
         hashes = [message_hash({"role": "assistant", "content": LONG, "tool_calls": [
             {"id": "c", "function": {"name": "f", "arguments": json.dumps({"flag": v})}}]}, memo) for v in order]
         assert len(set(hashes)) == 3
@@ -57,7 +58,7 @@ def test_the_memo_gives_the_hash_of_the_serialised_message_and_keeps_json_types_
 
 def test_every_canonical_field_is_part_of_the_memo_key():
     assert set(canonical_message({})) == {"role", "content", "tool_calls", "tool_call_id", "name"}
-    memo = HashMemo()
+    memo = ValueCache()
     base = {"role": "tool", "content": LONG, "tool_call_id": "a", "name": "n",
             "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}
     variants = [base, {**base, "role": "user"}, {**base, "content": LONG + "y"}, {**base, "tool_call_id": "b"},
@@ -73,7 +74,7 @@ def test_a_long_message_sent_again_is_not_serialised_again(monkeypatch):
     calls = []
     dumps = json.dumps
     monkeypatch.setattr(identity.json, "dumps", lambda *a, **k: (calls.append(1), dumps(*a, **k))[1])
-    memo = HashMemo()
+    memo = ValueCache()
     first = [message_hash(m, memo) for m in json.loads(body)]
     assert len(calls) == 2
     assert [message_hash(m, memo) for m in json.loads(body)] == first  # parsed anew: other string objects
@@ -83,14 +84,14 @@ def test_a_long_message_sent_again_is_not_serialised_again(monkeypatch):
 def test_the_memo_keeps_no_more_characters_than_its_bound():
     texts = [f"{i:04d}" + LONG for i in range(12)]
     entry = len(texts[0]) + len("user") + MEMO_ENTRY_CHARS  # the strings of its key, and its own objects
-    memo = HashMemo(max_chars=4 * entry + 10)
+    memo = ValueCache(4 * entry + 10)
     for t in texts:
         message_hash({"role": "user", "content": t}, memo)
         message_hash({"role": "user", "content": texts[0]}, memo)  # the first stays in use
-        assert memo.chars <= memo.max_chars
+        assert memo.size <= memo.max_size
     assert len(memo) == 4
     assert memo.get(identity._memo_key(canonical_message({"role": "user", "content": texts[0]}), [0])) is not None
-    message_hash({"role": "user", "content": "y" * memo.max_chars}, memo)  # over the bound: not kept
+    message_hash({"role": "user", "content": "y" * memo.max_size}, memo)  # over the bound: not kept
     assert len(memo) == 4
 
 
@@ -99,4 +100,4 @@ def test_arguments_nested_too_deep_to_freeze_are_hashed_as_before():
         args = "[" * depth + "]" * depth
         m = {"role": "assistant", "content": LONG, "tool_calls": [{"id": "c", "function": {"name": "f",
                                                                                         "arguments": args}}]}
-        assert message_hash(m, HashMemo()) == message_hash(m, None)
+        assert message_hash(m, ValueCache()) == message_hash(m, None)
