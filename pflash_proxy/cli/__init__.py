@@ -372,13 +372,12 @@ def serve(settings: Settings) -> int:
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
         [f"unix://{p}" for p in proxy.unix_paths]
     try:  # one serving proxy per state directory, held until this process ends (cli/home.py)
-        home_lock = home.hold(proxy.home)
+        home_lock = home.hold(proxy.home, listen)  # noqa: F841 - kept open: the lock lasts while the file does
     except home.HomeTaken as exc:
         for sock in socks:
             sock.close()
         print(f"pflash-proxy: {exc}", file=sys.stderr)
         return 1
-    home.announce(home_lock, listen)
     app = create_app(settings, tune_collector=True)
 
     def announce(_: str) -> None:

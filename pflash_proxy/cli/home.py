@@ -46,37 +46,30 @@ def _holder_line(f: IO[str]) -> tuple[str, list[str]]:
     return (words[0], words[1:]) if words and words[0].isdigit() else ("", [])
 
 
-def hold(home: Path) -> IO[str] | None:
-    """Take the directory's lock and keep it while the returned file stays open (the caller keeps it for its
-    lifetime); ``HomeTaken`` if another process holds it.  None where nothing can be locked."""
+def hold(home: Path, urls: Sequence[str]) -> IO[str] | None:
+    """Take the directory's lock and write this process's pid and ``urls`` into it; the lock lasts while the
+    returned file stays open (the caller keeps it for its lifetime).  ``HomeTaken`` if another process holds it;
+    None where nothing can be locked."""
     if fcntl is None:
         return None
+    f: IO[str] | None = None
     try:
         f = os.fdopen(os.open(home / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+")
-    except OSError as exc:
-        log.warning("cannot open %s (%s): serving without the one-proxy-per-directory lock", home / LOCK_NAME, exc)
-        return None
-    try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid, urls = _holder_line(f)
+        assert f is not None
+        pid, taken_by = _holder_line(f)
         f.close()
-        raise HomeTaken(home, pid, urls) from None
-    except OSError as exc:  # a file system without locks (some network mounts: ENOLCK)
-        f.close()
+        raise HomeTaken(home, pid, taken_by) from None
+    except OSError as exc:  # unwritable, or a file system without locks (some network mounts: ENOLCK)
+        if f is not None:
+            f.close()
         log.warning("cannot lock %s (%s): serving without the one-proxy-per-directory lock", home / LOCK_NAME, exc)
         return None
+    f.truncate()
+    f.write(f"{os.getpid()} {' '.join(urls)}\n")
+    f.flush()
     return f
-
-
-def announce(lock: IO[str] | None, urls: Sequence[str]) -> None:
-    """Write this process's pid and URLs into the lock file it holds."""
-    if lock is None:
-        return
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()} {' '.join(urls)}\n")
-    lock.flush()
 
 
 def holder(home: Path) -> str | None:

@@ -334,8 +334,8 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         timeout_s = args.startup_timeout_s or settings.upstream.startup_timeout_s + 60
         state = probe(url)
         serving = None if args.url or state not in ("absent", "other") else holder(private_dir(settings.proxy.home))
-        if serving and (found := probe(serving.rstrip("/"))) not in ("absent", "other"):
-            url, state = serving.rstrip("/"), found  # the proxy already serving from this state directory
+        if serving and (found := probe(serving)) not in ("absent", "other"):
+            url, state = serving, found  # the proxy already serving from this state directory
         if state in ("absent", "other"):
             if not (args.spawn or args.upstream):
                 what = "nothing answers" if state == "absent" else "what answers is not a pflash-proxy"

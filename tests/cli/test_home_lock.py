@@ -92,5 +92,5 @@ def test_a_file_system_without_locks_serves_unlocked_and_says_so(tmp_path, monke
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(home_module.fcntl, "flock", no_locks)
-    assert home_module.hold(tmp_path) is None
+    assert home_module.hold(tmp_path, ["http://127.0.0.1:1"]) is None
     assert "serving without the one-proxy-per-directory lock" in caplog.text and "No locks available" in caplog.text
