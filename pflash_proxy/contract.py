@@ -18,6 +18,12 @@ before start-up), ``start``/``stop`` (its resources, in stage order / reverse or
 running after answers, awaited before a reader of what that work writes: ``/pflash/stats``, the metrics, the
 inspector), ``save_all`` (``POST /pflash/save``), ``stats`` (``/pflash/stats`` under the stage's ``name``), ``slot_guard`` (a client's slot
 action) and ``sessions_view`` (the read-only view of sessions and slots the inspector is handed).
+
+Stages hand each other what they found through typed fields of the request (mitmproxy's typed hooks), each set by
+one stage and read by the later ones: ``session`` (``SessionContext``: the session stage's record, lease and served
+history, and the turn's inspector traces), ``chain`` (``ResponseChain``: a Responses chain to record after the
+answer), ``turn`` (``TurnNote``: the savings stage's note of a session's turn and of its answer). A stage imports this
+module, never another stage.
 """
 
 from __future__ import annotations
@@ -33,8 +39,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from pflash_proxy.dialects import Conversation, Dialect
+    from pflash_proxy.engine import CacheReport
+    from pflash_proxy.jsontypes import JSONObject
+    from pflash_proxy.sessions.cluster import Turn
     from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+    from pflash_proxy.sessions.slots import Lease
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
@@ -59,6 +71,76 @@ class RelayResult:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+Message = dict[str, object]  # one message of a conversation, as the dialect parsed it
+
+
+@dataclass
+class TurnTraces:
+    """The inspector traces one turn leaves (``sessions.traces`` builds them, ``stages.savings`` writes them to
+    the session's trace log after the answer), and what they add to the session's totals."""
+
+    turn: int  # the number the commit gives the turn (the record's turns + 1)
+    items: list[JSONObject] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
+        self.items.append(trace)
+        for k, v in (counts or {}).items():
+            self.counts[k] = self.counts.get(k, 0) + int(v)
+
+
+@dataclass
+class SessionContext:
+    """What the session stage (``stages.sessions.SessionStage``) found and leased for a request
+    (``ProxyRequest.session``): compression reads the served history and the slot's state, the commit writes the
+    history, the savings stage the traces."""
+
+    record: SessionRecord | None  # None: an anonymous lease (completion routes, an unusable index, a batch)
+    lease: Lease
+    matched: int  # leading messages that continue the served history
+    client_hashes: list[str]
+    served: list[Message]  # what the upstream receives, message by message
+    cache: str  # hit | restored | miss
+    expected_cached: int  # tokens the slot should already hold of this prompt
+    # the served messages and their hashes before compression (on_response reuses those left unchanged)
+    hashed: tuple[list[Message], list[str]] = field(default_factory=lambda: ([], []))
+    batch: list[Lease] | None = None  # a batch's leases of every slot
+    forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
+    settled: bool = False  # its answer ended whole, with the client still there
+    # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
+    traces: TurnTraces = field(default_factory=lambda: TurnTraces(0))
+
+
+@dataclass
+class ResponseChain:
+    """A Responses request's chain (``stages.chains.ResponseChainStage``), recorded after the answer: its items
+    (the expanded ``previous_response_id`` first), its owner, and the expanded id with how many items it stands
+    for."""
+
+    items: list[dict[str, object]]
+    owner: str | None
+    parent: tuple[str, int] | None
+
+
+@dataclass
+class AnswerNote:
+    """What the savings stage notes of an answer for the turn trace it builds later (``stages.savings``)."""
+
+    result: RelayResult
+    at: float  # when the answer ended (epoch s)
+    report: CacheReport | None  # the engine's cache report of the answer (``Engine.cache_report``)
+
+
+@dataclass
+class TurnNote:
+    """What the savings stage notes of a session's chat turn (``ProxyRequest.turn``): its number, when it was
+    forwarded, and its answer once there is one."""
+
+    number: int  # the number the commit gives the turn
+    forwarding_at: float  # monotonic
+    answer: AnswerNote | None = None
+
+
 @dataclass
 class ProxyRequest:
     kind: RouteKind
@@ -72,7 +154,6 @@ class ProxyRequest:
     changed: bool = False
     response_headers: dict[str, str] = field(default_factory=dict)
     log_fields: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space, keyed by stage name
     progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
     # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
     added_fields: dict[str, object] = field(default_factory=dict)
@@ -96,6 +177,14 @@ class ProxyRequest:
     # Called with the upstream's parsed answer (None: not JSON) before the headers of a whole, non-streamed answer
     # are written: a stage sets there what only the answer tells (how much of llama-server's cache was reused).
     on_answer: list[Callable[[dict[str, Any] | None], None]] = field(default_factory=list)
+    # What the stages hand each other (module docstring), each set by the stage named
+    session: SessionContext | None = None  # stages.sessions.SessionStage
+    chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
+    turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
+    turn_lease: Turn | None = None  # SessionStage: the session's turn lease in a shared index (sessions/cluster.py)
+    forward_node: str | None = None  # SessionStage: the node ``forward_to`` reaches (taken over when it fails)
+    progress_response: web.StreamResponse | None = None  # the server: the stream its keep-alives started
+    ran: list[Stage] = field(default_factory=list)  # Pipeline: the stages whose on_request ran, for finish
 
     async def settle(self) -> None:
         """Await the work started beside the upstream request (``beside_upstream``), each piece once."""
@@ -277,7 +366,7 @@ class Pipeline:
     async def run_request(self, req: ProxyRequest) -> list[Stage]:
         """Run ``on_request`` in order; returns the stages that ran (for ``finish``), even on error."""
         ran: list[Stage] = []
-        req.state["_ran"] = ran
+        req.ran = ran
         for stage in self.stages:
             ran.append(stage)
             await stage.on_request(req)
@@ -286,7 +375,7 @@ class Pipeline:
         return ran
 
     async def run_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        for stage in req.state.get("_ran", []):
+        for stage in req.ran:
             try:
                 await stage.on_response(req, result)
             except Exception:
@@ -298,7 +387,8 @@ class Pipeline:
             await req.settle()
         except Exception:
             log.exception("work beside the upstream request failed")
-        for stage in reversed(req.state.pop("_ran", [])):
+        ran, req.ran = req.ran, []
+        for stage in reversed(ran):
             try:
                 await stage.on_finish(req)
             except Exception:

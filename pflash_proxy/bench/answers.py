@@ -24,7 +24,7 @@ from pflash_proxy.bench.arms import two_arms
 from pflash_proxy.bench.report import Table, Written, pct, write_report
 from pflash_proxy.bench.runner import Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_cases
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONValue
 
 

@@ -31,7 +31,7 @@ from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, pct, write_report
 from pflash_proxy.bench.runner import BenchError, LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import ChatMessage, JSONValue
 
 if TYPE_CHECKING:

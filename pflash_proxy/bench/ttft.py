@@ -38,7 +38,7 @@ from pflash_proxy.bench.cases import Case
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import ChatMessage, JSONValue
 from pflash_proxy.llama.direct import erase_slot, pinned
 

@@ -49,8 +49,7 @@ class Translator(Protocol):
     def end(self) -> bytes: ...
 
 __all__ = ["Conversation", "Dialect", "JsonObject", "ReportReader", "Translator", "MAX_DEPTH", "StreamStyle", "check_depth",
-           "check_tool_arguments", "dialect_for",
-           "replace_text", "stream_style_for"]
+           "check_tool_arguments", "replace_text"]
 
 MAX_DEPTH = 100  # containers nested in a request body; agents' deepest (tool JSON schemas) stay near 15
 
@@ -257,19 +256,3 @@ def replace_text(content: object, text_idx: list[int] | None, text: str, part_ty
     return out
 
 
-_PLAIN = StreamStyle()
-
-
-def dialect_for(path: str) -> Dialect | None:
-    """The dialect whose conversation a route carries (None: no conversation, e.g. ``/completion``)."""
-    from pflash_proxy.dialects.registry import BY_PATH
-
-    cls = BY_PATH.get(path)
-    return cls() if cls is not None else None
-
-
-def stream_style_for(path: str) -> StreamStyle:
-    dialect = dialect_for(path)
-    if dialect is not None:
-        return dialect.stream_style
-    return OpenAIStream() if path in ("/v1/completions", "/completions") else _PLAIN

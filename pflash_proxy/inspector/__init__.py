@@ -1,9 +1,9 @@
 """The inspector: what the model read, per session, and what each turn saved.
 
-- ``trace``: the compression and recall traces ``CompressStage`` leaves in ``SessionRecord.traces`` (bounded), and
-  the turn traces;
-- ``turns``: ``SavingsStage``, which records a turn trace after each answer (the slot's state, llama-server's
-  ``timings``, tokens avoided and time saved by cause, estimated) and keeps the totals since start;
+It only reads: the traces it shows are built by ``sessions.traces`` (compression, recall, cache) and
+``stages.savings.SavingsStage`` (a turn trace after each answer: the slot's state, the engine's counts and times,
+tokens avoided and time saved by cause, estimated), which writes them to the session's trace log.
+
 - ``data``: the JSON views built from them and from the read-only views the proxy hands it (``InspectorViews``:
   upstream, sessions and slots, counters);
 - ``routes``: the aiohttp sub-app (``create_inspector``) serving ``/pflash/ui`` (static pages in ``static/``) and

@@ -3,12 +3,12 @@ engine, the sessions and slots, the live counters of ``/pflash/stats``).
 
 1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
    sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
-   saved by compression, what the turns saved (``inspector.turns``), snapshot, and with a shared index the node
+   saved by compression, what the turns saved (``stages.savings``), snapshot, and with a shared index the node
    holding it), totals since start (the same counts as the table's) and the live counters of ``/pflash/stats``; with a shared index also this node, the
    live nodes, its forwarded turns, takeovers and what they restored.
    The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
    kept until its last use changes, so the page can refresh every few seconds.
-2. ``session``: one session by its full id — every served message, and for each trace (``inspector.trace``) the
+2. ``session``: one session by its full id — every served message, and for each trace (``sessions.traces``) the
    units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
    the original lines; recall excerpts with the message and lines they came from; every turn's trace (what the
    slot held, llama-server's timings, tokens avoided and time saved by cause, why messages were served whole).
@@ -26,11 +26,10 @@ from typing import Any, Protocol
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
-from pflash_proxy.inspector.trace import current, log_of
-from pflash_proxy.inspector.turns import ESTIMATE_NOTE, session_rate
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
+from pflash_proxy.sessions.traces import ESTIMATE_NOTE, current, log_of, session_rate
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 LIST_LIMIT = 100

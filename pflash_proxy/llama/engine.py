@@ -129,13 +129,6 @@ def cache_report(answer: Mapping[str, object] | None) -> CacheReport | None:
     return None
 
 
-# The inspector's traces before their version 2 named a turn's counts after llama-server's ``timings``: those
-# names, and the proxy's own (``inspector.trace.current`` renames them when an older session is read).
-TRACE_NAMES_V1 = {"cache_n": "cached_tokens", "prompt_n": "prefilled_tokens", "predicted_n": "generated_tokens",
-                  "prompt_ms": "prefill_ms", "predicted_ms": "generate_ms",
-                  "timed_prompt_n": "timed_prefilled_tokens", "timed_prompt_ms": "timed_prefill_ms"}
-
-
 def identity_of(props: Mapping[str, object]) -> EngineInfo:
     """Step 3: the model a ``/props`` answer describes."""
     n_slots = _int(props.get("total_slots")) or 1

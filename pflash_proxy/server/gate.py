@@ -109,7 +109,7 @@ def local_host(name: str, settings: Settings) -> bool:
 
 
 def refuse_path(raw_path: str, problem: str) -> web.Response:
-    from pflash_proxy.dialects import dialect_for
+    from pflash_proxy.dialects.registry import dialect_for
 
     canonical = canonical_path(raw_path)
     message = (f"non-canonical request path {raw_path[:200]!r}: {problem}; the proxy routes only canonical paths "

@@ -103,7 +103,7 @@ class StatsCollector:
 
 
 def _savings_metrics(saved: dict[str, Any]) -> Iterator[Metric]:
-    """What the turns saved (``inspector.turns.SavingsStage``): prompt tokens not prefilled and the prefill time
+    """What the turns saved (``stages.savings.SavingsStage``): prompt tokens not prefilled and the prefill time
     that cost, estimated from the prefill rate llama-server reported on each session, by cause."""
     tokens = CounterMetricFamily("pflash_prefill_tokens_avoided", "Prompt tokens llama-server did not prefill: "
                                  "cut by compression, or reused from the slot (cache)", labels=["cause"])

@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import BaseModel
 
-from pflash_proxy.dialects import (Dialect, cap_turn, check_tool_arguments, dialect_for, holds_surrogate, is_int,
-                                   stream_style_for)
+from pflash_proxy.dialects import Dialect, cap_turn, check_tool_arguments, holds_surrogate, is_int
 from pflash_proxy.config import Settings
-from pflash_proxy.dialects.registry import dialect_paths
+from pflash_proxy.dialects.registry import dialect_for, dialect_paths, stream_style_for
 from pflash_proxy.engine import Engine
 from pflash_proxy.errors import (BadRequest, ProxyError, UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable,
                                  error_body, error_response)
@@ -135,9 +134,6 @@ def may_hold_surrogate(raw: bytes) -> bool:
     return _SURROGATE_SIGN.search(raw) is not None
 
 
-PROGRESS_STARTED = "_progress_response"
-
-
 async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: Pipeline, interval: float
                             ) -> web.StreamResponse | None:
     """Run the stages; while they take long (a slot wait, a compression, a drafter pass), a streaming client gets
@@ -148,7 +144,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
         await pipeline.run_request(req)
         return None
     task = asyncio.ensure_future(pipeline.run_request(req))
-    resp: web.StreamResponse | None = req.state.get(PROGRESS_STARTED)  # a second run (a forward that failed)
+    resp: web.StreamResponse | None = req.progress_response  # a second run (a forward that failed)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=min(2.0, interval) if resp is None else interval)
@@ -158,7 +154,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
                 resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                                "Cache-Control": "no-cache", **req.response_headers})
                 await resp.prepare(request)
-                req.state[PROGRESS_STARTED] = resp
+                req.progress_response = resp
             await resp.write(f": pflash {req.progress}\n\n".encode())
     except BaseException:
         task.cancel()  # the client left while waiting: stop the stages too (finish() releases the lease)
@@ -197,12 +193,12 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                 await pipeline.finish(req)  # that node is gone: the stages run again and serve it here
                 prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
         except ProxyError as exc:
-            if req.state.get(PROGRESS_STARTED) is None:
+            if req.progress_response is None:
                 raise
             status = exc.status  # the stream already started: the error travels as an event of it
-            await write_stream_error(req.state[PROGRESS_STARTED], error_body(exc.status, exc.message, exc.code),
+            await write_stream_error(req.progress_response, error_body(exc.status, exc.message, exc.code),
                                      style)
-            return req.state[PROGRESS_STARTED]
+            return req.progress_response
         upstream, engine = app[UPSTREAM], app[ENGINE]
         path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
@@ -230,7 +226,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         return resp
     except ProxyError as exc:
         status = exc.status
-        started_stream = req.state.get(PROGRESS_STARTED) if req is not None else None
+        started_stream = req.progress_response if req is not None else None
         if started_stream is not None:  # e.g. the upstream went away after progress comments were sent
             await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code), style)
             return started_stream

@@ -4,8 +4,8 @@
 2. ``sessions.SessionStage``: identity, served history, slot lease, restore.
 3. ``compress.CompressStage`` (PFlash, when ``--pflash``): the newest long message shortened, recall; its scorer
    and segmenter come from ``scorers.build_scorer`` (the registry ``scorers.SCORERS`` names every scorer).
-4. ``inspector.turns.SavingsStage``: notes the turn; after the answer, records what it saved (the inspector's turn
-   trace, the savings counters).
+4. ``savings.SavingsStage``: notes the turn; after the answer, records what it saved (the inspector's turn
+   trace, the savings counters) and writes the turn's traces to the session's trace log.
 5. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
    the answer's headers go out.
 The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``; each
@@ -13,6 +13,8 @@ stage gets its own group of the settings (``CompressStage`` the ``compression`` 
 the list is only ``extra``: requests are forwarded as they are, without compression either (it needs the
 session's served history to know which message is new and to keep what a slot holds consistent).
 Imports are lazy: the command line imports the scorer registry from this package for ``--help``.
+The stages hand each other what they found through the request's typed fields (``contract.ProxyRequest.session``,
+``.chain``, ``.turn``): a stage module imports the contract, never another stage module.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
 
             built = build_scorer(settings)  # loads the drafter when one is configured
             stages.append(CompressStage(settings.compression, engine, built.segmenter, built.scorer, built))
-    from pflash_proxy.inspector.turns import SavingsStage
+    from pflash_proxy.stages.savings import SavingsStage
 
     stages.append(SavingsStage(sessions, settings.compression.threshold if settings.compression.pflash else None,
                                engine))

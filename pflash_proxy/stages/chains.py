@@ -26,7 +26,7 @@ import json
 import logging
 from typing import Any
 
-from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
+from pflash_proxy.contract import ProxyRequest, RelayResult, ResponseChain, Stage
 from pflash_proxy.sessions.index import SessionIndex
 from pflash_proxy.sessions.service import SessionService
 
@@ -66,11 +66,10 @@ class ResponseChainStage(Stage):
             req.served_messages = None
             req.log_fields["previous_response"] = previous[:16]
             self.counters["expanded"] += 1
-        req.state[self.name] = {"items": items, "owner": owner, "parent": parent}
+        req.chain = ResponseChain(items, owner, parent)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        pending = req.state.get(self.name)
-        ctx = req.state.get("sessions")
+        pending, ctx = req.chain, req.session
         final = result.final_json or {}
         inner = final.get("response")
         response: dict[str, Any] = inner if isinstance(inner, dict) else final
@@ -79,9 +78,9 @@ class ResponseChainStage(Stage):
                 not isinstance(response.get("id"), str) or not isinstance(response.get("output"), list):
             return
         rid, sid = response["id"], ctx.record.id
-        all_items = pending["items"] + [o for o in response["output"] if isinstance(o, dict)]
+        all_items = pending.items + [o for o in response["output"] if isinstance(o, dict)]
         await self.sessions.index_work(
-            lambda index: record(index, rid, sid, pending["owner"], all_items, pending["parent"]),
+            lambda index: record(index, rid, sid, pending.owner, all_items, pending.parent),
             "recording a response")
 
     def stats(self) -> dict[str, object]:

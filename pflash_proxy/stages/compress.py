@@ -49,11 +49,10 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
 from pflash_proxy.engine import Engine, EngineError, counts_per_line
 from pflash_proxy.errors import ProxyError
-from pflash_proxy.inspector.trace import record_compression, record_recall, segmenter_name
 from pflash_proxy.models import message_text
-from pflash_proxy.contract import ProxyRequest, Stage
+from pflash_proxy.contract import ProxyRequest, SessionContext, Stage
+from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
 from pflash_proxy.stages.scorers import Scoring, default_spread
-from pflash_proxy.stages.sessions import SessionContext, SessionStage
 
 Message = dict[str, object]  # a message of the request, as the dialect parsed it
 log = logging.getLogger("pflash_proxy.compress")
@@ -104,7 +103,7 @@ class CompressStage(Stage):
 
     # Pipeline hook ---------------------------------------------------------------------------------------
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx: SessionContext | None = req.state.get(SessionStage.name)
+        ctx = req.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         mode, prompt_tokens, kept_tokens = "passthrough", None, None
@@ -256,8 +255,9 @@ class CompressStage(Stage):
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
         assert ctx.record is not None  # on_request admits only requests with a session record
-        record_compression(ctx.traces, idx, msg, tt, request, outcome, prompt_tokens, uncached, self,
-                           served_tokens if outcome.mode == "compressed" else tt.total_tokens, budget)
+        served = served_tokens if outcome.mode == "compressed" else tt.total_tokens
+        record_compression(ctx.traces, idx, msg, tt, request, outcome, prompt_tokens, uncached, self.scorer.name,
+                           segmenter_name(self.compressor.segmenter), served, budget)
         fields = {"tokens_in": tt.total_tokens, "units_in": outcome.units_in, "units_kept": outcome.units_kept,
                   "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),

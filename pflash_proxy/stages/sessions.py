@@ -45,18 +45,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
-
 import contextlib
+from collections.abc import Awaitable, Mapping
 
-from pflash_proxy.contract import VIA_HEADER, ProxyRequest, RelayResult, SessionsView, Stage, StageHooks
-from pflash_proxy.inspector.trace import TurnTraces, record_cache
-from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER, Turn
+from pflash_proxy.contract import (VIA_HEADER, Message, ProxyRequest, RelayResult, SessionContext, SessionsView, Stage,
+                                   StageHooks, TurnTraces)
+from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.sessions.index import SessionRecord, StoreError
+from pflash_proxy.sessions.index import StoreError
 from pflash_proxy.sessions.service import SessionService
-from pflash_proxy.sessions.slots import Lease
+from pflash_proxy.sessions.traces import record_cache
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -65,28 +63,6 @@ DEGRADED_HEADER = "X-PFlash-Degraded"
 CACHE_REASON_HEADER = "X-PFlash-Cache-Reason"  # why a turn that had a snapshot or a slot is a miss after all
 # the conversation's name, when the client gives one: ours first, then what agents send on their own
 SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
-TURN_KEY = "sessions-turn"  # req.state: the session's turn lease in a shared index (cluster.py)
-FORWARD_NODE_KEY = "_forward_node"  # req.state: the node a turn was forwarded to (taken over when it fails)
-
-Message = dict[str, object]
-
-
-@dataclass
-class SessionContext:
-    record: SessionRecord | None
-    lease: Lease
-    matched: int  # leading messages that continue the served history
-    client_hashes: list[str]
-    served: list[Message]  # what the upstream receives, message by message
-    cache: str  # hit | restored | miss
-    expected_cached: int  # tokens the slot should already hold of this prompt
-    # the served messages and their hashes before compression (on_response reuses those left unchanged)
-    hashed: tuple[list[Message], list[str]] = field(default_factory=lambda: ([], []))
-    batch: list[Lease] | None = None  # a batch's leases of every slot
-    forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
-    settled: bool = False  # its answer ended whole, with the client still there
-    # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
-    traces: TurnTraces = field(default_factory=lambda: TurnTraces(0))
 
 
 def _pin(req: ProxyRequest, fields: Mapping[str, object]) -> None:
@@ -136,7 +112,8 @@ class SessionStage(Stage):
         owner = svc.owner(req.headers)
         forwarded_by = req.forwarded_by  # verified by the server (sessions/cluster.py: signed by a node)
         if req.forward_failed is not None:  # the holder did not answer: take over here
-            svc.forward_failed(str(req.state.pop(FORWARD_NODE_KEY, req.forward_failed)))
+            svc.forward_failed(req.forward_node or req.forward_failed)
+            req.forward_node = None
         prefetched = None
         try:
             seed = await svc.seed(explicit, owner)
@@ -150,10 +127,10 @@ class SessionStage(Stage):
             return
         record, matched, hashes, lease = found.record, found.matched, found.hashes, found.lease
         if found.turn is not None:
-            req.state[TURN_KEY] = found.turn
+            req.turn_lease = found.turn
         if lease is None:  # another live node holds the session (its slot is warm): the server forwards the turn
             assert found.forward is not None and svc.node_id is not None
-            req.state[FORWARD_NODE_KEY], req.forward_to = found.forward
+            req.forward_node, req.forward_to = found.forward
             req.response_headers[VIA_HEADER] = svc.node_id
             req.log_fields.update({"session": record.id[:8], "forwarded_to": req.forward_to})
             return
@@ -166,7 +143,7 @@ class SessionStage(Stage):
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
         ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0, traces=TurnTraces(record.turns + 1))
-        req.state[self.name] = ctx
+        req.session = ctx
         served_hashes = _hashes(served, messages, hashes)  # a message served as sent: the lookup's hash
         ctx.hashed = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
@@ -195,7 +172,7 @@ class SessionStage(Stage):
         leases, cold = await self.sessions.lease_all(self.sessions.owner(req.headers))
         if cold:
             req.set_field("cache_prompt", False)
-        req.state[self.name] = SessionContext(None, leases[0], 0, [], [], "miss", 0, batch=leases)
+        req.session = SessionContext(None, leases[0], 0, [], [], "miss", 0, batch=leases)
         req.response_headers["X-PFlash-Slot"] = "all"
 
     async def _anonymous(self, req: ProxyRequest) -> None:
@@ -205,19 +182,19 @@ class SessionStage(Stage):
         req.progress = "waiting for a llama-server slot"
         lease = await svc.lease_anonymous()
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
-        req.state[self.name] = SessionContext(None, lease, 0, [], [], "miss", 0)
+        req.session = SessionContext(None, lease, 0, [], [], "miss", 0)
         if await svc.prepare_anonymous(lease, svc.owner(req.headers)):
             req.set_field("cache_prompt", False)
         _pin(req, svc.pin(lease))
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
     async def _end_turn(self, req: ProxyRequest) -> None:
-        turn = req.state.pop(TURN_KEY, None)
-        if isinstance(turn, Turn):
+        turn, req.turn_lease = req.turn_lease, None
+        if turn is not None:
             await self.sessions.end_turn(turn)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        ctx = _context(req)
+        ctx = req.session
         if ctx is None or ctx.batch is not None:
             return
         ctx.settled = result.completed and not result.client_gone
@@ -248,7 +225,7 @@ class SessionStage(Stage):
 
     async def on_finish(self, req: ProxyRequest) -> None:
         await self._end_turn(req)
-        ctx = _context(req)
+        ctx = req.session
         if ctx is None:
             return
         if ctx.batch is not None:
@@ -264,11 +241,6 @@ class SessionStage(Stage):
 
     def stats(self) -> dict[str, object]:
         return self.sessions.stats()
-
-
-def _context(req: ProxyRequest) -> SessionContext | None:
-    ctx = req.state.get(SessionStage.name)
-    return ctx if isinstance(ctx, SessionContext) else None
 
 
 def is_batch(prompt: object) -> bool:
@@ -304,7 +276,7 @@ class SessionCommitStage(Stage):
         self.sessions = sessions
 
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = _context(req)
+        ctx = req.session
         if ctx is not None:
             ctx.forwarded = True  # the last stage: the request goes upstream next
         if ctx is None or ctx.record is None:

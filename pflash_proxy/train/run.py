@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 
 from . import features, fit
 from .tasks import ExampleMeta

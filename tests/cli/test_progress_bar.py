@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 
 
 class Terminal(io.StringIO):

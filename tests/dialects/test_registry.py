@@ -3,8 +3,7 @@ the metrics' route labels all come from the registry."""
 
 from __future__ import annotations
 
-from pflash_proxy.dialects import dialect_for
-from pflash_proxy.dialects.registry import BY_PATH, DIALECTS, dialect_paths
+from pflash_proxy.dialects.registry import BY_PATH, DIALECTS, dialect_for, dialect_paths
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.metrics import route_label
 from pflash_proxy.server.routes import parsed

@@ -1,4 +1,4 @@
-"""What the turns saved (``inspector.turns``): per turn, per session and overall, in ``/pflash/api``, the metrics,
+"""What the turns saved (``stages.savings``): per turn, per session and overall, in ``/pflash/api``, the metrics,
 ``pflash-proxy show`` and the pages (headless Chromium).
 
 A real llama-server (gemma-3-270m) with one slot, so that sessions displace each other: session A's first turn
@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from pflash_proxy.inspector import trace as tr
-from pflash_proxy.inspector.turns import client_name, plain_reason, session_rate
+from pflash_proxy.sessions import traces as tr
+from pflash_proxy.stages.savings import client_name, plain_reason, session_rate
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.sessions.index import SessionRecord, TraceLog

@@ -1,12 +1,11 @@
-"""Compression traces (``inspector.trace``): what they hold, their bounds, and that they never fail a request."""
+"""Compression traces (``sessions.traces``, shown by the inspector): what they hold, their bounds, and that they never fail a request."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
-from pflash_proxy.inspector import trace as tr
+from pflash_proxy.sessions import traces as tr
 from pflash_proxy.inspector.data import view
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
 
@@ -27,16 +26,16 @@ def _compress(text: str):
     messages = [{"role": "user", "content": text}]
     request = RequestFinder(query_pin=16).find(messages, 0, tt)
     outcome = comp.compress(tt, request, tt.total_tokens, True, "paste", "1")
-    stage = SimpleNamespace(scorer=comp.scorer, compressor=comp)
-    return tt, request, outcome, stage, messages
+    names = (comp.scorer.name, tr.segmenter_name(comp.segmenter))  # the scorer's and the segmenter's
+    return tt, request, outcome, names, messages
 
 
 def test_a_compressed_trace_holds_units_scores_request_span_and_the_original():
     text = _doc()
-    tt, request, outcome, stage, messages = _compress(text)
+    tt, request, outcome, names, messages = _compress(text)
     assert outcome.mode == "compressed"
     turn = tr.TurnTraces(1)
-    tr.record_compression(turn, 0, messages[0], tt, request, outcome, tt.total_tokens, tt.total_tokens, stage, 123)
+    tr.record_compression(turn, 0, messages[0], tt, request, outcome, tt.total_tokens, tt.total_tokens, *names, 123)
     (t,) = turn.items
     assert t["turn"] == 1 and t["message"] == 0 and t["mode"] == "compressed" and t["scorer"] == "lexical"
     assert t["budget"] == outcome.budget_tokens and t["served_tokens"] == 123
@@ -63,9 +62,8 @@ def test_a_flat_message_served_whole_keeps_its_scores_and_reason():
     outcome = comp.compress(tt, request, tt.total_tokens, False, "paste", "1")
     assert outcome.mode == "full-flat"
     turn = tr.TurnTraces(1)
-    stage = SimpleNamespace(scorer=comp.scorer, compressor=comp)
-    tr.record_compression(turn, 0, {"role": "user"}, tt, request, outcome, tt.total_tokens, tt.total_tokens, stage,
-                          tt.total_tokens)
+    tr.record_compression(turn, 0, {"role": "user"}, tt, request, outcome, tt.total_tokens, tt.total_tokens,
+                          comp.scorer.name, tr.segmenter_name(comp.segmenter), tt.total_tokens)
     v = view(turn.items[0])
     assert v["mode"] == "full-flat" and "too flat" in v["reason"] and v["spread"] > 0.11
     assert v["units"] and all(u["kept"] for u in v["units"])  # served whole, with the scores that were flat
@@ -76,11 +74,11 @@ def test_a_flat_message_served_whole_keeps_its_scores_and_reason():
 def test_traces_are_bounded_in_number_and_text(monkeypatch):
     monkeypatch.setattr(tr, "MAX_TRACES", 3)
     monkeypatch.setattr(tr, "MAX_TEXT_CHARS", 2 * len(_doc()) + 10)
-    tt, request, outcome, stage, messages = _compress(_doc())
+    tt, request, outcome, names, messages = _compress(_doc())
     kept = TraceLog()
     for n in range(1, 6):
         turn = tr.TurnTraces(n)
-        tr.record_compression(turn, 0, messages[0], tt, request, outcome, 1, 1, stage, 1)
+        tr.record_compression(turn, 0, messages[0], tt, request, outcome, 1, 1, *names, 1)
         kept = tr.append(kept, turn)
     traces = kept.traces
     assert [t["turn"] for t in traces] == [3, 4, 5]  # the newest MAX_TRACES
@@ -102,6 +100,6 @@ def test_a_sessions_log_follows_what_its_record_kept_before_the_log():
 
 def test_recording_never_raises():
     turn = tr.TurnTraces(1)
-    tr.record_compression(turn, 0, {}, None, None, None, 0, 0, None, 0)  # garbage in: logged, skipped
+    tr.record_compression(turn, 0, {}, None, None, None, 0, 0, "", "", 0)  # garbage in: logged, skipped
     tr.record_recall(turn, 0, None)
     assert not turn.items and not turn.counts

@@ -10,12 +10,12 @@ import inspect
 import json
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
-from pflash_proxy.dialects import dialect_for
+from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
 from pflash_proxy.sessions.manager import SessionManager
@@ -33,6 +33,7 @@ class Proxy:
     engine: FakeEngine
     manager: SessionManager
     pipeline: Pipeline
+    sent: dict[str, object] = field(default_factory=dict)  # the body the last turn sent the engine
 
     async def turn(self, messages: list[dict[str, object]], *, path: str = "/v1/chat/completions",
                    headers: dict[str, str] | None = None, body: dict[str, object] | None = None,
@@ -59,7 +60,7 @@ class Proxy:
             hook(answer)
         await self.pipeline.run_response(req, RelayResult(200, completed=True, final_json=answer))
         await self.pipeline.finish(req)
-        req.state["sent"] = sent
+        self.sent = sent
         return req, answer
 
 
@@ -96,8 +97,8 @@ async def proxy(tmp_path) -> AsyncIterator[Proxy]:
 
 async def test_a_session_is_pinned_saved_when_displaced_and_restored(proxy):
     req, _ = await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
-    assert req.response_headers["X-PFlash-Cache"] == "miss" and req.state["sent"][PIN_FIELD] == 0
-    assert "id_slot" not in req.state["sent"]  # the fake's own pin, not llama-server's
+    assert req.response_headers["X-PFlash-Cache"] == "miss" and proxy.sent[PIN_FIELD] == 0
+    assert "id_slot" not in proxy.sent  # the fake's own pin, not llama-server's
     sid_a = req.response_headers["X-PFlash-Session"]
 
     req, answer = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
@@ -190,6 +191,6 @@ async def test_a_slot_that_could_not_be_erased_for_another_credential_reuses_not
     proxy.engine.fail("erase", EngineRefused("slot 0 erase", 501, "This server does not support slots action."))
     req, answer = await ask({"Authorization": "Bearer key-of-b"}, "How many crates at plot 8?")
     assert proxy.manager.isolation.counters == {"isolation_erases": 0, "isolation_cold": 1}
-    assert req.state["sent"].get("cache_prompt") is False
+    assert proxy.sent.get("cache_prompt") is False
     report = proxy.engine.cache_report(answer)
     assert report is not None and report.cached_tokens == 0 and report.new_tokens > 200  # DOC_A not reused

@@ -330,8 +330,8 @@ def test_a_traces_text_and_units_are_written_once_under_keys_of_their_own(index,
     fields only; a reader gets each in place. A text the log drops (``MAX_TEXT_CHARS``) takes its key with it and
     keeps its units, a trace it drops (``MAX_TRACES``) takes both, a prune takes them all, and a log written with
     its texts inline (before) is read as it is and moves them to keys at its next write."""
-    from pflash_proxy.inspector import trace as trace_module
-    from pflash_proxy.inspector.trace import TurnTraces, append
+    from pflash_proxy.sessions import traces as trace_module
+    from pflash_proxy.sessions.traces import TurnTraces, append
 
     monkeypatch.setattr(trace_module, "MAX_TRACES", 3)
     monkeypatch.setattr(trace_module, "MAX_TEXT_CHARS", 25_000)
@@ -404,7 +404,7 @@ def stored_parts(index) -> list[str]:
 
 
 def _add_document_trace(index, sid: str, turn: int) -> TraceLog | None:
-    from pflash_proxy.inspector.trace import TurnTraces, append
+    from pflash_proxy.sessions.traces import TurnTraces, append
 
     traces = TurnTraces(turn)
     traces.add({"v": 2, "kind": "compression", "turn": turn, "message": 0, "text": f"document {turn}",
@@ -448,7 +448,7 @@ def test_a_prune_landing_inside_a_trace_write_leaves_no_log_behind(tmp_path):
         a, b = open_index(tmp_path / "a", server.url), open_index(tmp_path / "b", server.url)
         rec = a.new_session("seed", False)
         a.save_session(rec, ["h"], msgs("hello"))
-        from pflash_proxy.inspector.trace import TurnTraces, append
+        from pflash_proxy.sessions.traces import TurnTraces, append
 
         traces = TurnTraces(1)
         traces.add({"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": "document"})
@@ -471,7 +471,7 @@ def test_a_prune_landing_inside_a_trace_write_leaves_no_log_behind(tmp_path):
 def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     """A text key that is gone or holds something other than a trace-part record costs that trace its text
     (logged), never the log or the other traces' texts."""
-    from pflash_proxy.inspector.trace import TurnTraces, append
+    from pflash_proxy.sessions.traces import TurnTraces, append
 
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h"], msgs("hello"))

@@ -9,12 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pflash_proxy.contract import ProxyRequest
+from pflash_proxy.contract import ProxyRequest, SessionContext
 from pflash_proxy.dialects.chat import ChatDialect
 from pflash_proxy.engine import EngineError, EngineNotReady, EngineRefused, EngineUnreachable
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.stages.compress import CompressStage, ContextTooLong
-from pflash_proxy.stages.sessions import SessionContext, SessionStage
 from tests.conftest import make_settings
 
 LONG = "\n".join(f"line {i}: the build step {i} wrote output file number {i} to the cache" for i in range(400))
@@ -28,8 +27,8 @@ def _request(text: str) -> ProxyRequest:
     req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None)
     req.dialect, req.conversation, req.conversation_base = dialect, dialect.parse(body), body
     record = SimpleNamespace(turns=0, traces=[], trace_totals={}, recall_sources=[])
-    req.state[SessionStage.name] = SessionContext(record=record, lease=None, matched=0,  # type: ignore[arg-type]
-                                                  client_hashes=[], served=[], cache="miss", expected_cached=0)
+    req.session = SessionContext(record=record, lease=None, matched=0,  # type: ignore[arg-type]
+                                 client_hashes=[], served=[], cache="miss", expected_cached=0)
     return req
 
 

@@ -43,7 +43,7 @@ import aiohttp
 from pflash_proxy.bench.report import Table, markdown_table
 from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, bench_settings, new_id
 from pflash_proxy.bench.code_reads.generator import KINDS, CodeCase, generate, read_source, site_packages
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text

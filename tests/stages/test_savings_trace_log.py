@@ -1,4 +1,4 @@
-"""A turn's traces go to the session's trace log after its answer (``inspector.turns.SavingsStage``, step 5).
+"""A turn's traces go to the session's trace log after its answer (``stages.savings.SavingsStage``, step 5).
 
 The session record, which every turn reads at its lookup and writes at its commit, carries none of them; the
 answer does not wait for their write; a session's writes land in turn order; ``settle`` (what ``/pflash/stats``,
@@ -16,8 +16,8 @@ import pytest
 
 from pflash_proxy.contract import Pipeline
 from pflash_proxy.engine.fake import FakeEngine
-from pflash_proxy.inspector import turns
-from pflash_proxy.inspector.turns import SavingsStage, price
+from pflash_proxy.stages import savings as turns
+from pflash_proxy.stages.savings import SavingsStage, price
 from pflash_proxy.sessions.index import StoreError, TraceLog
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
@@ -221,14 +221,14 @@ def test_a_turn_is_priced_at_the_rate_of_the_sessions_totals_before_it_and_its_o
 
 
 async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(proxy, monkeypatch):
-    """The answer's path only notes what the turn trace needs (``Answered``); the trace write builds it, with the
-    time the answer ended."""
+    """The answer's path only notes what the turn trace needs (``contract.TurnNote``); the trace write builds it,
+    with the time the answer ended."""
     built: list[int] = []
     real = proxy.savings.turn_trace
 
-    def spy(req, result, ctx, noted, at, report):
-        built.append(noted["turn"])
-        return real(req, result, ctx, noted, at, report)
+    def spy(req):
+        built.append(req.turn.number)
+        return real(req)
 
     monkeypatch.setattr(proxy.savings, "turn_trace", spy)
     before = time.time()

@@ -1,4 +1,4 @@
-"""A one-line progress bar on stderr for long CLI work (``train``, ``bench``), no dependency.
+"""A one-line progress bar on stderr for long work (``train``, ``bench``), no dependency; below both and the CLI.
 
 ``Progress(total, label)`` is called with the number of items done (or ``advance()``d one item at a time); it
 redraws at most every 0.5 s with the rate and the time left (from the mean time per item so far). On a

@@ -1,5 +1,5 @@
 """What each turn saved: ``SavingsStage`` records, after the answer, one ``turn`` trace per chat turn of a session
-(``trace.record_turn``) and keeps the proxy's totals since start (``/pflash/stats`` under ``savings``, the
+(beside the compression, recall and cache traces ``sessions.traces`` builds) and keeps the proxy's totals since start (``/pflash/stats`` under ``savings``, the
 Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_seconds_saved_total``).
 
 1. What the engine reported: the answer's cache report (``Engine.cache_report``: ``cached_tokens``, prompt tokens
@@ -21,11 +21,12 @@ Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_s
 4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
    ``x-app``), the status and the time to the first byte.
 5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
-   and its turn trace (built from what ``on_response`` noted when that write begins, not while the client waits
+   and its turn trace (built from what ``on_response`` noted in ``ProxyRequest.turn`` (``contract.TurnNote``) when
+   that write begins, not while the client waits
    for the answer) join the session's next write to its trace log (``SessionService.update_trace_log``, a
    worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
    and writes them at once, in one pass over the log (a write decodes and encodes the whole log, up to
-   ``trace.MAX_TURNS`` turns: an agent's quick tool turns cost one read and one write of it, not one each, and
+   ``sessions.traces.MAX_TURNS`` turns: an agent's quick tool turns cost one read and one write of it, not one each, and
    the write runs while the session is idle rather than beside its next turn; a process killed loses at most
    that wait's traces, never a turn or its history); a session's writes run one after another, in turn order.
    The session's prefill rate (step 3) is read from the log's totals in that write, so the time saved and the
@@ -47,31 +48,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pflash_proxy.contract import ProxyRequest, RelayResult, Stage
+from pflash_proxy.contract import AnswerNote, ProxyRequest, RelayResult, Stage, TurnNote, TurnTraces
 from pflash_proxy.engine import CacheReport, Engine
-from pflash_proxy.inspector.trace import VERSION, TurnTraces, append, current
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
+from pflash_proxy.sessions.traces import ESTIMATE_NOTE, VERSION, append, current, session_rate
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.service import SessionService
-    from pflash_proxy.stages.sessions import SessionContext
+
+__all__ = ["SavingsStage", "ESTIMATE_NOTE", "client_name", "plain_reason", "price", "session_rate"]
 
 log = logging.getLogger("pflash_proxy.inspector")
 
 TurnTrace = dict[str, Any]  # a turn trace (plain data: module docstring, steps 1-4)
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
 
-SESSIONS_STAGE = "sessions"  # the session stage's name (its context in req.state)
-ANSWERED_KEY = "savings-turn"  # req.state: what on_response noted of the answer (``Answered``), for on_finish
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
 FLUSH_AFTER_S = 2.0  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
 CAUSES = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
-
-ESTIMATE_NOTE = ("estimate: tokens avoided ÷ the prefill rate (prompt tokens per second) the engine reported "
-                 "on this session")
 
 
 def client_name(headers: Mapping[str, str]) -> str | None:
@@ -126,13 +123,6 @@ class Timings(TypedDict):
     generate_ms: float | None
 
 
-class Noted(TypedDict):
-    """What ``on_request`` notes for ``on_response``: the turn's number, when it was forwarded."""
-
-    turn: int
-    forwarding_at: float
-
-
 def _count(value: object) -> int:
     """``int(value or 0)`` for a count a stored trace holds (TypeError for what is not a number)."""
     if not value:
@@ -166,33 +156,11 @@ def estimate(tokens: int, rate_tps: float | None) -> float | None:
     return None if not rate_tps else round(tokens / rate_tps, 4)
 
 
-def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> float | None:
-    """The prefill rate (tokens/s) the engine reported on the session (module docstring, step 3)."""
-    n, ms = totals.get("timed_prefilled_tokens", 0), totals.get("timed_prefill_ms", 0)
-    if n and ms:
-        return n * 1000 / ms
-    if turn and turn.get("prefill_ms") and turn.get("prefilled_tokens"):
-        return float(turn["prefilled_tokens"] * 1000 / turn["prefill_ms"])
-    return None
-
-
-@dataclass
-class Answered:
-    """What ``on_response`` notes of a turn for its turn trace, built when the trace write begins (step 5)."""
-
-    req: ProxyRequest
-    result: RelayResult
-    ctx: SessionContext
-    noted: Noted
-    at: float  # when the answer ended (epoch s)
-    report: CacheReport | None  # the engine's cache report of the answer (``Engine.cache_report``)
-
-
 @dataclass
 class _Batch:
     """The turns one trace write of a session gathers (``SavingsStage``, step 5)."""
 
-    turns: list[tuple[TurnTraces, Answered | None]] = field(default_factory=list)
+    turns: list[tuple[TurnTraces, ProxyRequest | None]] = field(default_factory=list)  # a request: it was answered
     now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
 
 
@@ -233,26 +201,23 @@ class SavingsStage(Stage):
         self._last: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write (waiting or running)
 
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.state.get(SESSIONS_STAGE)
-        if req.kind != "chat" or ctx is None or getattr(ctx, "record", None) is None:
+        ctx = req.session
+        if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        noted: Noted = {"turn": ctx.record.turns + 1, "forwarding_at": time.monotonic()}
-        req.state[self.name] = noted
+        req.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        noted = req.state.get(self.name)
-        ctx = req.state.get(SESSIONS_STAGE)
-        if noted is None or ctx is None or ctx.record is None:
+        ctx = req.session
+        if req.turn is None or ctx is None or ctx.record is None:
             return
-        req.state[ANSWERED_KEY] = Answered(req, result, ctx, noted, time.time(),
-                                           self.engine.cache_report(result.final_json))
+        req.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
 
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces join its session's next trace write, after the answer."""
-        ctx = req.state.get(SESSIONS_STAGE)
-        answered: Answered | None = req.state.pop(ANSWERED_KEY, None)
-        if ctx is None or ctx.record is None or not getattr(ctx, "forwarded", False):
+        ctx = req.session
+        answered = req if req.turn is not None and req.turn.answer is not None else None
+        if ctx is None or ctx.record is None or not ctx.forwarded:
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
         if answered is None and not pending.items:
@@ -325,22 +290,23 @@ class SavingsStage(Stage):
     async def stop(self) -> None:
         await self.settle()
 
-    def _built(self, answered: Answered | None) -> Built | None:
+    def _built(self, answered: ProxyRequest | None) -> Built | None:
         if answered is None:
             return None
         try:
-            return self.turn_trace(answered.req, answered.result, answered.ctx, answered.noted, answered.at,
-                                   answered.report)
+            return self.turn_trace(answered)
         except Exception:  # noqa: BLE001 - never cost the turn its other traces
             log.exception("inspector: could not build the turn trace")
             return None
 
-    def turn_trace(self, req: ProxyRequest, result: RelayResult, ctx: SessionContext,
-                   noted: Noted, at: float, report: CacheReport | None) -> Built:
-        """Steps 1, 2 and 4: the turn trace and what it adds to the session's totals, before the session's rate
-        prices its tokens (``price``)."""
-        n = noted["turn"]
-        timings = _timings(report)
+    def turn_trace(self, req: ProxyRequest) -> Built:
+        """Steps 1, 2 and 4: the turn trace of an answered request (its ``session``, and its ``turn`` with the
+        answer) and what it adds to the session's totals, before the session's rate prices its tokens (``price``)."""
+        ctx, noted = req.session, req.turn
+        if ctx is None or noted is None or noted.answer is None:
+            raise ValueError("turn_trace of a request without a session's answered turn")
+        n, result, at = noted.number, noted.answer.result, noted.answer.at
+        timings = _timings(noted.answer.report)
         mode = req.response_headers.get("X-PFlash-Mode")
         messages = []
         avoided_compression = 0
@@ -354,7 +320,7 @@ class SavingsStage(Stage):
                                                                               _text(t.get("reason")))})
         fields = req.log_fields
         compression_ms = float(fields.get("pflash_ms") or 0.0)
-        prepare_ms = max(0.0, (noted["forwarding_at"] - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
+        prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
         turn: TurnTrace = {
             "v": VERSION, "kind": "turn", "turn": n, "at": at, "client": client_name(req.headers),

@@ -1,7 +1,8 @@
-"""Compression traces: what ``CompressStage`` decided for a message, kept with the session for the inspector.
+"""The inspector's traces of a session: built here, by the stages that decide (compression, recall, the slot's
+cache), written to the session's trace log by ``stages.savings.SavingsStage``, read by the inspector.
 
-A turn's traces are collected in its ``TurnTraces`` (``SessionContext.traces``) while it is served and written
-to the session's ``TraceLog`` after the answer, in one index write (``inspector.turns.SavingsStage``): the
+A turn's traces are collected in its ``contract.TurnTraces`` (``SessionContext.traces``) while it is served and
+written to the session's ``TraceLog`` after the answer, in one index write (``stages.savings.SavingsStage``): the
 session record, which every turn reads and writes, never carries them. ``record_compression`` (a compressed
 message, or one served whole with a reason), ``record_recall`` (recall excerpts prepended to a short turn) and
 ``record_cache`` (a turn whose reuse of the engine's prefix cache was not what the session layer expected) add one
@@ -20,8 +21,9 @@ trace holds:
 The savings stage adds a ``turn`` trace last: what the slot held and what the engine reported
 (``Engine.cache_report``: ``cached_tokens``, ``prefilled_tokens``, ``prefill_ms``, ``generated_tokens``,
 ``generate_ms``), the tokens compression kept from the prefill, why messages were served whole, and the time
-saved, estimated (``inspector.turns``). Traces and totals of version 1 named those counts after llama-server's
-``timings``; ``current`` gives them the names of version 2 when they are read.
+saved, estimated (``stages.savings``; ``session_rate`` is the prefill rate it prices them at). Traces and totals of
+version 1 named those counts after llama-server's ``timings`` (``TRACE_NAMES_V1``); ``current`` gives them the
+names of version 2 when they are read.
 
 ``append`` adds a turn's traces to the log. Bounds per session: the newest ``MAX_TRACES`` compression and recall
 traces and, apart from them, the newest ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in
@@ -40,12 +42,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pflash_proxy.compress.text import split_lines
+from pflash_proxy.contract import TurnTraces
 from pflash_proxy.jsontypes import JSONObject
-from pflash_proxy.llama.engine import TRACE_NAMES_V1
 from pflash_proxy.sessions.index import TraceLog
 from pflash_proxy.sessions.records import drop_text, text_chars
 
@@ -53,7 +54,9 @@ if TYPE_CHECKING:
     from pflash_proxy.compress import CompressionOutcome, RecallDecision, RequestSpec, Segmenter
     from pflash_proxy.compress.text import TokenizedText
     from pflash_proxy.sessions.index import SessionRecord
-    from pflash_proxy.stages.compress import CompressStage
+
+__all__ = ["TurnTraces", "record_compression", "record_recall", "record_cache", "append", "current", "log_of",
+           "session_rate", "segmenter_name"]
 
 log = logging.getLogger("pflash_proxy.inspector")
 
@@ -62,32 +65,25 @@ MAX_TURNS = 64
 MAX_TEXT_CHARS = 4_000_000  # ~16 MB of UTF-8 at worst; ~1M tokens of original text
 REQUEST_CHARS = 4000
 VERSION = 2  # 1: a turn's counts under llama-server's timings names (``current`` renames them)
-
-
-@dataclass
-class TurnTraces:
-    """The traces one turn leaves, and what they add to the session's totals, until they are written."""
-
-    turn: int  # the number the commit gives the turn (the record's turns + 1)
-    items: list[JSONObject] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def add(self, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
-        self.items.append(trace)
-        for k, v in (counts or {}).items():
-            self.counts[k] = self.counts.get(k, 0) + int(v)
+# The names version 1 gave a turn's counts (llama-server's ``timings``), and those of this version
+TRACE_NAMES_V1 = {"cache_n": "cached_tokens", "prompt_n": "prefilled_tokens", "predicted_n": "generated_tokens",
+                  "prompt_ms": "prefill_ms", "predicted_ms": "generate_ms",
+                  "timed_prompt_n": "timed_prefilled_tokens", "timed_prompt_ms": "timed_prefill_ms"}
+ESTIMATE_NOTE = ("estimate: tokens avoided ÷ the prefill rate (prompt tokens per second) the engine reported "
+                 "on this session")
 
 
 def record_compression(traces: TurnTraces, idx: int, msg: Mapping[str, object], tt: TokenizedText,
                        request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
-                       stage: CompressStage, served_tokens: int, budget: int | None = None) -> None:
-    """Add the trace of one compression outcome (compressed or served whole) to the turn's ``traces``.
+                       scorer: str, segmenter: str, served_tokens: int, budget: int | None = None) -> None:
+    """Add the trace of one compression outcome (compressed or served whole) to the turn's ``traces``:
+    ``scorer`` and ``segmenter`` name what ranked and cut the message (``segmenter_name``).
 
     ``budget``: the message's budget (default the outcome's); a re-run that corrected the note/marker estimate
     selected against a lowered budget, which the trace keeps as ``selection_budget``."""
     try:
-        trace = compression_trace(traces.turn, idx, msg, tt, request, outcome, prompt_tokens, uncached, stage,
-                                  served_tokens, budget)
+        trace = compression_trace(traces.turn, idx, msg, tt, request, outcome, prompt_tokens, uncached, scorer,
+                                  segmenter, served_tokens, budget)
         compressed = outcome.mode == "compressed"
         traces.add(trace, {"compressed": int(compressed), "served_whole": int(not compressed),
                                 "tokens_in": int(tt.total_tokens), "tokens_served": int(served_tokens)})
@@ -123,14 +119,13 @@ def record_cache(traces: TurnTraces, idx: int, announced: str, reported: str, ex
 
 def compression_trace(turn: int, idx: int, msg: Mapping[str, object], tt: TokenizedText,
                       request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
-                      stage: CompressStage, served_tokens: int, budget: int | None = None) -> JSONObject:
+                      scorer: str, segmenter: str, served_tokens: int, budget: int | None = None) -> JSONObject:
     analysis = outcome.analysis
     role = msg.get("role")
     trace: JSONObject = {
         "v": VERSION, "kind": "compression", "turn": turn, "message": idx,
         "role": role if isinstance(role, str) else None, "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
-        "scorer": stage.scorer.name,
-        "segmenter": segmenter_name(stage.compressor.segmenter),
+        "scorer": scorer, "segmenter": segmenter,
         "message_tokens": int(tt.total_tokens), "served_tokens": int(served_tokens),
         "budget": int(outcome.budget_tokens if budget is None else budget),
         "selection_budget": int(outcome.budget_tokens), "prompt_tokens": int(prompt_tokens),
@@ -178,6 +173,17 @@ def current(stored: Mapping[str, Any]) -> dict[str, Any]:
             value = out.pop(old)
             out[new] = value if out.get(new) is None else out[new] + value
     return out
+
+
+def session_rate(totals: Mapping[str, int], turn: Mapping[str, Any] | None = None) -> float | None:
+    """The prefill rate (tokens/s) the engine reported on the session: its timed prefilled tokens ÷ their
+    milliseconds (turns that prefilled at least ``stages.savings.MIN_TIMED_PROMPT`` tokens), else ``turn``'s own."""
+    n, ms = totals.get("timed_prefilled_tokens", 0), totals.get("timed_prefill_ms", 0)
+    if n and ms:
+        return n * 1000 / ms
+    if turn and turn.get("prefill_ms") and turn.get("prefilled_tokens"):
+        return float(turn["prefilled_tokens"] * 1000 / turn["prefill_ms"])
+    return None
 
 
 def _turn(trace: Mapping[str, object]) -> int:
