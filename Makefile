@@ -19,8 +19,9 @@ lint: setup
 	$(VENV)/bin/ruff check pflash_proxy tests benchmarks scripts
 	$(VENV)/bin/mypy
 
+# The proxy's added latency against llama-server direct (tests/perf/proxy_overhead.py; docs/results.md has the rest)
 bench: setup
-	$(VENV)/bin/python benchmarks/bench_proxy.py
+	$(VENV)/bin/python -m tests.perf.proxy_overhead $(ARGS)
 
 # As root: a venv in /opt/pflash-proxy (PREFIX=...), the systemd units, /etc/pflash-proxy/env. Not part of `test`.
 install-systemd:

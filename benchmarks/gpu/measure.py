@@ -2,7 +2,7 @@
 
 A drafter in front of a bigger target: the seed pairs a ~0.8B drafter with a 27B target.  Weights cannot be
 downloaded on the GPU machine, so both are random-weight GGUFs of real gemma-3 shapes
-(``benchmarks/synthetic_target.py``, tokenizer copied from the shipped gemma-3-270m so the two tokenize alike):
+(``benchmarks/gpu/synthetic_target.py``, tokenizer copied from the shipped gemma-3-270m so the two tokenize alike):
 their answers are noise, their speed per token is that shape's real speed.  gemma-3 stands in for the seed's
 Qwen pair because drafter and target must share a tokenizer and gemma-3's is the one the project ships.
 
@@ -51,9 +51,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]  # run.sh puts the checkout on PYTHONPATH; this folder is the script's
 
 QUESTION = "Which ledger entry names the copper vault and the harbor clerk?"
 RESERVE_S = 20.0  # kept for the report and stopping llama-server
@@ -154,7 +152,7 @@ def render(d: dict[str, Any]) -> str:
     if gpu:
         lines += ["Measured by `benchmarks/gpu/run.sh` (one command, README.md there) on "
                   f"{env.get('gpu', 'the GPU machine')}. **Random-weight GGUFs** of gemma-3 shapes "
-                  "(`benchmarks/synthetic_target.py`): their answers are noise, their speed per token is the "
+                  "(`benchmarks/gpu/synthetic_target.py`): their answers are noise, their speed per token is the "
                   "shape's real speed. gemma-3 shapes stand in for the seed's Qwen3.5-0.8B drafter / 27B target "
                   "because drafter and target must share a tokenizer (the shipped gemma-3 one).", ""]
     else:

@@ -50,10 +50,9 @@ fi
 tar -C "$tmp/$BIN" -cJf "$DEST/llama.cpp.tar.xz" llama.cpp
 tar -C "$tmp/$PYPKG" -czf "$DEST/llama_cpp_python.tar.gz" llama_cpp
 
-"$PY" - "$DEST/gemma3-tokenizer.gguf" <<'PYEOF'
+PYTHONPATH="benchmarks/gpu${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$DEST/gemma3-tokenizer.gguf" <<'PYEOF'
 import sys
 from pathlib import Path
-sys.path.insert(0, "benchmarks")
 from gguf import GGUFReader, GGUFWriter, GGUFValueType
 from synthetic_target import default_template
 

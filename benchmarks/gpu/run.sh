@@ -123,7 +123,8 @@ fi
 # 4. measure, with what is left of the budget
 left=$(( BUDGET - ($(date +%s) - T0) ))
 log "measure: $left s left of $BUDGET"
-"$PY" benchmarks/gpu/measure.py --mode "$MODE" --bin "$BLD/bin" --work "$W" --out "$OUT" --budget "$left" \
+PYTHONPATH="$PWD/$W/llama.cpp/gguf-py:$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/gpu/measure.py \
+  --mode "$MODE" --bin "$BLD/bin" --work "$W" --out "$OUT" --budget "$left" \
   2>&1 | tee -a "$OUT/run.log"
 rc=${PIPESTATUS[0]}
 log "done (measure.py exit $rc)"

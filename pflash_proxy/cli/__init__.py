@@ -224,7 +224,7 @@ def serve(settings: Settings) -> int:
 
     loop: asyncio.AbstractEventLoop
     try:
-        import uvloop  # ~25 % less per-request overhead than the default loop (measured, benchmarks/)
+        import uvloop  # ~25 % less per-request overhead than the default loop (measured at 9fafc9b)
 
         loop = uvloop.new_event_loop()
     except ImportError:

@@ -11,10 +11,10 @@ none (a latent association, a paraphrased task) but is noisier on literal matche
    sees nothing (all zeros) leaves the other's shares scaled by its weight, so its ranking decides.
 ``hybrid(drafter_scorer)`` builds the product's ``--scorer hybrid``: ``0.3`` of lexical relevance with reference
 hops (``LexicalScorer(hops=4)``: the chain ``VAR_B = VAR_A`` is found from ``VAR_A = 12345``) and ``0.7`` of the
-drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (``benchmarks/fusion_study.py``),
+drafter's. The weight and the hops were chosen on recorded analyses of a tuning set (a fusion study, ``docs/results.md``),
 never on the reported cases, by the gold found in messages that were actually compressed with the aggregation
 control kept whole; gold kept whole is not the criterion, since the flat fallback keeps it by serving the message
-whole, which buys no speed (the results: ``benchmarks/README.md``, "How the fixed weights and bounds were
+whole, which buys no speed (the results: ``docs/results.md``, "How the fixed weights and bounds were
 chosen").
 Rank fusion (RRF) was not used: it turns any ranking into the same smooth curve, so every request would look
 equally concentrated and the spread test would lose its meaning.

@@ -23,7 +23,7 @@ scorer has no terms to follow, so this stage follows them from whatever the scor
 ``head-attention``); its reps hold the inner reps and the links, so recall (a later question on the same reps)
 follows them too. ``REACH_SHARE`` bounds the raised units by tokens as well as by count: without it the many
 helpers of a whole-file tool output are all raised and push the function asked about out of the budget. The bounds
-were chosen on a tuning set by replaying recorded scores (``benchmarks/README.md``, "How the fixed weights and
+were chosen on a tuning set by replaying recorded scores (``docs/results.md``, "How the fixed weights and
 bounds were chosen").
 """
 

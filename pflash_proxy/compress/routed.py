@@ -4,7 +4,7 @@ Why two: a question about code names or paraphrases identifiers, comments and st
 and BM25 ranks the definition that holds them; a small drafter's attention reads code poorly and spends a
 forward pass over the whole file to do it. In prose, records and tool output the drafter finds the evidence
 that shares no word with the question (latent needles), which BM25 cannot. The measurements behind the split are
-in ``benchmarks/README.md`` (agent reads, quality by family).
+in ``docs/results.md`` (agent reads, quality by family).
 
 1. ``represent(tt, units)``: the message is code when its code units (``ContentKind.CODE``, decided by the
    cutter on the text behind any line-number gutter) hold at least ``CODE_SHARE`` of its tokens. Code: the

@@ -13,7 +13,7 @@ how the rest is ranked):
                                                   per kept unit (> 0: more than it keeps)
 
 The seed divided by n, the unpinned units, instead of k. Measured on the calibration sets
-(``benchmarks/flat_gate/``, train split), one threshold per kept unit holds across prompt lengths and document
+(the flat-gate sets, train split; ``docs/results.md``), one threshold per kept unit holds across prompt lengths and document
 kinds where one per unit does not: the budget keeps a different share of the units of prose and code and of a
 short and a long message, and ``/ n`` shrinks the same excess by that share.
 
@@ -27,7 +27,7 @@ When it applies (``flat_gate``):
    the ID of every ...", "how many" (not "how many times"), "what are all ...", "all the X that ...",
    "summarize", "overview"; not a word of an identifier: "In Summary.time, ..." names a method).
    A pointed question ("which function interleaves the address infos?") over a cold document is compressed
-   whatever the spread: measured on generated documents (``benchmarks/flat_gate/``), the lexical spread of a
+   whatever the spread: measured on generated documents (``docs/results.md``, flat gate), the lexical spread of a
    pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
    either serves most pointed questions whole or compresses most aggregation requests.
 3. What is spread is what the request asks every match *of*: the sentences of the request that hold the

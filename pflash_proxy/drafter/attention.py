@@ -35,7 +35,7 @@ The Speculative Prefill idea (arXiv 2502.02789), computed from query/key taps so
    units are ranked by density (the pipeline divides by tokens). The max over many rows gives every token some
    background, so the flat-relevance test is measured on where the peaks are: a needle's peaks sit in one or a
    few units, an "every record with X" request spreads them over all of them (the relevance above the median
-   alone would call needles flat; ``benchmarks/README.md`` has the spread of both kinds).
+   alone would call needles flat; ``docs/results.md`` has the spread of both kinds).
 5. Content plus question longer than one drafter context is scored window by window
    (``AttentionScorer.attention_windows``): each window holds a slice of the content followed by the question.
 6. Reads of one content (its key: the drafter session) hold one lock (``session_lock``, striped): two requests

@@ -2,7 +2,7 @@
 
 Why: the two drafter scorers fail on different kinds of evidence. The head (``head.py``) finds latent needles
 (evidence that shares no word with the question) that attention misses, and misses multi-value and multi-query
-needles that attention finds (``benchmarks/README.md``, "The trained head alone"). Run one after the other they
+needles that attention finds (``docs/results.md``, "The trained head alone"). Run one after the other they
 cost two passes over the message; both read the same forward, so this scorer asks the drafter for both taps at
 once.
 
@@ -20,7 +20,7 @@ once.
    both read the request's last paragraph, as the attention scorer does alone.
 4. Fused as shares (``compress/fusion.py``): ``HEAD_WEIGHT * share(head) + (1 - HEAD_WEIGHT) *
    share(attention)``. ``HEAD_WEIGHT`` was chosen on a tuning set by the gold found in messages that were
-   actually compressed, the criterion ``--scorer hybrid``'s weight was chosen by (``benchmarks/README.md``, "How
+   actually compressed, the criterion ``--scorer hybrid``'s weight was chosen by (``docs/results.md``, "How
    the fixed weights and bounds were chosen").
 5. Content plus question longer than one drafter context: one windowed pass (``AttentionScorer.windows``: a
    slice of the content and the whole question per window) gives attention and the head's taps alike, so a

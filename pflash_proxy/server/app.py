@@ -56,8 +56,8 @@ async def tune_garbage_collector(app: web.Application) -> None:
     2. collect the youngest generation after ``GEN0_THRESHOLD`` new objects rather than 700: a turn makes hundreds
        that live until its answer, so at the default a collection often ran in the middle of a turn and moved the
        turn's live objects into the older generations, whose collections scan more and pause longer; now most of
-       a turn's objects are gone before a collection sees them (``benchmarks/hop_segments.py`` reports the
-       collections and their pauses)."""
+       a turn's objects are gone before a collection sees them (docs/results.md has the
+       collections' time per turn and their pauses)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])

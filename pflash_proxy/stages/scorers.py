@@ -53,11 +53,11 @@ log = logging.getLogger("pflash_proxy.drafter")
 SEED_SPREAD = "0.11"  # the seed's flat threshold, at every prompt length
 # The flat gate's thresholds of every registered scorer. The gate reads BM25 of the request's every-clause
 # whatever the scorer (``pipeline.gate_scores``), so a scorer changes only ``k``, the units its budget keeps.
-# Calibrated with lexical on the train split of benchmarks/flat_gate (reported/flat-gate-bea08cf/: 4K, 16K, 32K).
+# Calibrated with lexical on the train split of the flat-gate sets at 4K, 16K and 32K (docs/results.md, flat gate).
 # The drafter scorers' own rows there are 4K cases of index 0 only (4 train, 4 test); the thresholds chosen on
 # those (0.15-1.0 at every length) served an estimated 0-33 of 48 "list every X" at 16K and 32K whole (lexical
 # gate scores and k under them); under this curve their measured 4K test rows are all served right
-# (reported/flat-gate-0ad7c77/, which also says how much a drafter's own k moves the estimate).
+# (docs/results.md, flat gate, which also says how much a drafter's own k moves the estimate).
 GATE_SPREAD = "4096:0 16384:-0.314 32768:-0.169"
 
 

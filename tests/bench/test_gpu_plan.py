@@ -27,7 +27,7 @@ def _load(name: str, path: Path):
 
 
 measure = _load("gpu_measure", ROOT / "benchmarks" / "gpu" / "measure.py")
-synthetic = _load("synthetic_target", ROOT / "benchmarks" / "synthetic_target.py")
+synthetic = _load("synthetic_target", ROOT / "benchmarks" / "gpu" / "synthetic_target.py")
 
 
 def test_gpu_plan_is_the_issues_setup():

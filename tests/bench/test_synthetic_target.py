@@ -1,4 +1,4 @@
-"""``benchmarks/synthetic_target.py``: a random-weight gemma-3 GGUF that the real llama-server loads and serves.
+"""``benchmarks/gpu/synthetic_target.py``: a random-weight gemma-3 GGUF that the real llama-server loads and serves.
 
 Its answers are noise; only its speed is real.  Checked here: the tiny shape loads, a completion answers 200
 with finite timings, it tokenizes exactly like the gemma-3-270m it copied its tokenizer from, the tensors have
@@ -20,7 +20,7 @@ from tests.conftest import start_llama_server
 
 
 def _module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "synthetic_target.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "synthetic_target.py"
     spec = importlib.util.spec_from_file_location("synthetic_target", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclass looks its module up

@@ -4,7 +4,7 @@ Debian's ``chromium`` (``scripts/setup.sh`` installs it), driven by Playwright-f
 ``executable_path``: Playwright never downloads a browser here. The page must show the budget and mode, a heat
 strip per unit, the request span, and omitted units folded: the test expands one fold and checks that the
 omitted lines become visible. The screenshot is kept under the test's tmp directory; with
-``INSPECTOR_SCREENSHOTS=1`` it is also copied to ``benchmarks/reported/inspector/``.
+``INSPECTOR_SCREENSHOTS=1`` it is also copied to ``benchmarks/results/inspector/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.stages.test_compress_real import CURVE, SAMPLING, document
 pytestmark = pytest.mark.llama
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-REPORTED = Path(__file__).resolve().parents[2] / "benchmarks" / "reported" / "inspector"
+REPORTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "inspector"
 KEEP = bool(os.environ.get("INSPECTOR_SCREENSHOTS"))  # read at import: conftest clears PFLASH_* per test
 
 
