@@ -189,6 +189,18 @@ def _compress(text: str, question: str, source="paste", in_conversation=False):
         tt, req, tt.total_tokens + 200, in_conversation, source, "1")
 
 
+def check_verbatim(served: str, original: str) -> None:
+    """What is served between the note and the markers is the original's text, in order, byte for byte."""
+    body = re.sub(PART_MARKER_RE, "\0", re.sub(MARKER_RE, "\0", served.split("\n", 1)[1], flags=re.M))
+    pos = 0
+    for kept in body.split("\0"):
+        kept = kept.strip("\n")
+        if kept:
+            at = original.find(kept, pos)
+            assert at >= 0, kept[:200]
+            pos = at + len(kept)
+
+
 @pytest.mark.parametrize("name", list(INPUTS))
 def test_long_line_inputs_are_compressed_with_notes_in_the_readers_terms(name):
     tt, out = _compress(INPUTS[name](), FACTS[name][1])
@@ -196,6 +208,7 @@ def test_long_line_inputs_are_compressed_with_notes_in_the_readers_terms(name):
     assert out.mode == "compressed", out.reason
     assert out.units_in >= 4 and out.served_message_tokens <= 1.03 * out.budget_tokens < tt.total_tokens  # estimated
     assert FACTS[name][0] in out.text
+    check_verbatim(out.text, tt.text)
     parts = re.findall(PART_MARKER_RE, out.text)
     assert parts and all(TERMS[name] in p for p in parts), parts
     note = out.text.split("\n", 1)[0]
@@ -226,6 +239,7 @@ def test_a_numbered_read_keeps_the_line_number_before_a_marker_in_place():
     req = RequestSpec(FACTS["js"][1], 0, "latest-user")
     out = Compressor(CompressionSettings(threshold=1000)).compress(tt, req, tt.total_tokens + 200, False, "tool", "3")
     assert out.mode == "compressed" and out.gutter == "N<TAB>", out.reason
+    check_verbatim(out.text, read)
     line21 = next(ln for ln in out.text.split("\n") if ln.startswith("    21\t"))
     assert FACTS["js"][0] in line21 and "statements omitted …]" in line21
     assert all(re.match(r" *\d+\t|\[… ", ln) for ln in out.text.split("\n")[1:] if ln)
@@ -261,3 +275,39 @@ def test_a_message_is_served_whole_only_when_it_truly_has_one_unit():
     tt = TokenizedText.from_text("word " * 4000 + "\n")  # one line, no punctuation: cut at white space
     out = Compressor().compress(tt, RequestSpec("word", 0, "latest-user"), tt.total_tokens, True, "paste")
     assert out.mode == "compressed" and re.search(r"\[… [\d,]+ characters omitted …\]", out.text)
+
+
+def _numbered_pieces(lines: list[str], max_segment: int = 64):
+    from pflash_proxy.compress.gutter import bare_text, find_gutter
+    from pflash_proxy.compress.units import Unit
+
+    read = "".join(f"{i + 1:>6}\t{ln}\n" for i, ln in enumerate(lines))
+    tt = TokenizedText.from_text(read)
+    g = find_gutter(tt.lines)
+    assert g is not None and g.form == "N<TAB>"
+    pieces = cut_long_lines(bare_text(tt, g, content_tokens=True), max_segment, g.prefix)
+    served = pieces.apply(tt, numbered=True)
+    units = [Unit(i, i, i + 1, t, "prose") for i, t in enumerate(served.line_tokens)]
+    return read, served, units, pieces
+
+
+def test_markers_in_place_keep_the_gutter_number_and_split_a_run_across_lines():
+    """A run hiding the end of line 2, lines 3-9 and the start of line 10 reads as three markers, each in its
+    own terms; a hidden start of a numbered line keeps the number in front."""
+    from pflash_proxy.compress.rewrite import Rewriter
+
+    long = " ".join(f"Sentence {i} is about the harbour." for i in range(60))
+    lines = ["first line", long] + [f"plain line {i}" for i in range(3, 10)] + [long, "last line"]
+    read, served, units, pieces = _numbered_pieces(lines)
+    first = pieces.first()
+    a, b = first[1] + 2, first[9] + 3  # from the third piece of line 2 to the third piece of line 10
+    kept = [i for i in range(len(units)) if not a <= i < b]
+    out = Rewriter().rewrite(served, units, kept, "tool", pieces=pieces)
+    got = out.text.split("\n")
+    n2 = first[2] - first[1] - 2
+    assert got[2].startswith("     2\tSentence 0 is") and got[2].endswith(f"[… {n2} sentences omitted …]")
+    assert got[3] == "[… lines 3–9 omitted …]"
+    assert got[4].startswith("    10\t[… 3 sentences omitted …] Sentence 3 is about")
+    assert got[5] == "    11\tlast line" and out.shown_lines == 4 and out.total_lines == 11
+    check_verbatim(out.text, read)
+    assert '"[… lines A–B omitted …]" or "[… ' in out.note and "call the tool again" in out.note
