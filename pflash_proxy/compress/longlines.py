@@ -507,20 +507,22 @@ def _plural(noun: str, k: int) -> str:
 
 
 def describe(labels: Sequence[Label], lengths: Sequence[int]) -> str:
-    """What a run of pieces inside one line is, in the reader's terms: ``items 14–212 of 400``, ``6 sentences``,
-    ``1,204 characters``; runs of several kinds joined with commas (at most three, then ``…``)."""
+    """What a run of pieces inside one line is, in the reader's terms: ``items 14–212 of 400`` (the items or members
+    of one container), ``6 sentences`` (the pieces of one noun in a row, whatever their container), ``1,204
+    characters``; runs of several kinds joined with commas (at most three, then ``…``)."""
     parts: list[str] = []
     i = 0
     n = len(labels)
     while i < n:
         lab = labels[i]
         j = i + 1
-        while j < n and labels[j].noun == lab.noun and labels[j].group == lab.group:
+        counted = bool(lab.total) and lab.noun in ("item", "member")
+        while j < n and labels[j].noun == lab.noun and (labels[j].group == lab.group or not counted):
             j += 1
         if lab.noun == "characters":
             k = sum(lengths[i:j])
             parts.append(f"{k:,} {_plural(lab.noun, k)}")
-        elif lab.total and lab.noun in ("item", "member"):
+        elif counted:
             a, b = lab.ordinal, labels[j - 1].ordinal
             parts.append(f"{lab.noun} {a} of {lab.total}" if a == b else f"{lab.noun}s {a}–{b} of {lab.total}")
         else:
