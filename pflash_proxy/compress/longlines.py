@@ -301,6 +301,21 @@ class _Tree:
             i = self.sep_next[i]
         return out
 
+    def owner(self, s: str, k: int, lo: int, hi: int) -> tuple[int, list[int]]:
+        """The container that cuts ``[lo, hi)`` (owned by ``k``) and its child boundaries there: ``k``, or down
+        through containers of one child to the first with several (its largest sub-container each step); -1
+        when there is none."""
+        while True:
+            cuts = [p for p in self.seps(k) if lo < p < hi]
+            if cuts and s[cuts[-1]:hi].isspace():
+                cuts.pop()  # a trailing separator
+            if cuts:
+                return k, cuts
+            subs = self.subs(k)
+            if not subs:
+                return -1, []
+            k = max(subs, key=lambda j: self.end[j] - self.open[j])
+
     def subs(self, k: int) -> list[int]:
         out = []
         j = self.first_sub[k]
@@ -326,17 +341,7 @@ def _tree(s: str, a: int, b: int, limit: int, rest: tuple[Cutter, ...], code: bo
         if k < 0:
             out.extend(_chain(s, lo, hi, limit, rest))
             continue
-        while True:  # pass through containers with one child
-            cuts = [p for p in tree.seps(k) if lo < p < hi]
-            if cuts and s[cuts[-1]:hi].isspace():
-                cuts.pop()  # a trailing separator
-            if cuts:
-                break
-            subs = tree.subs(k)
-            if not subs:
-                k = -1
-                break
-            k = max(subs, key=lambda j: tree.end[j] - tree.open[j])
+        k, cuts = tree.owner(s, k, lo, hi)
         if k < 0:
             todo.append((lo, hi, -1, None))
             continue
@@ -463,15 +468,17 @@ class Pieces:
             return TokenizedText("".join(lines), lines, counts, continued=tuple(cont))
         return TokenizedText(tt.text, lines, counts, pieces=True, continued=tuple(cont))
 
-    def to_plain(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[str, int, int, int], ...],
-                                tuple[int, ...], int]:
-        """Plain tuples (a session record stores them)."""
-        return self.line, self.length, tuple(tuple(x) for x in self.label), self.prefix, self.n_lines  # type: ignore[misc]
+    def to_plain(self) -> tuple[object, ...]:
+        """Plain tuples of ints and strings (a session record stores them; ``from_plain`` reads them back)."""
+        labels = tuple((x.noun, x.ordinal, x.total, x.group) for x in self.label)
+        return self.line, self.length, labels, self.prefix, self.n_lines
 
     @classmethod
     def from_plain(cls, plain: Sequence[object]) -> "Pieces":
-        line, length, labels, prefix, n = plain  # type: ignore[misc]
-        return cls(tuple(line), tuple(length), tuple(Label(*x) for x in labels), tuple(prefix), int(n))
+        line, length, labels, prefix, n = plain
+        assert isinstance(line, tuple) and isinstance(length, tuple) and isinstance(labels, tuple) \
+            and isinstance(prefix, tuple) and isinstance(n, int), "pieces: not the plain form of to_plain"
+        return cls(line, length, tuple(Label(*x) for x in labels), prefix, n)
 
 
 def cut_long_lines(tt: TokenizedText, max_segment: int, prefix: Sequence[int] | None = None) -> Pieces | None:

@@ -62,12 +62,12 @@ def html_page(items: int = 60, seed: int = 3) -> str:
         f'<a href="/route/{r}">{r.title()}</a>' for r in ("skerrow", "halmay", "dunross", "vey", "orkney")) \
         + "</nav></header>"
     rows = []
-    for i in range(items):
+    for _ in range(items):
         port = rng.choice(["Halmay", "Dunross", "Vey", "Brinsay", "Tarn", "Oskel"])
         rows.append(f'<tr class="fare"><td>{port}</td><td>{rng.randint(5, 22):02d}:{rng.choice(["00", "15", "30", "45"])}'
                     f'</td><td>pier {rng.randint(1, 12)}</td><td>£{rng.randint(8, 60)}.{rng.randint(0, 99):02d}</td></tr>')
     paras = []
-    for i in range(items // 3):
+    for _ in range(items // 3):
         paras.append(f"<p>Sailings to {rng.choice(['Halmay', 'Dunross', 'Vey', 'Brinsay'])} may be delayed in "
                      f"heavy weather; passengers with vehicles should arrive <strong>{rng.randint(20, 60)} "
                      f"minutes</strong> before departure and keep their booking reference to hand.</p>")
