@@ -254,7 +254,7 @@ def test_recall_brings_back_a_part_of_a_line():
     assert decision.recall
     hit = next(e for e in decision.recalled if '"id": 1010' in e.text)
     assert hit.start_line == 0 and hit.end_line == 1 and len(hit.text) < len(tt.lines[0]) // 4
-    assert re.fullmatch(r"\[pflash recall: from earlier message 1, line 1, items \d+–\d+ of 120\]", hit.header)
+    assert re.fullmatch(r"\[pflash recall: from earlier message 1, line 1, (?:.+, )?items? \d+(?:–\d+)? of 120\]", hit.header)
     assert format_recall_block([hit]).startswith(hit.header + "\n {\"id\":")
 
 
