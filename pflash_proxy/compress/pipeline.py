@@ -9,7 +9,10 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    the numbered lines' token counts, which are what the budget spends.  The rewrite
    and recall (step 6) use the original, numbered lines, so the served lines keep
    their numbers.  The outcome names the gutter's form (``gutter``).
-1. segment: cut the message into whole-line units (``Segmenter``).
+1. segment: cut the message into whole-line units (``Segmenter``).  A line over ``max_segment`` tokens is
+   first cut into pieces (``longlines.cut_long_lines``: sentences, JSON items, HTML elements, statements...);
+   every later stage sees a piece as a line (the segmenter and scorers each piece on a line of its own), the
+   rewrite says what an omission hides in lines or in pieces, and recall can bring back a part of a line.
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept.  The units that define a name the request spells out
@@ -73,6 +76,7 @@ import numpy as np
 from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
+from .longlines import Pieces, cut_long_lines
 from .named import definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines, without_paths
@@ -130,6 +134,8 @@ class Analysis:
     outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
     gate_scores: np.ndarray | None = None  # step 5: BM25 of the request's every-clause (``gate_scores``), or None
     gate_ranking: np.ndarray | None = None  # step 5: BM25's ranking the gate's ``k`` is selected by, or None (own)
+    pieces: Pieces | None = None  # step 1: the long lines' pieces (the units are runs of pieces), or None
+    served: TokenizedText | None = None  # step 1: the message as those pieces (what the rewrite cuts)
 
 
 @dataclass(frozen=True)
@@ -262,12 +268,17 @@ class Compressor:
             t = time.perf_counter()
             if analysis is None:
                 g = find_gutter(tt.lines)  # step 0: cut and score behind the line numbers
-                if g is None:
-                    work = tt
-                    units = list(self.segmenter.segment(tt, None))
-                else:
-                    work, gutter = bare_text(tt, g), g.form
-                    units = _recount(self.segmenter.segment(bare_text(tt, g, content_tokens=True), None), tt)
+                seg = tt if g is None else bare_text(tt, g, content_tokens=True)
+                pieces = cut_long_lines(seg, getattr(self.segmenter, "max_segment", self.settings.max_segment),
+                                        None if g is None else g.prefix)  # step 1: long lines cut in pieces
+                work = tt if g is None else bare_text(tt, g)
+                if pieces is not None:
+                    seg, work = pieces.apply(seg, newlines=True), pieces.apply(work, newlines=True)
+                    tt = pieces.apply(tt, numbered=g is not None)
+                units = list(self.segmenter.segment(seg, None))
+                if g is not None:
+                    gutter = g.form
+                    units = _recount(units, tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
                 pinned = pinned_units(work, units, request.pinned_tail_tokens)
@@ -282,9 +293,11 @@ class Compressor:
                 t = _lap(ms, "score", t)
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if code else (), gate, ranking)
+                                    outline(work.lines, defs) if code else (), gate, ranking, pieces,
+                                    tt if pieces is not None else None)
             else:
                 ms.update(analysis.stage_ms)
+                tt = analysis.served or tt
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
@@ -307,7 +320,8 @@ class Compressor:
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
-            out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget))
+            out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget),
+                                        pieces=analysis.pieces)
             overhead = approx_tokens(out.note) + marker_tokens(out.omitted) + names_tokens(out.names)
             kept_tokens = int(toks[kept].sum())
             omitted_ids = [i for r in out.omitted for i in r.unit_indices]
@@ -321,7 +335,8 @@ class Compressor:
             recall = RecallSource(label, reps, tuple(zip(us, ue)), tuple(toks.tolist()),
                                   {i: unit_text(i) for i in omitted_ids},
                                   {i: unit_text(i) for i in range(len(units)) if i not in omitted_set},
-                                  tuple(tt.line_tokens), tuple(ContentKind(u.kind).value for u in units))
+                                  tuple(tt.line_tokens), tuple(ContentKind(u.kind).value for u in units),
+                                  analysis.pieces.to_plain() if analysis.pieces is not None else ())
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
                                       len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)

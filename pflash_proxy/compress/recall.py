@@ -18,7 +18,10 @@ Algorithm (``RecallGate.decide``):
 5. Adjacent recalled units of the same message merge into one excerpt; excerpts are
    ordered by message, then line.  ``format_recall_block`` renders each as
    ``[pflash recall: from earlier message N, lines A–B]`` followed by its lines, to be
-   prepended to the new user turn.
+   prepended to the new user turn.  In a message whose long lines were cut (``pieces``: the units are runs of
+   pieces, ``longlines``) an excerpt may be part of a line, and says which in the reader's terms:
+   ``[pflash recall: from earlier message N, line 12, 6 sentences]`` (``longlines.describe``), or
+   ``lines A–B, in part`` when it starts or ends inside a line.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Mapping, Sequence
 
 from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
+from .longlines import Pieces, describe
 from .scores import REPS_VERSION, LexicalScorer, Scorer, UnitReps, validate_scores
 from .text import TokenizedText
 from .units import Unit
@@ -57,6 +61,10 @@ class RecallSource:
     kept_texts: Mapping[int, str] = field(default_factory=dict)  # unit index -> its lines
     line_tokens: tuple[int, ...] = ()
     unit_kinds: tuple[str, ...] = ()
+    pieces: tuple[object, ...] = ()  # ``Pieces.to_plain()`` when long lines were cut: units, line_tokens by piece
+
+    def piece_map(self) -> Pieces | None:
+        return Pieces.from_plain(self.pieces) if self.pieces else None
 
     @property
     def omitted(self) -> tuple[int, ...]:
@@ -70,9 +78,17 @@ class RecallSource:
         if not n or any(t is None for t in texts) or len(self.unit_kinds) != n:
             return None
         text = "".join(t for t in texts if t is not None)
-        tt = TokenizedText.from_text(text, list(self.line_tokens))
-        gutter = find_gutter(tt.lines)
-        work = tt if gutter is None else bare_text(tt, gutter)
+        pieces = self.piece_map()
+        if pieces is None:
+            tt = TokenizedText.from_text(text, list(self.line_tokens))
+            gutter = find_gutter(tt.lines)
+            work = tt if gutter is None else bare_text(tt, gutter)
+        else:  # the whole lines, behind their gutter, cut again into the same pieces (with newlines, as scored)
+            first = pieces.first()
+            per_line = [sum(self.line_tokens[first[i]:first[i + 1]]) for i in range(pieces.n_lines)]
+            tt = TokenizedText.from_text(text, per_line)
+            gutter = find_gutter(tt.lines)
+            work = pieces.apply(tt if gutter is None else bare_text(tt, gutter), newlines=True)
         units = [Unit(i, a, b, t, ContentKind(k)) for i, ((a, b), t, k) in
                  enumerate(zip(self.unit_lines, self.unit_tokens, self.unit_kinds))]
         return work, units
@@ -86,12 +102,13 @@ class Excerpt:
     text: str
     tokens: int
     unit_indices: tuple[int, ...]
+    part: str = ""  # a part of a line: what it is (``longlines.describe``), or "in part" across lines
 
     @property
     def header(self) -> str:
         a, b = self.start_line + 1, self.end_line
         where = f"line {a}" if a == b else f"lines {a}–{b}"
-        return f"[pflash recall: from earlier message {self.label}, {where}]"
+        return f"[pflash recall: from earlier message {self.label}, {where}{', ' + self.part if self.part else ''}]"
 
 
 @dataclass(frozen=True)
@@ -180,13 +197,23 @@ class RecallGate:
         excerpts: list[Excerpt] = []
         for m in sorted(chosen):  # step 5
             src = sources[m]
+            pieces = src.piece_map()
+            first = pieces.first() if pieces is not None else []
             group: list[int] = []
             ends: list[int | None] = [*sorted(chosen[m]), None]
             for unit in ends:
                 if group and (unit is None or unit != group[-1] + 1):
                     text = "".join(src.omitted_texts[g] for g in group)
-                    excerpts.append(Excerpt(src.label, src.unit_lines[group[0]][0], src.unit_lines[group[-1]][1],
-                                            text, sum(src.unit_tokens[g] for g in group), tuple(group)))
+                    a, b = src.unit_lines[group[0]][0], src.unit_lines[group[-1]][1]
+                    part = ""
+                    if pieces is not None:
+                        la, lb = pieces.line[a], pieces.line[b - 1]
+                        whole = first[la] == a and first[lb + 1] == b
+                        part = "" if whole else describe(pieces.label[a:b], pieces.length[a:b]) if la == lb \
+                            else "in part"
+                        a, b = la, lb + 1
+                    excerpts.append(Excerpt(src.label, a, b, text, sum(src.unit_tokens[g] for g in group),
+                                            tuple(group), part))
                     group = []
                 if unit is not None:
                     group.append(unit)

@@ -17,7 +17,13 @@ Algorithm (``Rewriter.rewrite``):
    then ``… +N more``; all the names of a
    message within ``names_room`` tokens (the pipeline gives them ``NAMES_SHARE`` of the
    budget), the longest omissions first (``marker_names``).
-4. The note names what was shortened and how to get omitted parts back:
+4. Cut inside long lines (``pieces``: a ``longlines.Pieces``; ``tt`` and the units are then over its pieces):
+   an omitted run is told in the reader's terms, one marker per thing it hides, in order: the hidden pieces at
+   the end of a line, in place on that line (``… [… 6 sentences omitted …]``; ``longlines.describe``), the
+   whole lines as above (their own marker line, with the names), the hidden pieces at the start of a line in
+   place (after the line's gutter number, which stays). A marker in place keeps the white space or newline that
+   followed what it hides.
+5. The note names what was shortened and how to get omitted parts back:
    a tool output is fetched again by calling the tool for the range; a paste is
    brought back by asking about it; a plain prompt only states the omission.
 """
@@ -30,15 +36,17 @@ from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
+from .longlines import Pieces, describe
 from .text import TokenizedText, approx_tokens
 from .units import Unit
 
-__all__ = ["MARKER_RE", "MAX_NOTE_NAMES", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "marker_tokens",
+__all__ = ["MARKER_RE", "MAX_NOTE_NAMES", "PART_MARKER_RE", "OmittedRange", "Rewriter", "Rewritten", "marker_line", "marker_tokens",
            "marker_names", "names_in", "names_tokens", "note_line", "omitted_ranges"]
 
 Source = Literal["tool", "paste", "prompt"]
 Outline = Sequence[tuple[int, str, str | None]]  # (line, name, owner) per definition: ``named.outline``
 MARKER_RE = r"^\[… lines? (\d+)(?:–(\d+))? omitted(?: — (.+?))? …\]$"  # groups: first, last, names
+PART_MARKER_RE = r"\[… ((?:[\d,]+ \w+|\w+ \d+(?:–\d+)? of \d+)(?:, (?:[\d,]+ \w+|\w+ \d+(?:–\d+)? of \d+|…))*) omitted …\]"
 MAX_NOTE_NAMES = 8
 
 
@@ -121,10 +129,12 @@ _HOW = {
 }
 
 
-def note_line(source: Source, shown: int, total: int, label: str = "") -> str:
+def note_line(source: Source, shown: int, total: int, label: str = "", part: str = "") -> str:
+    """The note; ``part``: a marker in place that the message holds (the note names it as an example)."""
     noun = _NOUN[source] + (f" (message {label})" if label else "")
+    also = f" or \"{part}\"" if part else ""
     return (f"[pflash: showing {shown:,} of {total:,} lines of {noun}; parts marked "
-            f"\"[… lines A–B omitted …]\" were left out.{_HOW[source]}]")
+            f"\"[… lines A–B omitted …]\"{also} were left out.{_HOW[source]}]")
 
 
 def omitted_ranges(units: Sequence[Unit], kept_indices: Sequence[int]) -> list[OmittedRange]:
@@ -174,10 +184,13 @@ def marker_tokens_arrays(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 class Rewriter:
     def rewrite(self, tt: TokenizedText, units: Sequence[Unit], kept_indices: Sequence[int],
                 source: Source, message_label: str = "", outline: Outline = (),
-                names_room: int = 1 << 30) -> Rewritten:
-        """``outline``: the definitions markers may name (``named.outline``), within ``names_room`` tokens."""
+                names_room: int = 1 << 30, pieces: Pieces | None = None) -> Rewritten:
+        """``outline``: the definitions markers may name (``named.outline``), within ``names_room`` tokens;
+        ``pieces``: the long lines were cut (step 4)."""
         if source not in _NOUN:
             raise ValueError(f"unknown source {source!r}")
+        if pieces is not None:
+            return self._rewrite_pieces(tt, units, kept_indices, source, message_label, outline, names_room, pieces)
         omitted = omitted_ranges(units, kept_indices)
         total = len(tt.lines)
         shown = total - sum([b - a for a, b, _ in omitted])
@@ -196,6 +209,62 @@ class Rewriter:
             pos = b
         parts += lines[pos:]
         return Rewritten("".join(parts), shown, total, omitted, message_label, note, tuple(names))
+
+
+    def _rewrite_pieces(self, tt: TokenizedText, units: Sequence[Unit], kept_indices: Sequence[int], source: Source,
+                        message_label: str, outline: Outline, names_room: int, pieces: Pieces) -> Rewritten:
+        """Step 4: ``tt``'s lines are ``pieces``' pieces; markers say what they hide in lines or in pieces."""
+        omitted = omitted_ranges(units, kept_indices)
+        first = pieces.first()
+        line_of, lines = pieces.line, tt.lines
+        total = pieces.n_lines
+        ends_nl = tt.text.endswith("\n")
+        names = marker_names(outline, [(a, b) for a, b, _ in omitted], names_room)
+
+        def in_place(ln: int, x: int, y: int) -> str:
+            """Pieces ``[x, y)`` of line ``ln`` hidden in place."""
+            pre = lines[x][:pieces.prefix[ln]] if pieces.prefix and x == first[ln] else ""
+            hidden_last = lines[y - 1]
+            stripped = hidden_last.rstrip()
+            trail = hidden_last[len(stripped):]
+            if y < first[ln + 1]:
+                trail = trail.replace("\n", "")
+            elif not trail.endswith("\n") and (ln + 1 < total or ends_nl):
+                trail += "\n"
+            what = describe(pieces.label[x:y], pieces.length[x:y])
+            return f"{pre}[… {what} omitted …]{trail}"
+
+        parts: list[str] = []
+        hidden_lines = 0
+        part_example = ""
+        pos = 0
+        for (a, b, _), found in zip(omitted, names):
+            parts += lines[pos:a]
+            pos = b
+            la, lb = line_of[a], line_of[b - 1]
+            full_from, full_to = la, lb + 1
+            head = tail = ""
+            if first[la] != a:  # the run starts inside line la
+                head = in_place(la, a, min(b, first[la + 1]))
+                full_from = la + 1
+            if first[lb + 1] != b and (lb > la or first[la] == a):  # it ends inside line lb
+                tail = in_place(lb, first[lb], b)
+                full_to = lb
+            part_example = part_example or (head or tail).strip()
+            parts.append(head)
+            if full_to > full_from:
+                hidden_lines += full_to - full_from
+                tail_names = f" — {found}" if found else ""
+                m = (f"[… line {full_to} omitted{tail_names} …]" if full_to - full_from == 1
+                     else f"[… lines {full_from + 1}–{full_to} omitted{tail_names} …]")
+                parts.append(m + "\n" if full_to < total or ends_nl else m)
+            parts.append(tail)
+        parts += lines[pos:]
+        if part_example and pieces.prefix:
+            part_example = part_example[part_example.find("[…"):]
+        note = note_line(source, total - hidden_lines, total, message_label, part_example)
+        return Rewritten(note + "\n" + "".join(parts), total - hidden_lines, total, omitted, message_label, note,
+                         tuple(names))
 
 
 def marker_names(outline: Outline, ranges: Sequence[tuple[int, int]], room: int) -> list[str]:

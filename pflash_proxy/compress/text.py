@@ -7,7 +7,8 @@ Algorithm:
 1. ``split_lines(text)`` cuts after every ``"\\n"``; each line keeps its newline, so
    ``"".join(lines) == text`` byte for byte (only the last line may lack one).
 2. ``TokenizedText`` checks that the lines rebuild the text and that there is one
-   non-negative count per line, and exposes ``total_tokens`` and the cumulative
+   non-negative count per line (with ``pieces``, the lines may be pieces of lines, cut inside long lines by
+   ``longlines``: a piece holds no newline but at its end), and exposes ``total_tokens`` and the cumulative
    token offsets (``token_offsets[i]`` = tokens before line ``i``) as a numpy array
    so later stages can take range sums in O(1).
 3. ``approx_line_tokens(lines)`` is the cheap, deterministic estimate used by tests,
@@ -52,6 +53,8 @@ class TokenizedText:
     text: str
     lines: list[str]
     line_tokens: list[int]
+    pieces: bool = False  # lines may be pieces of lines (``longlines.Pieces.apply``): only the last may end a line
+    continued: tuple[bool, ...] = ()  # per line: a piece that continues the line above, cut inside a long line
 
     def __post_init__(self) -> None:
         if len(self.lines) != len(self.line_tokens):
@@ -59,8 +62,10 @@ class TokenizedText:
                 f"TokenizedText: {len(self.lines)} lines but {len(self.line_tokens)} token counts")
         if "".join(self.lines) != self.text:
             raise ValueError("TokenizedText: lines do not rebuild the text")
-        inner = self.lines[:-1]
-        if not all(s.endswith("\n") and s.count("\n") == 1 for s in inner):
+        if self.pieces:
+            if any("\n" in s[:-1] for s in self.lines):
+                raise ValueError("TokenizedText: a piece holds a newline before its end")
+        elif not all(s.endswith("\n") and s.count("\n") == 1 for s in self.lines[:-1]):
             raise ValueError("TokenizedText: every line but the last must end with one newline")
         if self.line_tokens and min(self.line_tokens) < 0:
             raise ValueError("TokenizedText: negative token count")

@@ -5,10 +5,11 @@ A unit is a run of whole lines that is kept or left out as one piece.
 Algorithm (``UnitSegmenter.segment``):
 1. Pick the kind (given, or ``detect_kind``) and build the vectorised line table.
 2. Refuse (``CannotSegment``) when a single line alone exceeds ``max_segment`` tokens:
-   units are whole lines, so such a message cannot be cut cleanly.
+   units are whole lines, so such a message cannot be cut cleanly.  (The pipeline first cuts such lines into
+   pieces, ``longlines.cut_long_lines``, and hands the segmenter the pieces as lines, each under the limit.)
 3. Take the kind's raw cut candidates (``cuts.raw_starts``: code statements and
    definitions with their leading comments/decorators, paragraphs, records, turns,
-   diff files/hunks).
+   diff files/hunks), and every piece of a cut line (``TokenizedText.continued``).
 4. Merge forward: a unit under ``min_segment`` tokens absorbs the next one until it
    reaches ``min_segment``; a short final unit merges backward into the previous one.
 5. Split every unit over ``max_segment`` at line starts: repeatedly cut at the line
@@ -90,7 +91,10 @@ class UnitSegmenter:
         if len(table) != n:
             raise CannotSegment(f"line table has {len(table)} lines, message has {n}")
         off = tt.token_offsets
-        bounds = self._merge(raw_starts(table, kind), off, n)
+        starts = raw_starts(table, kind)
+        if tt.continued:  # step 3: every piece of a line cut by ``longlines`` starts a unit too
+            starts = np.union1d(starts, np.flatnonzero(np.asarray(tt.continued, dtype=bool)))
+        bounds = self._merge(starts, off, n)
         bounds = self._split(bounds, off, lambda: split_priority(table, kind))
         if len(bounds) < 3:
             raise CannotSegment(f"only one unit ({tt.total_tokens} tokens, {n} lines)")

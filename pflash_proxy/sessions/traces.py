@@ -138,7 +138,9 @@ def compression_trace(turn: int, idx: int, msg: Mapping[str, object], tt: Tokeni
     }
     if analysis is not None:
         units = analysis.units
-        trace["units"] = {"start": [u.start_line for u in units], "end": [u.end_line for u in units],
+        line = analysis.pieces.line if analysis.pieces is not None else None  # units over pieces of long lines
+        trace["units"] = {"start": [u.start_line if line is None else line[u.start_line] for u in units],
+                          "end": [u.end_line if line is None else line[u.end_line - 1] + 1 for u in units],
                           "tokens": [int(u.tokens) for u in units],
                           "score": [float(f"{s:.4g}") for s in analysis.scores.tolist()]}
         trace["pinned"] = sorted(int(i) for i in analysis.pinned)

@@ -244,7 +244,7 @@ def test_garbage_scorer_full_error(kind):
 
 
 def test_cannot_segment_full_error():
-    tt = TokenizedText.from_text("word " * 4000 + "\n")
+    tt = TokenizedText.from_text("word " * 20 + "\n")  # one unit (a long line is cut: ``test_longlines``)
     out = Compressor().compress(tt, RequestSpec("word", 0, "latest-user"), tt.total_tokens, False, "paste")
     assert out.mode == "full-error" and "CannotSegment" in out.reason and out.text == tt.text
 
