@@ -12,7 +12,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 1. segment: cut the message into whole-line units (``Segmenter``).
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
-   line) are always kept.  The units that define a name the request spells out
+   line) are always kept, and so are the units holding the question found by its form
+   (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the request spells out
    (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
@@ -45,7 +46,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    a request that asks for every match, whatever the serving scorer), per unit that step 4 keeps when it ranks
    by BM25's scores of the request (for another scorer a second selection: the decision does not turn on how
    many units the serving scorer's ranking packs into the budget): flat only for zero
-   relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text,
+   relevance or a request that asks for every match (not for zero relevance when the question's matches all sit in
+   the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
    anyway (recall can bring lines back).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
@@ -63,6 +65,7 @@ the inspector).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from operator import attrgetter
 from dataclasses import dataclass, field
 from collections.abc import Iterable
@@ -130,6 +133,7 @@ class Analysis:
     outline: tuple[tuple[int, str, str | None], ...] = ()  # step 6: the definitions a marker names (named.outline)
     gate_scores: np.ndarray | None = None  # step 5: BM25 of the request's every-clause (``gate_scores``), or None
     gate_ranking: np.ndarray | None = None  # step 5: BM25's ranking the gate's ``k`` is selected by, or None (own)
+    asked: frozenset[int] = frozenset()  # step 2: the units holding the question found by its form (pinned)
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,14 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     return set(range(max(k, 0), len(units)))
 
 
+def line_units(units: list[Unit], lines: tuple[int, int] | None) -> set[int]:
+    """Step 2: the units holding any of the lines ``[start, end)`` (none for None)."""
+    if lines is None or not units:
+        return set()
+    a, b = lines
+    return {u.index for u in units if u.start_line < b and u.end_line > a}
+
+
 def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps, scores: np.ndarray,
                 request: str, query: str) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Step 5's scores, for a request that asks for every match ((None, None) otherwise): BM25 of the request's
@@ -198,6 +210,13 @@ def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np
     if query != request and not scores.any():
         scores = validate_scores(scorer.score(reps, request), n)
     return scores
+
+
+def held_in_pin(scores: np.ndarray, free: np.ndarray, pinned: set[int], asked: frozenset[int]) -> bool:
+    """Step 5: no unpinned unit has any relevance, but a pinned one other than the question's own does: what the
+    question matches sits in the pinned tail, which is kept; nothing is spread."""
+    rest = sorted(pinned - asked)
+    return float(scores[free].sum()) <= 0.0 and bool(rest) and float(scores[rest].sum()) > 0.0
 
 
 def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
@@ -270,7 +289,8 @@ class Compressor:
                     units = _recount(self.segmenter.segment(bare_text(tt, g, content_tokens=True), None), tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
-                pinned = pinned_units(work, units, request.pinned_tail_tokens)
+                asked = frozenset(line_units(units, request.kept_lines))
+                pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
                 defs = definitions(work)
                 named, optional = named_definitions(work, units, request.text, defs)
                 blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
@@ -282,7 +302,7 @@ class Compressor:
                 t = _lap(ms, "score", t)
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if code else (), gate, ranking)
+                                    outline(work.lines, defs) if code else (), gate, ranking, asked)
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -304,6 +324,8 @@ class Compressor:
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
                            None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
+            if sp.flat and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
+                sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them

@@ -86,7 +86,7 @@ def test_top_ranked_unit_survives_a_pin_that_grew_into_a_large_unit():
     tt = TokenizedText.from_text(text)
     settings = CompressionSettings(threshold=1024)
     request = RequestFinder(settings.query_pin).find([{"role": "user", "content": text}], 0, tt)
-    assert request.source == "message-tail" and request.text.endswith(QUESTION + "\n")
+    assert request.source == "question" and request.text == QUESTION + "\n"
     assert request.pinned_tail_tokens == 512
     out = Compressor(settings, scorer=PlantedFirst()).compress(tt, request, tt.total_tokens, False, "paste")
     a = out.analysis
