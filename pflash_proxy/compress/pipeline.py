@@ -23,7 +23,11 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    (``request.without_paths``: they name the file, and their words match its header and imports); when that
    leaves nothing the message shares, the whole request text.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
-   upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
+   upstream would prefill); when the pinned units (the tail and the question) leave the ranked ones less than
+   ``MIDDLE_SHARE`` of it, widened to the pinned tokens plus that share (``middle_budget``), or, when that is the
+   whole message, the message is served whole (``full-budget``); either way the outcome says so
+   (``budget_note``/``reason``: ``insufficient_middle_budget``), never a message silently cut to its two ends.
+   Then ``BudgetSelector`` by density, with the pinned units
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
@@ -91,7 +95,7 @@ __all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor"
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
-Mode = Literal["compressed", "full-flat", "full-error"]
+Mode = Literal["compressed", "full-flat", "full-error", "full-budget"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ class CompressionOutcome:
     spread: float | None = None
     analysis: Analysis | None = field(default=None, repr=False, compare=False)
     gutter: str | None = None  # step 0: the line-number gutter found (``"N<TAB>"``, ``"N: "``, ...), or None
+    budget_note: str | None = None  # step 4: ``insufficient_middle_budget`` when the budget was widened, or None
 
     @property
     def served_message_tokens(self) -> int:
@@ -172,6 +177,23 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
     k = int(np.searchsorted(starts, first, side="right")) - 1
     return set(range(max(k, 0), len(units)))
+
+
+MIDDLE_SHARE = 0.5  # step 4: the least share of the budget left to the ranked units beside the pinned ones
+INSUFFICIENT_MIDDLE = "insufficient_middle_budget"
+
+
+def middle_budget(budget: int, pinned_tokens: int, message_tokens: int) -> tuple[int, str | None]:
+    """Step 4: the budget, widened when the pinned tail and the question leave the ranked units less than
+    ``MIDDLE_SHARE`` of it (the message would otherwise be cut to its two ends): to the pinned tokens plus that
+    share, at most the whole message; with the reason (``insufficient_middle_budget: ...``), else None."""
+    room = int(MIDDLE_SHARE * budget)
+    if budget - pinned_tokens >= room:
+        return budget, None
+    wide = min(pinned_tokens + room, message_tokens)
+    what = "serving the message whole" if wide >= message_tokens else f"budget widened to {wide} tokens"
+    return wide, (f"{INSUFFICIENT_MIDDLE}: the pinned tail and the question take {pinned_tokens} of the "
+                  f"{budget}-token budget, leaving the ranked units less than {MIDDLE_SHARE:.0%} of it; {what}")
 
 
 def line_units(units: list[Unit], lines: tuple[int, int] | None) -> set[int]:
@@ -309,6 +331,9 @@ class Compressor:
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
+            budget, note = middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
+            if note is not None and budget >= m_tok:
+                return full("full-budget", note, budget_tokens=budget, units_in=len(units), analysis=analysis)
             budget = max(1, budget - budget_adjust)
             kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines))
             t = _lap(ms, "select", t)
@@ -346,7 +371,8 @@ class Compressor:
                                   tuple(tt.line_tokens), tuple(ContentKind(u.kind).value for u in units))
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
-                                      len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)
+                                      len(units), len(kept), recall, ms, note, sp.spread, analysis, gutter,
+                                      None if note is None else INSUFFICIENT_MIDDLE)
         except Exception as e:  # noqa: BLE001 - a failure here serves the message whole, never fails the request
             return full("full-error", f"{type(e).__name__}: {e}")
 

@@ -27,7 +27,9 @@ persists what was served):
    counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
 5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log): an engine
    that is unreachable, not ready or refuses a count (``EngineError``) as much as an internal error.
-Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
+Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``, and
+``X-PFlash-Budget-Note: insufficient_middle_budget`` when the pinned tail and the question left the ranked units
+too little of the budget and it was widened (``full-budget``: the widened budget is the whole message).
 """
 
 from __future__ import annotations
@@ -274,6 +276,9 @@ class CompressStage(Stage):
                  tt.total_tokens, served_tokens, outcome.units_in, outcome.units_kept, fields["scorer"], total_ms,
                  extra={"fields": fields})
         req.log_fields.update(fields)
+        if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
+            req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
+            req.log_fields["pflash_reason"] = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             assert ctx.record is not None  # on_request admits only requests with a session record
