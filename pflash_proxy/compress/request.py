@@ -142,6 +142,7 @@ _KEYWORD = re.compile(r"^(?:def|class|if|elif|else|for|while|return|import|from|
                       r"var|let|const|function|fn|pub|use|func|package|public|private|static|end|do|done|fi)\b")
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
 _SYMBOLS = re.compile(r"[{}\[\]()<>=;|\\$@#*`]|(?<=\w)[._](?=\w)|->|::")
+_FIELD = re.compile(r"(?:^|[\s|,;])[\w.-]+: \S")
 _LABEL = re.compile(r"^[^\W\d_][\w ]{0,24}:$")
 _ASKS_MARK = re.compile(r"\?(?:[\s\"'”’)\]*_]|$)")
 _FIRST_WORD = re.compile(r"[^\W\d_]+")
@@ -155,15 +156,15 @@ REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the 
 
 
 def prose_line(line: str) -> bool:
-    """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record, a comment or a
-    numbered file line. Indented lines are a pasted block's; a line ending in ``?`` is prose whatever it holds."""
+    """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record (fields between
+    bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted block's; a line ending in ``?`` is prose whatever it holds."""
     t = line.strip()
     if not t or _GUTTER.match(line) or _INDENTED.match(line) or _COMMENT.match(t):
         return False
     if _ASKS_MARK.search(t) and t.rstrip("\"'”’)*_ ").endswith("?"):
         return True
-    if _KEYWORD.match(t):
-        return False
+    if _KEYWORD.match(t) or t.count("|") >= 2 or "\t" in t or len(_FIELD.findall(t)) >= 2:
+        return False  # code, or a record: fields between bars or tabs, ``key: value`` pairs
     if _LABEL.match(t):
         return True
     words = _LETTERS.findall(t)

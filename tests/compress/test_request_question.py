@@ -120,3 +120,12 @@ def test_the_form_of_a_question():
     lines = ["x = 1\n"] * 50 + ["\n", "What is x?\n"]
     assert question_span(lines, [3] * len(lines), 512) == (51, 52)
     assert question_text("short question") == "short question"
+
+
+def test_records_before_the_question_are_the_paste_not_the_question():
+    records = "".join(f"REC-{i:05d} | 2026-01-{i % 28 + 1:02d} | team: growth | product: Nimbolt | note: The {i}th "
+                      f"delivery of the quarter arrived late again at the depot.\n" for i in range(400))
+    spec = find([{"role": "user", "content": records + "\nWhich team filed REC-00042, and what does its note say?"}], 0)
+    assert spec.source == "question" and spec.text == "Which team filed REC-00042, and what does its note say?"
+    assert not prose_line("REC-00042 | 2026-01-15 | team: growth | note: late\n")
+    assert not prose_line("name: retry  kind: function  calls: 12\n")
