@@ -13,7 +13,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept, and so are the units holding the question found by its form
-   (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the request spells out
+   (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the
+   request spells out
    (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
@@ -54,6 +55,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
    anyway (recall can bring lines back).
+5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
+   the units whose BM25 of the every-clause is at least ``MATCH_SHARE`` of the best), kept like the pinned units,
+   when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
    are part of the overhead of step 4);
@@ -234,6 +238,18 @@ def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np
     return scores
 
 
+MATCH_SHARE = 0.3  # step 5b: a unit scoring at least this share of the best on the every-clause is a match
+
+
+def every_match(gate: np.ndarray, pinned: set[int]) -> set[int]:
+    """Step 5b: the unpinned units that match a request for every match: BM25 of its every-clause at least
+    ``MATCH_SHARE`` of the best unit's (none when the clause's words name nothing here)."""
+    g = np.asarray(gate, dtype=np.float64).copy()
+    g[list(pinned)] = 0.0
+    best = float(g.max()) if len(g) else 0.0
+    return set(np.flatnonzero(g >= MATCH_SHARE * best).tolist()) if best > 0 else set()
+
+
 def held_in_pin(scores: np.ndarray, free: np.ndarray, pinned: set[int], asked: frozenset[int]) -> bool:
     """Step 5: no unpinned unit has any relevance, but a pinned one other than the question's own does: what the
     question matches sits in the pinned tail, which is kept; nothing is spread."""
@@ -349,8 +365,16 @@ class Compressor:
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
                            None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
-            if sp.flat and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
+            if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
                 sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
+            if not sp.flat and sp.applies and gate is not None:  # step 5b: every match, or served whole
+                matches = every_match(gate, pinned)
+                if not matches <= set(kept):
+                    need = int(toks[sorted(matches | pinned)].sum())
+                    if need <= budget:
+                        kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines), matches)
+                    else:
+                        sp = replace(sp, flat=True, matches=(len(matches), need, budget))
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
@@ -377,7 +401,7 @@ class Compressor:
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
-                label: str, n_lines: int) -> list[int]:
+                label: str, n_lines: int, also: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
         """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
         by density (``_select_with_overhead``)."""
         units, pinned = analysis.units, analysis.pinned
@@ -386,7 +410,8 @@ class Compressor:
         first = first_choice(scores, pinned)
         if is_code(units):
             first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
-        return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first, source, label,
+        return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first | set(also), source,
+                                          label,
                                           n_lines, analysis.blocks, analysis.outline)
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,

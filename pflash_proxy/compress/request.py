@@ -157,7 +157,8 @@ REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the 
 
 def prose_line(line: str) -> bool:
     """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record (fields between
-    bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted block's; a line ending in ``?`` is prose whatever it holds."""
+    bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted
+    block's; a line ending in ``?`` is prose whatever it holds."""
     t = line.strip()
     if not t or _GUTTER.match(line) or _INDENTED.match(line) or _COMMENT.match(t):
         return False
@@ -262,7 +263,8 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
         span = (min(p[0] for p in taken), max(p[1] for p in taken))
         if from_end:  # a prose body's last paragraph may run into the question: from its first line that asks
             first = next(i for i in range(span[0], span[1]) if kind[i] != "blank" and asks(lines[i]))
-            if first > span[0] and not lines[first - 1].rstrip().rstrip(")]\"'”’").endswith((".", "!", "?", ":", ";")):
+            ends = lines[first - 1].rstrip().rstrip(")]\"'”’") if first > span[0] else "."
+            if not ends.endswith((".", "!", "?", ":", ";")):
                 first -= 1  # the question's sentence began on the line before
             span = (first, span[1])
         return span if small(*span) else None
