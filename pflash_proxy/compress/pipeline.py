@@ -331,7 +331,7 @@ class Compressor:
                 pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
                 defs = definitions(work)
                 named, optional = named_definitions(work, units, request.text, defs)
-                blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
+                blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 code = is_code(units)
@@ -538,6 +538,7 @@ def _take_whole(keep: set[int], group: Iterable[int], toks: np.ndarray, room: fl
     return room - size
 
 
+BLOCK_SEGMENTS = 8  # step 4: definitions of up to this many max_segment tokens are blocks (kept whole when chosen)
 CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added
 CLOSE_BUDGET = 0.10  # ... and all such additions together at most this share of the budget
 

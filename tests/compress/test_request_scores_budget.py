@@ -241,3 +241,16 @@ def test_lexical_hops_follow_references_from_line_to_line():
     assert hop[other] == plain[other]
     assert np.allclose(sc.score(pickle.loads(pickle.dumps(reps)), q), hop)  # recall reads pickled reps
     assert np.allclose(LexicalScorer(hops=1).score(LexicalScorer(hops=1).represent(tt, units), q)[where[2:]], 0)
+
+
+def test_a_message_share_by_the_messages_own_size():
+    """``message:tokens:share`` points: a small read keeps more of itself (issue 48: budget by read size)."""
+    c = BudgetCurve.parse("8192:0.42 16384:0.315 message:8192:0.4 message:16384:0.3")
+    assert c.share(4000) == pytest.approx(0.4) and c.share(12288) == pytest.approx(0.35)
+    assert c.share(40000) == pytest.approx(0.3) and BudgetCurve.parse(DEFAULT_CURVE).share(5000) == 0.3
+    assert message_budget(c, 6000, 5900) == int(0.4 * 5900)
+    assert str(c) == "8192:0.42 16384:0.315 message:8192:0.4 message:16384:0.3"
+    for bad in ("16384:0.3 message:0.3 message:8192:0.4", "16384:0.3 message:9000:0.4 message:8000:0.3",
+                "16384:0.3 message:8192:1.5"):
+        with pytest.raises(ValueError):
+            BudgetCurve.parse(bad)
