@@ -32,8 +32,10 @@ Algorithm (``RequestFinder``):
    the nearest assistant turn when no id matches) as ``name(arguments)``.  No pin.
 4. Any other long message (system, assistant): the latest user message anywhere
    else in the list; no pin.  With no user message at all, the message's own tail.
-5. Plain ``/completion`` prompt: the trailing lines up to ``query_pin`` tokens are the
-   request and are pinned.
+5. Plain ``/completion`` prompt: the question by its form (step 2) when it has one, else the trailing lines
+   up to ``query_pin`` tokens are the request; the tail is pinned either way.
+6. A follow-up user turn, recall's query (``follow_up_query``): the same question as step 2 would find, its
+   text without the client's reminders (a long turn: its question by form).
 Token counts come from the caller's ``TokenizedText`` when given, else from
 ``approx_line_tokens``.
 """
@@ -47,7 +49,7 @@ from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "asks", "message_text", "prose_line", "question_span", "question_text",
+__all__ = ["RequestFinder", "RequestSpec", "asks", "follow_up_query", "message_text", "prose_line", "question_span", "question_text",
            "request_tail", "request_text", "tail_lines", "without_paths"]
 
 RequestSource = Literal["question", "message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
@@ -152,6 +154,8 @@ might must has have had please explain describe summarize summarise list find te
 extract compare answer count check review refactor translate rewrite update add remove change make implement debug
 help locate point quote cite walk suggest spot look read go determine outline enumerate state trace return print
 """.split())
+USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
+# whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
 REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the message's tokens
 
 
@@ -205,8 +209,10 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
 
     1. Each line is blank (or a ``<system-reminder>`` line), prose (``prose_line``) or body.
     2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
-       within ``limit`` tokens. Stopped by a body line, they are the user's words after a paste: the question
-       when they ask something (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
+       within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
+       ``USER_TOKENS`` tokens, those that ask nothing at most ``USER_LINES`` lines), they are the user's words
+       after a paste: the question when they ask something
+       (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
        paragraphs that each ask, at least the last one, from the first of their lines that asks (a question
        hard-wrapped into the document's last paragraph, from the line its sentence begins on).
     3. Else the start: its leading paragraphs that each ask, at least the first, within ``limit`` tokens and
@@ -247,7 +253,8 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
         paras = paragraphs(a, b)
         if not paras:
             return None
-        if by_body and from_end and asks(text(a, b)):
+        if by_body and from_end and len(paras) <= USER_PARAGRAPHS and sum(line_tokens[a:b]) <= USER_TOKENS \
+                and asks(text(a, b)) and all(p[1] - p[0] <= USER_LINES or asks(text(*p)) for p in paras):
             span = (paras[0][0], paras[-1][1])
             return span if small(*span) else None
         taken: list[tuple[int, int]] = []
@@ -400,6 +407,13 @@ class RequestFinder:
             parts.append(str(tool_msg["name"]))
         text = "\n".join(parts)
         return RequestSpec(text, 0, "tool-call" if text else "none")
+
+
+def follow_up_query(msg: Mapping[str, object], limit: int = 512) -> str:
+    """Step 6: what a follow-up user turn asks, as recall's query (the same signal as step 2): its text without
+    the client's ``<system-reminder>`` blocks, and of a long turn (a paste with its question) the question by its
+    form (``question_text``)."""
+    return question_text(request_text(msg), limit)
 
 
 def _without_reminders(lines: list[str], span: tuple[int, int]) -> str:
