@@ -3,11 +3,13 @@
 Algorithm:
 1. ``BudgetCurve.parse("16384:0.315 32768:0.270 ... message:0.3")``: points ``tokens:ratio``,
    strictly ascending in tokens, each ratio in (0, 1], and optionally ``message:share``
-   (in (0, 1]).  ``ratio(n)`` interpolates linearly between points and is flat beyond
-   both ends; ``budget(n) = round(n * ratio(n))``.
+   (in (0, 1]), or a share by the message's own tokens, ``message:tokens:share`` points
+   (``message:8192:0.4 message:16384:0.3``: a small read saves little and has little
+   room, so it keeps more of itself).  ``ratio(n)`` and ``share(n)`` interpolate linearly
+   between points and are flat beyond both ends; ``budget(n) = round(n * ratio(n))``.
 2. ``message_budget``: the curve applies to the tokens the upstream prefills
    (``prompt_tokens``) but only the long message is shortened, so the message gets
-   ``budget(prompt) - (prompt - message)``, and at most ``floor(share * message)``
+   ``budget(prompt) - (prompt - message)``, and at most ``floor(share(message) * message)``
    where the curve has a ``message:share`` (the default curve's 0.3: the seed's 0.315 of
    the prompt gives a message that is nearly all of the prompt more than 0.3 of itself,
    e.g. a cold agent read, whose rest is a system line and a task); floored at
@@ -34,12 +36,17 @@ __all__ = ["BudgetCurve", "BudgetSelector", "DEFAULT_CURVE", "message_budget"]
 
 _TOKENS = attrgetter("tokens")
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225 message:0.3"
+# Below the seed's 16K (a lowered --threshold) a small read saves little: users'-words code tasks, dev split
+# (benchmarks/code_tasks_offline.py), "8192:0.42 16384:0.315 ... message:8192:0.4 message:16384:0.3" kept the
+# needed definition in 26/30 reads against 24/30 (6/8 and 12/13 at 4-8K and 8-16K against 5/8 and 11/13); not
+# the default: the flat gate's thresholds are per kept unit and were calibrated on this curve.
 
 
 @dataclass(frozen=True)
 class BudgetCurve:
     points: tuple[tuple[int, float], ...]
     message_share: float | None = None  # step 2: the most of itself a message keeps (None: the points alone)
+    message_points: tuple[tuple[int, float], ...] = ()  # step 2: that share by the message's tokens (overrides)
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -55,40 +62,66 @@ class BudgetCurve:
             prev = n
         if self.message_share is not None and not 0.0 < self.message_share <= 1.0:
             raise ValueError(f"prefill curve: message share must be in (0, 1], got {self.message_share}")
+        prev = None
+        for n, r in self.message_points:
+            if n <= 0 or not 0.0 < r <= 1.0:
+                raise ValueError(f"prefill curve: message point {n}:{r} needs tokens > 0 and a share in (0, 1]")
+            if prev is not None and n <= prev:
+                raise ValueError(f"prefill curve: message points must ascend in tokens ({prev} then {n})")
+            prev = n
 
     @classmethod
     def parse(cls, spec: str) -> "BudgetCurve":
-        """Parse ``"tokens:ratio tokens:ratio ... [message:share]"`` (spaces or commas between points)."""
+        """Parse ``"tokens:ratio ... [message:share | message:tokens:share ...]"`` (spaces or commas between
+        points)."""
         pts = []
         share = None
+        mpts = []
         for item in spec.replace(",", " ").split():
             tok, sep, ratio = item.partition(":")
             if not sep:
                 raise ValueError(f"prefill curve: point {item!r} is not tokens:ratio")
             if tok == "message":
-                if share is not None:
-                    raise ValueError(f"prefill curve: {item!r} is a second message share")
+                at, sep2, value = ratio.partition(":")
                 try:
+                    if sep2:
+                        mpts.append((int(at), float(value)))
+                        continue
+                    if share is not None:
+                        raise ValueError(f"prefill curve: {item!r} is a second message share")
                     share = float(ratio)
-                except ValueError:
-                    raise ValueError(f"prefill curve: {item!r} is not message:number") from None
+                except ValueError as e:
+                    if "second" in str(e):
+                        raise
+                    raise ValueError(f"prefill curve: {item!r} is not message:number or "
+                                     "message:tokens:number") from None
                 continue
             try:
                 pts.append((int(tok), float(ratio)))
             except ValueError:
                 raise ValueError(f"prefill curve: point {item!r} is not an integer:number pair") from None
-        return cls(tuple(pts), share)
+        if share is not None and mpts:
+            raise ValueError("prefill curve: give message:share or message:tokens:share points, not both")
+        return cls(tuple(pts), share, tuple(mpts))
 
     def ratio(self, n_tokens: int) -> float:
         xs = [p[0] for p in self.points]
         ys = [p[1] for p in self.points]
         return float(np.interp(n_tokens, xs, ys))
 
+    def share(self, message_tokens: int) -> float | None:
+        """Step 2: the most of itself a message of ``message_tokens`` keeps, or None (no cap)."""
+        if self.message_points:
+            return float(np.interp(message_tokens, [p[0] for p in self.message_points],
+                                   [p[1] for p in self.message_points]))
+        return self.message_share
+
     def budget(self, prompt_tokens: int) -> int:
         return int(round(prompt_tokens * self.ratio(prompt_tokens)))
 
     def __str__(self) -> str:
         share = "" if self.message_share is None else f" message:{self.message_share:g}"
+        share += "".join(f" message:{n}:{r:g}" for n, r in self.message_points)
         return " ".join(f"{n}:{r:g}" for n, r in self.points) + share
 
 
@@ -97,8 +130,9 @@ def message_budget(curve: BudgetCurve, prompt_tokens: int, message_tokens: int, 
     if message_tokens > prompt_tokens:
         raise ValueError(f"message has {message_tokens} tokens, more than the prompt's {prompt_tokens}")
     b = curve.budget(prompt_tokens) - (prompt_tokens - message_tokens)
-    if curve.message_share is not None:
-        b = min(b, int(curve.message_share * message_tokens))
+    share = curve.share(message_tokens)
+    if share is not None:
+        b = min(b, int(share * message_tokens))
     return int(min(max(b, floor_tokens, 1), message_tokens))
 
 

@@ -15,7 +15,9 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    rewrite says what an omission hides in lines or in pieces, and recall can bring back a part of a line.
 2. pin: when the request pins the message tail, the units holding the trailing lines
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
-   line) are always kept.  The units that define a name the request spells out
+   line) are always kept, and so are the units holding the question found by its form
+   (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the
+   request spells out
    (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
@@ -25,7 +27,11 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    (``request.without_paths``: they name the file, and their words match its header and imports); when that
    leaves nothing the message shares, the whole request text.
 4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
-   upstream would prefill), then ``BudgetSelector`` by density, with the pinned units
+   upstream would prefill); when the pinned units (the tail and the question) leave the ranked ones less than
+   ``MIDDLE_SHARE`` of it, widened to the pinned tokens plus that share (``middle_budget``), or, when that is the
+   whole message, the message is served whole (``full-budget``); either way the outcome says so
+   (``budget_note``/``reason``: ``insufficient_middle_budget``), never a message silently cut to its two ends.
+   Then ``BudgetSelector`` by density, with the pinned units
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
@@ -48,9 +54,13 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    a request that asks for every match, whatever the serving scorer), per unit that step 4 keeps when it ranks
    by BM25's scores of the request (for another scorer a second selection: the decision does not turn on how
    many units the serving scorer's ranking packs into the budget): flat only for zero
-   relevance or a request that asks for every match; flat on a cold request -> ``full-flat`` (original text,
+   relevance or a request that asks for every match (not for zero relevance when the question's matches all sit in
+   the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
    anyway (recall can bring lines back).
+5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
+   the units whose BM25 of the every-clause is at least ``MATCH_SHARE`` of the best), kept like the pinned units,
+   when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
    are part of the overhead of step 4);
@@ -66,6 +76,7 @@ the inspector).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from operator import attrgetter
 from dataclasses import dataclass, field
 from collections.abc import Iterable
@@ -92,7 +103,7 @@ __all__ = ["Analysis", "CompressionOutcome", "CompressionSettings", "Compressor"
 
 _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrgetter("tokens")
 
-Mode = Literal["compressed", "full-flat", "full-error"]
+Mode = Literal["compressed", "full-flat", "full-error", "full-budget"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,7 @@ class Analysis:
     gate_ranking: np.ndarray | None = None  # step 5: BM25's ranking the gate's ``k`` is selected by, or None (own)
     pieces: Pieces | None = None  # step 1: the long lines' pieces (the units are runs of pieces), or None
     served: TokenizedText | None = None  # step 1: the message as those pieces (what the rewrite cuts)
+    asked: frozenset[int] = frozenset()  # step 2: the units holding the question found by its form (pinned)
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class CompressionOutcome:
     spread: float | None = None
     analysis: Analysis | None = field(default=None, repr=False, compare=False)
     gutter: str | None = None  # step 0: the line-number gutter found (``"N<TAB>"``, ``"N: "``, ...), or None
+    budget_note: str | None = None  # step 4: ``insufficient_middle_budget`` when the budget was widened, or None
 
     @property
     def served_message_tokens(self) -> int:
@@ -174,6 +187,31 @@ def pinned_units(tt: TokenizedText, units: list[Unit], pin_tokens: int) -> set[i
     starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
     k = int(np.searchsorted(starts, first, side="right")) - 1
     return set(range(max(k, 0), len(units)))
+
+
+MIDDLE_SHARE = 0.5  # step 4: the least share of the budget left to the ranked units beside the pinned ones
+INSUFFICIENT_MIDDLE = "insufficient_middle_budget"
+
+
+def middle_budget(budget: int, pinned_tokens: int, message_tokens: int) -> tuple[int, str | None]:
+    """Step 4: the budget, widened when the pinned tail and the question leave the ranked units less than
+    ``MIDDLE_SHARE`` of it (the message would otherwise be cut to its two ends): to the pinned tokens plus that
+    share, at most the whole message; with the reason (``insufficient_middle_budget: ...``), else None."""
+    room = int(MIDDLE_SHARE * budget)
+    if budget - pinned_tokens >= room:
+        return budget, None
+    wide = min(pinned_tokens + room, message_tokens)
+    what = "serving the message whole" if wide >= message_tokens else f"budget widened to {wide} tokens"
+    return wide, (f"{INSUFFICIENT_MIDDLE}: the pinned tail and the question take {pinned_tokens} of the "
+                  f"{budget}-token budget, leaving the ranked units less than {MIDDLE_SHARE:.0%} of it; {what}")
+
+
+def line_units(units: list[Unit], lines: tuple[int, int] | None) -> set[int]:
+    """Step 2: the units holding any of the lines ``[start, end)`` (none for None)."""
+    if lines is None or not units:
+        return set()
+    a, b = lines
+    return {u.index for u in units if u.start_line < b and u.end_line > a}
 
 
 def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps, scores: np.ndarray,
@@ -204,6 +242,25 @@ def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np
     if query != request and not scores.any():
         scores = validate_scores(scorer.score(reps, request), n)
     return scores
+
+
+MATCH_SHARE = 0.3  # step 5b: a unit scoring at least this share of the best on the every-clause is a match
+
+
+def every_match(gate: np.ndarray, pinned: set[int]) -> set[int]:
+    """Step 5b: the unpinned units that match a request for every match: BM25 of its every-clause at least
+    ``MATCH_SHARE`` of the best unit's (none when the clause's words name nothing here)."""
+    g = np.asarray(gate, dtype=np.float64).copy()
+    g[list(pinned)] = 0.0
+    best = float(g.max()) if len(g) else 0.0
+    return set(np.flatnonzero(g >= MATCH_SHARE * best).tolist()) if best > 0 else set()
+
+
+def held_in_pin(scores: np.ndarray, free: np.ndarray, pinned: set[int], asked: frozenset[int]) -> bool:
+    """Step 5: no unpinned unit has any relevance, but a pinned one other than the question's own does: what the
+    question matches sits in the pinned tail, which is kept; nothing is spread."""
+    rest = sorted(pinned - asked)
+    return float(scores[free].sum()) <= 0.0 and bool(rest) and float(scores[rest].sum()) > 0.0
 
 
 def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
@@ -281,10 +338,16 @@ class Compressor:
                     units = _recount(units, tt)
                 _check_units(units, tt)
                 t = _lap(ms, "segment", t)
-                pinned = pinned_units(work, units, request.pinned_tail_tokens)
+                kept_lines = request.kept_lines
+                if kept_lines is not None and pieces is not None:  # the question's lines, counted in pieces
+                    first = pieces.first()
+                    n = len(first) - 1
+                    kept_lines = (first[min(kept_lines[0], n)], first[min(kept_lines[1], n)])
+                asked = frozenset(line_units(units, kept_lines))
+                pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
                 defs = definitions(work)
                 named, optional = named_definitions(work, units, request.text, defs)
-                blocks = tuple(definition_blocks(work, units, 2 * self.settings.max_segment, defs))
+                blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
                 code = is_code(units)
@@ -294,7 +357,7 @@ class Compressor:
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
                                     outline(work.lines, defs) if code else (), gate, ranking, pieces,
-                                    tt if pieces is not None else None)
+                                    tt if pieces is not None else None, asked)
             else:
                 ms.update(analysis.stage_ms)
                 tt = analysis.served or tt
@@ -302,6 +365,9 @@ class Compressor:
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
+            budget, note = middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
+            if note is not None and budget >= m_tok:
+                return full("full-budget", note, budget_tokens=budget, units_in=len(units), analysis=analysis)
             budget = max(1, budget - budget_adjust)
             kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines))
             t = _lap(ms, "select", t)
@@ -317,6 +383,16 @@ class Compressor:
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
                            None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
+            if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
+                sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
+            if not sp.flat and sp.applies and gate is not None:  # step 5b: every match, or served whole
+                matches = every_match(gate, pinned)
+                if not matches <= set(kept):
+                    need = int(toks[sorted(matches | pinned)].sum())
+                    if need <= budget:
+                        kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines), matches)
+                    else:
+                        sp = replace(sp, flat=True, matches=(len(matches), need, budget))
             if sp.flat and not in_conversation:
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
@@ -339,12 +415,13 @@ class Compressor:
                                   analysis.pieces.to_plain() if analysis.pieces is not None else ())
             _lap(ms, "rewrite", t)
             return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
-                                      len(units), len(kept), recall, ms, None, sp.spread, analysis, gutter)
+                                      len(units), len(kept), recall, ms, note, sp.spread, analysis, gutter,
+                                      None if note is None else INSUFFICIENT_MIDDLE)
         except Exception as e:  # noqa: BLE001 - a failure here serves the message whole, never fails the request
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
-                label: str, n_lines: int) -> list[int]:
+                label: str, n_lines: int, also: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
         """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
         by density (``_select_with_overhead``)."""
         units, pinned = analysis.units, analysis.pinned
@@ -353,7 +430,8 @@ class Compressor:
         first = first_choice(scores, pinned)
         if is_code(units):
             first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
-        return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first, source, label,
+        return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first | set(also), source,
+                                          label,
                                           n_lines, analysis.blocks, analysis.outline)
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
@@ -480,6 +558,7 @@ def _take_whole(keep: set[int], group: Iterable[int], toks: np.ndarray, room: fl
     return room - size
 
 
+BLOCK_SEGMENTS = 8  # step 4: definitions of up to this many max_segment tokens are blocks (kept whole when chosen)
 CLOSE_SHARE = 0.25  # step 4: a cut definition's missing units, at most this share of its tokens, are added
 CLOSE_BUDGET = 0.10  # ... and all such additions together at most this share of the budget
 

@@ -9,21 +9,33 @@ Algorithm (``RequestFinder``):
    would rank whatever else mentions files, tokens or dates; a user message that is
    only reminders is no request.
 2. Long **user** message followed by a user message of its own (a paste, then the question): the latest such
-   user message, no pin.  Otherwise the request is the text after the bulk: the last paragraph
+   user message, no pin.  Otherwise the question is found by its form (``question_span``): the user's own
+   words at the end of the message (a paste followed by its question) or, when none, at its start (a question
+   followed by its paste): a short run of prose lines (``prose_line``: words, not code, records or numbered
+   file lines; the client's ``<system-reminder>`` blocks skipped) after or before a body that is not, or,
+   after a prose body, its last paragraphs while they ask something (``asks``: a sentence ending in ``?``, or
+   an imperative or question word first).  That question is the scorer's query (``source: question``) and
+   its lines are always kept (``kept_lines``); the message tail stays pinned (``pinned_tail_tokens``) for
+   recency but its words never dilute the query.  With no question by form, the request is the text after
+   the bulk (``source: message-tail``, the old rule): the last paragraph
    (blank-line separated), plus earlier paragraphs while what is taken is under
    ``min_request_tokens`` (32) and all stays within ``query_pin`` tokens; if the last
    paragraph alone exceeds ``query_pin``, the trailing *lines* up to ``query_pin``
    tokens (at least the last non-blank line).  The pin is
    ``pinned_tail_tokens = query_pin``: the compressor always keeps the units holding
    the trailing lines that sum to at most ``query_pin`` tokens.
-3. Long **tool** message (``role == "tool"`` or legacy ``"function"``): the task
-   (latest user message before it) plus the assistant turn that issued the call:
+3. Long **tool** message (``role == "tool"`` or legacy ``"function"``): the user's words after it (a text
+   the client sends with a tool result, as Claude Code's user turn does beside its ``tool_result``), the task
+   (latest user message before it; when that message is itself long, a paste with its question, only the
+   question by form, ``question_text``) plus the assistant turn that issued the call:
    its text and the matching ``tool_calls`` entry (by ``tool_call_id``; all calls of
    the nearest assistant turn when no id matches) as ``name(arguments)``.  No pin.
 4. Any other long message (system, assistant): the latest user message anywhere
    else in the list; no pin.  With no user message at all, the message's own tail.
-5. Plain ``/completion`` prompt: the trailing lines up to ``query_pin`` tokens are the
-   request and are pinned.
+5. Plain ``/completion`` prompt: the question by its form (step 2) when it has one, else the trailing lines
+   up to ``query_pin`` tokens are the request; the tail is pinned either way.
+6. A follow-up user turn, recall's query (``follow_up_query``): the same question as step 2 would find, its
+   text without the client's reminders (a long turn: its question by form).
 Token counts come from the caller's ``TokenizedText`` when given, else from
 ``approx_line_tokens``.
 """
@@ -37,10 +49,10 @@ from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "message_text", "request_tail", "request_text", "tail_lines",
-           "without_paths"]
+__all__ = ["RequestFinder", "RequestSpec", "asks", "follow_up_query", "message_text", "prose_line", "question_span", "question_text",
+           "request_tail", "request_text", "tail_lines", "without_paths"]
 
-RequestSource = Literal["message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
+RequestSource = Literal["question", "message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
 _PATH = re.compile(r"[^\s\"'`()\[\]{},;]*/[^\s\"'`()\[\]{},;]*")
 _EXT = re.compile(r"\.[A-Za-z0-9]{1,8}$")
 _TOKEN = re.compile(r"[^\s\"'`()\[\]{},;]+")
@@ -54,6 +66,7 @@ class RequestSpec:
     text: str
     pinned_tail_tokens: int
     source: RequestSource
+    kept_lines: tuple[int, int] | None = None  # step 2: the question's lines in the message (start, end), kept
 
 
 def message_text(msg: Mapping[str, object]) -> str:
@@ -123,6 +136,180 @@ def request_tail(lines: list[str], line_tokens: list[int], limit: int, min_token
     return pin_start if start is None else start
 
 
+# Step 2: the form of a question. A line of prose: words, not code, records or numbered lines.
+_GUTTER = re.compile(r"^\s*\d+(?:\t|→|: |\| )")
+_INDENTED = re.compile(r"^(?: {4,}|\t)\S")
+_COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*|--|;|%|\"\"\"|\'\'\'|```)")
+_KEYWORD = re.compile(r"^(?:def|class|if|elif|else|for|while|return|import|from|try|except|finally|with|async|await|"
+                      r"var|let|const|function|fn|pub|use|func|package|public|private|static|end|do|done|fi)\b")
+_LETTERS = re.compile(r"[^\W\d_]{2,}")
+_SYMBOLS = re.compile(r"[{}\[\]()<>=;|\\$@#*`]|(?<=\w)[._](?=\w)|->|::")
+_FIELD = re.compile(r"(?:^|[\s|,;])[\w.-]+: \S")
+_LABEL = re.compile(r"^[^\W\d_][\w ]{0,24}:$")
+_ASKS_MARK = re.compile(r"\?(?:[\s\"'”’)\]*_]|$)")
+_FIRST_WORD = re.compile(r"[^\W\d_]+")
+_OPENING = frozenset("""
+what which who whom whose when where why how is are was were do does did can could would should will shall may
+might must has have had please explain describe summarize summarise list find tell show give write fix identify name
+extract compare answer count check review refactor translate rewrite update add remove change make implement debug
+help locate point quote cite walk suggest spot look read go determine outline enumerate state trace return print
+""".split())
+USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
+# whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
+REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the message's tokens
+
+
+def prose_line(line: str) -> bool:
+    """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record (fields between
+    bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted
+    block's; a line ending in ``?`` is prose whatever it holds."""
+    t = line.strip()
+    if not t or _GUTTER.match(line) or _INDENTED.match(line) or _COMMENT.match(t):
+        return False
+    if _ASKS_MARK.search(t) and t.rstrip("\"'”’)*_ ").endswith("?"):
+        return True
+    if _KEYWORD.match(t) or t.count("|") >= 2 or "\t" in t or len(_FIELD.findall(t)) >= 2:
+        return False  # code, or a record: fields between bars or tabs, ``key: value`` pairs
+    if _LABEL.match(t):
+        return True
+    words = _LETTERS.findall(t)
+    if len(words) < 2:
+        return False
+    letters = sum(len(w) for w in words)
+    return letters >= 0.6 * len(t) and len(_SYMBOLS.findall(t)) <= max(2, len(t) // 40)
+
+
+def asks(text: str) -> bool:
+    """Step 2: the text asks something: a sentence ending in ``?``, or it opens (or one of its lines does) with a
+    question or imperative word ("Explain ...", "List ...", "Why ...", "please ...")."""
+    if _ASKS_MARK.search(text):
+        return True
+    for line in text.splitlines():
+        m = _FIRST_WORD.search(line.strip().lstrip("-*>#0123456789.) "))
+        if m and m.group().lower() in _OPENING:
+            return True
+    return False
+
+
+def _reminder_mask(lines: list[str]) -> list[bool]:
+    """Lines inside the client's ``<system-reminder>`` blocks (step 1): skipped when looking for the question."""
+    out, inside = [], False
+    for line in lines:
+        opens = "<system-reminder>" in line
+        out.append(inside or opens)
+        if opens:
+            inside = True
+        if "</system-reminder>" in line:
+            inside = False
+    return out
+
+
+def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple[int, int] | None:
+    """Step 2: the lines ``(start, end)`` of the user's question in a long message, found by its form, or None.
+
+    1. Each line is blank (or a ``<system-reminder>`` line), prose (``prose_line``) or body.
+    2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
+       within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
+       ``USER_TOKENS`` tokens, those that ask nothing at most ``USER_LINES`` lines), they are the user's words
+       after a paste: the question when they ask something
+       (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
+       paragraphs that each ask, at least the last one, from the first of their lines that asks (a question
+       hard-wrapped into the document's last paragraph, from the line its sentence begins on).
+    3. Else the start: its leading paragraphs that each ask, at least the first, within ``limit`` tokens and
+       before a body line or the end (a question, then its paste; a paste's own title or opening sentence that
+       asks nothing is the paste's).
+    The words taken must be under ``REQUEST_SHARE`` of the message's tokens: more is the document, not its
+    question.
+    """
+    n = len(lines)
+    skip = _reminder_mask(lines)
+    kind = ["blank" if skip[i] or not lines[i].strip() else "prose" if prose_line(lines[i]) else "body"
+            for i in range(n)]
+    total_tokens = sum(line_tokens)
+    nonblank = [i for i in range(n) if kind[i] != "blank"]
+    if not nonblank:
+        return None
+
+    def paragraphs(a: int, b: int) -> list[tuple[int, int]]:
+        out, start = [], None
+        for i in range(a, b):
+            if kind[i] == "blank":
+                if start is not None:
+                    out.append((start, i))
+                    start = None
+            elif start is None:
+                start = i
+        if start is not None:
+            out.append((start, b))
+        return out
+
+    def text(a: int, b: int) -> str:
+        return "".join(lines[i] for i in range(a, b) if not skip[i])
+
+    def small(a: int, b: int) -> bool:
+        return sum(line_tokens[a:b]) < REQUEST_SHARE * total_tokens
+
+    def pick(a: int, b: int, by_body: bool, from_end: bool) -> tuple[int, int] | None:
+        paras = paragraphs(a, b)
+        if not paras:
+            return None
+        if by_body and from_end and len(paras) <= USER_PARAGRAPHS and sum(line_tokens[a:b]) <= USER_TOKENS \
+                and asks(text(a, b)) and all(p[1] - p[0] <= USER_LINES or asks(text(*p)) for p in paras):
+            span = (paras[0][0], paras[-1][1])
+            return span if small(*span) else None
+        taken: list[tuple[int, int]] = []
+        used = 0
+        for p in (reversed(paras) if from_end else paras):
+            size = sum(line_tokens[p[0]:p[1]])
+            if not asks(text(*p)) or used + size > limit:
+                break
+            taken.append(p)
+            used += size
+        if not taken:
+            return None
+        span = (min(p[0] for p in taken), max(p[1] for p in taken))
+        if from_end:  # a prose body's last paragraph may run into the question: from its first line that asks
+            first = next(i for i in range(span[0], span[1]) if kind[i] != "blank" and asks(lines[i]))
+            ends = lines[first - 1].rstrip().rstrip(")]\"'”’") if first > span[0] else "."
+            if not ends.endswith((".", "!", "?", ":", ";")):
+                first -= 1  # the question's sentence began on the line before
+            span = (first, span[1])
+        return span if small(*span) else None
+
+    # the end
+    end = nonblank[-1] + 1
+    i, used = end, 0
+    while i > 0 and kind[i - 1] != "body" and used + line_tokens[i - 1] <= limit:
+        i -= 1
+        used += line_tokens[i]
+    found = pick(i, end, i > 0 and kind[i - 1] == "body", True)
+    if found is not None:
+        return found
+    # the start
+    start = nonblank[0]
+    j, used = start, 0
+    while j < n and kind[j] != "body" and used + line_tokens[j] <= limit:
+        used += line_tokens[j]
+        j += 1
+    if j >= end:
+        return None  # all prose within the limit: nothing after it to be a question about
+    return pick(start, j, j < n and kind[j] == "body", False)
+
+
+def question_text(text: str, limit: int = 512) -> str:
+    """The question by form (``question_span``) of a long message's text, or the text itself when it has none or
+    is no longer than ``limit`` tokens (a short message is all question)."""
+    lines = split_lines(text)
+    counts = approx_line_tokens(lines)
+    if sum(counts) <= limit:
+        return text
+    span = question_span(lines, counts, limit)
+    if span is None:
+        return text
+    mask = _reminder_mask(lines)
+    return "".join(lines[i] for i in range(*span) if not mask[i])
+
+
 @dataclass(frozen=True)
 class RequestFinder:
     query_pin: int = 512
@@ -140,7 +327,7 @@ class RequestFinder:
                           if m.get("role") == "user" and message_text(m).strip()), None)
             if later is not None:  # a paste followed by the question in a message of its own
                 return RequestSpec(later, 0, "latest-user")
-            return self._tail(msg, long_tt, "message-tail", pin=True)
+            return self._question(msg, long_tt) or self._tail(msg, long_tt, "message-tail", pin=True)
         if role in ("tool", "function"):
             return self._tool(messages, long_index)
         latest = next((t for m in reversed(messages) if m is not msg and m.get("role") == "user"
@@ -152,8 +339,24 @@ class RequestFinder:
     def find_in_prompt(self, prompt: str | TokenizedText) -> RequestSpec:
         """Step 5: the tail of a plain completion prompt, pinned."""
         tt = prompt if isinstance(prompt, TokenizedText) else TokenizedText.from_text(prompt)
+        span = question_span(tt.lines, tt.line_tokens, self.query_pin)
+        if span is not None:
+            return RequestSpec(_without_reminders(tt.lines, span), self.query_pin, "question", span)
         start = tail_lines(tt.lines, tt.line_tokens, self.query_pin, paragraphs=False)
         return RequestSpec("".join(tt.lines[start:]), self.query_pin if start < len(tt.lines) else 0, "prompt-tail")
+
+    def _question(self, msg: Mapping[str, object], tt: TokenizedText | None) -> RequestSpec | None:
+        """Step 2: the question found by its form, the scorer's query; the tail stays pinned."""
+        if tt is None:
+            lines = split_lines(message_text(msg))
+            counts = approx_line_tokens(lines)
+        else:
+            lines, counts = tt.lines, tt.line_tokens
+        span = question_span(lines, counts, self.query_pin)
+        if span is None:
+            return None
+        text = _without_reminders(lines, span)
+        return RequestSpec(text, self.query_pin, "question", span) if text.strip() else None
 
     def _tail(self, msg: Mapping[str, object], tt: TokenizedText | None, source: RequestSource, pin: bool) -> RequestSpec:
         if tt is None:
@@ -170,9 +373,12 @@ class RequestFinder:
     def _tool(self, messages: list[dict[str, Any]], idx: int) -> RequestSpec:
         tool_msg = messages[idx]
         call_id = tool_msg.get("tool_call_id")
+        after = [t for m in messages[idx + 1:] if m.get("role") == "user"
+                 for t in (request_text(m),) if t.strip()]  # the user's words sent with the tool result
         task = next((t for m in reversed(messages[:idx]) if m.get("role") == "user"
                      for t in (request_text(m),) if t.strip()), "")
-        parts = [task] if task else []
+        task = question_text(task, self.query_pin) if task else task  # a long task: a paste with its question
+        parts = [question_text(t, self.query_pin) for t in after] + ([task] if task else [])
         caller = None
         for m in reversed(messages[:idx]):
             calls = m.get("tool_calls") or []
@@ -201,6 +407,18 @@ class RequestFinder:
             parts.append(str(tool_msg["name"]))
         text = "\n".join(parts)
         return RequestSpec(text, 0, "tool-call" if text else "none")
+
+
+def follow_up_query(msg: Mapping[str, object], limit: int = 512) -> str:
+    """Step 6: what a follow-up user turn asks, as recall's query (the same signal as step 2): its text without
+    the client's ``<system-reminder>`` blocks, and of a long turn (a paste with its question) the question by its
+    form (``question_text``)."""
+    return question_text(request_text(msg), limit)
+
+
+def _without_reminders(lines: list[str], span: tuple[int, int]) -> str:
+    mask = _reminder_mask(lines)
+    return "".join(lines[i] for i in range(*span) if not mask[i])
 
 
 def without_paths(text: str) -> str:

@@ -23,9 +23,15 @@ a handful of strong units keeps it small while "every record mentions X" (all sh
 
 When it applies (``flat_gate``):
 1. Zero total relevance over the unpinned units is flat (spread = 1): nothing says what to keep.
-2. Otherwise only a request that asks for every match can be flat (``asks_for_every``: "list every ...", "list
-   the ID of every ...", "how many" (not "how many times"), "what are all ...", "all the X that ...",
-   "summarize", "overview"; not a word of an identifier: "In Summary.time, ..." names a method).
+2. Otherwise only a request that asks for every match can be flat (``asks_for_every``, by what a sentence asks
+   for rather than by a list of phrases, ``every_intent``: the thing asked for quantified ("describe all
+   handlers", "what does each handler do"), plural after a question word ("which functions call retry"),
+   counted ("how many", not "how many times"), enumerated ("list ...", "name the classes ..."), or its uses
+   ("where is retry used", "who calls X"); not a quantifier in a condition ("... when every coefficient is
+   small") or in the predicate of a question about one thing ("which function returns all items"), nor a word
+   of an identifier: "In Summary.time, ..." names a method). A request about the whole message ("give a summary
+   of what this module does", "what is this file for", ``asks_for_whole``) is flat whatever the scores: every
+   unit is relevant to it.
    A pointed question ("which function interleaves the address infos?") over a cold document is compressed
    whatever the spread: measured on generated documents (``docs/results.md``, flat gate), the lexical spread of a
    pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
@@ -53,17 +59,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Spread", "SpreadCurve", "asks_for_every", "every_clause", "flat_gate", "kept_mass",
-           "relevance_spread"]
-
-_EVERY = re.compile(
-    r"\b(?:list|name|give|show|find|count|enumerate|collect|quote|extract|report)\b(?:\s+[\w'-]+){0,3}?\s+"
-    r"(?:every|all|each)\b"
-    r"|\bhow\s+many\b(?!\s+times)"
-    r"|\b(?:summari[sz]e|summary|overview)\b"
-    r"|\b(?:what|which)\s+are\s+(?:all|every)\b"
-    r"|\b(?:every|all|each)\s+(?:[\w'-]+\s+){0,3}?(?:that|which|who|where|mentioning|containing|with)\b", re.I)
-
+__all__ = ["Spread", "SpreadCurve", "asks_for_every", "asks_for_whole", "every_clause", "every_intent", "flat_gate",
+           "kept_mass", "relevance_spread"]
 
 # Step 2: identifiers are names, not every-words ("In Summary.time, ..." asks about one method, "`each`" names a
 # keyword): code spans, dotted / qualified names and paths, snake_case, CamelCase and camelCase words, calls, and
@@ -74,7 +71,9 @@ _IDENTIFIER = re.compile(
     r"|\b\w*_\w*"  # snake_case, __dunder__
     r"|\b[A-Z][a-z0-9]+[A-Z]\w*|\b[a-z]+[A-Z]\w*"  # CamelCase, camelCase
     r"|\b\w+(?=\()"  # a call: summary(...)
-    r"|(?<=[^\s.?!:;\"'(] )(?:Summary|Overview)\b")  # capitalised inside a sentence: a class name
+    r"|(?<=[^\s.?!:;\"'(] )(?<!\b[Aa] )(?<!\b[Aa]n )(?<!\b[Tt]he )(?:Summary|Overview)\b(?!\s+of\b)"
+    r"|(?<=\b[Tt]he )(?:Summary|Overview)\b(?=\s+(?:class|object|type|method|function|module|widget)\b)")
+# ... capitalised inside a sentence it is a class name, not "a Summary of", "the Summary of"
 
 
 def _prose(text: str) -> str:
@@ -87,17 +86,130 @@ _SENTENCE = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
 def asks_for_every(request: str) -> bool:
-    """Step 2: the request asks for every match (or a summary of everything), not for one thing. Words that are
-    part of an identifier (``_IDENTIFIER``) do not count."""
-    return bool(_EVERY.search(_prose(request or "")))
+    """Step 2: the request asks for every match (or for the whole), not for one thing (``every_intent``). Words
+    that are part of an identifier (``_IDENTIFIER``) do not count."""
+    return any(every_intent(p) is not None for p in _sentences(_prose(request or "")))
 
 
 def every_clause(request: str) -> str:
     """Step 3: the request's sentences that ask for every match, in order (the whole request when none does, or
     when it is one sentence)."""
     parts = [p for p in _SENTENCE.split((request or "").strip()) if p.strip()]
-    every = [p for p in parts if _EVERY.search(_prose(p))]
+    every = [p for p in parts if any(every_intent(q) is not None for q in _sentences(_prose(p)))]
     return " ".join(every) if every and len(every) < len(parts) else request
+
+
+def asks_for_whole(request: str) -> bool:
+    """Step 2: the request asks about the whole message (a summary or description of this module, document,
+    page, log ...), so every part of it is relevant whatever the scores (``every_intent`` == "whole")."""
+    return any(every_intent(p) == "whole" for p in _sentences(_prose(request or "")))
+
+
+# Step 2: what a request asks for, by its form rather than by a list of phrases. A sentence asks for every match
+# when the thing it asks for is quantified ("all handlers", "each handler", "every record"), plural after a
+# question word ("which functions call ...", "what files ..."), counted ("how many", "the number of"),
+# enumerated ("list ...", "enumerate ..."), or its uses/occurrences ("where is X used", "who calls X",
+# "the callers of X"); it asks for the whole when it asks for a summary, an overview or a description of the
+# message itself ("this module", "the document"). A quantifier in a subordinate clause ("... when every
+# coefficient is small") or in the predicate of a question about one thing ("which function returns all
+# items") does not make a request ask for every match.
+_SUBORDINATE = frozenset("when whenever if unless while until once after before because since though although "
+                         "whether without".split())
+_QUANT = re.compile(r"\b(?:every|each|all)\b(?!\s+(?:right|at\s+once|of\s+a\s+sudden|along|the\s+same|over\b))")
+_NOT_QUANT = re.compile(r"\b(?:at|above|not|is|that's|thats|it's)\s+all\b|\bafter\s+all\b(?=\s*[,.;!?]|\s*$)"
+                        r"|\beach\s+other\b|\ball\s+in\s+all\b")
+_WH = re.compile(r"^(?:\W*(?:and|so|but|also|then|now|ok|okay|please|tell\s+me|can\s+you\s+tell\s+me)\W+)*"
+                 r"(which|what)\s+(?!of\b)((?:[a-z'-]+\s*){1,4})")
+_DET = frozenset("the a an this that these those my our its his her their your all every each some any".split())
+_SHOW = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you)\W+)*"
+                   r"(?:name|show|find|give|point\s+out|collect|extract|quote|identify|gather|highlight|print)"
+                   r"(?:\s+me)?\s+(?:(?:the|all|every|each|any)\s+)?([a-z'-]+)(?:\s+([a-z'-]+))?\b")
+_HOW = re.compile(r"^(?:\W*(?:and|so|but|also|then|now|ok|okay|please)\W+)*(?:how|why)\b(?!\s+many\b)")
+_NOT_VERB = _SUBORDINATE | frozenset("to in on at for with about of from here there next now first then by into "
+                                     "under over through".split())
+_AUX = frozenset("does do did is are was were has have had can could should would will shall may might must "
+                 "this that these those its his her their my our your kind sort type".split())
+_SINGULAR_S = ("ss", "us", "is", "ous", "'s", "ics", "ws", "ys")
+_COUNT = re.compile(r"\bhow\s+many\b(?!\s+times)|\b(?:count|tally)\b(?!\s*(?:=|\())|\bnumber\s+of\b(?!\s+times)")
+_ENUM = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you|i\s+need\s+you\s+to|"
+                   r"give\s+me|show\s+me)\W+)*(?:list|enumerate|itemi[sz]e|tabulate|catalog(?:ue)?)\b"
+                   r"|\b(?:a|the|full|complete)\s+list\s+of\b")
+_USES = re.compile(r"\bwhere\b(?:\s+(?:else|all|exactly))?(?:\s+[\w'-]+){0,6}?\s+(?:used|called|referenced|invoked|"
+                   r"imported|mentioned|changed|modified|mutated|raised|caught|read|written|accessed|handled|"
+                   r"logged|checked|instantiated|created|constructed|overridden|emitted|thrown|passed|assigned|"
+                   r"consumed|registered|subscribed|triggered|sent|dispatched)\b"
+                   r"|\b(?:who|what)\s+(?:else\s+)?(?:calls|uses|references|imports|invokes|reads|writes|modifies|"
+                   r"mutates|raises|triggers|depends\s+on|relies\s+on|touches|subclasses|overrides|extends)\b"
+                   r"|\b(?:callers|usages|uses|references|occurrences|instances|call\s+sites|mentions|"
+                   r"consumers|subclasses)\s+(?:of|to)\b"
+                   r"|\beverywhere\b|\banywhere\b(?=[^?]*\?)")
+_SUMMARY = re.compile(r"\b(?:summar(?:y|ies|i[sz]e|i[sz]ing)|overview|gist|tl;?dr|recap|synopsis|rundown|"
+                      r"high[- ]level\s+(?:view|description|picture|explanation))\b")
+_OBJECT = (r"(?:this|the|whole|entire|above|following|attached|pasted|given)\s+(?:whole\s+|entire\s+)?"
+           r"(?:module|file|document|doc|page|code|codebase|article|log|logs|text|paper|thread|script|library|package|"
+           r"repo|repository|chapter|report|output|transcript|email|conversation|source|readme|manual|program|diff|"
+           r"patch|essay|story|book|passage)\b")
+_WHOLE_OBJECT = re.compile(r"\b" + _OBJECT)
+_DESCRIBE = re.compile(r"^(?:\W*(?:please|can\s+you|could\s+you)\W+)*(?:describe|explain|walk\s+me\s+through|"
+                       r"go\s+through|outline|sum\s+up)\b")
+_WHAT_WHOLE = re.compile(r"\bwhat\s+(?:does|do|is|are)\s+" + _OBJECT + r"\s+(?:do|does|for|about)\b")
+
+
+_ABSTRACT = frozenset("details steps instructions thoughts ideas pointers hints tips specifics basics pros cons "
+                      "internals semantics mechanics contents".split())
+
+
+def _plural(word: str) -> bool:
+    """A plural noun by its form (``functions``, ``handlers``; not ``class``, ``status``, ``its``)."""
+    w = word.lower()
+    return len(w) > 3 and w.endswith("s") and not w.endswith(_SINGULAR_S) and w not in _AUX and w not in _ABSTRACT
+
+
+def every_intent(sentence: str) -> str | None:
+    """Step 2: what one sentence of a request (identifiers already blanked) asks for: ``"whole"`` (a summary or
+    description of the message itself), ``"every"`` (all matches: quantified, plural, counted, enumerated, or
+    its uses), or None (one thing)."""
+    t = " ".join(sentence.lower().split())
+    if not t:
+        return None
+    if _SUMMARY.search(t) or _WHAT_WHOLE.search(t) or (_DESCRIBE.search(t) and _WHOLE_OBJECT.search(t)
+                                                        and not _QUANT.search(t)):
+        m = _SUMMARY.search(t)
+        rest = t[m.end():] if m else ""
+        bare = not re.search(r"[^\W\d_]", re.sub(r"\b(?:please|me|us|quick|short|brief|it|of it|pls)\b", "", rest))
+        return "whole" if (_WHOLE_OBJECT.search(t) or _WHAT_WHOLE.search(t) or bare) else "every"
+    if _COUNT.search(t) or _ENUM.search(t) or _USES.search(t):
+        return "every"
+    show = _SHOW.search(t)
+    if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
+        return "every"  # "name the classes defined here", "show me the functions that ..."
+    wh = _WH.search(t)
+    singular_wh = False
+    if wh is not None:  # the noun after "which"/"what" (or the second word, before an auxiliary): what is asked for
+        words = wh.group(2).split()
+        w = [x.strip(",;:") for x in words] + ["", "", ""]
+        if w[0] in ("are", "were") and _plural(w[2] if w[1] in _DET else w[1]):
+            return "every"  # "what are the endpoints"
+        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET:
+            return "every"  # "which functions call", "what errors can"
+        if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
+            return "every"  # "what environment variables does it read"
+        singular_wh = bool(words) and w[0] not in _AUX
+    if _HOW.search(t):
+        return None  # "how is each request authenticated": how one thing works, done for each
+    blanked = _NOT_QUANT.sub(" ", t)
+    for m in _QUANT.finditer(blanked):
+        before = blanked[: m.start()].split()
+        if any(w.strip(",;:") in _SUBORDINATE for w in before):
+            continue  # "... when every coefficient is small": a condition, not what is asked for
+        if singular_wh:
+            continue  # "which function returns all items": the question is about one thing
+        return "every"
+    return None
+
+
+def _sentences(text: str) -> list[str]:
+    return [p for p in _SENTENCE.split(text.strip()) if p.strip()]
 
 
 @dataclass(frozen=True)
@@ -151,10 +263,19 @@ class Spread:
     threshold: float = 0.11
     applies: bool = True  # step 2: the request asks for every match (or the relevance is zero)
     clause: str | None = None  # step 3: the every-clause scored on its own, when it is not the whole request
+    whole: bool = False  # step 2: the request asks about the whole message (a summary, a description of it)
+    matches: tuple[int, int, int] | None = None  # pipeline step 5b: (matching units, their tokens, budget) too many
 
     @property
     def reason(self) -> str:
         """The decision as one sentence, with the numbers it used."""
+        if self.matches is not None:
+            n, need, budget = self.matches
+            return (f"relevance too flat for a request that asks for every match: its {n} matching units and the "
+                    f"pinned ones hold {need} tokens, more than the {budget}-token budget")
+        if self.whole:
+            return (f"the request asks about the whole message (a summary or a description of it): all "
+                    f"{self.n_units} unpinned units are relevant, against the {self.kept_units} the budget keeps")
         if self.kept_units == 0 and self.spread >= 1.0 and self.effective_units == self.n_units:
             return f"relevance too flat: none of the {self.n_units} unpinned units has any relevance to the request"
         verdict = (f"against the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} "
@@ -191,6 +312,9 @@ def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: st
     sp = relevance_spread(scores, kept_units, threshold)
     if float(np.asarray(scores, dtype=np.float64).sum()) <= 0.0:
         return sp  # step 1
+    if asks_for_whole(request):
+        return Spread(max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), float(sp.n_units),
+                      sp.kept_units, sp.n_units, True, threshold, True, None, True)
     applies = asks_for_every(request)
     if not applies or clause_scores is None:
         return Spread(sp.spread, sp.effective_units, sp.kept_units, sp.n_units, sp.flat and applies, threshold,

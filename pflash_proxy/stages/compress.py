@@ -22,12 +22,15 @@ persists what was served):
    is re-tokenized; if the note/marker estimate put it past the budget, or more than 1.5 % below it, a few
    corrected runs (the budget is a ceiling: only the always-kept units pass it).
 3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
-   the question; at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
+   the question (``request.follow_up_query``: the turn without the client's reminders; of a long turn, its question
+   by form); at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
 4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
    counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
 5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log): an engine
    that is unreachable, not ready or refuses a count (``EngineError``) as much as an internal error.
-Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``.
+Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``, and
+``X-PFlash-Budget-Note: insufficient_middle_budget`` when the pinned tail and the question left the ranked units
+too little of the budget and it was widened (``full-budget``: the widened budget is the whole message).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pflash_proxy.compress import (
     TokenizedText, UnitSegmenter, format_recall_block,
 )
 from pflash_proxy.compress.pipeline import CompressionOutcome, Landing
-from pflash_proxy.compress.request import RequestSpec
+from pflash_proxy.compress.request import RequestSpec, follow_up_query
 from pflash_proxy.compress.rewrite import Source
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
@@ -274,6 +277,9 @@ class CompressStage(Stage):
                  tt.total_tokens, served_tokens, outcome.units_in, outcome.units_kept, fields["scorer"], total_ms,
                  extra={"fields": fields})
         req.log_fields.update(fields)
+        if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
+            req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
+            req.log_fields["pflash_reason"] = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             assert ctx.record is not None  # on_request admits only requests with a session record
@@ -326,7 +332,10 @@ class CompressStage(Stage):
         if not self.settings.chat_recall or not sources or msg.get("role") != "user" or not text.strip():
             return None
         loop = asyncio.get_running_loop()
-        decision = await loop.run_in_executor(None, functools.partial(self.gate.decide, sources, text, self.scorer))
+        query = follow_up_query(msg, self.finder.query_pin)  # the question, not the client's reminders
+        if not query.strip():
+            return None
+        decision = await loop.run_in_executor(None, functools.partial(self.gate.decide, sources, query, self.scorer))
         req.log_fields["recall_share"] = round(decision.share, 4)
         if not decision.recall:
             return None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash_proxy.compress.pipeline import CLOSE_BUDGET, CompressionSettings, Compressor, first_choice
+from pflash_proxy.compress.budget import message_budget
+from pflash_proxy.compress.pipeline import CLOSE_BUDGET, MIDDLE_SHARE, CompressionSettings, Compressor, first_choice
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.text import TokenizedText
 
@@ -86,7 +87,7 @@ def test_top_ranked_unit_survives_a_pin_that_grew_into_a_large_unit():
     tt = TokenizedText.from_text(text)
     settings = CompressionSettings(threshold=1024)
     request = RequestFinder(settings.query_pin).find([{"role": "user", "content": text}], 0, tt)
-    assert request.source == "message-tail" and request.text.endswith(QUESTION + "\n")
+    assert request.source == "question" and request.text == QUESTION + "\n"
     assert request.pinned_tail_tokens == 512
     out = Compressor(settings, scorer=PlantedFirst()).compress(tt, request, tt.total_tokens, False, "paste")
     a = out.analysis
@@ -96,13 +97,16 @@ def test_top_ranked_unit_survives_a_pin_that_grew_into_a_large_unit():
     # the case of the issue: the pin grew past 512 into a large unit; the top unit is as large and not pinned,
     # and pin + top do not fit the budget
     assert top not in pinned and 480 <= units[top].tokens <= settings.max_segment
-    assert pin_tokens > 800 and pin_tokens + units[top].tokens > out.budget_tokens > pin_tokens
+    nominal = message_budget(settings.curve, tt.total_tokens, tt.total_tokens, settings.min_message_budget)
+    assert pin_tokens > 800 and pin_tokens + units[top].tokens > nominal > pin_tokens
     assert out.mode == "compressed"
     assert PLANT in out.text and tt.range_text(units[top].start_line, units[top].end_line) in out.text
-    # the budget stretched by at most the top unit: nothing else was added beyond it but the small rest of a
-    # definition the cutter had cut (kept whole, within CLOSE_BUDGET of the budget)
-    assert pin_tokens + units[top].tokens <= out.kept_tokens <= pin_tokens + units[top].tokens + \
-        CLOSE_BUDGET * out.budget_tokens
+    # the pin left the ranked units less than half the budget: widened to the pin plus half of it, and said so
+    assert out.budget_note == "insufficient_middle_budget"
+    assert out.budget_tokens == pin_tokens + int(MIDDLE_SHARE * nominal)
+    # past the widened budget by at most the top unit and the small rest of a definition the cutter had cut
+    assert pin_tokens + units[top].tokens <= out.kept_tokens <= max(out.budget_tokens, pin_tokens + units[top].tokens) \
+        + CLOSE_BUDGET * out.budget_tokens
     # the re-run with the analysis (the proxy's landing on budget) keeps it too, whatever the adjustment
     again = Compressor(settings, scorer=PlantedFirst()).compress(tt, request, tt.total_tokens, False, "paste",
                                                                  budget_adjust=300, analysis=a)

@@ -59,10 +59,17 @@ def test_list_every_over_the_same_document_is_served_whole_with_its_numbers(ques
 
 
 def test_the_seeds_spread_alone_would_have_served_the_pointed_question_whole():
-    """What the gate replaced: this pointed question's spread is over the seed's 0.11, which served it whole on
-    every request; a pointed request is not gated, so even at 0.11 it is compressed."""
+    """What the gate replaced: this pointed question's relevance is spread over more units than a small budget
+    keeps (spread over 0.11, the seed's number, which served such a request whole on every request); a pointed
+    request is not gated, so even at 0.11 it is compressed."""
+    from pflash_proxy.compress.spread import relevance_spread
+
     _, out = _cold("How are the address infos interleaved by family when several families are returned?", 0.11)
-    assert out.mode == "compressed" and out.spread is not None and out.spread > 0.11
+    a = out.analysis
+    free = np.ones(len(a.units), bool)
+    free[list(a.pinned)] = False
+    assert relevance_spread(a.scores[free], 2).spread > 0.11
+    assert out.mode == "compressed" and out.spread is not None
 
 
 @pytest.mark.parametrize("text, every", [

@@ -23,8 +23,8 @@ def test_user_message_tail_is_request_and_pinned():
     msgs = [{"role": "system", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": doc}, {"type": "text", "text": "\n" + q}]}]
     spec = RequestFinder(query_pin=512).find(msgs, 1)
-    assert spec.source == "message-tail" and spec.pinned_tail_tokens == 512
-    assert q in spec.text and len(spec.text) < len(doc) / 5
+    assert spec.source == "question" and spec.pinned_tail_tokens == 512
+    assert spec.text.strip() == q  # the question by its form: no word of the document's tail dilutes it
 
 
 def test_long_system_message_uses_latest_user():
@@ -51,8 +51,8 @@ def test_tool_message_request_is_task_plus_call():
 def test_completion_prompt_tail():
     prompt = "\n".join(prose_paragraphs(40)) + "\nQuestion: where do glaciers carve valleys?\nAnswer:"
     spec = RequestFinder(query_pin=64).find_in_prompt(prompt)
-    assert spec.source == "prompt-tail" and spec.pinned_tail_tokens == 64
-    assert spec.text.endswith("Answer:") and "glaciers" in spec.text
+    assert spec.source == "question" and spec.pinned_tail_tokens == 64
+    assert spec.text == "Question: where do glaciers carve valleys?\nAnswer:"
     assert TokenizedText.from_text(spec.text).total_tokens <= 64
 
 # ---------------------------------------------------------------- scores
@@ -241,3 +241,16 @@ def test_lexical_hops_follow_references_from_line_to_line():
     assert hop[other] == plain[other]
     assert np.allclose(sc.score(pickle.loads(pickle.dumps(reps)), q), hop)  # recall reads pickled reps
     assert np.allclose(LexicalScorer(hops=1).score(LexicalScorer(hops=1).represent(tt, units), q)[where[2:]], 0)
+
+
+def test_a_message_share_by_the_messages_own_size():
+    """``message:tokens:share`` points: a small read keeps more of itself (issue 48: budget by read size)."""
+    c = BudgetCurve.parse("8192:0.42 16384:0.315 message:8192:0.4 message:16384:0.3")
+    assert c.share(4000) == pytest.approx(0.4) and c.share(12288) == pytest.approx(0.35)
+    assert c.share(40000) == pytest.approx(0.3) and BudgetCurve.parse(DEFAULT_CURVE).share(5000) == 0.3
+    assert message_budget(c, 6000, 5900) == int(0.4 * 5900)
+    assert str(c) == "8192:0.42 16384:0.315 message:8192:0.4 message:16384:0.3"
+    for bad in ("16384:0.3 message:0.3 message:8192:0.4", "16384:0.3 message:9000:0.4 message:8000:0.3",
+                "16384:0.3 message:8192:1.5"):
+        with pytest.raises(ValueError):
+            BudgetCurve.parse(bad)

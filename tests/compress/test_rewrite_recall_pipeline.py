@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pflash_proxy.compress.budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
-from pflash_proxy.compress.pipeline import CompressionSettings, Compressor, Landing, landing_key
+from pflash_proxy.compress.pipeline import CompressionSettings, Compressor, Landing, landing_key, middle_budget
 from pflash_proxy.compress.recall import RecallGate, format_recall_block
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.rewrite import MARKER_RE, Rewriter
@@ -108,8 +108,10 @@ def test_pipeline_needle_document_budget_and_needle_kept():
     out = _compress(tt, req)
     assert out.mode == "compressed", out.reason
     curve = BudgetCurve.parse(DEFAULT_CURVE)
-    budget = message_budget(curve, out.prompt_tokens, tt.total_tokens, 256)
-    assert out.budget_tokens == budget
+    nominal = message_budget(curve, out.prompt_tokens, tt.total_tokens, 256)
+    pinned = sum(out.analysis.units[i].tokens for i in out.analysis.pinned)
+    budget, note = middle_budget(nominal, pinned, tt.total_tokens)  # a 3.5K paste: its 512-token tail widens it
+    assert out.budget_tokens == budget > nominal and out.budget_note == "insufficient_middle_budget"
     assert 0.9 * budget <= out.served_message_tokens <= budget  # a ceiling: ~50-token units land below it
     assert out.kept_tokens < tt.total_tokens * 0.5
     assert NEEDLE in out.text and QUESTION in out.text

@@ -1,0 +1,64 @@
+"""A planted literal fact asked word for word is kept (issue 48, "The request is what the user asked"): the
+scorer's query is the question found by its form, not the message's last 512 tokens, at every size, in code and
+prose, at the start, middle and end, whether the question follows the paste, precedes it or comes on its own.
+The full grid, 4K-64K: ``benchmarks/planted_grid.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from pflash_proxy.compress import Compressor, RequestFinder, TokenizedText
+from pflash_proxy.compress.pipeline import CompressionSettings
+
+from .planted import messages, planted
+
+SETTINGS = CompressionSettings(threshold=1024)
+
+
+def served(kind, tokens, where, ask, fact=0):
+    case = planted(kind, tokens, where, fact)
+    msgs, idx = messages(case, ask)
+    text = msgs[idx]["content"]
+    tt = TokenizedText.from_text(text)
+    request = RequestFinder(SETTINGS.query_pin).find(msgs, idx, tt)
+    out = Compressor(SETTINGS).compress(tt, request, tt.total_tokens, False, "paste")
+    return case, request, out
+
+
+def test_the_issue_case_asyncio_paste_then_its_question():
+    """The issue's reproduction: ~3.7K tokens of asyncio's first modules, the launch code planted before a
+    function, the question at the end: the question is the query (not the code before it) and the fact is kept."""
+    case, request, out = served("code", 3700, "middle", "after")
+    assert request.source == "question" and request.text.strip() == case.question
+    assert request.pinned_tail_tokens == SETTINGS.query_pin  # the tail stays pinned for recency
+    assert out.mode == "compressed" and out.kept_tokens < 0.6 * out.message_tokens
+    assert case.fact in out.text
+
+
+@pytest.mark.parametrize("ask", ["after", "before"])
+@pytest.mark.parametrize("tokens", [4096, 8192, 16384])
+@pytest.mark.parametrize("kind", ["code", "prose"])
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_planted_fact_is_kept(kind, tokens, where, ask):
+    """Small sizes of the grid (at 19528cf: code, question after, 16K: 1 of 6 at the start and middle; question
+    before: 10 of 36 at 4K-16K)."""
+    for fact in range(3):
+        case, request, out = served(kind, tokens, where, ask, fact)
+        assert out.mode == "compressed", out.reason
+        assert case.fact in out.text, (kind, tokens, where, fact, request.text)
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_question_before_the_paste_is_the_query_and_is_kept(kind):
+    case, request, out = served(kind, 6000, "end", "before")
+    assert request.source == "question" and request.text.strip() == case.question
+    assert request.kept_lines == (0, 1)
+    assert out.mode == "compressed" and case.fact in out.text
+    assert out.text.count(case.question) == 1  # the question itself reaches the model
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_question_in_its_own_message(kind):
+    case, request, out = served(kind, 6000, "start", "message")
+    assert request.source == "latest-user" and request.text == case.question
+    assert out.mode == "compressed" and case.fact in out.text
