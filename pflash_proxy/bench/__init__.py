@@ -89,6 +89,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--split", choices=("test", "train", "all", "dev", "held-out"), default=None,
                    help="code-reads: test/train/all (default all); the evals (ruler-qa, code-tasks, planted, every-x): "
                         "dev (default, tune on it) or held-out (run once, at the end)")
+    p.add_argument("--forward", action="store_true",
+                   help="the evals: forward each request to llama-server (one output token) and check the body it "
+                        "received, captured in front of it, instead of stopping before the forward (slow on CPU)")
     p.add_argument("--followup", action="store_true",
                    help="ruler-qa: ask a second question whose evidence the first compression left out (recall)")
     p.add_argument("--limit", type=int, default=0, help="code-reads: the first N cases only (0 = all)")

@@ -15,8 +15,9 @@
    ``claude`` (Anthropic Messages, Claude Code's ``N<TAB>line``), ``claude-arrow`` (older Claude Code: the number
    right-aligned in 6 columns then ``→``), ``opencode`` (chat completions, ``N: line`` in its wrapper), ``codex``
    (Responses, its shell tool's raw ``cat``). ``--variants cold`` sends the read without the task turn first.
-4. Measured per read: the gold's lines, as the shape prints them, in one piece in the tool result as forwarded
-   (``gold``); the mode; kept fraction (llama-server's counts); read size bucket by the message's tokens.
+4. Measured per read: the gold's lines, as the shape prints them, in one piece in what llama-server received
+   (``--forward``) or would receive (``gold``); the mode; kept fraction (llama-server's counts); read size bucket
+   by the message's tokens.
 5. Split by package (``common.split_of``, about 60/40 of the cases). Only ``--split``'s cases are sent, one
    package after the other in turn (``interleave``), so ``--limit N`` spans packages.
 """
@@ -319,14 +320,10 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
         await h.send(scorer, route, body, headers)
     route, body, headers = request(shape, t.task, path, tool_text, key, narration)
     sent = await h.send(scorer, route, body, headers)
-    served = [m for m in sent.messages if m.get("role") == "tool"]
-    from pflash_proxy.models import message_text
-
-    tool_served = message_text(served[-1].get("content")) if served else sent.text
     return {"id": t.id, "package": t.package, "split": t.split, "kind": t.kind, "gold_name": t.gold,
             "scorer": scorer, "shape": shape, "variant": variant, "status": sent.status, "mode": sent.mode,
             "reason": sent.reason, "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
-            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in tool_served,
+            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in sent.text,
             "gold_lines": span[1] - span[0] + 1}
 
 
@@ -382,7 +379,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
             versions[t.package] = metadata.version(t.package)
         except metadata.PackageNotFoundError:
             versions[t.package] = "?"
-    return {"bench": "code-tasks", "commit": common.commit(), "split": opts.split, "seed": opts.seed,
+    return {"bench": "code-tasks", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+            "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "site": str(site), "shapes": list(opts.shapes),
             "variants": list(opts.variants), "scorers": list(opts.scorers), "unavailable": unavailable,
             "mined": bool(opts.mined), "limit": opts.limit, "packages": versions, "skipped": skipped,
@@ -458,8 +456,9 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
              f"{len(data['packages'])} packages of `{data['site']}`; run took {data['seconds']} s",  # type: ignore[arg-type]
              "each task sent as an agent sends it: the task as the user's turn (warm: first on its own), then the "
              "assistant's narration, a read tool call and the read's result in the client's shape, through the "
-             "proxy's real routes, stopped before the forward; token counts are llama-server's (gemma)",
+             "proxy's real routes, " + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+                                       else "stopped before the forward") + "; token counts are llama-server's (gemma)",
              "gold whole = the definition's lines (first decorator to end, from `ast`), as the shape prints them, "
-             "in one piece in the forwarded tool result; kept = served message tokens / message tokens (1.0 "
+             "in one piece in the forwarded body; kept = served message tokens / message tokens (1.0 "
              "when served whole); size = the read's tokens"]
     return common.write(Path(opts.out), "code-tasks", "Code tasks in users' words", data, tables(data), notes)

@@ -3,12 +3,15 @@
 1. ``Harness``: one llama-server (spawned as ``--spawn`` does, gemma by default; or ``--upstream``) whose
    tokenizer gives every count the proxy uses, and one in-process proxy per scorer (``runner.Proxy``: the product's
    stages; scorers built by ``code_reads.run.build`` from the settings ``serve`` would get: ``lexical``, the
-   embedded default, and ``auto`` with ``--drafter``). The last stage is ``code_reads.run.Recorder``: it keeps,
-   per ``X-Bench-Id``, the conversation exactly as the proxy hands it to llama-server (chat messages, any
-   dialect) with the request's log fields, and stops the request there, so nothing is prefilled. A follow-up
-   turn goes through the same proxy session (a ``X-PFlash-Session`` name per case), as ``bench quality``'s
-   multi-turn cases do.
-2. ``send(...)``: one request through one proxy; returns a ``Sent`` (mode, reason, tokens in / kept, served text).
+   embedded default, and ``auto`` with ``--drafter``). The last stage is a ``Recorder``: it keeps, per
+   ``X-Bench-Id``, the conversation as the proxy hands it on (chat messages, any dialect) with the request's log
+   fields. By default it stops the request there (nothing is prefilled: the body the proxy would forward is
+   what is checked). With ``--forward`` the request goes on to llama-server (one output token) through a ``Tap``
+   in front of it that keeps the body of each request carrying an ``X-Bench-Id`` (the proxy passes client
+   headers on): what llama-server actually received is what is checked. A follow-up turn goes through the same
+   proxy session (a ``X-PFlash-Session`` name per case), as ``bench quality``'s multi-turn cases do.
+2. ``send(...)``: one request through one proxy; returns a ``Sent`` (mode, reason, tokens in / kept, and the
+   text llama-server received or would receive: every string of the forwarded body).
 3. ``split_of(key)``: ``held-out`` for about 40 % of keys (the first byte of SHA-256 of the key below 102),
    else ``dev``; stable across machines and versions.
 4. ``write(out, name, data, tables, notes, command)``: ``NAME.json`` (the run), ``NAME.md`` (notes + tables),
@@ -31,13 +34,15 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from aiohttp import web
+
 from pflash_proxy.bench.report import Table, markdown_table
-from pflash_proxy.bench.runner import BENCH_HEADER, LlamaProc, Proxy, new_id
+from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, new_id
+from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 
 if TYPE_CHECKING:
-    from pflash_proxy.bench.code_reads.run import Recorder
     from pflash_proxy.config import Settings
     from pflash_proxy.stages.scorers import Scoring
 
@@ -55,18 +60,105 @@ def split_of(key: str) -> str:
     return "held-out" if hashlib.sha256(key.strip().lower().encode()).digest()[0] < HELD_OUT_BELOW else "dev"
 
 
+def strings(value: JSONValue) -> list[str]:
+    """Every string in a JSON value, depth first (keys left out): the text a forwarded body carries."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    return []
+
+
+@dataclass
+class Seen:
+    messages: list[JSONObject]  # the conversation as the proxy hands it on (chat messages)
+    fields: JSONObject  # the request's log fields
+
+
+class Recorder(Stage):
+    """Last stage: the conversation as the proxy hands it on, per ``X-Bench-Id``, any dialect; stops the request
+    there unless ``forward``."""
+
+    name = "evals-recorder"
+
+    def __init__(self, forward: bool = False) -> None:
+        self.forward = forward
+        self.seen: dict[str, Seen] = {}
+
+    async def on_request(self, req: ProxyRequest) -> None:
+        key = req.headers.get(BENCH_HEADER)
+        if key:
+            self.seen[key] = Seen([dict(m) for m in req.messages], dict(req.log_fields))
+        if not self.forward:
+            raise DryRun("dry run: not forwarded")
+
+
+class Tap:
+    """In front of llama-server (``--forward``): passes every request and answer through unchanged, streaming,
+    and keeps the JSON body of each POST carrying an ``X-Bench-Id``: what llama-server received."""
+
+    def __init__(self, target: str):
+        self.target = target.rstrip("/")
+        self.received: dict[str, JSONValue] = {}
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        from pflash_proxy.llama.spawn import free_port
+
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self._http = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        from pflash_proxy.llama.upstream import HOP_BY_HOP, forwardable_headers
+
+        assert self._http is not None
+        body = await request.read()
+        key = request.headers.get(BENCH_HEADER)
+        if key and request.method == "POST" and body:
+            try:
+                self.received[key] = json.loads(body)
+            except ValueError:
+                self.received[key] = body.decode("utf-8", "replace")
+        async with self._http.request(request.method, self.target + request.path_qs, data=body or None,
+                                      headers=forwardable_headers(request.headers), allow_redirects=False) as r:
+            resp = web.StreamResponse(status=r.status, headers={
+                k: v for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP})
+            await resp.prepare(request)
+            async for chunk in r.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+
 @dataclass
 class Sent:
-    """One request through one proxy: what llama-server would have received and how the proxy served it."""
+    """One request through one proxy: what llama-server received (or would have) and how the proxy served it."""
 
     status: int
     mode: str
     reason: str | None
     tokens_in: int | None
     tokens_kept: int | None
-    messages: list[JSONObject] = field(default_factory=list)  # as forwarded (chat messages)
+    messages: list[JSONObject] = field(default_factory=list)  # as the proxy handed them on (chat messages)
     fields: JSONObject = field(default_factory=dict)
     seconds: float = 0.0
+    received: JSONValue = None  # --forward: the body llama-server received
 
     @property
     def kept(self) -> float:
@@ -77,7 +169,10 @@ class Sent:
 
     @property
     def text(self) -> str:
-        """Every forwarded message's text, joined: what the model reads."""
+        """What the model reads: every string of the body llama-server received (``--forward``), else every
+        message's text as the proxy handed it on, joined by newlines."""
+        if self.received is not None:
+            return "\n".join(strings(self.received))
         return "\n".join(message_text(m.get("content")) for m in self.messages)
 
 
@@ -92,8 +187,11 @@ class Harness:
     def __init__(self, opts: argparse.Namespace, ctx_per_slot: int = 8192):
         self.opts = opts
         self.work = Path(opts.workdir)
-        self.llama = LlamaProc(self.work / "llama", opts.upstream, opts.model, ctx_per_slot=ctx_per_slot,
-                               parallel=2)
+        self.forward = bool(getattr(opts, "forward", False))
+        # forwarded prompts must fit a slot (gemma-3-270m caps a slot at 32K whatever is asked)
+        self.llama = LlamaProc(self.work / "llama", opts.upstream, opts.model,
+                               ctx_per_slot=max(ctx_per_slot, 32768) if self.forward else ctx_per_slot, parallel=2)
+        self.tap: Tap | None = None
         self.proxies: dict[str, tuple[Proxy, Recorder]] = {}
         self.unavailable: dict[str, str] = {}
         self._built: dict[str, str | tuple[Settings, Scoring | None]] = {}
@@ -104,19 +202,25 @@ class Harness:
         return self.llama.url
 
     async def __aenter__(self) -> "Harness":
-        from pflash_proxy.bench.code_reads.run import Recorder, build
+        from pflash_proxy.bench.code_reads.run import build
 
         await self.llama.start()
         try:
-            self._built = build(self.opts.scorers, self.opts, self.llama.url, self.work, self.llama.slot_dir)
+            upstream = self.llama.url
+            if self.forward:
+                self.tap = Tap(self.llama.url)
+                await self.tap.start()
+                upstream = self.tap.url
+            self._built = build(self.opts.scorers, self.opts, upstream, self.work, self.llama.slot_dir)
             self.unavailable = {k: v for k, v in self._built.items() if isinstance(v, str)}
             for name, v in self._built.items():
                 if isinstance(v, str):
                     continue
                 settings, scoring = v
-                proxy = Proxy(settings, scorer=scoring.scorer if scoring is not None else None, dry_run=True)
-                recorder = Recorder()
-                proxy.recorder = recorder  # type: ignore[assignment]  # any dialect: the conversation as forwarded
+                proxy = Proxy(settings, scorer=scoring.scorer if scoring is not None else None,
+                              dry_run=not self.forward)
+                recorder = Recorder(forward=self.forward)
+                proxy.recorder = recorder  # type: ignore[assignment]  # any dialect: the conversation as handed on
                 self.proxies[name] = (await proxy.__aenter__(), recorder)
             read_s = getattr(self.opts, "drafter_timeout", 1800.0) + 600
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=read_s))
@@ -133,6 +237,8 @@ class Harness:
         for v in self._built.values():
             if not isinstance(v, str) and v[1] is not None:
                 v[1].close()
+        if self.tap is not None:
+            await self.tap.stop()
         await self.llama.stop()
 
     async def count(self, text: str) -> int:
@@ -144,7 +250,7 @@ class Harness:
 
     async def send(self, scorer: str, route: str, body: JSONObject, headers: dict[str, str] | None = None
                    ) -> Sent:
-        """Step 2: one request through ``scorer``'s proxy, stopped before the forward."""
+        """Step 2: one request through ``scorer``'s proxy (stopped before the forward unless ``--forward``)."""
         assert self.http is not None
         proxy, recorder = self.proxies[scorer]
         bench_id = new_id()
@@ -154,13 +260,15 @@ class Harness:
             await r.read()
             status, h = r.status, dict(r.headers)
         seen = recorder.seen.pop(bench_id, None)
+        received = self.tap.received.pop(bench_id, None) if self.tap is not None else None
         fields: JSONObject = seen.fields if seen is not None else {}
         mode = h.get("X-PFlash-Mode", "?")
         tokens_in = _int(fields.get("tokens_in"))
         kept = _int(fields.get("tokens_kept")) if mode == "compressed" else tokens_in
         reason = fields.get("pflash_reason") or ("below the threshold" if mode == "passthrough" else None)
         return Sent(status, mode, str(reason) if reason is not None else None, tokens_in, kept,
-                    seen.messages if seen is not None else [], fields, round(time.perf_counter() - t0, 3))
+                    seen.messages if seen is not None else [], fields, round(time.perf_counter() - t0, 3),
+                    received)
 
     async def chat(self, scorer: str, messages: Sequence[JSONObject], session: str) -> Sent:
         """``send`` on the chat route, one named proxy session per case (``X-PFlash-Session``)."""
@@ -187,6 +295,8 @@ def command_of(kind: str, opts: argparse.Namespace, extra: Sequence[str] = ()) -
         argv += ["--drafter", str(opts.drafter)]
     if getattr(opts, "upstream", None):
         argv += ["--upstream", str(opts.upstream)]
+    if getattr(opts, "forward", False):
+        argv.append("--forward")
     return shlex.join(argv + ["--out", str(opts.out)])
 
 

@@ -28,7 +28,6 @@ from pflash_proxy.bench.evals import code_tasks, common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.cli.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
-from pflash_proxy.models import message_text
 
 WORDINGS = Path(__file__).resolve().parent.parent / "cases" / "every_x.json"
 VARIANTS = ("paste", "read")
@@ -118,8 +117,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                         await h.send(scorer, route, body, headers)
                         route, body, headers = code_tasks.request("claude", request, full, tool_text, key, narration)
                         sent = await h.send(scorer, route, body, headers)
-                        tools = [m for m in sent.messages if m.get("role") == "tool"]
-                        served = message_text(tools[-1].get("content")) if tools else sent.text
+                        served = sent.text
                         lines = code_tasks.lines_of(text)
                         wanted = [f"{n}\t{lines[n - 1]}" for n in match_lines(text, name)]
                     every_kept = all(x in served for x in wanted)
@@ -134,7 +132,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "every-x", "commit": common.commit(), "split": opts.split, "seed": opts.seed,
+    return {"bench": "every-x", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+            "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "variants": variants, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "files": [[p, n] for p, _, n in files],
             "seconds": round(time.perf_counter() - t0, 1), "records": records}
@@ -171,6 +170,7 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
              f"commit {data['commit']}, split `{data['split']}` (by wording), threshold {data['threshold']}, "
              f"{len(data['files'])} files of the split's code-task packages; run took {data['seconds']} s",  # type: ignore[arg-type]
              "paste = one user message (request and file, alternating order); read = Claude Code's flow (the "
-             "request as its own turn, then the Read result); through the proxy's real routes, stopped before the "
-             "forward"]
+             "request as its own turn, then the Read result); through the proxy's real routes, "
+             + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+                else "stopped before the forward")]
     return common.write(Path(opts.out), "every-x", "Every-X requests vs pointed requests", data, tables(data), notes)

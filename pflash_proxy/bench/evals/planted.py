@@ -125,7 +125,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "planted", "commit": common.commit(), "split": opts.split, "seed": opts.seed,
+    return {"bench": "planted", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+            "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "kinds": kinds, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "seconds": round(time.perf_counter() - t0, 1),
             "records": records}
@@ -170,5 +171,5 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
              "haystacks: code = the standard library's asyncio/email/http/... sources, prose = RULER's Paul Graham "
              "essays; the fact at 10 % / 50 % / 90 % of the lines (at a blank line), one user message with the "
              "question after (paste-question) or before (question-paste) the paste; kept = the statement whole in "
-             "what the proxy forwarded"]
+             + ("the body llama-server received" if opts.forward else "the body the proxy would forward")]
     return common.write(Path(opts.out), "planted", "Planted facts asked word for word", data, tables(data), notes)

