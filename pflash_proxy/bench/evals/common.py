@@ -27,7 +27,7 @@ import shlex
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,6 +95,15 @@ class Recorder(Stage):
             raise DryRun("dry run: not forwarded")
 
 
+# RFC 7230 hop-by-hop headers and the ones aiohttp computes itself: not passed through the tap
+_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                  "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
+
+
+def _end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+
+
 class Tap:
     """In front of llama-server (``--forward``): passes every request and answer through unchanged, streaming,
     and keeps the JSON body of each POST carrying an ``X-Bench-Id``: what llama-server received."""
@@ -125,8 +134,6 @@ class Tap:
             await self._http.close()
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
-        from pflash_proxy.llama.upstream import HOP_BY_HOP, forwardable_headers
-
         assert self._http is not None
         body = await request.read()
         key = request.headers.get(BENCH_HEADER)
@@ -136,9 +143,8 @@ class Tap:
             except ValueError:
                 self.received[key] = body.decode("utf-8", "replace")
         async with self._http.request(request.method, self.target + request.path_qs, data=body or None,
-                                      headers=forwardable_headers(request.headers), allow_redirects=False) as r:
-            resp = web.StreamResponse(status=r.status, headers={
-                k: v for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP})
+                                      headers=_end_to_end(request.headers), allow_redirects=False) as r:
+            resp = web.StreamResponse(status=r.status, headers=_end_to_end(r.headers))
             await resp.prepare(request)
             async for chunk in r.content.iter_any():
                 await resp.write(chunk)
@@ -242,11 +248,11 @@ class Harness:
         await self.llama.stop()
 
     async def count(self, text: str) -> int:
-        """llama-server's token count of ``text`` (``/tokenize``)."""
+        """llama-server's token count of ``text`` (``llama.direct.tokenize_counter``)."""
+        from pflash_proxy.llama.direct import tokenize_counter
+
         assert self.http is not None
-        async with self.http.post(self.llama.url + "/tokenize", json={"content": text}) as r:
-            data = await r.json()
-        return len(data["tokens"])
+        return await tokenize_counter(self.http, self.llama.url)(text)
 
     async def send(self, scorer: str, route: str, body: JSONObject, headers: dict[str, str] | None = None
                    ) -> Sent:
