@@ -76,6 +76,15 @@ def _wrong_type(exc: Exception) -> bool:
     return type(exc).__name__ == "ResponseError" and str(exc).startswith("WRONGTYPE")
 
 
+def _own_snapshot(sid: str, rec: SnapshotRecord | None) -> SnapshotRecord | None:
+    """``rec``, read under ``sid``'s key, when it is that session's; None (logged) when it names another session."""
+    if rec is not None and rec.session != sid:
+        log.warning("session index: snapshot:%s holds a record of session %r; treated as absent", sid[:40],
+                    str(rec.session)[:40])
+        return None
+    return rec
+
+
 def _text(v: object) -> str | None:
     return v.decode() if isinstance(v, bytes) else v if isinstance(v, str) else None
 
@@ -344,7 +353,7 @@ class RedisIndex:
     @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         data = self._get(f"{self.p}snapshot:{sid}")
-        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
+        return _own_snapshot(sid, decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None)
 
     @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
@@ -359,13 +368,14 @@ class RedisIndex:
         pipe.getdel(f"{self.p}snapshot:{sid}")
         pipe.srem(f"{self.p}snapshots", sid)
         data, _ = pipe.execute()
-        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
+        return _own_snapshot(sid, decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None)
 
     @_guarded
     def snapshots(self) -> list[SnapshotRecord]:
         ids = [_text(s) for s in self.r.smembers(f"{self.p}snapshots")]
         values = self.r.mget([f"{self.p}snapshot:{sid}" for sid in ids]) if ids else []
-        recs = (decode("snapshot", v, f"snapshot:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
+        recs = (_own_snapshot(sid or "", decode("snapshot", v, f"snapshot:{(sid or '')[:40]}"))
+                for sid, v in zip(ids, values) if v)
         return [rec for rec in recs if rec is not None]
 
     # Cluster: holders, turn leases, heartbeats ----------------------------------------------------------------

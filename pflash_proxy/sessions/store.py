@@ -674,7 +674,11 @@ class SessionStore:
                 for key in list(self.cache.iterkeys()):
                     if key[0] == "snapshot" and (data := self.cache.get(key)) and \
                             (rec := decode("snapshot", data, f"snapshot {key[1][:40]}")) is not None:
-                        snaps[key[1]] = rec
+                        if rec.session == key[1]:
+                            snaps[key[1]] = rec
+                        else:  # never written so by this index: another session's record under this key
+                            log.warning("session index: the snapshot record under %s names session %r; treated "
+                                        "as absent", key[1][:40], str(rec.session)[:40])
                 self._snaps = snaps
             return self._snaps
 
