@@ -196,7 +196,7 @@ class SessionOptions(Options):
     max_cache_gb: float = Field(20, gt=0)
     save_every_turn: bool = False
     idle_save_s: float = Field(30, ge=0)  # snapshot a resident session idle this long, once per change (0 = off)
-    idle_save_mb_s: float = Field(50, gt=0)  # the idle saves' I/O budget: snapshot MB written per second, on average
+    idle_save_mb_s: float = Field(50, gt=0)  # every save's I/O budget: snapshot MB written per second, on average
     shutdown_save_timeout_s: float = Field(30, gt=0)
     session_ttl_days: float = Field(30, ge=0)
     max_sessions: int = Field(10000, ge=1)

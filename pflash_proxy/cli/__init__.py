@@ -155,8 +155,9 @@ _HELP = {
     "idle_save_s": "snapshot a resident session once it has been idle this many seconds and changed since its "
                    "last snapshot, so a crash of llama-server loses at most the turn in flight (0 = off, default "
                    "30)",
-    "idle_save_mb_s": "the I/O budget of those idle saves: one at a time, on average at most this many MB of "
-                      "snapshot written per second (default 50)",
+    "idle_save_mb_s": "the I/O budget of every snapshot save: on average at most this many MB of snapshot "
+                      "written per second; idle saves wait for it, a session displaced from its slot beyond it "
+                      "keeps its last snapshot instead of being saved again (default 50)",
     # inspector
     "api_key": "bearer token that admits non-loopback clients to the inspector (/pflash/ui, /pflash/api; loopback "
                "clients need none); the completion routes are not gated by it (default none; also PFLASH_API_KEY)",
