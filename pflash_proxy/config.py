@@ -254,8 +254,9 @@ class SessionOptions(Options):
         "snapshot a resident session once it has been idle this many seconds and changed since its last snapshot, "
         "so a crash of llama-server loses at most the turn in flight (0 = off)"))
     idle_save_mb_s: float = Field(50, gt=0, description=(
-        "the I/O budget of those idle saves: one at a time, on average at most this many MB of snapshot written per "
-        "second"))
+        "the I/O budget of every snapshot save: on average at most this many MB of snapshot written per second; idle "
+        "saves wait for it, a session displaced from its slot beyond it keeps its last snapshot instead of being "
+        "saved again"))
     shutdown_save_timeout_s: float = Field(30, gt=0, description=(
         "on shutdown (SIGTERM), snapshot the resident sessions for at most this many seconds"))
     session_ttl_days: float = Field(30, ge=0, description=(
@@ -270,8 +271,8 @@ class SessionOptions(Options):
         "pinning, snapshots or history, and so no compression or recall either (those need the session's served "
         "history to know which message is new)"))
     cache_isolation: Literal["credential", "shared"] = Field("credential", description=(
-        "'credential': once the proxy has seen two credentials, a slot whose llama-server KV another credential's "
-        "requests left is erased before it serves a request that does not restore its own snapshot there, so no "
+        "'credential': a slot whose llama-server KV another credential's requests left (or whose owner this "
+        "process does not know: after a start or a restart of llama-server) is erased before it serves a request that does not restore its own snapshot there, so no "
         "client learns from the prefix cache (the cached token counts, the time) what another sent; 'shared': "
         "slots' content is reused across credentials"))
     allow_slot_actions: bool = Field(False, description=(

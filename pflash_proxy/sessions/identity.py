@@ -16,9 +16,11 @@
    type beside it (``true`` and ``1`` stay apart), when its strings hold at least ``MEMO_MIN_CHARS``
    characters: every turn of a conversation sends its whole history again, and serialising it for the hash
    (``json.dumps``) costs ~3 ms per MB, where finding the frozen form in the memo costs a pass of Python's
-   string hash and a comparison.  The memo keeps at most ``MEMO_MAX_CHARS`` characters, each entry counted
-   ``MEMO_ENTRY_CHARS`` more for its own objects (least recently used go first); a message under
-   ``MEMO_MIN_CHARS``, or one not kept, is hashed as in step 2, to the same value.
+   string hash and a comparison.  The memo keeps at most ``MEMO_MAX_BYTES`` bytes alive: each entry counts
+   every object its frozen form holds (strings, numbers, the tuples of lists, dicts and scalars: what
+   ``lru.footprint`` of the key gives, summed while freezing), so numbers, nesting and many small items count
+   as much as they take; least recently used go first.  A message under ``MEMO_MIN_CHARS``, or one not kept, is
+   hashed as in step 2, to the same value.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 from typing import Any, Iterable, Mapping
 
 from pflash_proxy.sessions.lru import ValueCache
@@ -88,41 +91,59 @@ def canonical_message(msg: Mapping[str, object]) -> dict[str, object]:
 
 
 MEMO_MIN_CHARS = 256  # a message with fewer characters in its strings is hashed directly (microseconds)
-MEMO_MAX_CHARS = 32 * 2**20  # characters the memo keeps alive, at most (one to four bytes each)
-MEMO_ENTRY_CHARS = 256  # what an entry costs beyond its strings (key tuples, digest, slot), counted as characters
+MEMO_MAX_BYTES = 32 * 2**20  # bytes the memo keeps alive, at most (its keys' objects, every one counted)
+_TUPLE = sys.getsizeof(())  # a tuple's header; each item adds a pointer
+_PTR = 8
+_TYPE_NAMES: dict[type, str] = {t: t.__name__ for t in (int, float, bool, type(None))}  # ``type.__name__`` makes a new string each time
 
 
-def _frozen(value: object, chars: list[int]) -> object:
+def _frozen(value: object, acc: list[int]) -> object:
     """``value`` (a canonical message: dicts, lists, JSON scalars) as nested tuples, equal exactly when the two
-    values serialise to the same JSON; adds the characters of its strings to ``chars[0]``."""
+    values serialise to the same JSON; adds the characters of its strings to ``acc[0]`` and the bytes the frozen
+    form keeps alive (``lru.footprint`` of it, computed on the way: every tuple, string and number) to
+    ``acc[1]``."""
     if isinstance(value, str):
-        chars[0] += len(value)
+        acc[0] += len(value)
+        acc[1] += sys.getsizeof(value)
         return value
     if isinstance(value, dict):
-        return ("d", *((k, _frozen(v, chars)) for k, v in sorted(value.items())))
+        items = sorted(value.items())
+        out = ("d", *((k, _frozen(v, acc)) for k, v in items))
+        # the outer tuple, each (key, value) pair and each key (a dict's keys are strings in JSON)
+        acc[1] += _TUPLE + _PTR * len(out) + len(items) * (_TUPLE + 2 * _PTR)
+        acc[1] += sum(sys.getsizeof(k) for k, _ in items)
+        return out
     if isinstance(value, list):
-        return ("l", *(_frozen(v, chars) for v in value))
-    return (type(value).__name__, value)  # True == 1 == 1.0 in Python, not in JSON
+        frozen = ("l", *(_frozen(v, acc) for v in value))
+        acc[1] += _TUPLE + _PTR * len(frozen)
+        return frozen
+    acc[1] += _TUPLE + 2 * _PTR + sys.getsizeof(value)
+    t = type(value)
+    # True == 1 == 1.0 in Python, not in JSON: the type's name beside it (one string per type, not a new one each)
+    return (_TYPE_NAMES.get(t) or sys.intern(t.__name__), value)
 
 
-def _memo_key(canonical: dict[str, object], chars: list[int]) -> object:
+def _memo_key(canonical: dict[str, object], acc: list[int]) -> object:
     """``_frozen(canonical)`` by the shape ``canonical_message`` gives (its five fields in a fixed order, a text
-    part as its string): the same equality, in a fifth of the time."""
+    part as its string): the same equality, in a fifth of the time; the same counts in ``acc``."""
     content = canonical["content"]
     parts: list[object] = []
     for part in content if isinstance(content, list) else ():
         text = part.get("text") if isinstance(part, dict) and len(part) == 2 and part.get("type") == "text" else None
         if type(text) is str:
-            chars[0] += len(text)
+            acc[0] += len(text)
+            acc[1] += sys.getsizeof(text)
             parts.append(text)
         else:
-            parts.append(_frozen(part, chars))
+            parts.append(_frozen(part, acc))
     calls = canonical["tool_calls"]
-    return (_frozen(canonical["role"], chars), _frozen(canonical["tool_call_id"], chars),
-            _frozen(canonical["name"], chars), tuple(parts), _frozen(calls, chars) if calls else ())
+    acc[1] += 2 * _TUPLE + _PTR * (5 + len(parts))  # the key and its parts' tuple
+    return (_frozen(canonical["role"], acc), _frozen(canonical["tool_call_id"], acc),
+            _frozen(canonical["name"], acc), tuple(parts), _frozen(calls, acc) if calls else ())
 
 
-MEMO: ValueCache[str] = ValueCache(MEMO_MAX_CHARS)  # message hashes by frozen canonical message, sized in characters
+MEMO: ValueCache[str] = ValueCache(MEMO_MAX_BYTES)  # message hashes by frozen canonical message, sized in bytes
+_DIGEST_BYTES = sys.getsizeof("0" * 64)  # a value: a hex digest
 
 
 def _digest(canonical: dict[str, object]) -> str:
@@ -136,18 +157,18 @@ def message_hash(msg: Mapping[str, object], memo: ValueCache[str] | None = MEMO)
     content = msg.get("content")
     if memo is None or (isinstance(content, str) and len(content) < MEMO_MIN_CHARS and not msg.get("tool_calls")):
         return _digest(canonical)
-    chars = [0]
+    acc = [0, 0]  # characters of its strings, bytes of the frozen form
     try:
-        key = _memo_key(canonical, chars)
+        key = _memo_key(canonical, acc)
     except RecursionError:  # arguments nested deeper than freezing reaches (json.dumps reaches further)
         return _digest(canonical)
-    if chars[0] < MEMO_MIN_CHARS:
+    if acc[0] < MEMO_MIN_CHARS:
         return _digest(canonical)
     hash(key)  # the strings' hashes, computed (and kept on them) outside the memo's lock
     digest = memo.get(key)
     if digest is None:
         digest = _digest(canonical)
-        memo.put(key, digest, chars[0] + MEMO_ENTRY_CHARS)
+        memo.put(key, digest, acc[1] + _DIGEST_BYTES)
     return digest
 
 

@@ -1,11 +1,15 @@
-"""``ValueCache``: values by key, least recently used out first past a bound on the sum of their sizes.
+"""``ValueCache``: values by key, least recently used out first past a bound on the bytes they keep alive.
 
-Each value is put with its size, in the caller's unit (the index counts stored bytes, the message-hash memo
-characters); a value larger than the bound is not kept.  Thread-safe: the event loop and worker threads share one.
+Each value is put with its size in bytes: what its key and value keep alive in this process, however they are
+typed (``footprint``: numbers, nesting and many small items count as much as long strings), and the cache adds
+``ENTRY_BYTES`` for the entry itself. A value larger than the bound is not kept. Thread-safe: the event loop and
+worker threads share one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -13,12 +17,59 @@ from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
+# what an entry costs the cache beyond its key and value: the OrderedDict's node and hash slot, the (value, size)
+# pair and the size's int (~170 bytes in CPython 3.12), rounded up
+ENTRY_BYTES = 256
+
+_SCALARS = (str, bytes, int, float, bool, complex, type(None))
+
+
+def footprint(value: object) -> int:
+    """A conservative estimate of the bytes ``value`` keeps alive: the sum of ``sys.getsizeof`` over it and
+    everything it holds (dict keys and values, list/tuple/set items, a dataclass's or an object's fields, an
+    array's buffer). A container is counted once however often it is reached (so a cycle ends); a scalar (string,
+    number, the interpreter's cached small ints and singletons too) every time: an over-estimate, never an
+    under-estimate. Linear in the size of ``value``; iterative, so any nesting depth is measured."""
+    total = 0
+    stack = [value]
+    seen: set[int] = set()
+    getsizeof = sys.getsizeof
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        x = pop()
+        t = type(x)
+        if t in _SCALARS:
+            total += getsizeof(x)
+            continue
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        total += getsizeof(x)
+        if t is dict or isinstance(x, dict):
+            extend(x)  # type: ignore[arg-type]
+            extend(x.values())  # type: ignore[attr-defined]
+        elif t is list or t is tuple or isinstance(x, (list, tuple, set, frozenset)):
+            extend(x)  # type: ignore[arg-type]
+        elif hasattr(x, "dtype") and isinstance(nbytes := getattr(x, "nbytes", None), int):  # a numpy array
+            if getattr(x, "base", None) is not None:  # a view: getsizeof counts the buffer of an owner only
+                total += nbytes
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                push(getattr(x, f.name, None))
+            if hasattr(x, "__dict__"):
+                total += getsizeof(x.__dict__)
+        elif hasattr(x, "__dict__") and not isinstance(x, type):
+            push(vars(x))
+    return total
+
 
 class ValueCache(Generic[V]):
-    """Values by key within ``max_size``, the least recently used out first (module docstring)."""
+    """Values by key within ``max_size`` bytes (and ``max_items`` entries, where given), the least recently used
+    out first (module docstring)."""
 
-    def __init__(self, max_size: int = 64 << 20):
+    def __init__(self, max_size: int = 64 << 20, max_items: int | None = None):
         self.max_size = max_size
+        self.max_items = max_items
         self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
@@ -32,6 +83,9 @@ class ValueCache(Generic[V]):
             return hit[0]
 
     def put(self, key: Hashable, value: V, size: int) -> None:
+        """Keep ``value`` under ``key``; ``size``: the bytes both keep alive (``footprint`` of each, or a
+        conservative estimate of them); the entry counts ``ENTRY_BYTES`` more."""
+        size += ENTRY_BYTES
         with self._lock:
             old = self._items.pop(key, None)
             self._size -= old[1] if old is not None else 0
@@ -39,7 +93,7 @@ class ValueCache(Generic[V]):
                 return
             self._items[key] = (value, size)
             self._size += size
-            while self._size > self.max_size:
+            while self._size > self.max_size or (self.max_items is not None and len(self._items) > self.max_items):
                 _, (_, gone) = self._items.popitem(last=False)
                 self._size -= gone
 
@@ -51,7 +105,7 @@ class ValueCache(Generic[V]):
 
     @property
     def size(self) -> int:
-        """The sum of the kept values' sizes."""
+        """The bytes counted for the kept entries (their keys, values and ``ENTRY_BYTES`` each)."""
         return self._size
 
     def __len__(self) -> int:

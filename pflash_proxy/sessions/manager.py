@@ -29,8 +29,8 @@ proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
    beyond ``--max-sessions`` or beyond ``--max-index-mb`` of index on disk (oldest first) are forgotten with
    their snapshots (never one that holds a slot or is in flight).
 7. Idle saves (``--idle-save-s``, 0 = off): a resident session idle that long whose snapshot is not current is
-   snapshotted once per change, one save at a time and on average at most ``--idle-save-mb-s`` of snapshot
-   written per second (the size of each file written), never while its slot is busy: each save leases the slot
+   snapshotted once per change, one save at a time and within the write budget (step 9), never while its slot is
+   busy: each save leases the slot
    without waiting, right after checking it is still idle (a slot whose next turn began meanwhile is left for a
    later round, never saved the moment that turn ends), and the engine's state of the slot must show it idle.
    A save that wrote nothing is not tried again until the slot's next turn, unless what stopped it passes by
@@ -39,6 +39,15 @@ proxy (``engine.Engine`` with ``Slots``: llama-server, or the in-process fake).
 8. Index calls: where they run is decided by the index's declared ``remote`` (``index.run``): a local index's
    snapshot records are in memory and its files local, so they are read on the loop; a remote one is asked in a
    worker thread.
+9. One write budget for every snapshot (``WriteBudget``): on average at most ``--idle-save-mb-s`` MB written per
+   second, each save counted by the size of the file it wrote, whatever made it (an idle save, a displaced
+   session, ``--save-every-turn``, shutdown). An idle save waits until what was written before it is paid for; a
+   session displaced from its slot while more than ``EVICTION_BURST_S`` seconds of writes are unpaid is not
+   saved (``evicted_saves_skipped``): its previous snapshot, if any, stays, and its next turn restores that and
+   prefills the rest, so the request that displaced it never waits for the disk. Saves at every turn and at shutdown
+   are counted, never held back. And a session whose content did not change since its last snapshot (the snapshot covers the same
+   served messages, for the running model, and its file is there) is not written again, whatever the slot's
+   ``snapshot_current`` says (``_unchanged``).
 """
 
 from __future__ import annotations
@@ -72,6 +81,33 @@ PRUNE_EVERY_S = 3600.0
 # release_when_idle's slot-state interval: above llama-server's 1 s wait for a result, which any result restarts
 IDLE_POLL_S = 1.5
 SNAPSHOT_TOTALS_S = 5.0  # a shared index's snapshot totals in the stats are at most this old (plus one listing)
+# a displaced session is saved only while the writes not yet paid for at --idle-save-mb-s are worth at most this
+EVICTION_BURST_S = 2.0
+SKIP_LOG_EVERY_S = 60.0  # a skipped eviction save is logged at most this often (counted every time)
+
+
+class WriteBudget:
+    """The snapshot writes' I/O budget (module docstring, step 9): bytes written, paid for at ``rate()`` bytes per
+    second (read at each call: the setting may change). ``owed_s`` says how long until everything written so far is
+    paid for."""
+
+    def __init__(self, rate: Callable[[], float]):
+        self.rate = rate
+        self._owed = 0.0  # bytes not yet paid for
+        self._at = time.monotonic()
+        self.written = 0  # bytes counted so far (the stats')
+
+    def owed_s(self) -> float:
+        now = time.monotonic()
+        rate = max(self.rate(), 1.0)
+        self._owed = max(0.0, self._owed - (now - self._at) * rate)
+        self._at = now
+        return self._owed / rate
+
+    def spend(self, n: int) -> None:
+        self.owed_s()
+        self._owed += n
+        self.written += n
 
 
 class SessionManager:
@@ -100,8 +136,11 @@ class SessionManager:
         # unless what kept it from being written passes by itself (the engine busy on the slot)
         self._idle_tried: dict[int, tuple[int, float]] = {}
         self._background: set[asyncio.Task[Any]] = set()  # what ``_spawn`` started, of any result
+        self.write_budget = WriteBudget(lambda: self.settings.idle_save_mb_s * 1e6)  # every save (step 9)
+        self._skip_logged = -SKIP_LOG_EVERY_S
         self.counters = {"hits": 0, "restored": 0, "misses": 0, "cache_mismatches": 0, "upstream_restarts": 0,
-                         "evicted_saves": 0, "save_failures": 0, "sessions_pruned": 0, "store_failures": 0,
+                         "evicted_saves": 0, "evicted_saves_skipped": 0, "saves_unchanged": 0, "save_failures": 0,
+                         "sessions_pruned": 0, "store_failures": 0,
                          "slots_lost": 0, "hits_vouched": 0, "saves_refused": 0, "idle_saves": 0,
                          "prefix_hits": 0, "restores_empty": 0}
         self._store_down = False
@@ -312,9 +351,18 @@ class SessionManager:
         ev = lease.evicted
         if ev is not None and not ev.session.startswith("anon-") and ev.known and ev.tokens \
                 and not (ev.snapshot_current and await self._snapshot_read(self.snapshots.on_disk, ev.session)):
-            self.counters["evicted_saves"] += 1
-            await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes,
-                             (ev.task_seen, ev.prompt_tokens, ev.epoch, ev.notices))
+            owed = self.write_budget.owed_s()
+            if owed > EVICTION_BURST_S:  # over the write budget: the displaced session keeps its last snapshot
+                self.counters["evicted_saves_skipped"] += 1
+                if time.monotonic() - self._skip_logged >= SKIP_LOG_EVERY_S:
+                    self._skip_logged = time.monotonic()
+                    log.info("snapshot writes are %.1f s over --idle-save-mb-s: session %s, displaced from slot %d, "
+                             "is not saved (its last snapshot stays; %d skipped so far)", owed, ev.session[:8],
+                             lease.slot.id, self.counters["evicted_saves_skipped"])
+            else:
+                self.counters["evicted_saves"] += 1
+                await self._save(lease.slot.id, ev.session, ev.tokens, ev.served_hashes,
+                                 (ev.task_seen, ev.prompt_tokens, ev.epoch, ev.notices))
         if served_hashes is None:
             return "miss", 0
         slot = lease.slot
@@ -416,6 +464,10 @@ class SessionManager:
         ``notices``: ``UpstreamWatch.unsaveable``); otherwise, and when the server saved fewer tokens than expected,
         nothing is written and the session's previous snapshot stays."""
         task_seen, _, epoch, notices = learnt
+        unchanged = await self._unchanged(sid, served_hashes)
+        if unchanged is not None:
+            self.counters["saves_unchanged"] += 1
+            return Saved(unchanged)
         # after a turn, the slot's state counts what its cache holds: the prompt and the generated tokens (less one)
         why = await self.watch.unsaveable(slot_id, task_seen, tokens, epoch)
         if why is not None:
@@ -428,7 +480,9 @@ class SessionManager:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot_id}'s session ({why})")
             return Saved(None, passing=why.startswith(PASSING))
         try:
-            return Saved(await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity))
+            record = await self.snapshots.save(slot_id, sid, tokens, served_hashes, self.model_identity)
+            self.write_budget.spend(record.size)
+            return Saved(record)
         except SnapshotRejected as exc:
             self.counters["saves_refused"] += 1
             log.warning("%s; the file is not kept, the previous snapshot, if any, stays", exc)
@@ -437,6 +491,17 @@ class SessionManager:
             self.counters["save_failures"] += 1
             log.warning("could not save session %s from slot %d: %s", sid[:8], slot_id, exc)
             return Saved(None, passing=isinstance(exc, (EngineUnreachable, EngineNotReady)))
+
+    async def _unchanged(self, sid: str, served_hashes: list[str]) -> SnapshotRecord | None:
+        """``sid``'s snapshot when it already holds what a save would write: the same served messages, of the
+        running model, its file in the folder (module docstring, step 9); None when a save must write."""
+        try:
+            rec = await self._snapshot_read(self.snapshots.store.snapshot, sid)
+        except StoreError:
+            return None
+        if rec is None or rec.served_hashes != served_hashes or rec.model_identity != self.model_identity:
+            return None
+        return rec if await self._snapshot_read(self.snapshots.on_disk, sid) else None
 
     def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
                 ) -> int | None:
@@ -491,12 +556,16 @@ class SessionManager:
         return sorted((s for s in self.table.slots if self._idle(s, idle_s, now)), key=lambda s: s.last_used)
 
     async def _idle_save_round(self, idle_s: float) -> None:
-        """One save at a time, each of a slot still idle when it starts (it is leased without waiting, right after
-        that check: a slot whose next turn began while the saves before it ran is left for a later round), then a
-        pause that keeps the average at ``--idle-save-mb-s`` (from the size of the file written)."""
+        """One save at a time, each after what was written before it (by any save) is paid for at
+        ``--idle-save-mb-s`` (``WriteBudget``), and of a slot still idle when it starts (it is leased without
+        waiting, right after that check: a slot whose next turn began while the saves before it ran is left for a
+        later round)."""
         if not self.watch.ready:
             return
         for slot in self.idle_due(idle_s):
+            owed = self.write_budget.owed_s()
+            if owed > 0:  # the I/O budget: what was written before (by any save) is paid for first
+                await asyncio.sleep(owed)
             if self.engine.epoch() is None and not await self.engine.healthy(timeout_s=2):
                 return  # the engine is down: nothing can be saved (the restart path restores what was)
             if not self.watch.ready or not self._idle(slot, idle_s, time.monotonic()) or slot.session is None:
@@ -507,7 +576,6 @@ class SessionManager:
             if lease.slot is not slot:  # another table's slot (the engine was described anew): not this one
                 self.table.release(lease)
                 continue
-            t0 = time.monotonic()
             try:
                 saved = await self._snapshot_leased(lease)
             finally:
@@ -517,10 +585,6 @@ class SessionManager:
                 continue
             self._idle_tried.pop(slot.id, None)
             self.counters["idle_saves"] += 1
-            # the I/O budget: one save at a time, and on average at most --idle-save-mb-s
-            pause = saved.record.size / (self.settings.idle_save_mb_s * 1e6) - (time.monotonic() - t0)
-            if pause > 0:
-                await asyncio.sleep(pause)
 
     def save_in_background(self, sid: str) -> None:
         self._spawn(self._snapshot_now(sid))
@@ -562,6 +626,7 @@ class SessionManager:
                 "cache_isolation_active": self.isolation.active, "store_available": not self._store_down, "slots": len(self.table.slots),
                 "queued": self.table.queued, **{f"refused_{k}": v for k, v in self.table.refused.items()},
                 "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
+                "snapshot_bytes_written": self.write_budget.written,
                 "model_identity": self.model_identity, **{f"snap_{k}": v for k, v in self.snapshots.stats.items()},
                 "table": self.table.describe(), **self.engine.stats(),
                 **({"cluster": self.cluster.stats()} if self.cluster is not None else {})}

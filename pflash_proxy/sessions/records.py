@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
-from pflash_proxy.sessions.lru import ValueCache
+from pflash_proxy.sessions.lru import ValueCache, footprint
 
 if TYPE_CHECKING:
     from pflash_proxy.compress.recall import RecallSource
@@ -293,7 +293,9 @@ class PartWrites:
 class RecordParts:
     """A session record's parts stored under keys of their own, for both indexes (module docstring, 1): its
     served messages (``("served", id, "<position>")``) and recall sources (``("recall", key)``). Values under these
-    keys never change, so this process keeps the ones it read or wrote in two ``ValueCache``s:
+    keys never change, so this process keeps the ones it read or wrote in two ``ValueCache``s, each bounded by
+    the bytes its entries keep alive (``lru.footprint`` of the key and the decoded value, not the length of the
+    stored JSON: a list of numbers takes many times its text in memory):
 
     1. ``new(rec)``: the record's new messages and sources encoded under their keys (a source this format cannot
        hold is lost alone, logged); the index writes them in the record's transaction and calls ``committed``
@@ -315,7 +317,8 @@ class RecordParts:
         for i, message in rec.new_served():
             data = encode("message", message)
             out.values.append((("served", rec.id, str(i)), data))
-            out.served.append((f"{rec.id}:{i}", message, len(data)))
+            key = f"{rec.id}:{i}"
+            out.served.append((key, message, footprint(key) + footprint(message)))
         for key, source in rec.new_recall_sources():
             try:
                 data = encode("recall", source)
@@ -323,7 +326,7 @@ class RecordParts:
                 log.warning("session %s: recall source %s is not stored (%s)", rec.id[:8], key[:8], exc)
                 continue
             out.values.append((("recall", key), data))
-            self.recall.put(key, source, len(data))
+            self.recall.put(key, source, footprint(key) + footprint(source))
         return out
 
     def committed(self, writes: PartWrites) -> None:
@@ -347,7 +350,8 @@ class RecordParts:
                                 "gone" if not data else "unreadable")
                     return False
                 found[i] = message
-                self.served.put(f"{rec.id}:{i}", message, len(data) if isinstance(data, (bytes, str)) else 0)
+                key = f"{rec.id}:{i}"
+                self.served.put(key, message, footprint(key) + footprint(message))
         rec.served = [*(found[i] for i in range(rec.served_keyed)), *rec.served]
         rec.served_stored = rec.served_keyed
         return True
@@ -365,7 +369,7 @@ class RecordParts:
                 source = decode("recall", data, f"recall source {key[:40]}")
                 if source is not None:
                     found[key] = source
-                    self.recall.put(key, source, len(data) if isinstance(data, (bytes, str)) else 0)
+                    self.recall.put(key, source, footprint(key) + footprint(source))
         stored = [found[k] for k in rec.recall_keys if k in found]
         rec.recall_sources = [*stored, *rec.recall_sources[rec.recall_stored:]]
         rec.recall_stored = len(stored)

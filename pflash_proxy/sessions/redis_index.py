@@ -76,8 +76,35 @@ def _wrong_type(exc: Exception) -> bool:
     return type(exc).__name__ == "ResponseError" and str(exc).startswith("WRONGTYPE")
 
 
+def _own_snapshot(sid: str, rec: SnapshotRecord | None) -> SnapshotRecord | None:
+    """``rec``, read under ``sid``'s key, when it is that session's; None (logged) when it names another session."""
+    if rec is not None and rec.session != sid:
+        log.warning("session index: snapshot:%s holds a record of session %r; treated as absent", sid[:40],
+                    str(rec.session)[:40])
+        return None
+    return rec
+
+
 def _text(v: object) -> str | None:
-    return v.decode() if isinstance(v, bytes) else v if isinstance(v, str) else None
+    """A string Redis returned (a session id, a node's name or URL, a key), or None (logged) when it is absent or
+    its bytes are not UTF-8: whoever writes the shared Redis can store any bytes, and they read as absent."""
+    if isinstance(v, bytes):
+        try:
+            return v.decode()
+        except UnicodeDecodeError:
+            log.warning("session index: a value or key that is not UTF-8 (%r...) is treated as absent", v[:40])
+            return None
+    return v if isinstance(v, str) else None
+
+
+def _texts(pairs: Sequence[tuple[object, object]]) -> list[tuple[str, str]]:
+    """The pairs (a key and its value) whose both sides read as text (``_text``)."""
+    return [(a, b) for x, y in pairs if (a := _text(x)) is not None and (b := _text(y)) is not None]
+
+
+def _scored(pairs: Sequence[tuple[object, float]]) -> list[tuple[str, float]]:
+    """The members of a sorted set, with their scores, whose bytes read as text (``_text``)."""
+    return [(a, float(t)) for m, t in pairs if (a := _text(m)) is not None]
 
 
 class _Pipe(Protocol):
@@ -258,7 +285,7 @@ class RedisIndex:
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """As ``SessionStore.prune``: sessions last used before ``older_than``, then the least recently used beyond
         ``max_sessions``, never one in ``keep``; with their chain entries, responses, holder and turn lease."""
-        ranked = [(_text(sid) or "", t) for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)]
+        ranked = _scored(self.r.zrange(f"{self.p}used", 0, -1, withscores=True))
         victims = prune_victims(ranked, older_than, max_sessions, keep)
         for sid in victims:
             rec = self._prune_one(sid)
@@ -281,7 +308,7 @@ class RedisIndex:
             parts = [self._key(k) for k in RecordParts.keys(rec)] if rec is not None else []
             kept = stored_trace_log(self._get(traces, pipe), f"traces:{sid[:40]}")
             parts += [self._key(k) for k in TraceParts.keys(sid, kept)] if kept is not None else []
-            rids = [_text(r) for r in pipe.lrange(responses, 0, -1)]
+            rids = [rid for r in pipe.lrange(responses, 0, -1) if (rid := _text(r)) is not None]
             pipe.multi()
             pipe.delete(session, responses, f"{self.p}holder:{sid}", traces, *parts)
             pipe.zrem(f"{self.p}used", sid)
@@ -294,7 +321,7 @@ class RedisIndex:
 
     @_guarded
     def last_uses(self) -> dict[str, float]:
-        return {_text(sid) or "": t for sid, t in self.r.zrange(f"{self.p}used", 0, -1, withscores=True)}
+        return dict(_scored(self.r.zrange(f"{self.p}used", 0, -1, withscores=True)))
 
     @_guarded
     def count_sessions(self) -> int:
@@ -302,9 +329,9 @@ class RedisIndex:
 
     @_guarded
     def sessions(self) -> list[SessionRecord]:
-        ids = [_text(s) for s in self.r.zrange(f"{self.p}used", 0, -1)]
+        ids = [sid for s in self.r.zrange(f"{self.p}used", 0, -1) if (sid := _text(s)) is not None]
         values = self.r.mget([f"{self.p}session:{sid}" for sid in ids]) if ids else []
-        recs = (decode("session", v, f"session:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
+        recs = (decode("session", v, f"session:{sid[:40]}") for sid, v in zip(ids, values) if v)
         return [rec for rec in recs if rec is not None and self.parts.load_served(rec, self._read_many)]
 
     @_guarded
@@ -344,7 +371,7 @@ class RedisIndex:
     @_guarded
     def snapshot(self, sid: str) -> SnapshotRecord | None:
         data = self._get(f"{self.p}snapshot:{sid}")
-        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
+        return _own_snapshot(sid, decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None)
 
     @_guarded
     def put_snapshot(self, rec: SnapshotRecord) -> None:
@@ -359,25 +386,32 @@ class RedisIndex:
         pipe.getdel(f"{self.p}snapshot:{sid}")
         pipe.srem(f"{self.p}snapshots", sid)
         data, _ = pipe.execute()
-        return decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None
+        return _own_snapshot(sid, decode("snapshot", data, f"snapshot:{sid[:40]}") if data else None)
 
     @_guarded
     def snapshots(self) -> list[SnapshotRecord]:
-        ids = [_text(s) for s in self.r.smembers(f"{self.p}snapshots")]
+        ids = [sid for s in self.r.smembers(f"{self.p}snapshots") if (sid := _text(s)) is not None]
         values = self.r.mget([f"{self.p}snapshot:{sid}" for sid in ids]) if ids else []
-        recs = (decode("snapshot", v, f"snapshot:{(sid or '')[:40]}") for sid, v in zip(ids, values) if v)
+        recs = (_own_snapshot(sid, decode("snapshot", v, f"snapshot:{sid[:40]}")) for sid, v in zip(ids, values) if v)
         return [rec for rec in recs if rec is not None]
 
     # Cluster: holders, turn leases, heartbeats ----------------------------------------------------------------
     @_guarded
     def holder(self, sid: str) -> str | None:
-        return _text(self.r.get(f"{self.p}holder:{sid}"))
+        return _text(self._get(f"{self.p}holder:{sid}"))
 
     @_guarded
     def claim(self, sid: str, node: str, seen: str | None) -> str:
-        """Make ``node`` the session's holder if the holder is still ``seen`` (or there is none now); returns the
-        holder now (``node`` when the claim took, else the node that claimed it meanwhile)."""
-        return _text(self._claim(keys=[f"{self.p}holder:{sid}"], args=[node, seen or ""])) or ""
+        """Make ``node`` the session's holder if the holder is still ``seen`` (or there is none now, or only bytes
+        that are not a node's name); returns the holder now (``node`` when the claim took, else the node that
+        claimed it meanwhile)."""
+        key = f"{self.p}holder:{sid}"
+        expected: str | bytes = seen or ""
+        if seen is None:  # absent, or bytes that read as absent (``_text``): those are replaced as absent is
+            raw = self._get(key)
+            if isinstance(raw, bytes) and _text(raw) is None:
+                expected = raw
+        return _text(self._claim(keys=[key], args=[node, expected])) or ""
 
     @_guarded
     def acquire_turn(self, sid: str, token: str, ttl_ms: int) -> bool:
@@ -394,7 +428,7 @@ class RedisIndex:
 
     @_guarded
     def turn_holder(self, sid: str) -> str | None:
-        return _text(self.r.get(f"{self.p}turn:{sid}"))
+        return _text(self._get(f"{self.p}turn:{sid}"))
 
     @_guarded
     def heartbeat(self, node: str, url: str, ttl_ms: int) -> None:
@@ -403,13 +437,13 @@ class RedisIndex:
     @_guarded
     def node_url(self, node: str) -> str | None:
         """The node's advertised URL while its heartbeat lasts; None once it expired (the node is gone)."""
-        return _text(self.r.get(f"{self.p}node:{node}"))
+        return _text(self._get(f"{self.p}node:{node}"))
 
     @_guarded
     def nodes(self) -> dict[str, str]:
         keys = list(self.r.scan_iter(match=f"{self.p}node:*", count=100))
         values = self.r.mget(keys) if keys else []
-        return {(_text(k) or "")[len(self.p) + 5:]: _text(v) or "" for k, v in zip(keys, values) if v}
+        return {k[len(self.p) + 5:]: v for k, v in _texts(list(zip(keys, values))) if v}
 
     @_guarded
     def leave(self, node: str) -> None:
@@ -421,4 +455,4 @@ class RedisIndex:
         """Every session's holder (``pflash-proxy ls``)."""
         keys = list(self.r.scan_iter(match=f"{self.p}holder:*", count=500))
         values = self.r.mget(keys) if keys else []
-        return {(_text(k) or "")[len(self.p) + 7:]: _text(v) or "" for k, v in zip(keys, values) if v}
+        return {k[len(self.p) + 7:]: v for k, v in _texts(list(zip(keys, values))) if v}

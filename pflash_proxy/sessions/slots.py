@@ -271,14 +271,18 @@ class SlotTable:
             slot.served_hashes = []
 
     def mark_all_empty(self) -> None:
-        """The upstream lost its state (restart): nothing is resident any more."""
+        """The upstream lost its state (restart), or this process describes it for the first time: no session is
+        resident any more. Whose content a slot holds is unknown (``UNKNOWN_OWNER``): the first description may
+        find slots a previous run of the proxy filled, and a restart noticed from a slot's answer may be none
+        (``isolation.py`` erases such a slot before another credential reads it)."""
         for slot in self.slots:
             slot.task_seen = -1
             slot.tokens = slot.prompt_tokens = 0
             slot.served_hashes = []
             slot.snapshot_current = False
+            slot.owner = UNKNOWN_OWNER
             if not slot.busy:
-                slot.session = slot.owner = None
+                slot.session = None
             else:
                 slot.known = False
 

@@ -21,6 +21,16 @@
 4. ``reconcile()`` at start-up: temp files and files without an index entry are removed, entries without a
    file are dropped. Nodes that share the directory (``cluster.py``) name their temporary files with their own
    tag, and each removes only its own.
+5. A record's ``file`` is read from the index, which a shared one (Redis) lets anyone who can write it set, so it
+   is never trusted as a path (``confined``): it must be a plain name in the snapshot folder of the form this
+   module gives the record's own session (``pf-<session>.bin``, or ``pf-<session>.<12 hex>.bin`` in a shared
+   folder), where the session is a plain id (letters, digits, ``-``, ``_``) and not a temporary file's. A
+   record naming anything else (``..``, an absolute path, a separator, another session's file, a temporary
+   file) is refused and logged: its file is never read, unlinked or passed to llama-server's restore, and the
+   record is dropped from the index at start-up (``reconcile``). A file is read (its checksum before a restore)
+   only when it is a regular file and not a symbolic link (``O_NOFOLLOW``, ``fstat``), so a link planted in the
+   folder that points out of it is never followed; unlinking a name removes that directory entry only, never
+   what a link points to.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import stat
 import time
 import uuid
 import zlib
@@ -44,6 +56,8 @@ log = logging.getLogger("pflash_proxy.snapshots")
 
 PREFIX = "pf-"
 SUFFIX = ".bin"
+# the names this module gives a session's snapshot (step 5): pf-<session>.bin, pf-<session>.<12 hex>.bin
+_NAME = re.compile(r"pf-(?P<sid>[A-Za-z0-9_-]{1,128})(?:\.[0-9a-f]{12})?\.bin")
 
 
 class SnapshotManager:
@@ -65,7 +79,8 @@ class SnapshotManager:
         # per session: a save and a restore of it never overlap (the lock, and how many hold or wait for it)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.stats = {"saves": 0, "restores": 0, "restore_failures": 0, "damaged": 0, "evictions": 0,
-                      "stray_temp_removed": 0, "save_ms_total": 0.0, "restore_ms_total": 0.0}
+                      "stray_temp_removed": 0, "save_ms_total": 0.0, "restore_ms_total": 0.0,
+                      "refused_records": 0}
 
     @contextlib.asynccontextmanager
     async def lock(self, sid: str) -> AsyncIterator[None]:
@@ -85,6 +100,25 @@ class SnapshotManager:
         if self._slots is None:
             raise RuntimeError("this SnapshotManager has no engine to save or restore with")
         return self._slots
+
+    def confined(self, rec: SnapshotRecord, sid: str | None = None) -> Path | None:
+        """The path of ``rec``'s file in the snapshot folder, or None (logged) when the record names anything but
+        a snapshot file of its own session (of ``sid`` too, where given) there (module docstring, step 5)."""
+        name = rec.file
+        match = _NAME.fullmatch(name) if isinstance(name, str) else None
+        why = None
+        if match is None:
+            why = "not a snapshot file name in the snapshot folder"
+        elif match["sid"] != rec.session or (sid is not None and rec.session != sid):
+            why = "the snapshot file of another session"
+        elif rec.session.startswith("tmp-"):
+            why = "a temporary file"
+        if why is None:
+            return self.dir / name
+        self.stats["refused_records"] += 1
+        log.warning("snapshot record of session %r names %r: %s; refused (the file is not read, restored nor "
+                    "deleted)", str(rec.session)[:40], str(name)[:120], why)
+        return None
 
     def filename(self, sid: str) -> str:
         if self.versioned:
@@ -150,7 +184,7 @@ class SnapshotManager:
             (self.dir / rec.file).unlink(missing_ok=True)
             raise
         if prev is not None and prev.file != rec.file:  # a versioned name: the previous file is not indexed any more
-            (self.dir / prev.file).unlink(missing_ok=True)
+            _unlink(self.confined(prev, rec.session))
         evicted, stray = self.evict()
         return rec, evicted, stray
 
@@ -158,21 +192,25 @@ class SnapshotManager:
         """The session's snapshot file exists (a slot's ``snapshot_current`` is only true while it does: LRU
         eviction, pruning, a failed restore or ``pflash-proxy rm`` from another process delete it)."""
         if not self.versioned:
-            return (self.dir / self.filename(sid)).is_file()
+            return _regular(self.dir / self.filename(sid))
         try:
             rec = self.store.snapshot(sid)
         except StoreError:
             return False  # saved again: harmless
-        return rec is not None and (self.dir / rec.file).is_file()
+        path = self.confined(rec, sid) if rec is not None else None
+        return path is not None and _regular(path)
 
     def restorable(self, sid: str, model_identity: str) -> SnapshotRecord | None:
         rec = self.store.snapshot(sid)
         if rec is None:
             return None
+        path = self.confined(rec, sid)
+        if path is None:
+            return None
         if rec.model_identity != model_identity:
             log.info("snapshot of session %s belongs to another model/layout; not restoring", sid[:8])
             return None
-        if not (self.dir / rec.file).is_file():
+        if not _regular(path):
             self.stats["damaged"] += 1
             log.warning("snapshot file of session %s is missing; dropped from the index", sid[:8])
             self.store.drop_snapshot(sid)
@@ -181,8 +219,11 @@ class SnapshotManager:
 
     def _damage(self, rec: SnapshotRecord) -> str | None:
         """What is wrong with ``rec``'s file compared with what was saved, or None when it is intact."""
+        path = self.confined(rec)
+        if path is None:
+            return "not a file of the snapshot folder"
         try:
-            size, checksum = file_checksum(self.dir / rec.file)
+            size, checksum = file_checksum(path)
         except FileNotFoundError:
             return "missing"
         except OSError as exc:
@@ -234,10 +275,11 @@ class SnapshotManager:
         return True
 
     def delete(self, sid: str) -> bool:
+        """Drop ``sid``'s snapshot record and unlink its file (only a file the record may name: ``confined``)."""
         rec = self.store.drop_snapshot(sid)
         if rec is None:
             return False
-        (self.dir / rec.file).unlink(missing_ok=True)
+        _unlink(self.confined(rec, sid))
         return True
 
     def _stray_temp_bytes(self) -> tuple[int, int]:
@@ -278,8 +320,14 @@ class SnapshotManager:
 
     def reconcile(self) -> dict[str, int]:
         private_dir(self.dir)
-        indexed = {r.file: r for r in self.store.snapshots()}
+        indexed: dict[str, SnapshotRecord] = {}
         removed_files = dropped = 0
+        for rec in self.store.snapshots():
+            if self.confined(rec) is not None:
+                indexed[rec.file] = rec
+            else:  # the record alone goes: whatever it names stays untouched
+                self.store.drop_snapshot(rec.session)
+                dropped += 1
         for path in self.dir.glob(f"{PREFIX}*{SUFFIX}"):
             if path.name.startswith(f"{PREFIX}tmp-") and not path.name.startswith(self.temp_prefix):
                 continue  # another node's save in flight
@@ -287,7 +335,7 @@ class SnapshotManager:
                 path.unlink(missing_ok=True)
                 removed_files += 1
         for name, rec in indexed.items():
-            if not (self.dir / name).is_file():
+            if not _regular(self.dir / name):
                 self.store.drop_snapshot(rec.session)
                 dropped += 1
         if removed_files or dropped:
@@ -316,8 +364,31 @@ def too_short(n: object, expected: int) -> str | None:
 def file_checksum(path: Path) -> tuple[int, str]:
     """(size, ``crc32:…``) of a snapshot file: enough to catch truncation, bit rot and foreign writes."""
     crc = size = 0
-    with open(path, "rb") as f:
+    # never through a symbolic link, and never a FIFO or a device (O_NONBLOCK: opening a FIFO does not wait)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path.name} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
         while block := f.read(8 << 20):
             crc = zlib.crc32(block, crc)
             size += len(block)
     return size, f"crc32:{crc:08x}"
+
+
+def _regular(path: Path) -> bool:
+    """``path`` is a regular file itself (a symbolic link, even to one, is not)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _unlink(path: Path | None) -> None:
+    """Remove the directory entry ``path`` (never what a link points to); nothing for None or a directory."""
+    if path is None:
+        return
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:  # a directory planted under the name, a read-only folder
+        log.warning("could not remove %s: %s", path.name, exc)

@@ -74,6 +74,7 @@ import diskcache
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
+from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
 from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.records import trace_log as stored_trace_log
@@ -86,45 +87,70 @@ P = ParamSpec("P")
 
 Key = tuple[str, ...]
 MIRROR_KEYS = 1024  # chain entries and records the lookup mirror holds (``Mirror``), the least recently used out
+MIRROR_BYTES = 32 << 20  # and the bytes they keep alive, at most (a record's bytes grow with its history)
+DECODED_BYTES = 32 << 20  # the records kept decoded beside their bytes (``SessionStore._decodes``), at most
 
 
 class Mirror:
     """Stored values of some keys, as this process last wrote or read them (module docstring); thread-safe.
-    Absent means "not known here", never "not stored"."""
+    Absent means "not known here", never "not stored". At most ``size`` keys and ``max_bytes`` bytes kept alive
+    (``lru.footprint`` of each key and value, and ``lru.ENTRY_BYTES`` each), the least recently used out first."""
 
-    def __init__(self, size: int = MIRROR_KEYS):
+    def __init__(self, size: int = MIRROR_KEYS, max_bytes: int = MIRROR_BYTES):
         self.size = size
-        self._items: OrderedDict[Key, object] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Key, tuple[object, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: Key) -> object | None:
         with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
 
     def put(self, key: Key, value: object) -> None:
         with self._lock:
             self._put(key, value)
 
+    @staticmethod
+    def _cost(key: Key, value: object) -> int:
+        return footprint(key) + footprint(value) + ENTRY_BYTES
+
     def _put(self, key: Key, value: object) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        old = self._items.pop(key, None)
+        self._bytes -= old[1] if old is not None else 0
+        cost = self._cost(key, value)
+        if cost > self.max_bytes:
+            return
+        self._items[key] = (value, cost)
+        self._bytes += cost
+        while len(self._items) > self.size or self._bytes > self.max_bytes:
+            _, (_, gone) = self._items.popitem(last=False)
+            self._bytes -= gone
 
     def update(self, keys: Sequence[Key], value: object) -> None:
         """``keys`` now hold ``value``: the mirrored ones among them take it."""
         with self._lock:
             for key in keys:
                 if key in self._items:
-                    self._items[key] = value
+                    self._put(key, value)
 
     def drop(self, keys: Sequence[Key]) -> None:
         with self._lock:
             for key in keys:
-                self._items.pop(key, None)
+                old = self._items.pop(key, None)
+                self._bytes -= old[1] if old is not None else 0
+
+    @property
+    def bytes(self) -> int:
+        """The bytes counted for the kept keys and values."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def learn(self, read: Sequence[tuple[Key, object]], still_true: Callable[[], bool]) -> None:
         """Take what a reader found in SQLite, when ``still_true()`` (no write ran since it began reading)."""
@@ -342,9 +368,9 @@ class SessionStore:
         self._writes_lock = threading.Lock()
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.mirror = Mirror()  # what a lookup reads, kept as written (module docstring)
-        # session id -> a record's stored bytes and the record decoded from them (``_decoded``)
-        self._decodes: dict[str, tuple[bytes, SessionRecord]] = {}
-        self._decodes_lock = threading.Lock()
+        # session id -> a record's stored bytes and the record decoded from them (``_decoded``), within
+        # DECODED_BYTES (the bytes and the record's objects counted) and MIRROR_KEYS records
+        self._decodes: ValueCache[tuple[bytes, SessionRecord]] = ValueCache(DECODED_BYTES, MIRROR_KEYS)
         self._writes_running = 0
         self._writes_done = 0
 
@@ -438,11 +464,7 @@ class SessionStore:
         self._keep(rec.id, data, _as_stored(rec))
 
     def _keep(self, sid: str, data: bytes, rec: SessionRecord) -> None:
-        with self._decodes_lock:
-            self._decodes.pop(sid, None)  # newest last: the oldest go first
-            self._decodes[sid] = (data, rec)
-            while len(self._decodes) > MIRROR_KEYS:
-                self._decodes.pop(next(iter(self._decodes)))
+        self._decodes.put(sid, (data, rec), footprint(sid) + footprint(data) + footprint(rec))
 
     @_guarded
     def read(self, key: tuple[str, ...]) -> object:
@@ -652,7 +674,11 @@ class SessionStore:
                 for key in list(self.cache.iterkeys()):
                     if key[0] == "snapshot" and (data := self.cache.get(key)) and \
                             (rec := decode("snapshot", data, f"snapshot {key[1][:40]}")) is not None:
-                        snaps[key[1]] = rec
+                        if rec.session == key[1]:
+                            snaps[key[1]] = rec
+                        else:  # never written so by this index: another session's record under this key
+                            log.warning("session index: the snapshot record under %s names session %r; treated "
+                                        "as absent", key[1][:40], str(rec.session)[:40])
                 self._snaps = snaps
             return self._snaps
 

@@ -1,6 +1,6 @@
 """The message-hash memo (``sessions/identity.py``, step 5): the same hash as serialising the message, a long
 message sent again (a conversation's history, parsed anew each turn) is not serialised again, and the memo keeps
-no more characters than its bound."""
+no more bytes than its bound (tests/sessions/test_memory_bounds.py: with hostile shapes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import string
 
 from pflash_proxy.sessions import identity
-from pflash_proxy.sessions.identity import MEMO_ENTRY_CHARS, MEMO_MIN_CHARS, canonical_message, message_hash
+from pflash_proxy.sessions.identity import MEMO_MIN_CHARS, canonical_message, message_hash
 from pflash_proxy.sessions.lru import ValueCache
 
 LONG = "x" * MEMO_MIN_CHARS
@@ -81,16 +81,19 @@ def test_a_long_message_sent_again_is_not_serialised_again(monkeypatch):
     assert len(calls) == 3  # the short one only
 
 
-def test_the_memo_keeps_no_more_characters_than_its_bound():
+def test_the_memo_keeps_no_more_bytes_than_its_bound():
     texts = [f"{i:04d}" + LONG for i in range(12)]
-    entry = len(texts[0]) + len("user") + MEMO_ENTRY_CHARS  # the strings of its key, and its own objects
+    one: ValueCache[str] = ValueCache()
+    message_hash({"role": "user", "content": texts[0]}, one)
+    entry = one.size  # the bytes of its key's objects, its digest and the entry's own
+    assert entry > len(texts[0])
     memo = ValueCache(4 * entry + 10)
     for t in texts:
         message_hash({"role": "user", "content": t}, memo)
         message_hash({"role": "user", "content": texts[0]}, memo)  # the first stays in use
         assert memo.size <= memo.max_size
     assert len(memo) == 4
-    assert memo.get(identity._memo_key(canonical_message({"role": "user", "content": texts[0]}), [0])) is not None
+    assert memo.get(identity._memo_key(canonical_message({"role": "user", "content": texts[0]}), [0, 0])) is not None
     message_hash({"role": "user", "content": "y" * memo.max_size}, memo)  # over the bound: not kept
     assert len(memo) == 4
 

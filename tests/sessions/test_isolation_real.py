@@ -13,7 +13,7 @@ import pytest
 from pflash_proxy.engine import EngineRefused
 from pflash_proxy.llama.engine import LlamaServerSlots
 from tests.conftest import start_llama_server
-from tests.sessions.test_sessions_real import DOC_A, ask, chat, make_proxy
+from tests.sessions.test_sessions_real import DOC_A, DOC_B, ask, chat, make_proxy
 
 pytestmark = [pytest.mark.llama, pytest.mark.timeout(900)]  # four ~1.5K-token prefills on a loaded 2-core machine
 
@@ -41,7 +41,31 @@ async def test_credential_b_reuses_nothing_of_a(aiohttp_client, one_slot, tmp_pa
     h, a2 = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 4?"), headers=KEY_A)
     assert h["X-PFlash-Cache"] == "restored" and a2["timings"]["cache_n"] >= a1["usage"]["prompt_tokens"] - 1
     stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
-    assert stats["cache_isolation_active"] and stats["isolation_erases"] == 1
+    # A's first request erased what an earlier proxy left in the slot (unknown owner), B's request A's content
+    assert stats["cache_isolation_active"] and stats["isolation_erases"] == 2
+    assert stats["isolation_erases_unknown"] == 1
+
+
+@pytest.mark.parametrize("guess", ["right", "wrong"])
+async def test_after_a_proxy_restart_b_reuses_nothing_of_a(aiohttp_client, one_slot, tmp_path, guess):
+    """Issue 50 item 5: llama-server keeps its slot across a restart of the proxy, and the restarted proxy has
+    seen one credential only. On 19528cf B's first request reused A's cached prompt (the whole opening for a right
+    guess, the chat template's tokens for a wrong one): a cache-timing oracle. Now the slot, whose owner the new
+    process does not know, is erased first."""
+    first = await make_proxy(aiohttp_client, one_slot, tmp_path)
+    _, a1 = await ask(first, chat(DOC_A, "How many crates at plot 3?"), headers=KEY_A)
+    assert a1["usage"]["prompt_tokens"] > 500
+    await first.close()  # the proxy stops (its sessions saved); llama-server keeps running, A's prompt in its slot
+    second = await make_proxy(aiohttp_client, one_slot, tmp_path)  # the same state directory: a restart
+    doc = DOC_A if guess == "right" else DOC_B
+    h, b1 = await ask(second, chat(doc, "How many crates at plot 8?"), headers=KEY_B)
+    assert h["X-PFlash-Cache"] == "miss"
+    assert b1["timings"]["cache_n"] == 0, b1["timings"]
+    stats = (await (await second.get("/pflash/stats")).json())["sessions"]
+    assert stats["isolation_erases_unknown"] == 1
+    # A, back after the restart, gets its own snapshot (saved at shutdown), not an erased slot
+    h, a2 = await ask(second, chat(DOC_A, "How many crates at plot 3?", "And plot 4?"), headers=KEY_A)
+    assert h["X-PFlash-Cache"] == "restored" and a2["timings"]["cache_n"] >= a1["usage"]["prompt_tokens"] - 1
 
 
 async def test_shared_reuses_a_for_b(aiohttp_client, one_slot, tmp_path):
@@ -89,4 +113,5 @@ async def test_failed_erase_sends_the_request_uncached(aiohttp_client, one_slot,
     _, b1 = await ask(proxy, chat(DOC_A, "How many crates at plot 8?"), headers=KEY_B)
     assert b1["timings"]["cache_n"] == 0 and b1["usage"]["prompt_tokens"] > 500
     stats = (await (await proxy.get("/pflash/stats")).json())["sessions"]
-    assert stats["isolation_cold"] == 1 and stats["isolation_erases"] == 0
+    # A's request found content of an owner this process did not know, B's A's: both sent cold
+    assert stats["isolation_cold"] == 2 and stats["isolation_erases"] == 0

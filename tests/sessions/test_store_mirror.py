@@ -203,7 +203,7 @@ def test_a_save_keeps_what_decoding_its_bytes_gives(tmp_path):
             found.turns += 5
             store.update_record(found)
         histories.append(request)
-        data, kept = store._decodes[found.id]
+        data, kept = store._decodes.get(found.id)
         assert data is store.mirror.get(("session", found.id))
         decoded = decode("session", data, "test")
         assert kept == decoded, step
