@@ -39,7 +39,7 @@ from pathlib import Path
 from pflash_proxy.bench.code_reads.generator import site_packages
 from pflash_proxy.bench.evals import common
 from pflash_proxy.bench.report import Table
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "code_tasks.json"

@@ -26,7 +26,7 @@ from pathlib import Path
 from pflash_proxy.bench.code_reads.generator import site_packages
 from pflash_proxy.bench.evals import code_tasks, common
 from pflash_proxy.bench.report import Table
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
 WORDINGS = Path(__file__).resolve().parent.parent / "cases" / "every_x.json"

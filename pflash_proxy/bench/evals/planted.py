@@ -26,7 +26,7 @@ from pathlib import Path
 from pflash_proxy.bench.evals import common
 from pflash_proxy.bench.evals.ruler import data_dir
 from pflash_proxy.bench.report import Table
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
 FACTS = Path(__file__).resolve().parent.parent / "cases" / "planted.json"

@@ -41,7 +41,7 @@ from typing import TypedDict
 from pflash_proxy.bench.evals import common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.bench.runner import BenchError
-from pflash_proxy.cli.progress import Progress
+from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
 DATASETS = ("squad", "hotpotqa")
