@@ -12,15 +12,26 @@
    ``aider-*/``; ``PFLASH_AGENTS_CACHE`` moves that folder), gets its own configuration, in a temporary folder
    removed afterwards, with telemetry and update checks off; the user's arguments follow unchanged:
 
-   - Claude Code: ``ANTHROPIC_BASE_URL``, a placeholder ``ANTHROPIC_API_KEY`` (unless a key or token is set),
-     a long ``API_TIMEOUT_MS``;
+   - Claude Code: ``ANTHROPIC_BASE_URL``, the agent's key as ``ANTHROPIC_AUTH_TOKEN`` (first in Claude Code's
+     order, above a claude.ai login) and as ``ANTHROPIC_API_KEY`` (above an ``apiKeyHelper``, whose output it
+     would otherwise send as ``x-api-key``), a long ``API_TIMEOUT_MS``; the same in a ``--settings`` file, with
+     its other credential variables emptied, since Claude Code applies the ``env`` of the user's own settings
+     over its environment (a key there was sent as ``x-api-key``);
    - Codex: ``CODEX_HOME`` = a folder whose ``config.toml`` names a ``pflash`` provider (``base_url`` = the
-     proxy's ``/v1``, ``wire_api = "responses"``) and raises ``tool_output_token_limit`` (else Codex itself cuts
-     a command's output to ~10K characters before the proxy sees it);
-   - opencode: ``OPENCODE_CONFIG`` = a file with an ``@ai-sdk/openai-compatible`` provider and the model's
-     ``limit`` (the slot's context; output: half of it, where opencode would ask for 32,000), merged over the
-     user's own configuration;
-   - aider: ``--openai-api-base``, ``--model openai/NAME``, a placeholder key, before the user's arguments.
+     proxy's ``/v1``, ``wire_api = "responses"``, its key read from ``PFLASH_WRAP_KEY``) and raises
+     ``tool_output_token_limit`` (else Codex itself cuts a command's output to ~10K characters before the proxy
+     sees it);
+   - opencode: ``OPENCODE_CONFIG`` = a file with an ``@ai-sdk/openai-compatible`` provider (the agent's key) and
+     the model's ``limit`` (the slot's context; output: half of it, where opencode would ask for 32,000), merged
+     over the user's own configuration;
+   - aider: ``--openai-api-base``, ``--openai-api-key`` (the agent's key), ``--model openai/NAME``, before the
+     user's arguments.
+
+   The agent's key is the configured ``--upstream-api-key`` (``PFLASH_UPSTREAM_API_KEY``: llama-server's own key,
+   which the proxy forwards with the agent's requests) or else the placeholder ``pflash-proxy``; never the user's
+   own: the model-provider credentials these agents read (``USER_CREDENTIALS``: ``ANTHROPIC_API_KEY``,
+   ``ANTHROPIC_AUTH_TOKEN``, ``OPENAI_API_KEY`` ...) are removed from the agent's environment, so none of them
+   reaches the proxy, llama-server or an ``--upstream`` host.
 4. The agent runs in the foreground (the terminal's Ctrl-C reaches it, not this process, which waits); a
    SIGTERM or SIGHUP to this process is passed on to it.  When it exits, a proxy started in step 1 is stopped
    (SIGTERM, then SIGKILL after ``STOP_GRACE_S``; it also gets SIGTERM from the kernel should this process die
@@ -52,6 +63,19 @@ from pflash_proxy.config import Settings, private_dir
 AGENT_NAMES = ("claude", "codex", "opencode", "aider")
 STOP_GRACE_S = 45.0  # the proxy snapshots its sessions on the way out (--shutdown-save-timeout-s, 30 s)
 PLACEHOLDER_KEY = "pflash-proxy"  # the proxy and llama-server without --api-key check no key
+CLAUDE_READS = ("CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS", "CLAUDE_CODE_USE_BEDROCK",
+                "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # Claude Code's other ways: emptied in --settings
+KEY_VAR = "PFLASH_WRAP_KEY"  # the variable Codex's provider reads its key from (its ``env_key``)
+# Model-provider credentials the four agents (and litellm, under aider) read from the environment, and the ways
+# they would take another route than the proxy's: none is passed to a wrapped agent (step 3).
+USER_CREDENTIALS = (
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS",
+    "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY",
+    "OPENAI_API_KEY", "CODEX_API_KEY", "OPENAI_ORG_ID", "OPENAI_ORGANIZATION", "OPENAI_PROJECT",
+    "AZURE_OPENAI_API_KEY", "AZURE_API_KEY", "OPENROUTER_API_KEY",
+    "AIDER_OPENAI_API_KEY", "AIDER_ANTHROPIC_API_KEY", "AIDER_API_KEY", "AIDER_OPENAI_API_BASE",
+    "OPENAI_API_BASE", "OPENAI_BASE_URL", "ANTHROPIC_API_BASE",
+)
 LONG_TIMEOUT_MS = 900_000  # a first long prompt on a CPU can take minutes to prefill
 
 
@@ -242,18 +266,18 @@ def codex_config(base_url: str, info: ServerInfo) -> str:
     if info.ctx:
         lines.append(f"model_context_window = {info.ctx}")
     lines += ["", "[analytics]", "enabled = false", "", "[model_providers.pflash]", 'name = "pflash-proxy"',
-              f"base_url = {json.dumps(base_url + '/v1')}", 'wire_api = "responses"',
+              f"base_url = {json.dumps(base_url + '/v1')}", 'wire_api = "responses"', f'env_key = "{KEY_VAR}"',
               f"stream_idle_timeout_ms = {LONG_TIMEOUT_MS}"]
     return "\n".join(lines) + "\n"
 
 
-def opencode_config(base_url: str, info: ServerInfo) -> dict[str, Any]:
+def opencode_config(base_url: str, info: ServerInfo, key: str = PLACEHOLDER_KEY) -> dict[str, Any]:
     model: dict[str, Any] = {"name": info.model}
     if info.ctx:  # its answer may take half the slot (opencode would ask for 32,000 tokens, whatever the window)
         model["limit"] = {"context": info.ctx, "output": min(32000, info.ctx // 2)}
     return {"$schema": "https://opencode.ai/config.json",
             "provider": {"pflash": {"npm": "@ai-sdk/openai-compatible", "name": "pflash-proxy",
-                                    "options": {"baseURL": base_url + "/v1", "apiKey": PLACEHOLDER_KEY,
+                                    "options": {"baseURL": base_url + "/v1", "apiKey": key,
                                                 "timeout": LONG_TIMEOUT_MS},
                                     "models": {info.model: model}}},
             "model": f"pflash/{info.model}", "small_model": f"pflash/{info.model}", "autoupdate": False,
@@ -261,29 +285,38 @@ def opencode_config(base_url: str, info: ServerInfo) -> dict[str, Any]:
 
 
 def launch(name: str, binary: Path, base_url: str, info: ServerInfo, user_args: Sequence[str], tmp: Path,
-           environ: Mapping[str, str]) -> Launch:
-    """The agent's argv, environment and configuration files (module docstring, step 3)."""
-    env = dict(environ)
+           environ: Mapping[str, str], key: str | None = None) -> Launch:
+    """The agent's argv, environment and configuration files (module docstring, step 3). ``key``: the one
+    credential the agent sends (default: the placeholder); the user's own (``USER_CREDENTIALS``) are dropped."""
+    key = key or PLACEHOLDER_KEY
+    env = {k: v for k, v in environ.items() if k not in USER_CREDENTIALS}
     argv = [str(binary)]
     files: dict[str, str] = {}
     if name == "claude":
-        env["ANTHROPIC_BASE_URL"] = base_url
-        if not env.get("ANTHROPIC_API_KEY") and not env.get("ANTHROPIC_AUTH_TOKEN"):
-            env["ANTHROPIC_API_KEY"] = PLACEHOLDER_KEY
+        # sent as Authorization: Bearer (nothing is tried before it) and x-api-key (which a key in the user's
+        # settings, or their apiKeyHelper's output, would fill otherwise)
+        claude_env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_AUTH_TOKEN": key, "ANTHROPIC_API_KEY": key}
+        env.update(claude_env)
+        # the same over the user's own settings, whose ``env`` Claude Code applies over its environment: settings
+        # given with --settings come last
+        path = tmp / "claude-settings.json"
+        files[str(path)] = json.dumps({"env": {**{k: "" for k in CLAUDE_READS}, **claude_env}}, indent=1) + "\n"
+        argv += ["--settings", str(path)]
         _quiet(env, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
                DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", API_TIMEOUT_MS=str(LONG_TIMEOUT_MS))
     elif name == "codex":
         home = tmp / "codex-home"
         env["CODEX_HOME"] = str(home)
+        env[KEY_VAR] = key
         files[str(home / "config.toml")] = codex_config(base_url, info)
     elif name == "opencode":
         path = tmp / "opencode.json"
         env["OPENCODE_CONFIG"] = str(path)
-        files[str(path)] = json.dumps(opencode_config(base_url, info), indent=1) + "\n"
+        files[str(path)] = json.dumps(opencode_config(base_url, info, key), indent=1) + "\n"
         _quiet(env, OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1",
                OPENCODE_DISABLE_LSP_DOWNLOAD="1", OPENCODE_DISABLE_SHARE="1")
     elif name == "aider":
-        argv += ["--openai-api-base", base_url + "/v1", "--openai-api-key", PLACEHOLDER_KEY,
+        argv += ["--openai-api-base", base_url + "/v1", "--openai-api-key", key,
                  "--model", f"openai/{info.model}", "--no-show-model-warnings", "--no-check-update",
                  "--no-analytics"]
         _quiet(env, LITELLM_LOCAL_MODEL_COST_MAP="True")  # litellm would fetch its price list from the internet
@@ -352,7 +385,8 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         for s, h in previous.items():  # from here on the agent's own handling (run_foreground) applies
             signal.signal(s, h)
         with tempfile.TemporaryDirectory(prefix="pflash-wrap-") as tmp:
-            return run_foreground(launch(args.agent, binary, url, info, args.args, Path(tmp), environ))
+            return run_foreground(launch(args.agent, binary, url, info, args.args, Path(tmp), environ,
+                                         settings.upstream.upstream_api_key))
     except WrapError as exc:
         print(f"pflash-proxy wrap: {exc}", file=sys.stderr)
         return exc.status

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pflash_proxy.cli import build_parser
-from pflash_proxy.cli.wrap import (PLACEHOLDER_KEY, ServerInfo, WrapError, codex_config, find_agent, launch,
-                                   opencode_config, probe)
+from pflash_proxy.cli.wrap import (PLACEHOLDER_KEY, USER_CREDENTIALS, ServerInfo, WrapError, codex_config,
+                                   find_agent, launch, opencode_config, probe)
 from pflash_proxy.llama.spawn import free_port
 
 URL = "http://127.0.0.1:26111"
@@ -55,13 +55,48 @@ def test_opencode_gets_a_provider_file_with_the_slots_limits_over_its_own_config
 
 def test_claude_gets_the_base_url_a_placeholder_key_and_no_telemetry():
     run = _launch("claude")
-    assert run.env["ANTHROPIC_BASE_URL"] == URL and run.env["ANTHROPIC_API_KEY"] == PLACEHOLDER_KEY
+    assert run.env["ANTHROPIC_BASE_URL"] == URL and run.env["ANTHROPIC_AUTH_TOKEN"] == PLACEHOLDER_KEY
     for key in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER"):
         assert run.env[key] == "1"
-    assert run.argv == ["/bin/claude", "-p", "say hi"]
-    # the user's own token and settings are kept
-    mine = _launch("claude", environ={"ANTHROPIC_AUTH_TOKEN": "t", "DISABLE_TELEMETRY": "0"})
-    assert "ANTHROPIC_API_KEY" not in mine.env and mine.env["DISABLE_TELEMETRY"] == "0"
+    assert run.argv == ["/bin/claude", "--settings", "/tmp/x/claude-settings.json", "-p", "say hi"]
+    # the same over the user's own settings (their ``env`` would otherwise add their key), other ways emptied
+    env = json.loads(run.files["/tmp/x/claude-settings.json"])["env"]
+    assert env["ANTHROPIC_AUTH_TOKEN"] == PLACEHOLDER_KEY and env["ANTHROPIC_BASE_URL"] == URL
+    assert env["ANTHROPIC_API_KEY"] == PLACEHOLDER_KEY and env["CLAUDE_CODE_OAUTH_TOKEN"] == ""
+    # the user's own settings are kept, their key and token are not
+    mine = _launch("claude", environ={"ANTHROPIC_AUTH_TOKEN": "t", "ANTHROPIC_API_KEY": "k", "DISABLE_TELEMETRY": "0"})
+    assert mine.env["ANTHROPIC_AUTH_TOKEN"] == mine.env["ANTHROPIC_API_KEY"] == PLACEHOLDER_KEY
+    assert mine.env["DISABLE_TELEMETRY"] == "0"
+
+
+SECRET = "sk-users-own-secret-4f1c"
+USERS_OWN = {name: f"{SECRET}-{name}" for name in USER_CREDENTIALS} | {"HOME": "/home/u", "PATH": "/usr/bin"}
+USER_ARGS = {"claude": ["-p", "say hi"], "codex": ["exec", "say hi"], "opencode": ["run", "say hi"],
+             "aider": ["--message", "say hi"]}
+
+
+def _sent_key(name: str, run) -> str:
+    """The one credential each agent sends with this launch (where each reads it from)."""
+    if name == "claude":
+        return run.env["ANTHROPIC_AUTH_TOKEN"]
+    if name == "codex":
+        provider = tomllib.loads(run.files[run.env["CODEX_HOME"] + "/config.toml"])["model_providers"]["pflash"]
+        return run.env[provider["env_key"]]
+    if name == "opencode":
+        return json.loads(run.files[run.env["OPENCODE_CONFIG"]])["provider"]["pflash"]["options"]["apiKey"]
+    return run.argv[run.argv.index("--openai-api-key") + 1]
+
+
+@pytest.mark.parametrize("name", ["claude", "codex", "opencode", "aider"])
+def test_no_agent_gets_the_users_own_keys_only_the_placeholder_or_the_upstream_key(name, tmp_path):
+    """ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN, OPENAI_API_KEY ... never reach the agent's environment, argv or
+    files: it sends the placeholder, or the configured --upstream-api-key (llama-server's own key)."""
+    for key, expected in ((None, PLACEHOLDER_KEY), ("llama-servers-key", "llama-servers-key")):
+        run = launch(name, Path(f"/bin/{name}"), URL, INFO, USER_ARGS[name], tmp_path, USERS_OWN, key)
+        everything = json.dumps([run.argv, run.env, run.files])
+        assert SECRET not in everything, [k for k, v in run.env.items() if SECRET in v]
+        assert _sent_key(name, run) == expected
+        assert run.env["HOME"] == "/home/u" and run.env["PATH"] == "/usr/bin"  # the rest is the user's
 
 
 def test_aider_gets_the_api_base_and_model_before_the_users_arguments():
@@ -230,3 +265,88 @@ def test_sigterm_reaches_the_agent_and_stops_the_proxy(tmp_path, llama_server):
             proc.kill()
     assert proc.returncode == 5 and "got-term" in out, err  # the agent's answer to the signal is the status
     assert _gone(agent_pid) and probe(f"http://127.0.0.1:{port}") == "absent"
+
+
+class Recorder:
+    """What reaches the upstream: a hop in front of the real llama-server that records every request's method,
+    path and headers and forwards it unchanged (a recorder, not a fake: llama-server answers)."""
+
+    def __init__(self, target: str):
+        self.target, self.seen, self.url = target, [], ""
+
+    async def __aenter__(self) -> "Recorder":
+        import aiohttp
+        from aiohttp import web
+
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            self.seen.append((request.method, request.path, dict(request.headers)))
+            hop = {"host", "content-length", "transfer-encoding", "connection"}
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+            async with self._session.request(request.method, self.target + request.path_qs, headers=headers,
+                                             data=await request.read() or None) as up:
+                body = await up.read()
+                return web.Response(status=up.status, body=body,
+                                    headers={k: v for k, v in up.headers.items() if k.lower() not in hop})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+
+async def _wrap_async(*args: str, env: dict, timeout: float) -> tuple[int, str]:
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pflash_proxy", *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, err.decode()
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(400)
+async def test_the_users_own_keys_reach_neither_the_agent_nor_the_upstream(tmp_path, llama_server):
+    """``wrap --upstream`` with the user's Anthropic and OpenAI keys in the shell: the agent's environment holds
+    none of them, and what reaches the upstream carries the placeholder; with ``PFLASH_UPSTREAM_API_KEY`` set,
+    that key (llama-server's own) is what the agent sends and the upstream receives."""
+    out = tmp_path / "seen.json"
+    (tmp_path / "agent.py").write_text(AGENT_SENDS)
+    env = _stand_in(tmp_path, f'exec python3 {tmp_path / "agent.py"} {out} "$@"\n')
+    env.update({name: f"{SECRET}-{name}" for name in USER_CREDENTIALS})
+    for upstream_key, expected in ((None, PLACEHOLDER_KEY), ("llama-servers-own-key", "llama-servers-own-key")):
+        run_env = {**env, "PFLASH_PORT": str(free_port())}
+        if upstream_key:
+            run_env["PFLASH_UPSTREAM_API_KEY"] = upstream_key
+        async with Recorder(llama_server.url) as rec:
+            rc, err = await _wrap_async("wrap", "--upstream", rec.url, "aider", "--message", "say hi", env=run_env,
+                                        timeout=300)
+        assert rc == 0, err
+        seen = json.loads(out.read_text())
+        assert seen["status"] == 200
+        assert not [k for k, v in seen["env"].items() if SECRET in v], "the user's keys reached the agent"
+        assert SECRET not in json.dumps(seen["argv"])
+        assert not [(m, p) for m, p, h in rec.seen if SECRET in json.dumps(h)], "the user's keys reached upstream"
+        chats = [h for m, p, h in rec.seen if p == "/v1/chat/completions"]
+        assert chats and all(h.get("Authorization") == f"Bearer {expected}" for h in chats), chats
+
+
+AGENT_SENDS = """import json, os, sys, urllib.request
+base = sys.argv[sys.argv.index("--openai-api-base") + 1]
+key = sys.argv[sys.argv.index("--openai-api-key") + 1]
+body = {"messages": [{"role": "user", "content": "say hi"}], "max_tokens": 4}
+req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(), method="POST",
+                             headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+with urllib.request.urlopen(req, timeout=300) as r:
+    status = r.status
+json.dump({"argv": sys.argv[1:], "env": dict(os.environ), "status": status}, open(sys.argv[1], "w"))
+"""
