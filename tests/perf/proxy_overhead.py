@@ -138,7 +138,9 @@ def cpu_ns(pid: int | None) -> int:
     return total
 
 
-async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy_pid: int | None = None) -> dict:
+async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy_pid: int | None = None,
+              chat_n: int | None = None) -> dict:
+    """``n`` requests of each small kind, ``chat_n`` chat turns (default ``max(100, n // 5)``), ``streams`` streams."""
     tap_url = direct
     out: dict = {}
     conn = aiohttp.TCPConnector(limit=4)
@@ -150,11 +152,11 @@ async def run(direct: str, proxied: str, tap: "Tap", n: int, streams: int, proxy
             "the same chat turn, passthrough": ("POST", "/v1/chat/completions", {"json": CHAT}),
         }
         for name, (method, path, kw) in cases.items():
-            count = n if "chat" not in name else max(100, n // 5)
+            count = n if "chat" not in name else chat_n or max(100, n // 5)
             # the passthrough reference: the proxy relays /bench-raw/... untouched, the tap restores the path
             proxied_path = RAW_PREFIX.decode() + path if "passthrough" in name else path
             for base, p_ in ((direct, path), (proxied, proxied_path)):  # warm both
-                for _ in range(10):
+                for _ in range(min(10, count)):
                     await timed(s, method, base + p_, **kw)
             d, p = [], []
             nd, np_ = [], []  # wall minus llama-server's own time (its timings), where the answer reports it
@@ -224,14 +226,14 @@ async def start_proxy(upstream: str, slot_dir: Path, home: Path, tree: Path | No
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def with_proxy(server, work: Path, requests: int, streams: int) -> dict:
+async def with_proxy(server, work: Path, requests: int, streams: int, chat_requests: int | None = None) -> dict:
     tap = Tap(int(server.url.rsplit(":", 1)[1]))
     await tap.start()
     tap_url = f"http://127.0.0.1:{tap.port}"
     proxy, proxy_url = await start_proxy(tap_url, server.slot_dir, work / "home")
     try:
         # Both arms go through the tap, so "added" is the proxy alone.
-        results = await run(tap_url, proxy_url, tap, requests, streams, proxy.pid)
+        results = await run(tap_url, proxy_url, tap, requests, streams, proxy.pid, chat_requests)
         results["proxy_rss_kb"] = rss_kb(proxy.pid)
     finally:
         proxy.terminate()
@@ -243,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--streams", type=int, default=6)
+    ap.add_argument("--chat-requests", type=int, default=None, help="chat turns per arm (default max(100, requests / 5))")
     ap.add_argument("--llama-threads", type=int, default=2,
                     help="llama-server's -t: 1 leaves the proxy a core of its own on a 2-core machine, as a GPU "
                          "server's idle cores do")
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = Path(assemble(Path.home() / ".cache" / "pflash-proxy" / "models" / MODEL_NAME))
     server = start_llama_server(model, work, parallel=2, ctx_per_slot=2048, extra=["-t", str(args.llama_threads)])
     try:
-        results = asyncio.run(with_proxy(server, work, args.requests, args.streams))
+        results = asyncio.run(with_proxy(server, work, args.requests, args.streams, args.chat_requests))
     finally:
         server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,8 @@ def test_two_trees_side_by_side_on_a_real_server(tmp_path, gemma_model, capsys):
 @pytest.mark.llama
 @pytest.mark.timeout(300)
 def test_the_proxys_added_latency_on_a_few_requests(tmp_path, gemma_model, capsys):
-    results = proxy_overhead.main(["--requests", "4", "--streams", "1", "--out", str(tmp_path / "proxy.json")])
+    results = proxy_overhead.main(["--requests", "4", "--chat-requests", "3", "--streams", "1",
+                                   "--out", str(tmp_path / "proxy.json")])
     assert json.loads((tmp_path / "proxy.json").read_text()) == results
     over = results["parsed_over_passthrough"]
     assert over["proxy_cpu_ms_per_request"] == over["proxy_cpu_ms_per_request"]  # a number, not NaN
