@@ -84,7 +84,10 @@ async def test_a_long_line_input_is_compressed_with_notes_in_the_readers_terms(p
             assert re.match(MARKER_RE, line), line
 
 
-async def test_recall_brings_back_the_omitted_items_of_a_one_line_json(proxy):
+async def test_recall_brings_back_the_omitted_items_of_a_one_line_json(aiohttp_client, llama_server, tmp_path):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                             prefill_curve=CURVE, query_pin=32, recall_budget=1024)  # the turn fits a 4K slot
+    proxy = await aiohttp_client(create_app(settings))
     text = json_answer(users=110)
     turn1 = [{"role": "user", "content": text + "\n\n" + FACTS["json"][1]}]
     h, body = await ask(proxy, turn1)
