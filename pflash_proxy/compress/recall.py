@@ -14,7 +14,9 @@ Algorithm (``RecallGate.decide``):
 3. Below ``theta`` (``PFLASH_CHAT_RECALL``, 0.075) nothing is recalled.
 4. Otherwise rank the omitted units with a positive score by density (score per
    token; ties by message order, then unit index) and take each that still fits in
-   ``recall_budget`` tokens.
+   ``recall_budget`` tokens, a unit next to none already taken counting its excerpt's
+   header line too (``HEADER_TOKENS``: many scattered small units, such as the items
+   of a one-line JSON answer, would otherwise pass the budget by their headers).
 5. Adjacent recalled units of the same message merge into one excerpt; excerpts are
    ordered by message, then line.  ``format_recall_block`` renders each as
    ``[pflash recall: from earlier message N, lines A–B]`` followed by its lines, to be
@@ -121,6 +123,8 @@ class RecallDecision:
         return bool(self.recalled)
 
 
+HEADER_TOKENS = 24  # step 4: an excerpt's header line, "[pflash recall: from earlier message 1, line 1, items 69–101
+# of 500]" (gemma and Qwen give every digit a token)
 RESCORED_KEEP = 8  # step 1: reps made again from stored text, kept per (scorer, message text, units)
 
 
@@ -188,14 +192,16 @@ class RecallGate:
         if share < self.theta or not cands:
             return RecallDecision([], share)
         cands.sort()
-        chosen: dict[int, list[int]] = {}
+        chosen: dict[int, set[int]] = {}
         used = 0
         for _, m, u, _, tok in cands:  # step 4
-            if used + tok <= self.recall_budget:
-                chosen.setdefault(m, []).append(u)
-                used += tok
+            have = chosen.setdefault(m, set())
+            cost = tok + (0 if u - 1 in have or u + 1 in have else HEADER_TOKENS)
+            if used + cost <= self.recall_budget:
+                have.add(u)
+                used += cost
         excerpts: list[Excerpt] = []
-        for m in sorted(chosen):  # step 5
+        for m in sorted(k for k, units in chosen.items() if units):  # step 5
             src = sources[m]
             pieces = src.piece_map()
             first = pieces.first() if pieces is not None else []

@@ -16,7 +16,7 @@ import pytest
 
 from pflash_proxy.compress.longlines import Pieces, cut_line, cut_long_lines, describe, sniff
 from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
-from pflash_proxy.compress.recall import RecallGate, RecallSource, format_recall_block
+from pflash_proxy.compress.recall import HEADER_TOKENS, RecallGate, RecallSource, format_recall_block
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.rewrite import MARKER_RE, PART_MARKER_RE
 from pflash_proxy.compress.scores import LexicalScorer
@@ -256,6 +256,8 @@ def test_recall_brings_back_a_part_of_a_line():
     assert hit.start_line == 0 and hit.end_line == 1 and len(hit.text) < len(tt.lines[0]) // 4
     assert re.fullmatch(r"\[pflash recall: from earlier message 1, line 1, (?:.+, )?items? \d+(?:–\d+)? of 120\]", hit.header)
     assert format_recall_block([hit]).startswith(hit.header + "\n {\"id\":")
+    headers = sum(HEADER_TOKENS for _ in decision.recalled)
+    assert sum(e.tokens for e in decision.recalled) + headers <= RecallGate().recall_budget  # headers counted
 
 
 def test_recall_rescoring_from_stored_pieces_matches():

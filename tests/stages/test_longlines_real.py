@@ -84,8 +84,11 @@ async def test_a_long_line_input_is_compressed_with_notes_in_the_readers_terms(p
             assert re.match(MARKER_RE, line), line
 
 
-async def test_recall_brings_back_the_omitted_items_of_a_one_line_json(proxy):
-    text = json_answer(users=110)
+async def test_recall_brings_back_the_omitted_items_of_a_one_line_json(aiohttp_client, llama_server, tmp_path):
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                             prefill_curve=CURVE, query_pin=32, recall_budget=1024)  # the turn fits a 4K slot
+    proxy = await aiohttp_client(create_app(settings))
+    text = json_answer(users=60)  # ~5.4K tokens: served (~1.9K), recalled (<= 1K) and the turn fit a 4K slot
     turn1 = [{"role": "user", "content": text + "\n\n" + FACTS["json"][1]}]
     h, body = await ask(proxy, turn1)
     assert h["X-PFlash-Mode"] == "compressed", h.get("X-PFlash-Reason")
@@ -99,6 +102,6 @@ async def test_recall_brings_back_the_omitted_items_of_a_one_line_json(proxy):
     recalled = served_message(proxy, h["X-PFlash-Session"], 2)
     excerpts = re.split(r"\n(?=\[pflash recall: )", recalled.split("\n\n" + turn2[-1]["content"])[0])
     hit = next(e for e in excerpts if f'"username": "{missing["username"]}"' in e)
-    assert re.fullmatch(r"\[pflash recall: from earlier message 1, line 1, (?:.+, )?items? \d+(?:–\d+)? of 110\]",
+    assert re.fullmatch(r"\[pflash recall: from earlier message 1, line 1, (?:.+, )?items? \d+(?:–\d+)? of 60\]",
                         hit.split("\n", 1)[0])
     assert len(recalled) < len(text) // 2  # parts of the line, not the line
