@@ -54,7 +54,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    relevance or a request that asks for every match (not for zero relevance when the question's matches all sit in
    the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
-   anyway (recall can bring lines back).
+   anyway (recall can bring lines back), but not for a request that asks for every match or for the whole: the
+   answer needs them in this turn, and the long message is new, so serving it whole costs no cached prefix.
 5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
    the units whose BM25 of the every-clause is at least ``MATCH_SHARE`` of the best), kept like the pinned units,
    when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
@@ -375,7 +376,8 @@ class Compressor:
                         kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines), matches)
                     else:
                         sp = replace(sp, flat=True, matches=(len(matches), need, budget))
-            if sp.flat and not in_conversation:
+            if sp.flat and (not in_conversation or sp.whole or sp.matches is not None
+                            or (sp.applies and asks_for_every(request.text))):
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
             out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget))

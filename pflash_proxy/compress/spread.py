@@ -109,8 +109,9 @@ def asks_for_whole(request: str) -> bool:
 # when the thing it asks for is quantified ("all handlers", "each handler", "every record"), plural after a
 # question word ("which functions call ...", "what files ..."), counted ("how many", "the number of"),
 # enumerated ("list ...", "enumerate ..."), or its uses/occurrences ("where is X used", "who calls X",
-# "the callers of X"); it asks for the whole when it asks for a summary, an overview or a description of the
-# message itself ("this module", "the document"). A quantifier in a subordinate clause ("... when every
+# "the callers of X"), or it asks to be exhaustive ("be exhaustive", "the complete list"); it asks for the
+# whole when it asks for a summary, an overview, a description or a review of the message itself ("this module",
+# "the document", "this entire file"). A quantifier in a subordinate clause ("... when every
 # coefficient is small") or in the predicate of a question about one thing ("which function returns all
 # items") does not make a request ask for every match.
 _SUBORDINATE = frozenset("when whenever if unless while until once after before because since though although "
@@ -151,7 +152,11 @@ _OBJECT = (r"(?:this|the|whole|entire|above|following|attached|pasted|given)\s+(
            r"patch|essay|story|book|passage)\b")
 _WHOLE_OBJECT = re.compile(r"\b" + _OBJECT)
 _DESCRIBE = re.compile(r"^(?:\W*(?:please|can\s+you|could\s+you)\W+)*(?:describe|explain|walk\s+me\s+through|"
-                       r"go\s+through|outline|sum\s+up)\b")
+                       r"go\s+through|outline|sum\s+up|review|audit|critique|proofread|scan|inspect|check|"
+                       r"read\s+through|look\s+over|go\s+over)\b")
+_EXHAUSTIVE = re.compile(r"\b(?:exhaustive(?:ly)?|comprehensive(?:ly)?|(?:complete|full|entire)\s+list|every\s+single|"
+                         r"all\s+of\s+them|without\s+(?:missing|skipping)|(?:don'?t|do\s+not)\s+(?:miss|skip|leave\s+out)"
+                         r"|leave\s+nothing\s+out|not\s+just\s+(?:one|the\s+first))\b")
 _WHAT_WHOLE = re.compile(r"\bwhat\s+(?:does|do|is|are)\s+" + _OBJECT + r"\s+(?:do|does|for|about)\b")
 
 
@@ -178,7 +183,7 @@ def every_intent(sentence: str) -> str | None:
         rest = t[m.end():] if m else ""
         bare = not re.search(r"[^\W\d_]", re.sub(r"\b(?:please|me|us|quick|short|brief|it|of it|pls)\b", "", rest))
         return "whole" if (_WHOLE_OBJECT.search(t) or _WHAT_WHOLE.search(t) or bare) else "every"
-    if _COUNT.search(t) or _ENUM.search(t) or _USES.search(t):
+    if _COUNT.search(t) or _ENUM.search(t) or _USES.search(t) or _EXHAUSTIVE.search(t):
         return "every"
     show = _SHOW.search(t)
     if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
@@ -190,8 +195,9 @@ def every_intent(sentence: str) -> str | None:
         w = [x.strip(",;:") for x in words] + ["", "", ""]
         if w[0] in ("are", "were") and _plural(w[2] if w[1] in _DET else w[1]):
             return "every"  # "what are the endpoints"
-        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET:
-            return "every"  # "which functions call", "what errors can"
+        named_subject = w[1] in _AUX and re.search(r"\bname\b", t[wh.end(1):]) is not None
+        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET and not named_subject:
+            return "every"  # "which functions call", "what errors can" (not "which verbs does X.parse accept")
         if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
             return "every"  # "what environment variables does it read"
         singular_wh = bool(words) and w[0] not in _AUX

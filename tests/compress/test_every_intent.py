@@ -63,12 +63,12 @@ def test_a_pointed_question_about_the_same_name_is_compressed():
     assert "def _remaining_time(self, endtime):" in out.text
 
 
-def test_a_request_about_the_whole_message_is_served_whole_when_cold_and_says_why():
+def test_a_request_about_the_whole_message_is_served_whole_warm_or_cold_and_says_why():
     out = compress("Give a Summary of what this module does")
     assert asks_for_whole("Give a Summary of what this module does")
     assert out.mode == "full-flat" and "asks about the whole message" in out.reason
     warm = compress("Give a Summary of what this module does", in_conversation=True)
-    assert warm.mode == "compressed"  # inside a running conversation: markers, and recall brings lines back
+    assert warm.mode == "full-flat"  # warm too: the answer needs the whole message in this turn
 
 
 class _Peaked:
