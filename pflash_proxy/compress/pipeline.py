@@ -57,7 +57,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    anyway (recall can bring lines back), but not for a request that asks for every match or for the whole: the
    answer needs them in this turn, and the long message is new, so serving it whole costs no cached prefix.
 5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
-   the units whose BM25 of the every-clause is at least ``MATCH_SHARE`` of the best), kept like the pinned units,
+   the units that spell a name the request spells, ``name_scores``, else those whose BM25 of the every-clause is
+   at least ``MATCH_SHARE`` of the best), kept like the pinned units,
    when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
@@ -91,7 +92,7 @@ from .request import RequestSpec, tail_lines, without_paths
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate
+from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate, request_names
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -143,6 +144,7 @@ class Analysis:
     gate_scores: np.ndarray | None = None  # step 5: BM25 of the request's every-clause (``gate_scores``), or None
     gate_ranking: np.ndarray | None = None  # step 5: BM25's ranking the gate's ``k`` is selected by, or None (own)
     asked: frozenset[int] = frozenset()  # step 2: the units holding the question found by its form (pinned)
+    names: np.ndarray | None = None  # step 5b: BM25 of the names an every-X request spells, or None
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,19 @@ def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: Un
                                                                               len(units))
 
 
+def name_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps,
+                request: str) -> np.ndarray | None:
+    """Step 5b: for a request that asks for every match and spells names (``spread.request_names``: "every caller
+    of `add_listener`"), BM25 of those names alone over the units (the units that name them are its matches),
+    else None."""
+    names = request_names(request) if asks_for_every(request) else []
+    if not names:
+        return None
+    lexical = scorer if isinstance(scorer, LexicalScorer) else LexicalScorer()
+    lex_reps = reps if lexical is scorer else lexical.represent(work, units)
+    return validate_scores(lexical.score(lex_reps, " ".join(names)), len(units))
+
+
 def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np.ndarray:
     """Step 3: ``scorer``'s scores of ``query`` (the request, in code without its paths), or of the whole request
     when the query leaves nothing to rank by."""
@@ -242,9 +257,12 @@ def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np
 MATCH_SHARE = 0.3  # step 5b: a unit scoring at least this share of the best on the every-clause is a match
 
 
-def every_match(gate: np.ndarray, pinned: set[int]) -> set[int]:
-    """Step 5b: the unpinned units that match a request for every match: BM25 of its every-clause at least
+def every_match(gate: np.ndarray, pinned: set[int], names: np.ndarray | None = None) -> set[int]:
+    """Step 5b: the unpinned units that match a request for every match: every unit that spells a name the
+    request spells (``names``, when any unit does), else those whose BM25 of its every-clause is at least
     ``MATCH_SHARE`` of the best unit's (none when the clause's words name nothing here)."""
+    if names is not None and float(np.asarray(names)[[i for i in range(len(names)) if i not in pinned]].sum()) > 0:
+        return {i for i in np.flatnonzero(np.asarray(names) > 0).tolist() if i not in pinned}
     g = np.asarray(gate, dtype=np.float64).copy()
     g[list(pinned)] = 0.0
     best = float(g.max()) if len(g) else 0.0
@@ -341,7 +359,8 @@ class Compressor:
                 t = _lap(ms, "score", t)
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if code else (), gate, ranking, asked)
+                                    outline(work.lines, defs) if code else (), gate, ranking, asked,
+                                    name_scores(self.scorer, work, units, reps, request.text))
             else:
                 ms.update(analysis.stage_ms)
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
@@ -369,7 +388,7 @@ class Compressor:
             if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
                 sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
             if not sp.flat and sp.applies and gate is not None:  # step 5b: every match, or served whole
-                matches = every_match(gate, pinned)
+                matches = every_match(gate, pinned, analysis.names)
                 if not matches <= set(kept):
                     need = int(toks[sorted(matches | pinned)].sum())
                     if need <= budget:

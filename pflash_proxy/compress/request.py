@@ -153,9 +153,18 @@ what which who whom whose when where why how is are was were do does did can cou
 might must has have had please explain describe summarize summarise list find tell show give write fix identify name
 extract compare answer count check review refactor translate rewrite update add remove change make implement debug
 help locate point quote cite walk suggest spot look read go determine outline enumerate state trace return print
+tl summary overview recap gist
 """.split())
 USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
 # whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
+_IMPERATIVE = re.compile(r"([A-Za-z]+)\s+(?:the|all|every|each|this|these|those|my|our|a|an|it|them|me|us|any|"
+                         r"some)\b")
+_NOT_VERB_FIRST = frozenset("""
+the a an this that these those it its they them he she we you i my our your their his her all every each any some
+no not in on at for of to with by as from into onto over under about after before between through and or but so
+if when while because although though since until unless is are was were be been being am has have had will would
+shall should may might must can could there here then than also only even just very such both either neither one
+""".split())
 REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the message's tokens
 
 
@@ -181,13 +190,19 @@ def prose_line(line: str) -> bool:
 
 def asks(text: str) -> bool:
     """Step 2: the text asks something: a sentence ending in ``?``, or it opens (or one of its lines does) with a
-    question or imperative word ("Explain ...", "List ...", "Why ...", "please ...")."""
+    question or imperative word ("Explain ...", "List ...", "Why ...", "please ..."), or in the form of an
+    imperative: a word that is no determiner, pronoun, preposition or auxiliary, then a determiner or pronoun
+    ("Catalogue all the constants", "Convert every function ...", "Grep this for ...")."""
     if _ASKS_MARK.search(text):
         return True
     for line in text.splitlines():
-        m = _FIRST_WORD.search(line.strip().lstrip("-*>#0123456789.) "))
+        t = line.strip().lstrip("-*>#0123456789.) ")
+        m = _FIRST_WORD.search(t)
         if m and m.group().lower() in _OPENING:
             return True
+        m = _IMPERATIVE.match(t)
+        if m and m.group(1).lower() not in _NOT_VERB_FIRST and not re.search(r"[^s]s$", m.group(1)):
+            return True  # not "Returns the ...": a verb in the third person describes, it does not ask
     return False
 
 
@@ -211,13 +226,12 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
     2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
        within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
        ``USER_TOKENS`` tokens, those that ask nothing at most ``USER_LINES`` lines), they are the user's words
-       after a paste: the question when they ask something
-       (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
+       after a paste: all of them when they ask something (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
        paragraphs that each ask, at least the last one, from the first of their lines that asks (a question
        hard-wrapped into the document's last paragraph, from the line its sentence begins on).
-    3. Else the start: its leading paragraphs that each ask, at least the first, within ``limit`` tokens and
-       before a body line or the end (a question, then its paste; a paste's own title or opening sentence that
-       asks nothing is the paste's).
+    3. Else the start, the same way forward: before a body line and short, the paragraphs through the last
+       that asks; otherwise its leading paragraphs that each ask, at least the first (a prose paste's own title
+       or opening sentence that asks nothing is the paste's).
     The words taken must be under ``REQUEST_SHARE`` of the message's tokens: more is the document, not its
     question.
     """
@@ -253,10 +267,16 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
         paras = paragraphs(a, b)
         if not paras:
             return None
-        if by_body and from_end and len(paras) <= USER_PARAGRAPHS and sum(line_tokens[a:b]) <= USER_TOKENS \
-                and asks(text(a, b)) and all(p[1] - p[0] <= USER_LINES or asks(text(*p)) for p in paras):
-            span = (paras[0][0], paras[-1][1])
-            return span if small(*span) else None
+        if by_body and len(paras) <= USER_PARAGRAPHS and sum(line_tokens[a:b]) <= USER_TOKENS \
+                and all(p[1] - p[0] <= USER_LINES or asks(text(*p)) for p in paras):
+            if from_end and asks(text(a, b)):  # the user's words after a paste
+                span = (paras[0][0], paras[-1][1])
+                return span if small(*span) else None
+            if not from_end:  # before a paste: through the last paragraph that asks
+                last = max((k for k, p in enumerate(paras) if asks(text(*p))), default=-1)
+                if last >= 0:
+                    span = (paras[0][0], paras[last][1])
+                    return span if small(*span) else None
         taken: list[tuple[int, int]] = []
         used = 0
         for p in (reversed(paras) if from_end else paras):

@@ -60,14 +60,15 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Spread", "SpreadCurve", "asks_for_every", "asks_for_whole", "every_clause", "every_intent", "flat_gate",
-           "kept_mass", "relevance_spread"]
+           "kept_mass", "relevance_spread", "request_names"]
 
 # Step 2: identifiers are names, not every-words ("In Summary.time, ..." asks about one method, "`each`" names a
 # keyword): code spans, dotted / qualified names and paths, snake_case, CamelCase and camelCase words, calls, and
 # a capitalised "Summary"/"Overview" inside a sentence (a class, as in "What does the Summary class do?")
 _IDENTIFIER = re.compile(
     r"`[^`\n]*`"  # a code span, whatever it holds
-    r"|[\w$]+(?:(?:\.|::|->|#|/)[\w$]+)+"  # Class.method, pkg/mod.py, Class::method, Class#method
+    r"|(?![A-Z]{1,4}/[A-Z]{1,4}\b)[\w$]+(?:(?:\.|::|->|#|/)[\w$]+)+"  # Class.method, pkg/mod.py, Class::method
+    # (not an abbreviation such as I/O or TCP/IP)
     r"|\b\w*_\w*"  # snake_case, __dunder__
     r"|\b[A-Z][a-z0-9]+[A-Z]\w*|\b[a-z]+[A-Z]\w*"  # CamelCase, camelCase
     r"|\b\w+(?=\()"  # a call: summary(...)
@@ -76,13 +77,29 @@ _IDENTIFIER = re.compile(
 # ... capitalised inside a sentence it is a class name, not "a Summary of", "the Summary of"
 
 
+NAME = "qqname"  # what an identifier is blanked to: one neutral word, never an English one
+
+
 def _prose(text: str) -> str:
     """The request with its identifiers blanked (each to one neutral word, so word distances stay)."""
-    return _IDENTIFIER.sub(" name ", text)
+    return _IDENTIFIER.sub(f" {NAME} ", text)
 
 
 MAX_THRESHOLD = 100.0
 _SENTENCE = re.compile(r"(?<=[.?!])\s+|\n+")
+
+
+def request_names(request: str) -> list[str]:
+    """The identifiers a request spells (``_IDENTIFIER``: code spans, dotted names, snake_case, CamelCase,
+    calls), without backticks: what "every caller of X" asks every match of."""
+    out = []
+    for m in _IDENTIFIER.finditer(request or ""):
+        name = m.group().strip("`").strip()
+        if name and name not in ("Summary", "Overview") and any(c.isalpha() for c in name) \
+                and "/" not in name and not re.search(r"\.(?:py|js|ts|go|rs|java|c|h|cc|cpp|rb|md|txt|json|toml|"
+                                                       r"ya?ml|cfg|ini|sh|html?|css|xml|log)$", name):
+            out.append(name)  # a file's name names the whole file, not a match in it
+    return out
 
 
 def asks_for_every(request: str) -> bool:
@@ -172,9 +189,28 @@ def _plural(word: str) -> bool:
 
 def every_intent(sentence: str) -> str | None:
     """Step 2: what one sentence of a request (identifiers already blanked) asks for: ``"whole"`` (a summary or
-    description of the message itself), ``"every"`` (all matches: quantified, plural, counted, enumerated, or
-    its uses), or None (one thing)."""
-    t = " ".join(sentence.lower().split())
+    description of the message itself, or every one of its parts: "what does each function here do", "list the
+    constants"), ``"every"`` (all matches: quantified, plural, counted, enumerated, or its uses), or None (one
+    thing)."""
+    got = _every_intent(" ".join(sentence.lower().split()))
+    low = sentence.lower()
+    parts = [m for m in _STRUCTURE.finditer(low)
+             if not re.search(r"\b(?:its|their|his|her)\s+(?:[a-z'-]+\s+)?$", low[:m.start()])]  # not "its fields"
+    if got == "every" and NAME not in low and (parts or (_WHOLE_OBJECT.search(low) and not _USES.search(low))):
+        return "whole"  # every function, class, section ... of the message, or every X of "this module"
+    return got
+
+
+# the kinds of part a message is made of: a request for every one of them asks for the whole message
+_STRUCTURE = re.compile(r"\b(?:functions?|methods?|class(?:es)?|definitions?|constants?|variables?|sections?|"
+                        r"paragraphs?|chapters?|entry\s+points?|todos?|modules?-level|globals?|endpoints?|"
+                        r"routes?|commands?|options?|flags?|settings?|fields?|tables?|headings?|handlers?|callbacks?|hooks?|"
+                        r"helpers?|tests?|imports?)\b")
+
+
+
+
+def _every_intent(t: str) -> str | None:
     if not t:
         return None
     if _SUMMARY.search(t) or _WHAT_WHOLE.search(t) or (_DESCRIBE.search(t) and _WHOLE_OBJECT.search(t)
@@ -195,7 +231,7 @@ def every_intent(sentence: str) -> str | None:
         w = [x.strip(",;:") for x in words] + ["", "", ""]
         if w[0] in ("are", "were") and _plural(w[2] if w[1] in _DET else w[1]):
             return "every"  # "what are the endpoints"
-        named_subject = w[1] in _AUX and re.search(r"\bname\b", t[wh.end(1):]) is not None
+        named_subject = w[1] in _AUX and NAME in t[wh.end(1):]
         if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET and not named_subject:
             return "every"  # "which functions call", "what errors can" (not "which verbs does X.parse accept")
         if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
@@ -280,8 +316,10 @@ class Spread:
             return (f"relevance too flat for a request that asks for every match: its {n} matching units and the "
                     f"pinned ones hold {need} tokens, more than the {budget}-token budget")
         if self.whole:
-            return (f"the request asks about the whole message (a summary or a description of it): all "
-                    f"{self.n_units} unpinned units are relevant, against the {self.kept_units} the budget keeps")
+            return (f"relevance too flat for a request about the whole message (a summary, a description or every "
+                    f"part of it): all {self.n_units} of the {self.n_units} unpinned units are relevant, against "
+                    f"the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} > "
+                    f"{self.threshold:.3f})")
         if self.kept_units == 0 and self.spread >= 1.0 and self.effective_units == self.n_units:
             return f"relevance too flat: none of the {self.n_units} unpinned units has any relevance to the request"
         verdict = (f"against the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} "
