@@ -422,7 +422,7 @@ class Compressor:
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
-                label: str, n_lines: int, also: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+                label: str, n_lines: int, also: Iterable[int] = ()) -> list[int]:
         """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
         by density (``_select_with_overhead``)."""
         units, pinned = analysis.units, analysis.pinned
