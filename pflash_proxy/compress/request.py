@@ -144,6 +144,7 @@ _KEYWORD = re.compile(r"^(?:def|class|if|elif|else|for|while|return|import|from|
                       r"var|let|const|function|fn|pub|use|func|package|public|private|static|end|do|done|fi)\b")
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
 _SYMBOLS = re.compile(r"[{}\[\]()<>=;|\\$@#*`]|(?<=\w)[._](?=\w)|->|::")
+_QUESTION_END = re.compile(r"(?<=[^\W_]|[)\"'”’*`])\?(?:[\s\"'”’)*_]|$)")
 _FIELD = re.compile(r"(?:^|[\s|,;])[\w.-]+: \S")
 _LABEL = re.compile(r"^[^\W\d_][\w ]{0,24}:$")
 _ASKS_MARK = re.compile(r"\?(?:[\s\"'”’)\]*_]|$)")
@@ -171,12 +172,12 @@ REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the 
 def prose_line(line: str) -> bool:
     """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record (fields between
     bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted
-    block's; a line ending in ``?`` is prose whatever it holds."""
+    block's; a line with a sentence ending in ``?`` is prose whatever else it holds."""
     t = line.strip()
     if not t or _GUTTER.match(line) or _INDENTED.match(line) or _COMMENT.match(t):
         return False
-    if _ASKS_MARK.search(t) and t.rstrip("\"'”’)*_ ").endswith("?"):
-        return True
+    if _QUESTION_END.search(t) and len(_LETTERS.findall(t)) >= 3:
+        return True  # a sentence that ends in "?" (not a ternary "a ? b : c"), whatever else the line holds
     if _KEYWORD.match(t) or t.count("|") >= 2 or "\t" in t or len(_FIELD.findall(t)) >= 2:
         return False  # code, or a record: fields between bars or tabs, ``key: value`` pairs
     if _LABEL.match(t):
@@ -195,8 +196,13 @@ def asks(text: str) -> bool:
     ("Catalogue all the constants", "Convert every function ...", "Grep this for ...")."""
     if _ASKS_MARK.search(text):
         return True
+    prev = "."
     for line in text.splitlines():
         t = line.strip().lstrip("-*>#0123456789.) ")
+        starts = prev.rstrip().rstrip(")]\"'”’").endswith((".", "!", "?", ":", ";")) or not prev.strip()
+        prev = line
+        if not starts:
+            continue  # a hard-wrapped line goes on with a sentence: its first word opens nothing
         m = _FIRST_WORD.search(t)
         if m and m.group().lower() in _OPENING:
             return True

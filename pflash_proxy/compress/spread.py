@@ -151,7 +151,7 @@ _SINGULAR_S = ("ss", "us", "is", "ous", "'s", "ics", "ws", "ys")
 _COUNT = re.compile(r"\bhow\s+many\b(?!\s+times)|\b(?:count|tally)\b(?!\s*(?:=|\())|\bnumber\s+of\b(?!\s+times)")
 _ENUM = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you|i\s+need\s+you\s+to|"
                    r"give\s+me|show\s+me)\W+)*(?:list|enumerate|itemi[sz]e|tabulate|catalog(?:ue)?)\b"
-                   r"|\b(?:a|the|full|complete)\s+list\s+of\b")
+                   r"|\b(?:full|complete|entire)\s+list\s+of\b")
 _USES = re.compile(r"\bwhere\b(?:\s+(?:else|all|exactly))?(?:\s+[\w'-]+){0,6}?\s+(?:used|called|referenced|invoked|"
                    r"imported|mentioned|changed|modified|mutated|raised|caught|read|written|accessed|handled|"
                    r"logged|checked|instantiated|created|constructed|overridden|emitted|thrown|passed|assigned|"
@@ -219,13 +219,9 @@ def _every_intent(t: str) -> str | None:
         rest = t[m.end():] if m else ""
         bare = not re.search(r"[^\W\d_]", re.sub(r"\b(?:please|me|us|quick|short|brief|it|of it|pls)\b", "", rest))
         return "whole" if (_WHOLE_OBJECT.search(t) or _WHAT_WHOLE.search(t) or bare) else "every"
-    if _COUNT.search(t) or _ENUM.search(t) or _USES.search(t) or _EXHAUSTIVE.search(t):
+    if _USES.search(t) or _EXHAUSTIVE.search(t):
         return "every"
-    show = _SHOW.search(t)
-    if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
-        return "every"  # "name the classes defined here", "show me the functions that ..."
     wh = _WH.search(t)
-    singular_wh = False
     if wh is not None:  # the noun after "which"/"what" (or the second word, before an auxiliary): what is asked for
         words = wh.group(2).split()
         w = [x.strip(",;:") for x in words] + ["", "", ""]
@@ -236,7 +232,13 @@ def _every_intent(t: str) -> str | None:
             return "every"  # "which functions call", "what errors can" (not "which verbs does X.parse accept")
         if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
             return "every"  # "what environment variables does it read"
-        singular_wh = bool(words) and w[0] not in _AUX
+        if words and w[0] not in _AUX:
+            return None  # "which function returns all items / the number of loops": about one thing
+    if _COUNT.search(t) or _ENUM.search(t):
+        return "every"
+    show = _SHOW.search(t)
+    if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
+        return "every"  # "name the classes defined here", "show me the functions that ..."
     if _HOW.search(t):
         return None  # "how is each request authenticated": how one thing works, done for each
     blanked = _NOT_QUANT.sub(" ", t)
@@ -244,8 +246,6 @@ def _every_intent(t: str) -> str | None:
         before = blanked[: m.start()].split()
         if any(w.strip(",;:") in _SUBORDINATE for w in before):
             continue  # "... when every coefficient is small": a condition, not what is asked for
-        if singular_wh:
-            continue  # "which function returns all items": the question is about one thing
         return "every"
     return None
 

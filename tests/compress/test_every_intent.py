@@ -35,6 +35,9 @@ def test_the_dev_phrasings():
     ("what does each function here do?", "whole"), ("quote all of its fields.", "every"),
     ("what does trimcoef return when every coefficient is small?", None),
     ("which function returns all items of a list?", None), ("what causes the deadlock?", None),
+    # bench quality's code questions: a singular "which function" is about one thing, whatever its predicate
+    ("which function returns the number of loops and time taken so that total time >= 0.2?", None),
+    ("which function reads until one from a list of a regular expressions matches?", None),
 ])
 def test_every_intent(sentence, intent):
     assert every_intent(sentence) == intent
