@@ -33,7 +33,7 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
    In code, the units scoring within ``TIE`` of the first choice (near-twins: a sync and an async method, two
-   parsers of one vocabulary; a ranking with no clear leader keeps more) are first choices too, and each first choice brings the rest of the definition it
+   parsers of one vocabulary) are first choices too, and each first choice brings the rest of the definition it
    is part of (``first_definitions``), while they fit ``FIRST_SHARE`` of the budget: a question in other words
    asks about a definition, and its words often match the head of it only (the signature and docstring).
    The optional named definitions (step 2) join them, most relevant first (their best unit's
@@ -285,9 +285,10 @@ def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
     return {int(np.argmax(free))}
 
 
-TIE = 0.7  # step 4 (code): a unit scoring at least this share of the first choice's score is a first choice too
-# (no clear leader: keep more; users'-words code tasks, dev split, offline, FIRST_SHARE 0.9: TIE 0.9 kept the
-# needed definition in 66 of 84 reads, 0.7 in 68 with the markers' room reserved, 0.6 in 70 without)
+TIE = 0.9  # step 4 (code): a unit scoring at least this share of the first choice's score is a first choice too
+# (users'-words code tasks, dev split, offline, FIRST_SHARE 0.9: 0.9 kept the needed definition in 66 of 84 reads,
+# 0.7 in 68, but at 0.7 the runner-up's definition crowds the rest out of a small budget: bench quality --quick
+# lost its 2K agent case)
 
 
 def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blocks: tuple[tuple[int, ...], ...],

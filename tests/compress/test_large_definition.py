@@ -85,17 +85,6 @@ def _served(parts: list[str]):
     return tt, out
 
 
-def test_with_no_clear_leader_the_runner_up_definition_is_kept_whole_too():
-    """The first choice scores 1.0, another definition's head 0.8: no clear leader, both are kept whole (at
-    19528cf only units within 0.9 of the first were first choices, and the runner-up lost its body)."""
-    lead, near = long_def("lead_fn", "# lead", 12), long_def("near_fn", "# near", 40)
-    parts = [small_function(k) for k in range(120)]
-    parts[30:30] = [lead]
-    parts[80:80] = [near]
-    tt, out = _served(parts)
-    assert out.mode == "compressed" and lead in out.text and near in out.text
-
-
 def test_a_first_choice_whose_definition_takes_most_of_the_budget_is_kept_whole():
     """The head of a definition of about 0.7 of the budget is the first choice: all of it is kept (at 19528cf
     only up to half the budget)."""
