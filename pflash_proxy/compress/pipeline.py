@@ -37,7 +37,7 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    passed only when those alone exceed it, and then by at most that unit's tokens.
    In code, the units scoring within ``TIE`` of the first choice (near-twins: a sync and an async method, two
    parsers of one vocabulary) are first choices too, and each first choice brings the rest of the definition it
-   is part of (``first_definitions``), while they fit ``NAMED_SHARE`` of the budget: a question in other words
+   is part of (``first_definitions``), while they fit ``FIRST_SHARE`` of the budget: a question in other words
    asks about a definition, and its words often match the head of it only (the signature and docstring).
    The optional named definitions (step 2) join them, most relevant first (their best unit's
    density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
@@ -57,9 +57,11 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    relevance or a request that asks for every match (not for zero relevance when the question's matches all sit in
    the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
    the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
-   anyway (recall can bring lines back).
+   anyway (recall can bring lines back), but not for a request that asks for every match or for the whole: the
+   answer needs them in this turn, and the long message is new, so serving it whole costs no cached prefix.
 5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
-   the units whose BM25 of the every-clause is at least ``MATCH_SHARE`` of the best), kept like the pinned units,
+   the units that spell a name the request spells, ``name_scores``, else those whose BM25 of the every-clause is
+   at least ``MATCH_SHARE`` of the best), kept like the pinned units,
    when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
 6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
    ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
@@ -94,7 +96,7 @@ from .request import RequestSpec, tail_lines, without_paths
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate
+from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate, request_names
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -148,6 +150,7 @@ class Analysis:
     pieces: Pieces | None = None  # step 1: the long lines' pieces (the units are runs of pieces), or None
     served: TokenizedText | None = None  # step 1: the message as those pieces (what the rewrite cuts)
     asked: frozenset[int] = frozenset()  # step 2: the units holding the question found by its form (pinned)
+    names: np.ndarray | None = None  # step 5b: BM25 of the names an every-X request spells, or None
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,19 @@ def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: Un
                                                                               len(units))
 
 
+def name_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps,
+                request: str) -> np.ndarray | None:
+    """Step 5b: for a request that asks for every match and spells names (``spread.request_names``: "every caller
+    of `add_listener`"), BM25 of those names alone over the units (the units that name them are its matches),
+    else None."""
+    names = request_names(request) if asks_for_every(request) else []
+    if not names:
+        return None
+    lexical = scorer if isinstance(scorer, LexicalScorer) else LexicalScorer()
+    lex_reps = reps if lexical is scorer else lexical.represent(work, units)
+    return validate_scores(lexical.score(lex_reps, " ".join(names)), len(units))
+
+
 def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np.ndarray:
     """Step 3: ``scorer``'s scores of ``query`` (the request, in code without its paths), or of the whole request
     when the query leaves nothing to rank by."""
@@ -247,9 +263,12 @@ def rank(scorer: Scorer, reps: UnitReps, query: str, request: str, n: int) -> np
 MATCH_SHARE = 0.3  # step 5b: a unit scoring at least this share of the best on the every-clause is a match
 
 
-def every_match(gate: np.ndarray, pinned: set[int]) -> set[int]:
-    """Step 5b: the unpinned units that match a request for every match: BM25 of its every-clause at least
+def every_match(gate: np.ndarray, pinned: set[int], names: np.ndarray | None = None) -> set[int]:
+    """Step 5b: the unpinned units that match a request for every match: every unit that spells a name the
+    request spells (``names``, when any unit does), else those whose BM25 of its every-clause is at least
     ``MATCH_SHARE`` of the best unit's (none when the clause's words name nothing here)."""
+    if names is not None and float(np.asarray(names)[[i for i in range(len(names)) if i not in pinned]].sum()) > 0:
+        return {i for i in np.flatnonzero(np.asarray(names) > 0).tolist() if i not in pinned}
     g = np.asarray(gate, dtype=np.float64).copy()
     g[list(pinned)] = 0.0
     best = float(g.max()) if len(g) else 0.0
@@ -273,18 +292,21 @@ def first_choice(scores: np.ndarray, pinned: set[int]) -> set[int]:
 
 
 TIE = 0.9  # step 4 (code): a unit scoring at least this share of the first choice's score is a first choice too
+# (users'-words code tasks, dev split, offline, FIRST_SHARE 0.9: 0.9 kept the needed definition in 66 of 84 reads,
+# 0.7 in 68, but at 0.7 the runner-up's definition crowds the rest out of a small budget: bench quality --quick
+# lost its 2K agent case)
 
 
 def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blocks: tuple[tuple[int, ...], ...],
                       toks: np.ndarray, budget: int) -> set[int]:
     """Step 4 (code): the first choice, then the unpinned units scoring within ``TIE`` of it, best first, and the
     whole definitions they are all part of (``blocks``), best first, while what they add stays within
-    ``NAMED_SHARE`` of the budget."""
+    ``FIRST_SHARE`` of the budget."""
     if not first:
         return first
     best = float(scores[next(iter(first))])
     out = set(first)
-    room = NAMED_SHARE * budget - float(toks[list(out)].sum())
+    room = FIRST_SHARE * budget - float(toks[list(out)].sum())
     ties = [i for i in np.flatnonzero(scores >= TIE * best).tolist() if i not in pinned and i not in out]
     for i in sorted(ties, key=lambda i: (-float(scores[i]), i)):
         if toks[i] <= room:
@@ -357,7 +379,8 @@ class Compressor:
                 gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
                                     outline(work.lines, defs) if code else (), gate, ranking, pieces,
-                                    tt if pieces is not None else None, asked)
+                                    tt if pieces is not None else None, asked,
+                                    name_scores(self.scorer, work, units, reps, request.text))
             else:
                 ms.update(analysis.stage_ms)
                 tt = analysis.served or tt
@@ -386,14 +409,15 @@ class Compressor:
             if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
                 sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
             if not sp.flat and sp.applies and gate is not None:  # step 5b: every match, or served whole
-                matches = every_match(gate, pinned)
+                matches = every_match(gate, pinned, analysis.names)
                 if not matches <= set(kept):
                     need = int(toks[sorted(matches | pinned)].sum())
                     if need <= budget:
                         kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines), matches)
                     else:
                         sp = replace(sp, flat=True, matches=(len(matches), need, budget))
-            if sp.flat and not in_conversation:
+            if sp.flat and (not in_conversation or sp.whole or sp.matches is not None
+                            or (sp.applies and asks_for_every(request.text))):
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
             out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget),
@@ -421,18 +445,22 @@ class Compressor:
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
-                label: str, n_lines: int, also: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+                label: str, n_lines: int, also: Iterable[int] = ()) -> list[int]:
         """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
         by density (``_select_with_overhead``)."""
         units, pinned = analysis.units, analysis.pinned
         dens = density(scores, toks)
         keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
         first = first_choice(scores, pinned)
-        if is_code(units):
-            first = first_definitions(scores, pinned, first, analysis.blocks, toks, budget)
+        if is_code(units):  # the ties' definitions get what the note and the markers around them leave
+            base = sorted(pinned | keep_named | first)
+            starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
+            ends = np.fromiter(map(_END, units), dtype=np.int64, count=len(units))
+            marks = self._overhead(starts, ends, base, source, label, n_lines, analysis.outline,
+                                   int(NAMES_SHARE * budget)) if base else 0
+            first = first_definitions(scores, pinned, first, analysis.blocks, toks, max(budget - 2 * marks, 1))
         return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first | set(also), source,
-                                          label,
-                                          n_lines, analysis.blocks, analysis.outline)
+                                          label, n_lines, analysis.blocks, analysis.outline)
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
                               pinned: set[int], source: Source, label: str, n_lines: int,
@@ -534,6 +562,10 @@ class Landing:
 
 NAMES_SHARE = 0.025  # step 6: the names omission markers give take at most this share of the budget
 NAMED_SHARE = 0.5  # step 4: optional named definitions join while all named units stay within this share
+FIRST_SHARE = 0.9  # step 4 (code): the first choices and their whole definitions, within this share of the budget
+# less twice the note and markers around the always-kept units (users'-words code tasks, dev split, offline, 84
+# reads, TIE 0.9: 0.5 kept the needed definition in 60, 0.7 in 65, 0.9 in 66: a long definition whose head the
+# question matches needs most of a small read's budget)
 
 
 def named_keep(named: frozenset[int], optional: tuple[tuple[int, ...], ...], toks: np.ndarray, dens: np.ndarray,

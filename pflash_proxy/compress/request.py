@@ -144,6 +144,7 @@ _KEYWORD = re.compile(r"^(?:def|class|if|elif|else|for|while|return|import|from|
                       r"var|let|const|function|fn|pub|use|func|package|public|private|static|end|do|done|fi)\b")
 _LETTERS = re.compile(r"[^\W\d_]{2,}")
 _SYMBOLS = re.compile(r"[{}\[\]()<>=;|\\$@#*`]|(?<=\w)[._](?=\w)|->|::")
+_QUESTION_END = re.compile(r"(?<=[^\W_]|[)\"'”’*`])\?(?:[\s\"'”’)*_]|$)")
 _FIELD = re.compile(r"(?:^|[\s|,;])[\w.-]+: \S")
 _LABEL = re.compile(r"^[^\W\d_][\w ]{0,24}:$")
 _ASKS_MARK = re.compile(r"\?(?:[\s\"'”’)\]*_]|$)")
@@ -153,21 +154,30 @@ what which who whom whose when where why how is are was were do does did can cou
 might must has have had please explain describe summarize summarise list find tell show give write fix identify name
 extract compare answer count check review refactor translate rewrite update add remove change make implement debug
 help locate point quote cite walk suggest spot look read go determine outline enumerate state trace return print
+tl summary overview recap gist
 """.split())
 USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
 # whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
+_IMPERATIVE = re.compile(r"([A-Za-z]+)\s+(?:the|all|every|each|this|these|those|my|our|a|an|it|them|me|us|any|"
+                         r"some)\b")
+_NOT_VERB_FIRST = frozenset("""
+the a an this that these those it its they them he she we you i my our your their his her all every each any some
+no not in on at for of to with by as from into onto over under about after before between through and or but so
+if when while because although though since until unless is are was were be been being am has have had will would
+shall should may might must can could there here then than also only even just very such both either neither one
+""".split())
 REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the message's tokens
 
 
 def prose_line(line: str) -> bool:
     """Step 2: a line of words (a sentence, a question, a short ``Label:``), not code, a record (fields between
     bars or tabs, two ``key: value`` pairs), a comment or a numbered file line. Indented lines are a pasted
-    block's; a line ending in ``?`` is prose whatever it holds."""
+    block's; a line with a sentence ending in ``?`` is prose whatever else it holds."""
     t = line.strip()
     if not t or _GUTTER.match(line) or _INDENTED.match(line) or _COMMENT.match(t):
         return False
-    if _ASKS_MARK.search(t) and t.rstrip("\"'”’)*_ ").endswith("?"):
-        return True
+    if _QUESTION_END.search(t) and len(_LETTERS.findall(t)) >= 3:
+        return True  # a sentence that ends in "?" (not a ternary "a ? b : c"), whatever else the line holds
     if _KEYWORD.match(t) or t.count("|") >= 2 or "\t" in t or len(_FIELD.findall(t)) >= 2:
         return False  # code, or a record: fields between bars or tabs, ``key: value`` pairs
     if _LABEL.match(t):
@@ -181,13 +191,24 @@ def prose_line(line: str) -> bool:
 
 def asks(text: str) -> bool:
     """Step 2: the text asks something: a sentence ending in ``?``, or it opens (or one of its lines does) with a
-    question or imperative word ("Explain ...", "List ...", "Why ...", "please ...")."""
+    question or imperative word ("Explain ...", "List ...", "Why ...", "please ..."), or in the form of an
+    imperative: a word that is no determiner, pronoun, preposition or auxiliary, then a determiner or pronoun
+    ("Catalogue all the constants", "Convert every function ...", "Grep this for ...")."""
     if _ASKS_MARK.search(text):
         return True
+    prev = "."
     for line in text.splitlines():
-        m = _FIRST_WORD.search(line.strip().lstrip("-*>#0123456789.) "))
+        t = line.strip().lstrip("-*>#0123456789.) ")
+        starts = prev.rstrip().rstrip(")]\"'”’").endswith((".", "!", "?", ":", ";")) or not prev.strip()
+        prev = line
+        if not starts:
+            continue  # a hard-wrapped line goes on with a sentence: its first word opens nothing
+        m = _FIRST_WORD.search(t)
         if m and m.group().lower() in _OPENING:
             return True
+        m = _IMPERATIVE.match(t)
+        if m and m.group(1).lower() not in _NOT_VERB_FIRST and not re.search(r"[^s]s$", m.group(1)):
+            return True  # not "Returns the ...": a verb in the third person describes, it does not ask
     return False
 
 
@@ -211,29 +232,58 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
     2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
        within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
        ``USER_TOKENS`` tokens, those that ask nothing at most ``USER_LINES`` lines), they are the user's words
-       after a paste: the question when they ask something
-       (``asks``). Otherwise (a prose body, or more than ``limit``): the trailing
-       paragraphs that each ask, at least the last one, from the first of their lines that asks (a question
-       hard-wrapped into the document's last paragraph, from the line its sentence begins on).
-    3. Else the start: its leading paragraphs that each ask, at least the first, within ``limit`` tokens and
-       before a body line or the end (a question, then its paste; a paste's own title or opening sentence that
-       asks nothing is the paste's).
+       after a paste: all of them when they ask something (``asks``). Otherwise (a prose body, or more than
+       ``limit``): the trailing paragraphs that each ask, at least the last one, from the first of their lines
+       that asks (a question hard-wrapped into the document's last paragraph, from the line its sentence begins
+       on).
+    3. Else the start, the same way forward: before a body line and short, the paragraphs through the last
+       that asks; otherwise its leading paragraphs that each ask, at least the first (a prose paste's own title
+       or opening sentence that asks nothing is the paste's).
     The words taken must be under ``REQUEST_SHARE`` of the message's tokens: more is the document, not its
     question.
     """
-    n = len(lines)
-    skip = _reminder_mask(lines)
-    kind = ["blank" if skip[i] or not lines[i].strip() else "prose" if prose_line(lines[i]) else "body"
-            for i in range(n)]
-    total_tokens = sum(line_tokens)
-    nonblank = [i for i in range(n) if kind[i] != "blank"]
+    m = _Marked.of(lines, line_tokens)
+    nonblank = [i for i in range(len(lines)) if m.kind[i] != "blank"]
     if not nonblank:
         return None
+    end = nonblank[-1] + 1  # step 2: the end
+    i, used = end, 0
+    while i > 0 and m.kind[i - 1] != "body" and used + line_tokens[i - 1] <= limit:
+        i -= 1
+        used += line_tokens[i]
+    found = m.pick(i, end, i > 0 and m.kind[i - 1] == "body", True, limit)
+    if found is not None:
+        return found
+    start = nonblank[0]  # step 3: the start
+    j, used = start, 0
+    while j < len(lines) and m.kind[j] != "body" and used + line_tokens[j] <= limit:
+        used += line_tokens[j]
+        j += 1
+    if j >= end:
+        return None  # all prose within the limit: nothing after it to be a question about
+    return m.pick(start, j, j < len(lines) and m.kind[j] == "body", False, limit)
 
-    def paragraphs(a: int, b: int) -> list[tuple[int, int]]:
+
+@dataclass(frozen=True)
+class _Marked:
+    """A message's lines marked for ``question_span``: each blank, prose or body; reminders skipped."""
+
+    lines: list[str]
+    tokens: list[int]
+    skip: list[bool]
+    kind: list[str]
+
+    @classmethod
+    def of(cls, lines: list[str], tokens: list[int]) -> "_Marked":
+        skip = _reminder_mask(lines)
+        kind = ["blank" if skip[i] or not lines[i].strip() else "prose" if prose_line(lines[i]) else "body"
+                for i in range(len(lines))]
+        return cls(lines, tokens, skip, kind)
+
+    def paragraphs(self, a: int, b: int) -> list[tuple[int, int]]:
         out, start = [], None
         for i in range(a, b):
-            if kind[i] == "blank":
+            if self.kind[i] == "blank":
                 if start is not None:
                     out.append((start, i))
                     start = None
@@ -243,25 +293,30 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
             out.append((start, b))
         return out
 
-    def text(a: int, b: int) -> str:
-        return "".join(lines[i] for i in range(a, b) if not skip[i])
+    def text(self, a: int, b: int) -> str:
+        return "".join(self.lines[i] for i in range(a, b) if not self.skip[i])
 
-    def small(a: int, b: int) -> bool:
-        return sum(line_tokens[a:b]) < REQUEST_SHARE * total_tokens
+    def small(self, span: tuple[int, int]) -> tuple[int, int] | None:
+        return span if sum(self.tokens[span[0]:span[1]]) < REQUEST_SHARE * sum(self.tokens) else None
 
-    def pick(a: int, b: int, by_body: bool, from_end: bool) -> tuple[int, int] | None:
-        paras = paragraphs(a, b)
+    def pick(self, a: int, b: int, by_body: bool, from_end: bool, limit: int) -> tuple[int, int] | None:
+        """Steps 2-3 on the prose run ``[a, b)``: the user's short words beside a body, else the paragraphs that
+        ask at its edge."""
+        paras = self.paragraphs(a, b)
         if not paras:
             return None
-        if by_body and from_end and len(paras) <= USER_PARAGRAPHS and sum(line_tokens[a:b]) <= USER_TOKENS \
-                and asks(text(a, b)) and all(p[1] - p[0] <= USER_LINES or asks(text(*p)) for p in paras):
-            span = (paras[0][0], paras[-1][1])
-            return span if small(*span) else None
+        if by_body and len(paras) <= USER_PARAGRAPHS and sum(self.tokens[a:b]) <= USER_TOKENS \
+                and all(p[1] - p[0] <= USER_LINES or asks(self.text(*p)) for p in paras):
+            if from_end and asks(self.text(a, b)):  # the user's words after a paste
+                return self.small((paras[0][0], paras[-1][1]))
+            last = max((k for k, p in enumerate(paras) if asks(self.text(*p))), default=-1)
+            if not from_end and last >= 0:  # before a paste: through the last paragraph that asks
+                return self.small((paras[0][0], paras[last][1]))
         taken: list[tuple[int, int]] = []
         used = 0
         for p in (reversed(paras) if from_end else paras):
-            size = sum(line_tokens[p[0]:p[1]])
-            if not asks(text(*p)) or used + size > limit:
+            size = sum(self.tokens[p[0]:p[1]])
+            if not asks(self.text(*p)) or used + size > limit:
                 break
             taken.append(p)
             used += size
@@ -269,31 +324,12 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
             return None
         span = (min(p[0] for p in taken), max(p[1] for p in taken))
         if from_end:  # a prose body's last paragraph may run into the question: from its first line that asks
-            first = next(i for i in range(span[0], span[1]) if kind[i] != "blank" and asks(lines[i]))
-            ends = lines[first - 1].rstrip().rstrip(")]\"'”’") if first > span[0] else "."
+            first = next(i for i in range(span[0], span[1]) if self.kind[i] != "blank" and asks(self.lines[i]))
+            ends = self.lines[first - 1].rstrip().rstrip(")]\"'”’") if first > span[0] else "."
             if not ends.endswith((".", "!", "?", ":", ";")):
                 first -= 1  # the question's sentence began on the line before
             span = (first, span[1])
-        return span if small(*span) else None
-
-    # the end
-    end = nonblank[-1] + 1
-    i, used = end, 0
-    while i > 0 and kind[i - 1] != "body" and used + line_tokens[i - 1] <= limit:
-        i -= 1
-        used += line_tokens[i]
-    found = pick(i, end, i > 0 and kind[i - 1] == "body", True)
-    if found is not None:
-        return found
-    # the start
-    start = nonblank[0]
-    j, used = start, 0
-    while j < n and kind[j] != "body" and used + line_tokens[j] <= limit:
-        used += line_tokens[j]
-        j += 1
-    if j >= end:
-        return None  # all prose within the limit: nothing after it to be a question about
-    return pick(start, j, j < n and kind[j] == "body", False)
+        return self.small(span)
 
 
 def question_text(text: str, limit: int = 512) -> str:

@@ -60,14 +60,15 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Spread", "SpreadCurve", "asks_for_every", "asks_for_whole", "every_clause", "every_intent", "flat_gate",
-           "kept_mass", "relevance_spread"]
+           "kept_mass", "relevance_spread", "request_names"]
 
 # Step 2: identifiers are names, not every-words ("In Summary.time, ..." asks about one method, "`each`" names a
 # keyword): code spans, dotted / qualified names and paths, snake_case, CamelCase and camelCase words, calls, and
 # a capitalised "Summary"/"Overview" inside a sentence (a class, as in "What does the Summary class do?")
 _IDENTIFIER = re.compile(
     r"`[^`\n]*`"  # a code span, whatever it holds
-    r"|[\w$]+(?:(?:\.|::|->|#|/)[\w$]+)+"  # Class.method, pkg/mod.py, Class::method, Class#method
+    r"|(?![A-Z]{1,4}/[A-Z]{1,4}\b)[\w$]+(?:(?:\.|::|->|#|/)[\w$]+)+"  # Class.method, pkg/mod.py, Class::method
+    # (not an abbreviation such as I/O or TCP/IP)
     r"|\b\w*_\w*"  # snake_case, __dunder__
     r"|\b[A-Z][a-z0-9]+[A-Z]\w*|\b[a-z]+[A-Z]\w*"  # CamelCase, camelCase
     r"|\b\w+(?=\()"  # a call: summary(...)
@@ -76,13 +77,29 @@ _IDENTIFIER = re.compile(
 # ... capitalised inside a sentence it is a class name, not "a Summary of", "the Summary of"
 
 
+NAME = "qqname"  # what an identifier is blanked to: one neutral word, never an English one
+
+
 def _prose(text: str) -> str:
     """The request with its identifiers blanked (each to one neutral word, so word distances stay)."""
-    return _IDENTIFIER.sub(" name ", text)
+    return _IDENTIFIER.sub(f" {NAME} ", text)
 
 
 MAX_THRESHOLD = 100.0
 _SENTENCE = re.compile(r"(?<=[.?!])\s+|\n+")
+
+
+def request_names(request: str) -> list[str]:
+    """The identifiers a request spells (``_IDENTIFIER``: code spans, dotted names, snake_case, CamelCase,
+    calls), without backticks: what "every caller of X" asks every match of."""
+    out = []
+    for m in _IDENTIFIER.finditer(request or ""):
+        name = m.group().strip("`").strip()
+        if name and name not in ("Summary", "Overview") and any(c.isalpha() for c in name) \
+                and "/" not in name and not re.search(r"\.(?:py|js|ts|go|rs|java|c|h|cc|cpp|rb|md|txt|json|toml|"
+                                                       r"ya?ml|cfg|ini|sh|html?|css|xml|log)$", name):
+            out.append(name)  # a file's name names the whole file, not a match in it
+    return out
 
 
 def asks_for_every(request: str) -> bool:
@@ -109,8 +126,9 @@ def asks_for_whole(request: str) -> bool:
 # when the thing it asks for is quantified ("all handlers", "each handler", "every record"), plural after a
 # question word ("which functions call ...", "what files ..."), counted ("how many", "the number of"),
 # enumerated ("list ...", "enumerate ..."), or its uses/occurrences ("where is X used", "who calls X",
-# "the callers of X"); it asks for the whole when it asks for a summary, an overview or a description of the
-# message itself ("this module", "the document"). A quantifier in a subordinate clause ("... when every
+# "the callers of X"), or it asks to be exhaustive ("be exhaustive", "the complete list"); it asks for the
+# whole when it asks for a summary, an overview, a description or a review of the message itself ("this module",
+# "the document", "this entire file"). A quantifier in a subordinate clause ("... when every
 # coefficient is small") or in the predicate of a question about one thing ("which function returns all
 # items") does not make a request ask for every match.
 _SUBORDINATE = frozenset("when whenever if unless while until once after before because since though although "
@@ -133,7 +151,7 @@ _SINGULAR_S = ("ss", "us", "is", "ous", "'s", "ics", "ws", "ys")
 _COUNT = re.compile(r"\bhow\s+many\b(?!\s+times)|\b(?:count|tally)\b(?!\s*(?:=|\())|\bnumber\s+of\b(?!\s+times)")
 _ENUM = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you|i\s+need\s+you\s+to|"
                    r"give\s+me|show\s+me)\W+)*(?:list|enumerate|itemi[sz]e|tabulate|catalog(?:ue)?)\b"
-                   r"|\b(?:a|the|full|complete)\s+list\s+of\b")
+                   r"|\b(?:full|complete|entire)\s+list\s+of\b")
 _USES = re.compile(r"\bwhere\b(?:\s+(?:else|all|exactly))?(?:\s+[\w'-]+){0,6}?\s+(?:used|called|referenced|invoked|"
                    r"imported|mentioned|changed|modified|mutated|raised|caught|read|written|accessed|handled|"
                    r"logged|checked|instantiated|created|constructed|overridden|emitted|thrown|passed|assigned|"
@@ -151,7 +169,11 @@ _OBJECT = (r"(?:this|the|whole|entire|above|following|attached|pasted|given)\s+(
            r"patch|essay|story|book|passage)\b")
 _WHOLE_OBJECT = re.compile(r"\b" + _OBJECT)
 _DESCRIBE = re.compile(r"^(?:\W*(?:please|can\s+you|could\s+you)\W+)*(?:describe|explain|walk\s+me\s+through|"
-                       r"go\s+through|outline|sum\s+up)\b")
+                       r"go\s+through|outline|sum\s+up|review|audit|critique|proofread|scan|inspect|check|"
+                       r"read\s+through|look\s+over|go\s+over)\b")
+_EXHAUSTIVE = re.compile(r"\b(?:exhaustive(?:ly)?|comprehensive(?:ly)?|(?:complete|full|entire)\s+list|every\s+single|"
+                         r"all\s+of\s+them|without\s+(?:missing|skipping)|(?:don'?t|do\s+not)\s+(?:miss|skip|leave\s+out)"
+                         r"|leave\s+nothing\s+out|not\s+just\s+(?:one|the\s+first))\b")
 _WHAT_WHOLE = re.compile(r"\bwhat\s+(?:does|do|is|are)\s+" + _OBJECT + r"\s+(?:do|does|for|about)\b")
 
 
@@ -167,9 +189,28 @@ def _plural(word: str) -> bool:
 
 def every_intent(sentence: str) -> str | None:
     """Step 2: what one sentence of a request (identifiers already blanked) asks for: ``"whole"`` (a summary or
-    description of the message itself), ``"every"`` (all matches: quantified, plural, counted, enumerated, or
-    its uses), or None (one thing)."""
-    t = " ".join(sentence.lower().split())
+    description of the message itself, or every one of its parts: "what does each function here do", "list the
+    constants"), ``"every"`` (all matches: quantified, plural, counted, enumerated, or its uses), or None (one
+    thing)."""
+    got = _every_intent(" ".join(sentence.lower().split()))
+    low = sentence.lower()
+    parts = [m for m in _STRUCTURE.finditer(low)
+             if not re.search(r"\b(?:its|their|his|her)\s+(?:[a-z'-]+\s+)?$", low[:m.start()])]  # not "its fields"
+    if got == "every" and NAME not in low and (parts or (_WHOLE_OBJECT.search(low) and not _USES.search(low))):
+        return "whole"  # every function, class, section ... of the message, or every X of "this module"
+    return got
+
+
+# the kinds of part a message is made of: a request for every one of them asks for the whole message
+_STRUCTURE = re.compile(r"\b(?:functions?|methods?|class(?:es)?|definitions?|constants?|variables?|sections?|"
+                        r"paragraphs?|chapters?|entry\s+points?|todos?|modules?-level|globals?|endpoints?|"
+                        r"routes?|commands?|options?|flags?|settings?|fields?|tables?|headings?|handlers?|callbacks?|hooks?|"
+                        r"helpers?|tests?|imports?)\b")
+
+
+
+
+def _every_intent(t: str) -> str | None:
     if not t:
         return None
     if _SUMMARY.search(t) or _WHAT_WHOLE.search(t) or (_DESCRIBE.search(t) and _WHOLE_OBJECT.search(t)
@@ -178,23 +219,26 @@ def every_intent(sentence: str) -> str | None:
         rest = t[m.end():] if m else ""
         bare = not re.search(r"[^\W\d_]", re.sub(r"\b(?:please|me|us|quick|short|brief|it|of it|pls)\b", "", rest))
         return "whole" if (_WHOLE_OBJECT.search(t) or _WHAT_WHOLE.search(t) or bare) else "every"
-    if _COUNT.search(t) or _ENUM.search(t) or _USES.search(t):
+    if _USES.search(t) or _EXHAUSTIVE.search(t):
         return "every"
-    show = _SHOW.search(t)
-    if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
-        return "every"  # "name the classes defined here", "show me the functions that ..."
     wh = _WH.search(t)
-    singular_wh = False
     if wh is not None:  # the noun after "which"/"what" (or the second word, before an auxiliary): what is asked for
         words = wh.group(2).split()
         w = [x.strip(",;:") for x in words] + ["", "", ""]
         if w[0] in ("are", "were") and _plural(w[2] if w[1] in _DET else w[1]):
             return "every"  # "what are the endpoints"
-        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET:
-            return "every"  # "which functions call", "what errors can"
+        named_subject = w[1] in _AUX and NAME in t[wh.end(1):]
+        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET and not named_subject:
+            return "every"  # "which functions call", "what errors can" (not "which verbs does X.parse accept")
         if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
             return "every"  # "what environment variables does it read"
-        singular_wh = bool(words) and w[0] not in _AUX
+        if words and w[0] not in _AUX:
+            return None  # "which function returns all items / the number of loops": about one thing
+    if _COUNT.search(t) or _ENUM.search(t):
+        return "every"
+    show = _SHOW.search(t)
+    if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
+        return "every"  # "name the classes defined here", "show me the functions that ..."
     if _HOW.search(t):
         return None  # "how is each request authenticated": how one thing works, done for each
     blanked = _NOT_QUANT.sub(" ", t)
@@ -202,8 +246,6 @@ def every_intent(sentence: str) -> str | None:
         before = blanked[: m.start()].split()
         if any(w.strip(",;:") in _SUBORDINATE for w in before):
             continue  # "... when every coefficient is small": a condition, not what is asked for
-        if singular_wh:
-            continue  # "which function returns all items": the question is about one thing
         return "every"
     return None
 
@@ -274,8 +316,10 @@ class Spread:
             return (f"relevance too flat for a request that asks for every match: its {n} matching units and the "
                     f"pinned ones hold {need} tokens, more than the {budget}-token budget")
         if self.whole:
-            return (f"the request asks about the whole message (a summary or a description of it): all "
-                    f"{self.n_units} unpinned units are relevant, against the {self.kept_units} the budget keeps")
+            return (f"relevance too flat for a request about the whole message (a summary, a description or every "
+                    f"part of it): all {self.n_units} of the {self.n_units} unpinned units are relevant, against "
+                    f"the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} > "
+                    f"{self.threshold:.3f})")
         if self.kept_units == 0 and self.spread >= 1.0 and self.effective_units == self.n_units:
             return f"relevance too flat: none of the {self.n_units} unpinned units has any relevance to the request"
         verdict = (f"against the {self.kept_units} the budget keeps (spread per kept unit {self.spread:.3f} "

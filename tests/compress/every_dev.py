@@ -29,6 +29,7 @@ EVERY = [
     "What does this module do?", "What is this file for?", "Describe this document.", "tl;dr?",
     "Explain the whole script to me.", "Walk me through this code.", "What's the gist of the article?",
     "Can you recap the log above?", "High-level description of the package please.",
+    "What reaches the cache? Be exhaustive.", "Audit this whole module for thread-safety problems.",
 ]
 
 POINTED = [
@@ -53,4 +54,5 @@ POINTED = [
     "Where does the error message come from?", "Can you explain why the test is flaky?",
     "What does the constructor of Pool do with its arguments?", "What year did Ilse Marrow sign the treaty?",
     "How does it handle a missing header?", "What happens after all retries fail?",
+    "Which verbs does the request parser's parse_message accept?", "What options does Pool.map take?",
 ]

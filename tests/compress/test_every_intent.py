@@ -11,7 +11,7 @@ import pytest
 
 from pflash_proxy.compress import Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.pipeline import CompressionSettings
-from pflash_proxy.compress.spread import asks_for_every, asks_for_whole, every_intent
+from pflash_proxy.compress.spread import NAME, asks_for_every, asks_for_whole, every_intent
 
 from .every_dev import EVERY, POINTED
 
@@ -30,9 +30,14 @@ def test_the_dev_phrasings():
 
 @pytest.mark.parametrize("sentence, intent", [
     ("give a summary of what this module does", "whole"), ("what is this file for?", "whole"),
-    ("summarize the name class.", "every"), ("tl;dr?", "whole"), ("summarize, please.", "whole"), ("which functions call retry?", "every"),
+    (f"summarize the {NAME} class.", "every"), ("tl;dr?", "whole"), ("summarize, please.", "whole"),
+    (f"which functions call {NAME}?", "every"), ("which functions call retry?", "whole"),
+    ("what does each function here do?", "whole"), ("quote all of its fields.", "every"),
     ("what does trimcoef return when every coefficient is small?", None),
     ("which function returns all items of a list?", None), ("what causes the deadlock?", None),
+    # bench quality's code questions: a singular "which function" is about one thing, whatever its predicate
+    ("which function returns the number of loops and time taken so that total time >= 0.2?", None),
+    ("which function reads until one from a list of a regular expressions matches?", None),
 ])
 def test_every_intent(sentence, intent):
     assert every_intent(sentence) == intent
@@ -63,12 +68,12 @@ def test_a_pointed_question_about_the_same_name_is_compressed():
     assert "def _remaining_time(self, endtime):" in out.text
 
 
-def test_a_request_about_the_whole_message_is_served_whole_when_cold_and_says_why():
+def test_a_request_about_the_whole_message_is_served_whole_warm_or_cold_and_says_why():
     out = compress("Give a Summary of what this module does")
     assert asks_for_whole("Give a Summary of what this module does")
-    assert out.mode == "full-flat" and "asks about the whole message" in out.reason
+    assert out.mode == "full-flat" and "a request about the whole message" in out.reason
     warm = compress("Give a Summary of what this module does", in_conversation=True)
-    assert warm.mode == "compressed"  # inside a running conversation: markers, and recall brings lines back
+    assert warm.mode == "full-flat"  # warm too: the answer needs the whole message in this turn
 
 
 class _Peaked:

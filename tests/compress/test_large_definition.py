@@ -43,3 +43,55 @@ def test_the_top_units_definition_is_kept_whole_though_longer_than_two_units():
     big = big_function()
     assert 1100 < TokenizedText.from_text(big).total_tokens < 0.5 * out.budget_tokens
     assert out.mode == "compressed" and big in out.text
+
+
+class ByMarker:
+    """Scores a unit by the marker comment it holds (as a drafter's head would rank a head it recognises):
+    ``# lead`` 1.0, ``# near`` 0.8, every other unit 0.01."""
+
+    name = "by-marker"
+
+    def represent(self, tt, units):
+        return tt, list(units)
+
+    def score(self, reps, query):
+        import numpy as np
+
+        tt, units = reps
+        out = np.full(len(units), 0.01)
+        for i, u in enumerate(units):
+            text = tt.range_text(u.start_line, u.end_line)
+            out[i] = 1.0 if "# lead" in text else 0.8 if "# near" in text else out[i]
+        return out
+
+
+def long_def(name: str, marker: str, steps: int) -> str:
+    lines = [f"def {name}(rows, limit=10):", f"    {marker}", "    acc = []"]
+    for k in range(steps):
+        lines += [f"    for r in rows[{k}::{steps}]:", f"        acc.append(r * {k + 1} - limit)",
+                  f"        limit += {k}"]
+    return "\n".join(lines + ["    return acc"]) + "\n"
+
+
+def _served(parts: list[str]):
+    text = "\n\n".join(parts)
+    tt = TokenizedText.from_text(text)
+    out = Compressor(CompressionSettings(threshold=1024), scorer=ByMarker()).compress(
+        tt, RequestFinder().find([{"role": "user", "content": "why?"}, {"role": "assistant", "content": "",
+                                 "tool_calls": [{"id": "t", "type": "function", "function": {
+                                     "name": "Read", "arguments": "{}"}}]},
+                                  {"role": "tool", "tool_call_id": "t", "content": text}], 2, tt),
+        tt.total_tokens, True, "tool")
+    return tt, out
+
+
+def test_a_first_choice_whose_definition_takes_most_of_the_budget_is_kept_whole():
+    """The head of a definition of about 0.7 of the budget is the first choice: all of it is kept (at 19528cf
+    only up to half the budget)."""
+    big = long_def("lead_fn", "# lead", 90)
+    parts = [small_function(k) for k in range(190)]
+    parts[100:100] = [big]
+    tt, out = _served(parts)
+    size = TokenizedText.from_text(big).total_tokens
+    assert 0.55 * out.budget_tokens < size < 0.85 * out.budget_tokens
+    assert out.mode == "compressed" and big in out.text

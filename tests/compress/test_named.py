@@ -110,6 +110,9 @@ def test_qualified_dunder_is_kept_whatever_other_classes_define_it(python_source
     tt = TokenizedText.from_text(python_source)
     first, end = _method_lines(python_source, owner, "__setitem__")
     out = _compress(tt, question.format(o=owner), HideLines(range(first, end)))
+    if "used?" in question and out.mode == "full-flat":  # asks for every use: whole, or with every match
+        assert out.text == tt.text and "every match" in out.reason  # (issue 48; its name is in 4 classes' units)
+        return
     assert out.mode == "compressed" and out.units_kept < out.units_in
     assert _served_whole(out, tt, first, end)
     starts = [u.start_line for u in out.analysis.units]

@@ -129,3 +129,23 @@ def test_records_before_the_question_are_the_paste_not_the_question():
     assert spec.source == "question" and spec.text == "Which team filed REC-00042, and what does its note say?"
     assert not prose_line("REC-00042 | 2026-01-15 | team: growth | note: late\n")
     assert not prose_line("name: retry  kind: function  calls: 12\n")
+
+
+def test_a_wrapped_documents_line_that_begins_with_a_question_word_is_not_the_question():
+    """bench quality's RULER multi-query case: the document's last paragraph has a wrapped line beginning "when";
+    only the question is the query (at the previous commit the paragraph joined it, and two of four keys were
+    lost)."""
+    doc = "\n\n".join(f"Paragraph {i}: the buffer is flushed to the file when it exceeds a certain size or\n"
+                      f"when a fileno is needed, and the writer {i} waits." for i in range(300))
+    q = "What are all the special magic numbers for amber-orchard and crimson-beacon mentioned in the text?"
+    spec = find([{"role": "user", "content": doc + "\n\n" + q}], 0)
+    assert spec.source == "question" and spec.text == q
+    assert not asks("the buffer is flushed when it is full or\nwhen a fileno is needed.")
+
+
+def test_a_question_with_symbols_and_a_second_sentence_is_prose():
+    line = "Which function returns the number of loops and time taken so that total time >= 0.2? Give its name."
+    assert prose_line(line + "\n")
+    assert not prose_line("    x = cond ? a : b;\n") and not prose_line('const y = isOk ? "yes" : "no";\n')
+    spec = find([{"role": "user", "content": "```python\n" + CODE + "```\n\n" + line}], 0)
+    assert spec.source == "question" and spec.text == line

@@ -180,7 +180,8 @@ async def test_flat_relevance_on_a_cold_request_gets_full_prefill(proxy):
 
 async def test_a_new_chat_sharing_only_the_system_prompt_is_cold(proxy):
     """The session is found by prefix, but no answer of it is cached: its flat ranking gets full prefill;
-    after an answer, the same flat message is served compressed (a running conversation, recall can help)."""
+    after an answer, a flat message whose question points at one thing is served compressed (a running
+    conversation, recall can help)."""
     records = "\n".join(f"invoice {i}: customer {i % 17} paid the invoice amount of {i * 3} euros" for i in range(120))
     system = {"role": "system", "content": "You are an accounts assistant for the Vellmoor office."}
     h1, body1 = await ask(proxy, [system, {"role": "user", "content": "Hello."}])
@@ -188,7 +189,24 @@ async def test_a_new_chat_sharing_only_the_system_prompt_is_cold(proxy):
     assert h["X-PFlash-Mode"] == "full-flat"
     answered = [system, {"role": "user", "content": "Hello."}, body1["choices"][0]["message"]]
     h, _ = await ask(proxy, answered + [{"role": "user", "content": records + "\n\nList every invoice."}])
-    assert h["X-PFlash-Session"] == h1["X-PFlash-Session"] and h["X-PFlash-Mode"] == "compressed"
+    # a list-every request needs every match in this turn, in a running conversation too (issue 48)
+    assert h["X-PFlash-Session"] == h1["X-PFlash-Session"] and h["X-PFlash-Mode"] == "full-flat"
+    h, _ = await ask(proxy, answered + [{"role": "user", "content": records + "\n\nWhat did the auditor conclude?"}])
+    assert h["X-PFlash-Mode"] == "compressed"  # a flat pointed request there is compressed: recall can help
+
+
+async def test_a_tail_that_fills_the_budget_widens_it_and_says_so(aiohttp_client, llama_server, tmp_path):
+    """A ~1.3K-token paste and its question with the 512-token tail pinned: the tail would leave the ranked units
+    less than half the budget, so the budget is widened and the header says so (issue 48)."""
+    settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, threshold=1000,
+                             prefill_curve=CURVE)
+    client = await aiohttp_client(create_app(settings))
+    doc = document()
+    doc = doc[: len(doc) // 2]
+    h, body = await ask(client, [{"role": "user", "content": doc + "\n\nWhat was the falconry's prize bird called?"}])
+    assert h["X-PFlash-Mode"] == "compressed"
+    assert h["X-PFlash-Budget-Note"] == "insufficient_middle_budget"
+    assert int(h["X-PFlash-Kept-Tokens"]) < int(h["X-PFlash-Prompt-Tokens"])
 
 
 async def test_garbage_scores_serve_the_message_whole(proxy, monkeypatch):
