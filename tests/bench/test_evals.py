@@ -220,3 +220,12 @@ def test_bench_every_x_scores_both_kinds(llama_server, tmp_path):
             assert r["ok"] == (r["mode"] == "compressed")
         elif r["mode"] == "compressed" and r["scope"] == "file":
             assert not r["ok"]
+    again = tmp_path / "again"
+    assert main(["bench", "every-x", "--render", str(tmp_path / "every-x.json"), "--out", str(again)]) == 0
+    assert (again / "every-x.md").read_text() == (tmp_path / "every-x.md").read_text()
+    assert main(["bench", "planted", "--render", str(tmp_path / "every-x.json")]) == 2
+
+
+def test_the_evals_refuse_code_reads_splits(capsys):
+    assert main(["bench", "planted", "--split", "test"]) == 2
+    assert "dev (the default) or held-out" in capsys.readouterr().err

@@ -320,11 +320,13 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
         await h.send(scorer, route, body, headers)
     route, body, headers = request(shape, t.task, path, tool_text, key, narration)
     sent = await h.send(scorer, route, body, headers)
+    served = sent.text
     return {"id": t.id, "package": t.package, "split": t.split, "kind": t.kind, "gold_name": t.gold,
             "scorer": scorer, "shape": shape, "variant": variant, "status": sent.status, "mode": sent.mode,
             "reason": sent.reason, "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
-            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in sent.text,
-            "gold_lines": span[1] - span[0] + 1}
+            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in served,
+            "gold_lines": span[1] - span[0] + 1,
+            "gold_lines_kept": sum(line in served for line in gold_block(text, span, shape).split("\n") if line.strip())}
 
 
 async def run(opts: argparse.Namespace) -> JSONObject:
@@ -420,10 +422,10 @@ def tables(data: JSONObject) -> list[Table]:
                      heads, body))
     modes = Counter(f"{r['scorer']} {r['mode']}" for r in recs)
     out.append(Table("Modes", ["scorer mode", "reads"], sorted(modes.items())))
-    miss = [[r["scorer"], r["shape"], r["variant"], r["id"], r["kind"], r["bucket"], r["mode"], r["kept"]]
-            for r in recs if not r["gold"]]
+    miss = [[r["scorer"], r["shape"], r["variant"], r["id"], r["kind"], r["bucket"], r["mode"], r["kept"],
+             f"{r.get('gold_lines_kept', '?')}/{r['gold_lines']}"] for r in recs if not r["gold"]]
     out.append(Table(f"Gold not whole ({len(miss)} reads)",
-                     ["scorer", "shape", "variant", "case", "kind", "size", "mode", "kept"], miss))
+                     ["scorer", "shape", "variant", "case", "kind", "size", "mode", "kept", "gold lines kept"], miss))
     pk = Counter(str(c["package"]) for c in common.objects(data["cases"]))
     out.append(Table("Packages (version installed, cases)", ["package", "version", "cases"],
                      [[p, data["packages"].get(p), n] for p, n in sorted(pk.items())]))  # type: ignore[union-attr]
@@ -447,18 +449,23 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
         extra.append("--no-mined")
     if opts.families:
         extra += ["--families", ",".join(opts.families)]
-    command = common.command_of("code-tasks", opts, extra)
+    data["command"] = common.command_of("code-tasks", opts, extra)
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``code-tasks.md`` and ``code-tasks.json`` of a run (also ``--render``)."""
     cases = common.objects(data["cases"])
     kinds = Counter(str(c["kind"]) for c in cases)
-    notes = [f"command: `{command}`",
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}`, threshold {data['threshold']}, "
              f"{len(cases)} cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) from "
              f"{len(data['packages'])} packages of `{data['site']}`; run took {data['seconds']} s",  # type: ignore[arg-type]
              "each task sent as an agent sends it: the task as the user's turn (warm: first on its own), then the "
              "assistant's narration, a read tool call and the read's result in the client's shape, through the "
-             "proxy's real routes, " + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+             "proxy's real routes, " + ("forwarded to llama-server (checked in the body it received)" if data.get("forward")
                                        else "stopped before the forward") + "; token counts are llama-server's (gemma)",
              "gold whole = the definition's lines (first decorator to end, from `ast`), as the shape prints them, "
              "in one piece in the forwarded body; kept = served message tokens / message tokens (1.0 "
              "when served whole); size = the read's tokens"]
-    return common.write(Path(opts.out), "code-tasks", "Code tasks in users' words", data, tables(data), notes)
+    return common.write(out, "code-tasks", "Code tasks in users' words", data, tables(data), notes)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shlex
 import statistics
 import subprocess
@@ -321,6 +322,11 @@ def commit() -> str | None:
 def objects(value: JSONValue) -> list[JSONObject]:
     """The JSON objects of a JSON list (a run's records or cases as read back)."""
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def reason_key(mode: JSONValue, reason: JSONValue) -> str:
+    """``mode: reason`` with its numbers as N, so the same cause from different cases counts once."""
+    return f"{mode}: {re.sub(r'[0-9]+', 'N', str(reason or ''))[:90]}"
 
 
 def pct(k: int, n: int) -> str:

@@ -165,12 +165,17 @@ def tables(data: JSONObject) -> list[Table]:
 
 def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
     data = asyncio.run(run(opts))
-    command = common.command_of("every-x", opts, ["--variants", ",".join(data["variants"])])  # type: ignore[arg-type]
-    notes = [f"command: `{command}`",
+    data["command"] = common.command_of("every-x", opts, ["--variants", ",".join(opts.variants)])
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``every-x.md`` and ``every-x.json`` of a run (also ``--render``)."""
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}` (by wording), threshold {data['threshold']}, "
              f"{len(data['files'])} files of the split's code-task packages; run took {data['seconds']} s",  # type: ignore[arg-type]
              "paste = one user message (request and file, alternating order); read = Claude Code's flow (the "
              "request as its own turn, then the Read result); through the proxy's real routes, "
-             + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+             + ("forwarded to llama-server (checked in the body it received)" if data.get("forward")
                 else "stopped before the forward")]
-    return common.write(Path(opts.out), "every-x", "Every-X requests vs pointed requests", data, tables(data), notes)
+    return common.write(out, "every-x", "Every-X requests vs pointed requests", data, tables(data), notes)

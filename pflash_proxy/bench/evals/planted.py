@@ -156,7 +156,7 @@ def tables(data: JSONObject) -> list[Table]:
             for r in recs if not r["kept"]]
     out.append(Table(f"Fact lost ({len(miss)})", ["scorer", "kind", "length", "position", "order", "mode",
                                                   "kept fraction"], miss))
-    modes = Counter(f"{r['mode']}: {str(r['reason'] or '')[:60]}" for r in recs)
+    modes = Counter(common.reason_key(r["mode"], r["reason"]) for r in recs)
     out.append(Table("Modes", ["mode: reason", "cases"], sorted(modes.items())))
     return out
 
@@ -164,12 +164,17 @@ def tables(data: JSONObject) -> list[Table]:
 def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
     data = asyncio.run(run(opts))
     extra = ["--lengths", ",".join(str(x) for x in opts.lengths), "--families", ",".join(data["kinds"])]  # type: ignore[arg-type]
-    command = common.command_of("planted", opts, extra)
-    notes = [f"command: `{command}`",
+    data["command"] = common.command_of("planted", opts, extra)
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``planted.md`` and ``planted.json`` of a run (also ``--render``)."""
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}`, threshold {data['threshold']}; run took "
              f"{data['seconds']} s",
              "haystacks: code = the standard library's asyncio/email/http/... sources, prose = RULER's Paul Graham "
              "essays; the fact at 10 % / 50 % / 90 % of the lines (at a blank line), one user message with the "
              "question after (paste-question) or before (question-paste) the paste; kept = the statement whole in "
-             + ("the body llama-server received" if opts.forward else "the body the proxy would forward")]
-    return common.write(Path(opts.out), "planted", "Planted facts asked word for word", data, tables(data), notes)
+             + ("the body llama-server received" if data.get("forward") else "the body the proxy would forward")]
+    return common.write(out, "planted", "Planted facts asked word for word", data, tables(data), notes)
