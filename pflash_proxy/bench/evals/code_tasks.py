@@ -331,7 +331,7 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     tasks = [t for t in load_cases(getattr(opts, "cases_file", None) or CASES) if t.split == opts.split]
     if opts.mined:
         tasks += mine(site, sorted({t.package for t in load_cases(getattr(opts, "cases_file", None) or CASES)
@@ -381,7 +381,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
             versions[t.package] = metadata.version(t.package)
         except metadata.PackageNotFoundError:
             versions[t.package] = "?"
-    return {"bench": "code-tasks", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "code-tasks", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "site": str(site), "shapes": list(opts.shapes),
             "variants": list(opts.variants), "scorers": list(opts.scorers), "unavailable": unavailable,

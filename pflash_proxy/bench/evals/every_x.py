@@ -71,7 +71,7 @@ def match_lines(text: str, name: str) -> list[int]:
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     wordings = load_wordings(opts.split)
     paths = sorted({t.path for t in code_tasks.load_cases() if t.split == opts.split})
     files: list[tuple[str, str, str]] = []
@@ -132,7 +132,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "every-x", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "every-x", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "variants": variants, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "files": [[p, n] for p, _, n in files],

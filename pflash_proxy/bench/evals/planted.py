@@ -96,7 +96,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown kind {', '.join(bad)} (one of {', '.join(KINDS)})")
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     sources = {k: (code_source() if k == "code" else prose_source()) for k in kinds}
     records: list[JSONObject] = []
     async with common.Harness(opts) as h:
@@ -125,7 +125,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "planted", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "planted", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "kinds": kinds, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "seconds": round(time.perf_counter() - t0, 1),
@@ -145,12 +145,15 @@ def tables(data: JSONObject) -> list[Table]:
                 for pos in POSITIONS:
                     ps = [r for r in rs if r["position"] == pos]
                     row.append(common.pct(sum(bool(r["kept"]) for r in ps), len(ps)))
+                for order in ORDERS:
+                    os_ = [r for r in rs if r["order"] == order]
+                    row.append(common.pct(sum(bool(r["kept"]) for r in os_), len(os_)))
                 comp = [r for r in rs if r["mode"] == "compressed"]
                 row += [common.pct(sum(bool(r["kept"]) for r in rs), len(rs)), common.pct(len(comp), len(rs)),
                         common.median([float(r["kept_fraction"]) for r in comp])]  # type: ignore[arg-type]
                 body.append(row)
     out = [Table("Planted fact kept (asked word for word; both orders)",
-                 ["scorer", "kind", "length"] + [f"kept at {p}" for p in POSITIONS] +
+                 ["scorer", "kind", "length"] + [f"kept at {p}" for p in POSITIONS] + [f"kept, {o}" for o in ORDERS] +
                  ["kept (all)", "compressed", "median kept fraction (compressed)"], body)]
     miss = [[r["scorer"], r["kind"], r["length"], r["position"], r["order"], r["mode"], r["kept_fraction"]]
             for r in recs if not r["kept"]]

@@ -270,7 +270,7 @@ def followup_question(ds: Dataset, q: Question, ids: list[int], served: str, see
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     datasets = [load(n) for n in opts.datasets]
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     records: list[RulerRecord] = []
     async with common.Harness(opts) as h:
         counter = DocCounter(h)
@@ -298,7 +298,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "ruler-qa", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "ruler-qa", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "datasets": list(opts.datasets),
             "limit": opts.limit, "followup": bool(opts.followup), "scorers": list(opts.scorers),
