@@ -410,7 +410,7 @@ def tables(data: JSONObject) -> list[Table]:
             rs = [r for r in recs if r["scorer"] == scorer and r["shape"] == shape]
             if not rs:
                 continue
-            groups = [("all", rs)]
+            groups = [("all", rs), ("written (all but mined)", [r for r in rs if r["kind"] != "mined"])]
             groups += [(f"size {label}", [r for r in rs if r["bucket"] == label]) for _, _, label in BUCKETS]
             groups += [(f"kind {k}", [r for r in rs if r["kind"] == k])
                        for k in ("bug", "how", "why", "change", "mined")]
