@@ -287,8 +287,12 @@ class Harness:
 
 
 def scorers_of(opts: argparse.Namespace) -> list[str]:
-    """``--scorers`` as a list; by default the embedded default (``lexical``), plus ``auto`` with ``--drafter``."""
-    raw = opts.scorers or ("lexical,auto" if getattr(opts, "drafter", None) else "lexical")
+    """``--scorers`` as a list; by default the embedded default (``lexical``), plus with ``--drafter`` the drafter's
+    scorer: ``auto`` for documents (ruler-qa, planted), ``head-attention`` for code (code-tasks, every-x: ``auto``
+    scores code with ``lexical``, no drafter pass)."""
+    code = getattr(opts, "kind", "") in ("code-tasks", "every-x")
+    raw = opts.scorers or (("lexical,head-attention" if code else "lexical,auto") if getattr(opts, "drafter", None)
+                           else "lexical")
     return [s for s in raw.split(",") if s] if isinstance(raw, str) else list(raw)
 
 
