@@ -51,7 +51,9 @@ def test_held_out_phrasing_appears_only_in_the_data_files():
              for w in json.loads(every_x.WORDINGS.read_text())[kind] if w["split"] == "held-out"]
     held += [f["statement"] for f in json.loads(planted.FACTS.read_text())["facts"] if f["split"] == "held-out"]
     assert held
-    probes = [h[:40] for h in held]
+    # a wording's longest stretch without its {name} slot (a fragment under 20 characters says too little)
+    probes = [p for h in held if len(p := max(h.split("{name}"), key=len).strip()[:40]) >= 20]
+    assert len(probes) > 0.8 * len(held)
     for path in sorted((REPO / "pflash_proxy").rglob("*.py")) + sorted((REPO / "tests").rglob("*.py")):
         text = path.read_text(encoding="utf-8", errors="replace")
         leaked = [p for p in probes if p in text]
