@@ -232,3 +232,26 @@ def test_bench_every_x_scores_both_kinds(llama_server, tmp_path):
 def test_the_evals_refuse_code_reads_splits(capsys):
     assert main(["bench", "planted", "--split", "test"]) == 2
     assert "dev (the default) or held-out" in capsys.readouterr().err
+
+
+@pytest.mark.llama
+@needs_ruler
+@pytest.mark.timeout(300)
+def test_bench_forward_checks_what_llama_server_received(llama_server, tmp_path):
+    """``--forward``: the request reaches llama-server through the tap, and the evidence is checked in the body
+    llama-server received (compressed: about a third of the case)."""
+    data = _run("ruler-qa", llama_server.url, tmp_path, "--lengths", "2048", "--limit", "1", "--families",
+                "squad", "--threshold", "512", "--forward")
+    [r] = data["records"]
+    assert data["forward"] and r["checked_in"] == "llama-server" and r["status"] == 200
+    assert r["mode"] == "compressed" and r["kept"] < 0.6
+    assert "--forward" in (tmp_path / "ruler-qa.md").read_text()
+
+
+@pytest.mark.llama
+@pytest.mark.timeout(300)
+def test_bench_code_tasks_forward_through_the_anthropic_and_responses_routes(llama_server, tmp_path):
+    data = _run("code-tasks", llama_server.url, tmp_path, "--limit", "1", "--shapes", "claude,codex",
+                "--threshold", "1000000", "--no-mined", "--forward")
+    assert [r["checked_in"] for r in data["records"]] == ["llama-server", "llama-server"]
+    assert all(r["gold"] and r["mode"] == "passthrough" for r in data["records"]), data["records"]

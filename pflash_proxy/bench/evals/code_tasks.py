@@ -325,7 +325,7 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
             "scorer": scorer, "shape": shape, "variant": variant, "status": sent.status, "mode": sent.mode,
             "reason": sent.reason, "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
             "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in served,
-            "gold_lines": span[1] - span[0] + 1,
+            "gold_lines": span[1] - span[0] + 1, "checked_in": sent.checked_in,
             "gold_lines_kept": sum(line in served for line in gold_block(text, span, shape).split("\n") if line.strip())}
 
 

@@ -175,6 +175,12 @@ class Sent:
         return round(self.tokens_kept / self.tokens_in, 4)
 
     @property
+    def checked_in(self) -> str:
+        """Where the text that is checked comes from: ``llama-server`` (the body it received) or ``proxy`` (the
+        conversation the proxy would forward)."""
+        return "llama-server" if self.received is not None else "proxy"
+
+    @property
     def text(self) -> str:
         """What the model reads: every string of the body llama-server received (``--forward``), else every
         message's text as the proxy handed it on, joined by newlines."""

@@ -127,7 +127,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                                     "path": path, "name": name, "variant": variant, "scorer": scorer,
                                     "status": sent.status, "mode": sent.mode, "reason": sent.reason,
                                     "tokens_in": sent.tokens_in, "kept_fraction": sent.kept,
-                                    "matches": len(wanted), "every_match_kept": every_kept, "ok": ok})
+                                    "matches": len(wanted), "every_match_kept": every_kept, "ok": ok,
+                                    "checked_in": sent.checked_in})
                     bar.advance(f"{w['kind']} {scorer}")
         finally:
             bar.close()

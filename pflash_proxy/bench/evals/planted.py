@@ -120,7 +120,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                                     "fact": fact["statement"], "scorer": scorer, "status": sent.status,
                                     "mode": sent.mode, "reason": sent.reason, "tokens_in": sent.tokens_in,
                                     "tokens_kept": sent.tokens_kept, "kept_fraction": sent.kept,
-                                    "kept": str(fact["statement"]) in sent.text})
+                                    "kept": str(fact["statement"]) in sent.text, "checked_in": sent.checked_in})
                     bar.advance(f"{kind} {length} {position} {scorer}")
         finally:
             bar.close()

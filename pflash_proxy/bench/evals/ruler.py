@@ -231,6 +231,7 @@ async def build(counter: DocCounter, ds: Dataset, q: Question, length: int, seed
 
 
 class RulerRecord(TypedDict, total=False):
+    checked_in: str
     dataset: str
     length: int
     case_tokens: int
@@ -317,7 +318,7 @@ async def _case(h: common.Harness, scorer: str, ds: Dataset, q: Question, partne
                         "status": sent.status, "mode": sent.mode, "reason": sent.reason,
                         "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
                         "evidence_total": len(got), "evidence_whole": sum(got), "all_evidence": all(got),
-                        "followup": None}
+                        "checked_in": sent.checked_in, "followup": None}
     if opts.followup and sent.mode == "compressed":
         q2 = followup_question(ds, q, built.doc_ids, sent.text, opts.seed, partner)
         if q2 is not None:
