@@ -255,3 +255,15 @@ def test_bench_code_tasks_forward_through_the_anthropic_and_responses_routes(lla
                 "--threshold", "1000000", "--no-mined", "--forward")
     assert [r["checked_in"] for r in data["records"]] == ["llama-server", "llama-server"]
     assert all(r["gold"] and r["mode"] == "passthrough" for r in data["records"]), data["records"]
+
+
+def test_offline_bm25_keeps_the_definition_the_task_words_point_at():
+    filler = "".join(f"def unrelated_{i}(a, b):\n    total = a + b\n    return total * {i}\n\n" for i in range(40))
+    text = filler + "def parse_cookie_expiry(header):\n    '''Parse the expiry date of a cookie.'''\n    return header\n"
+    gold = code_tasks.gold_span(text, "parse_cookie_expiry")
+    other = code_tasks.gold_span(text, "unrelated_3")
+    assert gold is not None and other is not None
+    task = "Cookies expire at the wrong date. Where is the expiry parsed?"
+    assert code_tasks.bm25_keeps_gold(text, task, gold)
+    assert not code_tasks.bm25_keeps_gold(text, task, other, share=0.05)
+    assert code_tasks.words("parse_HTTPDate(x)") == ["parse", "http", "date"]

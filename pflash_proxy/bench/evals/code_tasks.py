@@ -20,6 +20,9 @@
    by the message's tokens.
 5. Split by package (``common.split_of``, about 60/40 of the cases). Only ``--split``'s cases are sent, one
    package after the other in turn (``interleave``), so ``--limit N`` spans packages.
+6. Beside each read, ``bm25_keeps_gold``: whether an offline BM25 ranking of the file's definitions, filled
+   greedily to 30 % of the file, would have kept the gold (the issue's diagnostic: what the pipeline loses that
+   the ranking found).
 """
 
 from __future__ import annotations
@@ -286,6 +289,47 @@ def mine(site: Path, packages: list[str], seed: int) -> list[Task]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- offline ranking
+
+_WORD = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words, identifiers split at underscores and case changes (``parse_HTTPDate`` → parse, http,
+    date)."""
+    return [w.lower() for w in _WORD.findall(text) if len(w) > 1]
+
+
+def bm25_keeps_gold(text: str, task: str, gold: tuple[int, int], share: float = 0.30) -> bool:
+    """Step 6: an offline ranking of the file's definitions (module-level functions, methods of module-level
+    classes) by plain BM25 (k1 1.5, b 0.75) of the task's words over each definition's split words, filled
+    greedily (best first, skipping what does not fit) to ``share`` of the file's characters: is the gold
+    among them? What the ranking alone would keep, beside what the proxy served."""
+    import math
+
+    lines = lines_of(text)
+    spans = [s for ss in definitions(text).values() for s in ss]
+    docs = [words("\n".join(lines[a - 1:b])) for a, b in spans]
+    if not docs:
+        return False
+    n, avg = len(docs), sum(map(len, docs)) / len(docs) or 1.0
+    df: Counter[str] = Counter(w for d in docs for w in set(d))
+    query = set(words(task))
+    scores = []
+    for d in docs:
+        tf = Counter(d)
+        scores.append(sum(math.log(1 + (n - df[q] + 0.5) / (df[q] + 0.5)) * tf[q] * 2.5
+                          / (tf[q] + 1.5 * (0.25 + 0.75 * len(d) / avg)) for q in query if tf[q]))
+    budget = share * len(text)
+    used, kept = 0, set()
+    for i in sorted(range(n), key=lambda i: -scores[i]):
+        size = sum(len(line) + 1 for line in lines[spans[i][0] - 1:spans[i][1]])
+        if used + size <= budget:
+            used += size
+            kept.add(spans[i])
+    return gold in kept
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 
@@ -326,6 +370,7 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
             "reason": sent.reason, "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
             "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in served,
             "gold_lines": span[1] - span[0] + 1, "checked_in": sent.checked_in,
+            "bm25_at_30": bm25_keeps_gold(text, t.task, span),
             "gold_lines_kept": sum(line in served for line in gold_block(text, span, shape).split("\n") if line.strip())}
 
 
@@ -397,13 +442,15 @@ def _cells(rs: list[JSONObject]) -> list[object]:
     comp = [r for r in rs if r["mode"] == "compressed"]
     return [len(rs), common.pct(sum(bool(r["gold"]) for r in rs), len(rs)),
             common.median([float(r["kept"]) for r in rs]),  # type: ignore[arg-type]
-            common.pct(len(rs) - len(comp), len(rs))]
+            common.pct(len(rs) - len(comp), len(rs)),
+            common.pct(sum(bool(r.get("bm25_at_30")) for r in rs), len(rs)) if "bm25_at_30" in rs[0] else None]
 
 
 def tables(data: JSONObject) -> list[Table]:
     recs = common.objects(data["records"])
     out = []
-    heads = ["scorer", "shape", "group", "reads", "gold whole", "median kept", "served whole"]
+    heads = ["scorer", "shape", "group", "reads", "gold whole", "median kept", "served whole",
+             "offline BM25 keeps it (30 %)"]
     body: list[list[object]] = []
     for scorer in data["scorers"]:  # type: ignore[union-attr]
         for shape in data["shapes"]:  # type: ignore[union-attr]
