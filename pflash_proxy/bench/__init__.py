@@ -59,8 +59,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
     p.add_argument("--scorers", "--scorer", help="PFlash scorers to compare, comma-separated (default "
                                                  "lexical,attention,head; code-reads: lexical, and auto with "
-                                                 "--drafter)")
-    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
+                                                 "--drafter; the evals: lexical, and with --drafter auto for "
+                                                 "ruler-qa/planted, head-attention for code-tasks/every-x)")
+    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x],
+                   help="case families (ruler-qa: squad,hotpotqa; planted: code,prose; code-tasks: the task kinds "
+                        "bug,how,why,change,mined)")
     p.add_argument("--per-family", type=_per_family, default=1,
                    help="cases per family and length (quality, answers): N, or N,FAMILY=M,... "
                         "(e.g. 1,nolima=10,agent=10)")
@@ -94,7 +97,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         "received, captured in front of it, instead of stopping before the forward (slow on CPU)")
     p.add_argument("--followup", action="store_true",
                    help="ruler-qa: ask a second question whose evidence the first compression left out (recall)")
-    p.add_argument("--limit", type=int, default=0, help="code-reads: the first N cases only (0 = all)")
+    p.add_argument("--limit", type=int, default=0,
+                   help="code-reads, code-tasks, planted, every-x: the first N cases only (0 = all); ruler-qa: "
+                        "questions per dataset (default 30)")
     p.add_argument("--shapes", default=None,
                    help="code-reads: read shapes (claude N<TAB>line, opencode N: line, cat raw; default all three); "
                         "code-tasks also claude-arrow (N→line) and codex (raw, Responses)")

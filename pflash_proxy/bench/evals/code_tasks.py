@@ -20,6 +20,9 @@
    by the message's tokens.
 5. Split by package (``common.split_of``, about 60/40 of the cases). Only ``--split``'s cases are sent, one
    package after the other in turn (``interleave``), so ``--limit N`` spans packages.
+6. Beside each read, ``bm25_keeps_gold``: whether an offline BM25 ranking of the file's definitions, filled
+   greedily to 30 % of the file, would have kept the gold (the issue's diagnostic: what the pipeline loses that
+   the ranking found).
 """
 
 from __future__ import annotations
@@ -286,6 +289,47 @@ def mine(site: Path, packages: list[str], seed: int) -> list[Task]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- offline ranking
+
+_WORD = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words, identifiers split at underscores and case changes (``parse_HTTPDate`` → parse, http,
+    date)."""
+    return [w.lower() for w in _WORD.findall(text) if len(w) > 1]
+
+
+def bm25_keeps_gold(text: str, task: str, gold: tuple[int, int], share: float = 0.30) -> bool:
+    """Step 6: an offline ranking of the file's definitions (module-level functions, methods of module-level
+    classes) by plain BM25 (k1 1.5, b 0.75) of the task's words over each definition's split words, filled
+    greedily (best first, skipping what does not fit) to ``share`` of the file's characters: is the gold
+    among them? What the ranking alone would keep, beside what the proxy served."""
+    import math
+
+    lines = lines_of(text)
+    spans = [s for ss in definitions(text).values() for s in ss]
+    docs = [words("\n".join(lines[a - 1:b])) for a, b in spans]
+    if not docs:
+        return False
+    n, avg = len(docs), sum(map(len, docs)) / len(docs) or 1.0
+    df: Counter[str] = Counter(w for d in docs for w in set(d))
+    query = set(words(task))
+    scores = []
+    for d in docs:
+        tf = Counter(d)
+        scores.append(sum(math.log(1 + (n - df[q] + 0.5) / (df[q] + 0.5)) * tf[q] * 2.5
+                          / (tf[q] + 1.5 * (0.25 + 0.75 * len(d) / avg)) for q in query if tf[q]))
+    budget = share * len(text)
+    used, kept = 0, set()
+    for i in sorted(range(n), key=lambda i: -scores[i]):
+        size = sum(len(line) + 1 for line in lines[spans[i][0] - 1:spans[i][1]])
+        if used + size <= budget:
+            used += size
+            kept.add(spans[i])
+    return gold in kept
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 
@@ -320,16 +364,19 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
         await h.send(scorer, route, body, headers)
     route, body, headers = request(shape, t.task, path, tool_text, key, narration)
     sent = await h.send(scorer, route, body, headers)
+    served = sent.text
     return {"id": t.id, "package": t.package, "split": t.split, "kind": t.kind, "gold_name": t.gold,
             "scorer": scorer, "shape": shape, "variant": variant, "status": sent.status, "mode": sent.mode,
             "reason": sent.reason, "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
-            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in sent.text,
-            "gold_lines": span[1] - span[0] + 1}
+            "bucket": bucket(sent.tokens_in), "gold": gold_block(text, span, shape) in served,
+            "gold_lines": span[1] - span[0] + 1, "checked_in": sent.checked_in,
+            "bm25_at_30": bm25_keeps_gold(text, t.task, span),
+            "gold_lines_kept": sum(line in served for line in gold_block(text, span, shape).split("\n") if line.strip())}
 
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     tasks = [t for t in load_cases(getattr(opts, "cases_file", None) or CASES) if t.split == opts.split]
     if opts.mined:
         tasks += mine(site, sorted({t.package for t in load_cases(getattr(opts, "cases_file", None) or CASES)
@@ -379,7 +426,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
             versions[t.package] = metadata.version(t.package)
         except metadata.PackageNotFoundError:
             versions[t.package] = "?"
-    return {"bench": "code-tasks", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "code-tasks", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "site": str(site), "shapes": list(opts.shapes),
             "variants": list(opts.variants), "scorers": list(opts.scorers), "unavailable": unavailable,
@@ -395,20 +442,22 @@ def _cells(rs: list[JSONObject]) -> list[object]:
     comp = [r for r in rs if r["mode"] == "compressed"]
     return [len(rs), common.pct(sum(bool(r["gold"]) for r in rs), len(rs)),
             common.median([float(r["kept"]) for r in rs]),  # type: ignore[arg-type]
-            common.pct(len(rs) - len(comp), len(rs))]
+            common.pct(len(rs) - len(comp), len(rs)),
+            common.pct(sum(bool(r.get("bm25_at_30")) for r in rs), len(rs)) if "bm25_at_30" in rs[0] else None]
 
 
 def tables(data: JSONObject) -> list[Table]:
     recs = common.objects(data["records"])
     out = []
-    heads = ["scorer", "shape", "group", "reads", "gold whole", "median kept", "served whole"]
+    heads = ["scorer", "shape", "group", "reads", "gold whole", "median kept", "served whole",
+             "offline BM25 keeps it (30 %)"]
     body: list[list[object]] = []
     for scorer in data["scorers"]:  # type: ignore[union-attr]
         for shape in data["shapes"]:  # type: ignore[union-attr]
             rs = [r for r in recs if r["scorer"] == scorer and r["shape"] == shape]
             if not rs:
                 continue
-            groups = [("all", rs)]
+            groups = [("all", rs), ("written (all but mined)", [r for r in rs if r["kind"] != "mined"])]
             groups += [(f"size {label}", [r for r in rs if r["bucket"] == label]) for _, _, label in BUCKETS]
             groups += [(f"kind {k}", [r for r in rs if r["kind"] == k])
                        for k in ("bug", "how", "why", "change", "mined")]
@@ -420,10 +469,10 @@ def tables(data: JSONObject) -> list[Table]:
                      heads, body))
     modes = Counter(f"{r['scorer']} {r['mode']}" for r in recs)
     out.append(Table("Modes", ["scorer mode", "reads"], sorted(modes.items())))
-    miss = [[r["scorer"], r["shape"], r["variant"], r["id"], r["kind"], r["bucket"], r["mode"], r["kept"]]
-            for r in recs if not r["gold"]]
+    miss = [[r["scorer"], r["shape"], r["variant"], r["id"], r["kind"], r["bucket"], r["mode"], r["kept"],
+             f"{r.get('gold_lines_kept', '?')}/{r['gold_lines']}"] for r in recs if not r["gold"]]
     out.append(Table(f"Gold not whole ({len(miss)} reads)",
-                     ["scorer", "shape", "variant", "case", "kind", "size", "mode", "kept"], miss))
+                     ["scorer", "shape", "variant", "case", "kind", "size", "mode", "kept", "gold lines kept"], miss))
     pk = Counter(str(c["package"]) for c in common.objects(data["cases"]))
     out.append(Table("Packages (version installed, cases)", ["package", "version", "cases"],
                      [[p, data["packages"].get(p), n] for p, n in sorted(pk.items())]))  # type: ignore[union-attr]
@@ -447,18 +496,23 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
         extra.append("--no-mined")
     if opts.families:
         extra += ["--families", ",".join(opts.families)]
-    command = common.command_of("code-tasks", opts, extra)
+    data["command"] = common.command_of("code-tasks", opts, extra)
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``code-tasks.md`` and ``code-tasks.json`` of a run (also ``--render``)."""
     cases = common.objects(data["cases"])
     kinds = Counter(str(c["kind"]) for c in cases)
-    notes = [f"command: `{command}`",
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}`, threshold {data['threshold']}, "
              f"{len(cases)} cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) from "
              f"{len(data['packages'])} packages of `{data['site']}`; run took {data['seconds']} s",  # type: ignore[arg-type]
              "each task sent as an agent sends it: the task as the user's turn (warm: first on its own), then the "
              "assistant's narration, a read tool call and the read's result in the client's shape, through the "
-             "proxy's real routes, " + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+             "proxy's real routes, " + ("forwarded to llama-server (checked in the body it received)" if data.get("forward")
                                        else "stopped before the forward") + "; token counts are llama-server's (gemma)",
              "gold whole = the definition's lines (first decorator to end, from `ast`), as the shape prints them, "
              "in one piece in the forwarded body; kept = served message tokens / message tokens (1.0 "
              "when served whole); size = the read's tokens"]
-    return common.write(Path(opts.out), "code-tasks", "Code tasks in users' words", data, tables(data), notes)
+    return common.write(out, "code-tasks", "Code tasks in users' words", data, tables(data), notes)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shlex
 import statistics
 import subprocess
@@ -174,6 +175,12 @@ class Sent:
         return round(self.tokens_kept / self.tokens_in, 4)
 
     @property
+    def checked_in(self) -> str:
+        """Where the text that is checked comes from: ``llama-server`` (the body it received) or ``proxy`` (the
+        conversation the proxy would forward)."""
+        return "llama-server" if self.received is not None else "proxy"
+
+    @property
     def text(self) -> str:
         """What the model reads: every string of the body llama-server received (``--forward``), else every
         message's text as the proxy handed it on, joined by newlines."""
@@ -286,8 +293,12 @@ class Harness:
 
 
 def scorers_of(opts: argparse.Namespace) -> list[str]:
-    """``--scorers`` as a list; by default the embedded default (``lexical``), plus ``auto`` with ``--drafter``."""
-    raw = opts.scorers or ("lexical,auto" if getattr(opts, "drafter", None) else "lexical")
+    """``--scorers`` as a list; by default the embedded default (``lexical``), plus with ``--drafter`` the drafter's
+    scorer: ``auto`` for documents (ruler-qa, planted), ``head-attention`` for code (code-tasks, every-x: ``auto``
+    scores code with ``lexical``, no drafter pass)."""
+    code = getattr(opts, "kind", "") in ("code-tasks", "every-x")
+    raw = opts.scorers or (("lexical,head-attention" if code else "lexical,auto") if getattr(opts, "drafter", None)
+                           else "lexical")
     return [s for s in raw.split(",") if s] if isinstance(raw, str) else list(raw)
 
 
@@ -321,6 +332,11 @@ def commit() -> str | None:
 def objects(value: JSONValue) -> list[JSONObject]:
     """The JSON objects of a JSON list (a run's records or cases as read back)."""
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def reason_key(mode: JSONValue, reason: JSONValue) -> str:
+    """``mode: reason`` with its numbers as N, so the same cause from different cases counts once."""
+    return f"{mode}: {re.sub(r'[0-9]+', 'N', str(reason or ''))[:90]}"
 
 
 def pct(k: int, n: int) -> str:

@@ -71,7 +71,7 @@ def match_lines(text: str, name: str) -> list[int]:
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     wordings = load_wordings(opts.split)
     paths = sorted({t.path for t in code_tasks.load_cases() if t.split == opts.split})
     files: list[tuple[str, str, str]] = []
@@ -127,12 +127,13 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                                     "path": path, "name": name, "variant": variant, "scorer": scorer,
                                     "status": sent.status, "mode": sent.mode, "reason": sent.reason,
                                     "tokens_in": sent.tokens_in, "kept_fraction": sent.kept,
-                                    "matches": len(wanted), "every_match_kept": every_kept, "ok": ok})
+                                    "matches": len(wanted), "every_match_kept": every_kept, "ok": ok,
+                                    "checked_in": sent.checked_in})
                     bar.advance(f"{w['kind']} {scorer}")
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "every-x", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "every-x", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "variants": variants, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "files": [[p, n] for p, _, n in files],
@@ -165,12 +166,17 @@ def tables(data: JSONObject) -> list[Table]:
 
 def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
     data = asyncio.run(run(opts))
-    command = common.command_of("every-x", opts, ["--variants", ",".join(data["variants"])])  # type: ignore[arg-type]
-    notes = [f"command: `{command}`",
+    data["command"] = common.command_of("every-x", opts, ["--variants", ",".join(opts.variants)])
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``every-x.md`` and ``every-x.json`` of a run (also ``--render``)."""
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}` (by wording), threshold {data['threshold']}, "
              f"{len(data['files'])} files of the split's code-task packages; run took {data['seconds']} s",  # type: ignore[arg-type]
              "paste = one user message (request and file, alternating order); read = Claude Code's flow (the "
              "request as its own turn, then the Read result); through the proxy's real routes, "
-             + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+             + ("forwarded to llama-server (checked in the body it received)" if data.get("forward")
                 else "stopped before the forward")]
-    return common.write(Path(opts.out), "every-x", "Every-X requests vs pointed requests", data, tables(data), notes)
+    return common.write(out, "every-x", "Every-X requests vs pointed requests", data, tables(data), notes)

@@ -96,7 +96,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown kind {', '.join(bad)} (one of {', '.join(KINDS)})")
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     sources = {k: (code_source() if k == "code" else prose_source()) for k in kinds}
     records: list[JSONObject] = []
     async with common.Harness(opts) as h:
@@ -120,12 +120,12 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                                     "fact": fact["statement"], "scorer": scorer, "status": sent.status,
                                     "mode": sent.mode, "reason": sent.reason, "tokens_in": sent.tokens_in,
                                     "tokens_kept": sent.tokens_kept, "kept_fraction": sent.kept,
-                                    "kept": str(fact["statement"]) in sent.text})
+                                    "kept": str(fact["statement"]) in sent.text, "checked_in": sent.checked_in})
                     bar.advance(f"{kind} {length} {position} {scorer}")
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "planted", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "planted", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "kinds": kinds, "scorers": list(opts.scorers),
             "unavailable": unavailable, "limit": opts.limit, "seconds": round(time.perf_counter() - t0, 1),
@@ -145,18 +145,21 @@ def tables(data: JSONObject) -> list[Table]:
                 for pos in POSITIONS:
                     ps = [r for r in rs if r["position"] == pos]
                     row.append(common.pct(sum(bool(r["kept"]) for r in ps), len(ps)))
+                for order in ORDERS:
+                    os_ = [r for r in rs if r["order"] == order]
+                    row.append(common.pct(sum(bool(r["kept"]) for r in os_), len(os_)))
                 comp = [r for r in rs if r["mode"] == "compressed"]
                 row += [common.pct(sum(bool(r["kept"]) for r in rs), len(rs)), common.pct(len(comp), len(rs)),
                         common.median([float(r["kept_fraction"]) for r in comp])]  # type: ignore[arg-type]
                 body.append(row)
     out = [Table("Planted fact kept (asked word for word; both orders)",
-                 ["scorer", "kind", "length"] + [f"kept at {p}" for p in POSITIONS] +
+                 ["scorer", "kind", "length"] + [f"kept at {p}" for p in POSITIONS] + [f"kept, {o}" for o in ORDERS] +
                  ["kept (all)", "compressed", "median kept fraction (compressed)"], body)]
     miss = [[r["scorer"], r["kind"], r["length"], r["position"], r["order"], r["mode"], r["kept_fraction"]]
             for r in recs if not r["kept"]]
     out.append(Table(f"Fact lost ({len(miss)})", ["scorer", "kind", "length", "position", "order", "mode",
                                                   "kept fraction"], miss))
-    modes = Counter(f"{r['mode']}: {str(r['reason'] or '')[:60]}" for r in recs)
+    modes = Counter(common.reason_key(r["mode"], r["reason"]) for r in recs)
     out.append(Table("Modes", ["mode: reason", "cases"], sorted(modes.items())))
     return out
 
@@ -164,12 +167,17 @@ def tables(data: JSONObject) -> list[Table]:
 def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
     data = asyncio.run(run(opts))
     extra = ["--lengths", ",".join(str(x) for x in opts.lengths), "--families", ",".join(data["kinds"])]  # type: ignore[arg-type]
-    command = common.command_of("planted", opts, extra)
-    notes = [f"command: `{command}`",
+    data["command"] = common.command_of("planted", opts, extra)
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``planted.md`` and ``planted.json`` of a run (also ``--render``)."""
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}`, threshold {data['threshold']}; run took "
              f"{data['seconds']} s",
              "haystacks: code = the standard library's asyncio/email/http/... sources, prose = RULER's Paul Graham "
              "essays; the fact at 10 % / 50 % / 90 % of the lines (at a blank line), one user message with the "
              "question after (paste-question) or before (question-paste) the paste; kept = the statement whole in "
-             + ("the body llama-server received" if opts.forward else "the body the proxy would forward")]
-    return common.write(Path(opts.out), "planted", "Planted facts asked word for word", data, tables(data), notes)
+             + ("the body llama-server received" if data.get("forward") else "the body the proxy would forward")]
+    return common.write(out, "planted", "Planted facts asked word for word", data, tables(data), notes)

