@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from pflash_proxy import __version__
 from pflash_proxy.config import (GROUPS, OPTIONS, CompressionOptions, ConfigError, DrafterOptions, Settings,
-                                 format_host, load_settings, private_dir)
+                                 format_host, load_settings)
 from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
 from pflash_proxy.stages.scorers import SCORER_NAMES, DrafterSetupError, check_scorer, scorer_help
 
@@ -357,11 +357,16 @@ def serve(settings: Settings) -> int:
     from pflash_proxy.cli import home
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
+    from pflash_proxy.server.keys import HOLDER_NONCE
     from pflash_proxy.llama.spawn import SpawnError
 
     proxy = settings.proxy
     setup_logging(proxy.log_level, proxy.log_json)
-    private_dir(proxy.home)
+    try:  # a state directory of this user's, that nobody else can write into (cli/home.py, step 1)
+        home.check_home(proxy.home)
+    except home.Untrusted as exc:
+        print(f"pflash-proxy: {exc}", file=sys.stderr)
+        return 1
     try:  # before anything starts: a port in use is one line and exit 1, never a start-up to unwind
         socks = bind_tcp(proxy.tcp_hosts, proxy.port)
     except OSError as exc:
@@ -372,13 +377,15 @@ def serve(settings: Settings) -> int:
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
         [f"unix://{p}" for p in proxy.unix_paths]
     try:  # one serving proxy per state directory, held until this process ends (cli/home.py)
-        home_lock = home.hold(proxy.home, listen)  # noqa: F841 - kept open: the lock lasts while the file does
-    except home.HomeTaken as exc:
+        home_lock = home.hold(proxy.home, listen)
+    except (home.HomeTaken, home.Untrusted) as exc:
         for sock in socks:
             sock.close()
         print(f"pflash-proxy: {exc}", file=sys.stderr)
         return 1
     app = create_app(settings, tune_collector=True)
+    if home_lock is not None:
+        app[HOLDER_NONCE] = home_lock.nonce  # wrap's check of this proxy's URL (GET /pflash/holder)
 
     def announce(_: str) -> None:
         print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)

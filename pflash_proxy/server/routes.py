@@ -50,7 +50,7 @@ from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
-from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.keys import BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.peers import PeerNode
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
+HOLDER_PATH = "/pflash/holder"  # cli/home.py's PROOF_PATH: wrap's check of the URL a lock file names
 TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
@@ -398,8 +399,25 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
     app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
     app.router.add_post("/pflash/save", guarded(pflash_save))
+    app.router.add_get(HOLDER_PATH, holder_proof)
     app.router.add_get("/", root)
     app.router.add_route("*", "/{tail:.*}", passthrough)
+
+
+async def holder_proof(request: web.Request) -> web.StreamResponse:
+    """``GET /pflash/holder?challenge=HEX``: this proxy's proof that it holds the state directory's lock, the
+    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``, step 5), so that ``wrap``
+    uses the URL a lock file names only when the proxy that wrote it answers there. 404 when this process wrote
+    no nonce (an app not started by ``serve``); 400 for a challenge that is not 16 to 128 hex digits."""
+    nonce = request.app.get(HOLDER_NONCE)
+    if not nonce:
+        return error_response(404, "this proxy holds no state directory lock", "not_found")
+    challenge = request.query.get("challenge", "")
+    if not (16 <= len(challenge) <= 128 and all(c in "0123456789abcdef" for c in challenge)):
+        return error_response(400, "challenge: 16 to 128 lowercase hex digits", "invalid_request")
+    from pflash_proxy.cli.home import proof
+
+    return web.json_response({"proof": proof(nonce, challenge)})
 
 
 async def slot_action(request: web.Request) -> web.StreamResponse:
