@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from pflash_proxy import __version__
 from pflash_proxy.config import (GROUPS, OPTIONS, CompressionOptions, ConfigError, DrafterOptions, Settings,
-                                 format_host, load_settings)
+                                 format_host, load_settings, private_dir)
 from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
 from pflash_proxy.stages.scorers import SCORER_NAMES, DrafterSetupError, check_scorer, scorer_help
 
@@ -376,12 +376,16 @@ def serve(settings: Settings) -> int:
     port = socks[0].getsockname()[1] if socks else proxy.port  # the one bound, also for --port 0
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
         [f"unix://{p}" for p in proxy.unix_paths]
-    try:  # one serving proxy per state directory, held until this process ends (cli/home.py)
+    try:  # one serving proxy per state directory and per slot folder, held until this process ends (cli/home.py)
         home_lock = home.hold(proxy.home, listen)
-    except (home.HomeTaken, home.Untrusted) as exc:
+        slots = private_dir(settings.effective_slot_save_path)
+        slots_lock = home.hold_slots(slots, listen, proxy.home,  # noqa: F841 - kept open: the lock lasts with it
+                                     shared=settings.cluster.index not in (None, "", "embedded"))
+    except (home.HomeTaken, home.Untrusted, OSError) as exc:
         for sock in socks:
             sock.close()
-        print(f"pflash-proxy: {exc}", file=sys.stderr)
+        print(f"pflash-proxy: cannot create {exc.filename}: {exc.strerror or exc}" if isinstance(exc, OSError)
+              else f"pflash-proxy: {exc}", file=sys.stderr)
         return 1
     app = create_app(settings, tune_collector=True)
     if home_lock is not None:

@@ -1,4 +1,5 @@
-"""One serving proxy per state directory (``--home``), and only in a directory this user alone controls.
+"""One serving proxy per state directory (``--home``) and per slot folder (``--slot-save-path``), and only in a
+directory this user alone controls.
 
 A state directory holds one proxy's sessions (its index and the lookup mirror it keeps in memory), its slot
 snapshots and its spawned llama-server's log.  A second ``serve`` on the same directory would take sessions whose
@@ -16,10 +17,14 @@ slots are on another llama-server and write over the first one's records, so it 
    (``kill -9`` included), so a stale file never blocks a start.  The descriptor is not inherited by the
    spawned llama-server.
 3. A ``serve`` that finds the lock taken exits 1 with one line naming the holder (pid, URL) and the way out.
-4. ``holder(home)`` tells ``wrap`` the URL of the proxy serving from a directory, and the nonce to check it by:
+4. ``hold_slots``: the slot folder gets the same lock (``pflash-slots.lock``, the same safe open), since a proxy
+   reconciles its folder at start-up (a file its index does not name is deleted): a second proxy on the folder
+   exits 1 naming the first.  Nodes of one shared index (``--index redis://``) share their folder by design:
+   they take the lock shared, so that they exclude a proxy with an index of its own but not each other.
+5. ``holder(home)`` tells ``wrap`` the URL of the proxy serving from a directory, and the nonce to check it by:
    only from a lock file that passes step 2's checks, in a home that passes step 1's, and held by a live
    process.  ``wrap`` then asks that URL for ``proof(nonce, challenge)`` (``PROOF_PATH``) before using it.
-5. Where ``fcntl`` is missing (not POSIX) or the file system refuses locks (some network mounts), nothing is
+6. Where ``fcntl`` is missing (not POSIX) or the file system refuses locks (some network mounts), nothing is
    locked (logged).
 """
 
@@ -44,6 +49,8 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = "serve.lock"
+SLOTS_LOCK_NAME = "pflash-slots.lock"
+SHARED_LINE = "shared\n"  # what the nodes of a shared index write into the slot folder's lock
 PROOF_PATH = "/pflash/holder"  # ?challenge=HEX -> {"proof": proof(nonce, challenge)} (server/routes.py)
 # errors of a file system that has no locks: serve unlocked (logged), as before
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -64,7 +71,8 @@ class HomeTaken(Exception):
     def __init__(self, home: Path, pid: str, urls: list[str], what: str = "serves from",
                  way_out: str = "give this one a state directory of its own (--home or PFLASH_HOME)"):
         self.home, self.pid, self.urls = home, pid, urls
-        who = f"pid {pid}" + (f" at {', '.join(urls)}" if urls else "") if pid else "another process"
+        who = f"pid {pid}" + (f" at {', '.join(urls)}" if urls else "") if pid.isdigit() else \
+            "the nodes of a shared --index" if pid == "shared" else "another process"
         super().__init__(f"another pflash-proxy ({who}) {what} {home}; stop it, or {way_out}")
 
 
@@ -136,6 +144,8 @@ def _holder_line(f: IO[str]) -> tuple[str, list[str], str]:
         words = f.read(4096).split()
     except (OSError, ValueError):
         return "", [], ""
+    if words[:1] == ["shared"]:
+        return "shared", [], ""
     if not words or not words[0].isdigit():
         return "", [], ""
     urls = [w for w in words[1:] if w.startswith(("http://", "https://", "unix://"))]
@@ -160,7 +170,7 @@ def _take(path: Path, line: str, shared: bool) -> IO[str] | None:
             log.warning("cannot lock %s (%s): serving without the one-proxy-per-directory lock", path, exc)
             return None
         raise Untrusted(f"cannot lock {path}: {exc.strerror or exc}") from None
-    try:
+    try:  # shared holders all write the same line (SHARED_LINE): none of them tears another's
         f.truncate(0)
         f.write(line)
         f.flush()
@@ -190,9 +200,27 @@ def hold(home: Path, urls: Sequence[str]) -> Held | None:
     return Held(f, nonce) if f is not None else None
 
 
+def hold_slots(folder: Path, urls: Sequence[str], home: Path, shared: bool) -> IO[str] | None:
+    """Take the slot folder's lock: exclusive, with this process's pid, ``urls`` and ``home`` written into it, or
+    ``shared`` (the nodes of one shared index). ``HomeTaken`` when another proxy holds it in a way that excludes
+    this one; ``Untrusted`` as ``hold``; None where nothing can be locked or the lock file cannot be created (a
+    folder this user cannot write into, logged)."""
+    if fcntl is None:
+        return None
+    try:
+        return _take(folder / SLOTS_LOCK_NAME, SHARED_LINE if shared else
+                     f"{os.getpid()} {' '.join(urls)} home={home}\n", shared)
+    except Unopenable as exc:  # a folder this user cannot write into: it cannot delete a snapshot there either
+        log.warning("%s: serving without the one-proxy-per-slot-folder lock", exc)
+        return None
+    except _Busy as busy:
+        raise HomeTaken(folder, busy.pid, busy.urls, "keeps its slot snapshots in",
+                        "give this one a slot folder of its own (--slot-save-path)") from None
+
+
 def holder(home: Path) -> tuple[str, str] | None:
     """The first URL of the proxy serving from ``home`` now and the nonce it wrote; None when none holds its lock
-    or the lock file or its directory are not to be trusted (steps 1, 2 and 4)."""
+    or the lock file or its directory are not to be trusted (steps 1, 2 and 5)."""
     path = home / LOCK_NAME
     if fcntl is None:
         return None

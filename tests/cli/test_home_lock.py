@@ -1,4 +1,4 @@
-"""One serving proxy per state directory (``cli/home.py``): a second ``serve`` on a directory in
+"""One serving proxy per state directory and per slot folder (``cli/home.py``): a second ``serve`` on a directory in
 use is refused in one line naming the first, the lock dies with its holder (``kill -9`` included), and ``wrap``
 finds the proxy serving from the directory when it listens on another port than the configured one.  Trusting
 nothing else: a home another user owns or others can write into, a ``serve.lock`` that is a link, a FIFO, a
@@ -279,3 +279,38 @@ def test_the_proxy_serving_from_a_home_proves_it_holds_its_lock(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+# One slot folder, one proxy ----------------------------------------------------------------------------------
+def test_a_second_proxy_on_the_same_slot_folder_is_refused_in_one_line_naming_the_first(tmp_path):
+    """Different homes, one --slot-save-path: each reconciled the folder at start-up and deleted the other's
+    snapshots (its index does not name them)."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    proc, url = _serve(tmp_path / "home1", "http://127.0.0.1:9", "--slot-save-path", str(slots))
+    try:
+        rc, err = _serve_once(tmp_path / "home2", "--slot-save-path", str(slots))
+        _refused(rc, err, f"pid {proc.pid} at {url}", str(slots), "--slot-save-path")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    rc, err = _serve_once(tmp_path / "home2", "--slot-save-path", str(slots), wait_s=8)
+    assert rc is None, err  # the folder is free again: the second one serves
+
+
+def test_nodes_of_a_shared_index_share_a_slot_folder_and_exclude_a_proxy_with_its_own(tmp_path):
+    from pflash_proxy.cli.home import HomeTaken, SLOTS_LOCK_NAME, hold_slots
+
+    a = hold_slots(tmp_path, ["http://a"], tmp_path / "ha", shared=True)
+    b = hold_slots(tmp_path, ["http://b"], tmp_path / "hb", shared=True)
+    assert a is not None and b is not None
+    with pytest.raises(HomeTaken, match="slot folder of its own"):
+        hold_slots(tmp_path, ["http://c"], tmp_path / "hc", shared=False)
+    a.close()
+    b.close()
+    own = hold_slots(tmp_path, ["http://c"], tmp_path / "hc", shared=False)
+    assert own is not None and f"{os.getpid()} http://c home={tmp_path / 'hc'}" in (tmp_path / SLOTS_LOCK_NAME).read_text()
+    with pytest.raises(HomeTaken, match=f"pid {os.getpid()} at http://c"):
+        hold_slots(tmp_path, ["http://a"], tmp_path / "ha", shared=True)
+    own.close()
