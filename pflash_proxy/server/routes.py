@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 from pydantic import BaseModel
 
@@ -215,14 +216,19 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             path_qs, translate = dialect.upstream_path, dialect.translator(engine.cache_report, turn_capped=capped)
             payload = json.dumps(body, ensure_ascii=False).encode()
         t0 = time.monotonic()
-        up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
+        headers = forwardable_headers(request.headers)
+        up = await upstream.open(request.method, path_qs, headers, payload)
         try:
             await req.settle()  # the history commit ran beside the upstream request; its header goes out too
         except BaseException:
             up.release()
             raise
+
+        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay, step 4)
+            return await upstream.open(request.method, path_qs, headers, payload)
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers)
+                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers,
+                                   resend=send_again)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
@@ -388,6 +394,8 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         fields["client_gone"] = True
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed
+    if result is not None and result.extra.get("resent"):
+        fields["resent"] = True  # lost before its answer began, and sent again (relay.py, step 4)
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
 
