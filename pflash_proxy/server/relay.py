@@ -49,6 +49,8 @@ _MAX_SNIFF_BYTES = 4 * 1024 * 1024  # non-streamed JSON bodies up to this size a
 
 
 PLAIN_STREAM = StreamStyle()
+SENT_STATUS = web.RequestKey("sent_status", int)  # the status of the answer whose headers the client got
+DRAINED = web.RequestKey("drained", bool)  # the shutdown's drain ended this stream with its last error event
 
 
 class _SSETail:
@@ -143,6 +145,7 @@ async def relay(
     pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
     try:
         await resp.prepare(request)
+        request[SENT_STATUS] = resp.status
         while True:
             try:
                 async for chunk in upstream.content.iter_any():
@@ -224,7 +227,8 @@ async def relay(
     except asyncio.CancelledError:
         upstream.close()
         if is_sse and not _client_gone(request):  # cancelled with the client still there: the shutdown's drain
-            await _end_cancelled_stream(resp, style)  # ran out; a last error event it can parse, not a cut stream
+            request[DRAINED] = True  # ran out; a last error event it can parse, not a cut stream
+            await _end_cancelled_stream(resp, style)
         result.client_gone = True
         raise
     finally:
