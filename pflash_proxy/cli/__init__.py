@@ -196,11 +196,16 @@ def serve(settings: Settings) -> int:
     from pflash_proxy.cli import home
     from pflash_proxy.logs import setup_logging
     from pflash_proxy.server.app import create_app
+    from pflash_proxy.server.keys import HOLDER_NONCE
     from pflash_proxy.llama.spawn import SpawnError
 
     proxy = settings.proxy
     setup_logging(proxy.log_level, proxy.log_json)
-    private_dir(proxy.home)
+    try:  # a state directory of this user's, that nobody else can write into (cli/home.py, step 1)
+        home.check_home(proxy.home)
+    except home.Untrusted as exc:
+        print(f"pflash-proxy: {exc}", file=sys.stderr)
+        return 1
     try:  # before anything starts: a port in use is one line and exit 1, never a start-up to unwind
         socks = bind_tcp(proxy.tcp_hosts, proxy.port)
     except OSError as exc:
@@ -210,14 +215,20 @@ def serve(settings: Settings) -> int:
     port = socks[0].getsockname()[1] if socks else proxy.port  # the one bound, also for --port 0
     listen = [f"http://{format_host(h)}:{port}" for h in proxy.tcp_hosts] + \
         [f"unix://{p}" for p in proxy.unix_paths]
-    try:  # one serving proxy per state directory, held until this process ends (cli/home.py)
-        home_lock = home.hold(proxy.home, listen)  # noqa: F841 - kept open: the lock lasts while the file does
-    except home.HomeTaken as exc:
+    try:  # one serving proxy per state directory and per slot folder, held until this process ends (cli/home.py)
+        home_lock = home.hold(proxy.home, listen)
+        slots = private_dir(settings.effective_slot_save_path)
+        slots_lock = home.hold_slots(slots, listen, proxy.home,  # noqa: F841 - kept open: the lock lasts with it
+                                     shared=settings.cluster.index not in (None, "", "embedded"))
+    except (home.HomeTaken, home.Untrusted, OSError) as exc:
         for sock in socks:
             sock.close()
-        print(f"pflash-proxy: {exc}", file=sys.stderr)
+        print(f"pflash-proxy: cannot create {exc.filename}: {exc.strerror or exc}" if isinstance(exc, OSError)
+              else f"pflash-proxy: {exc}", file=sys.stderr)
         return 1
     app = create_app(settings, tune_collector=True)
+    if home_lock is not None:
+        app[HOLDER_NONCE] = home_lock.nonce  # wrap's check of this proxy's URL (GET /pflash/holder)
 
     def announce(_: str) -> None:
         print(f"pflash-proxy listening on {', '.join(listen)}  (OpenAI base URL: {listen[0]}/v1)", flush=True)

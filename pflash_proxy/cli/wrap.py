@@ -1,8 +1,11 @@
 """``pflash-proxy wrap AGENT [ARGS...]``: run an agent CLI (Claude Code, Codex, opencode, aider) against the proxy.
 
 1. The proxy: the one that answers at ``--url`` (default: the configured ``http://HOST:PORT``, else the one
-   serving from the configured state directory on another port: ``cli/home.py``) — a pflash-proxy is one whose
-   ``/pflash/metrics`` answers — waiting while its llama-server starts.  With none there, and
+   serving from the configured state directory on another port: ``cli/home.py``; that one's URL is used only
+   when the directory and its lock file are this user's and the URL proves it is the proxy holding the lock,
+   ``GET /pflash/holder`` answering the HMAC of a fresh challenge under the lock file's nonce) — a pflash-proxy
+   is one whose ``/pflash/metrics`` answers — waiting while its llama-server starts.  A state directory that
+   another user owns or others can write into is refused in one line.  With none there, and
    ``--spawn`` or ``--upstream URL`` given, a ``pflash-proxy serve`` is started as a child on the configured port
    (a free one when that is taken), its output in ``$PFLASH_HOME/wrap-serve.log``, and waited for until
    ``/health`` answers 200.  Without either flag: one line saying how to start one.
@@ -41,8 +44,10 @@
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -57,8 +62,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Mapping, Sequence
 
-from pflash_proxy.cli.home import holder
-from pflash_proxy.config import Settings, private_dir
+from pflash_proxy.cli.home import PROOF_PATH, Untrusted, check_home, holder, proof
+from pflash_proxy.config import Settings
 
 AGENT_NAMES = ("claude", "codex", "opencode", "aider")
 STOP_GRACE_S = 45.0  # the proxy snapshots its sessions on the way out (--shutdown-save-timeout-s, 30 s)
@@ -129,6 +134,31 @@ def probe(url: str) -> str:
     return "ready" if _get(url + "/health")[0] == 200 else "starting"
 
 
+def answers_as_holder(url: str, nonce: str) -> bool:
+    """Whether the proxy at ``url`` is the one that wrote ``nonce`` into its lock file (``cli/home.py``, step 5):
+    it answers a fresh challenge with its HMAC under that nonce."""
+    challenge = secrets.token_hex(16)
+    status, body = _get(f"{url}{PROOF_PATH}?challenge={challenge}")
+    try:
+        answered = json.loads(body)["proof"] if status == 200 else ""
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(answered, str) and hmac.compare_digest(answered, proof(nonce, challenge))
+
+
+def serving_from(home: Path) -> str | None:
+    """The URL of the proxy serving from ``home`` (its lock file), once it proved it holds that lock."""
+    found = holder(home)
+    if found is None:
+        return None
+    url, nonce = found
+    if answers_as_holder(url, nonce):
+        return url
+    print(f"pflash-proxy wrap: not using {url}, named in {home}/serve.lock: it does not answer as the proxy "
+          f"holding that lock", file=sys.stderr)
+    return None
+
+
 def port_free(host: str, port: int) -> bool:
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -165,13 +195,24 @@ def start_proxy(settings: Settings, args: argparse.Namespace) -> StartedProxy:
 
     wanted = settings.proxy.port
     port = wanted if wanted and port_free("127.0.0.1", wanted) else free_port()
-    home = private_dir(settings.proxy.home)
-    log_path = home / "wrap-serve.log"
-    with open(log_path, "ab") as logf:
+    log_path = _home(settings) / "wrap-serve.log"
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise WrapError(f"cannot write {log_path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "ab") as logf:
         # a session of its own: the terminal's Ctrl-C reaches the agent, and this process stops the proxy after it
         proc = subprocess.Popen(serve_command(settings, args, port), stdin=subprocess.DEVNULL, stdout=logf,
                                 stderr=logf, start_new_session=True, preexec_fn=die_with_parent())
     return StartedProxy(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def _home(settings: Settings) -> Path:
+    """The configured state directory, when it is this user's alone (``cli/home.py``, step 1)."""
+    try:
+        return check_home(settings.proxy.home)
+    except Untrusted as exc:
+        raise WrapError(str(exc)) from None
 
 
 def wait_ready(url: str, timeout_s: float, started: StartedProxy | None = None) -> None:
@@ -366,7 +407,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         url = (args.url or settings.proxy.local_url).rstrip("/")
         timeout_s = args.startup_timeout_s or settings.upstream.startup_timeout_s + 60
         state = probe(url)
-        serving = None if args.url or state not in ("absent", "other") else holder(private_dir(settings.proxy.home))
+        serving = None if args.url or state not in ("absent", "other") else serving_from(_home(settings))
         if serving and (found := probe(serving)) not in ("absent", "other"):
             url, state = serving, found  # the proxy already serving from this state directory
         if state in ("absent", "other"):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pflash_proxy.llama.upstream import Upstream
 
 CLIENT_SLOT_ROUTE = "/slots/{slot}"
+SLOTS_ROUTE = "/slots"  # a client's listing of the slots (server/routes.py filters it)
 KNOWN_ROUTES = frozenset({"/v1/completions", "/completions", "/completion", "/infill", "/embedding", "/embeddings",
                           "/v1/embeddings", "/rerank", "/v1/rerank", "/v1/models", "/health", "/tokenize", "/slots"})
 ROUTE_EXAMPLES = ("/completion", "/tokenize", "/slots", "/health")

@@ -26,3 +26,5 @@ SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor"
 BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")
 STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers relaying a stream now
 PEERS: web.AppKey["dict[str, PeerNode]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)
+# the nonce ``serve`` wrote into its state directory's lock file (cli/home.py); absent when none was written
+HOLDER_NONCE: web.AppKey[str] = web.AppKey("holder_nonce")

@@ -10,6 +10,12 @@
    event). If upstream dies mid-stream, the unfinished event is dropped and an SSE client gets a final
    ``data: {"error": ...}`` event (and ``[DONE]`` on OpenAI routes) and a clean end of stream; other clients
    get the stream cut, as a direct client would.
+   Until the first event of the answer itself, nothing of it has reached the client: llama-server's headers
+   (sent as the prefill starts) and what carries no answer (comments, ``prompt_progress`` events, which pass at
+   once, and the role-only first chunk of a chat stream, which is held until the next event) are all it got. If
+   upstream dies then and ``resend`` is given (the parsed routes), the request is sent again, once (``resend``
+   waits for a restarting llama-server as any request does), and that answer is relayed into the same response
+   (``RelayResult.extra["resent"]``); an error answer to it becomes the stream's error event.
 5. The last JSON event that carries the engine's cache report (one of ``Engine.report_markers`` in it), or the
    whole body when it is small JSON, is kept so later stages can read the report (``Engine.cache_report``)
    without buffering the stream; the other events are never parsed.
@@ -18,10 +24,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -32,7 +39,7 @@ from multidict import CIMultiDict
 from pflash_proxy.contract import RelayResult
 from pflash_proxy.dialects import JsonObject, StreamStyle, Translator
 from pflash_proxy.jsontypes import JSONObject
-from pflash_proxy.errors import UpstreamUnavailable, error_body
+from pflash_proxy.errors import ProxyError, UpstreamUnavailable, error_body
 from pflash_proxy.server.keys import STREAMS
 from pflash_proxy.llama.upstream import HOP_BY_HOP
 
@@ -42,6 +49,8 @@ _MAX_SNIFF_BYTES = 4 * 1024 * 1024  # non-streamed JSON bodies up to this size a
 
 
 PLAIN_STREAM = StreamStyle()
+SENT_STATUS = web.RequestKey("sent_status", int)  # the status of the answer whose headers the client got
+DRAINED = web.RequestKey("drained", bool)  # the shutdown's drain ended this stream with its last error event
 
 
 class _SSETail:
@@ -92,13 +101,15 @@ async def relay(
     translate: Translator | None = None,
     on_answer: list[Callable[[dict[str, Any] | None], None]] | None = None,
     markers: tuple[bytes, ...] = (),
+    resend: Callable[[], Awaitable[aiohttp.ClientResponse]] | None = None,
 ) -> tuple[web.StreamResponse, RelayResult]:
     """Relay ``upstream`` to the client as it arrives. ``translate`` (a dialect's translator) rewrites a whole
     answer (``body``) or each run of complete SSE events (``stream``, then ``end``) into the client's dialect;
     ``final_json`` is always the upstream's own (its cache report). ``on_answer``: called with a whole answer's
     ``final_json`` before its headers (``extra_headers``, which they may change) are written. ``markers``: the
     engine's ``report_markers``; a stream's last event with one is its ``final_json`` (none, as on the transparent
-    routes, whose answers no stage reads: nothing is parsed, ``final_json`` stays None)."""
+    routes, whose answers no stage reads: nothing is parsed, ``final_json`` stays None). ``resend``: sends the
+    request again, for a stream whose upstream died before the first event of its answer (step 4)."""
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
@@ -130,46 +141,73 @@ async def relay(
     task = asyncio.current_task()
     if streams is not None and task is not None:
         streams.add(task)
+    answered = not is_sse  # SSE: whether an event of the answer itself was relayed (step 4)
+    pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
     try:
         await resp.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_any():
-                if result.first_chunk_at is None:
-                    result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
-                if is_sse:  # only whole events reach the client, so an error event never follows half of one
-                    chunk, held = _complete_events(held + chunk if held else chunk)
-                if tail is not None:
-                    tail.feed(chunk)
-                out = translate.stream(chunk) if translate is not None and chunk else chunk
-                if out:
+        request[SENT_STATUS] = resp.status
+        while True:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if result.first_chunk_at is None:
+                        result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
+                    if is_sse:  # only whole events reach the client, so an error event never follows half of one
+                        chunk, held = _complete_events(held + chunk if held else chunk)
+                        if not answered and chunk:
+                            chunk, answered = _until_answer(chunk, pending)
+                    if tail is not None:
+                        tail.feed(chunk)
+                    out = translate.stream(chunk) if translate is not None and chunk else chunk
+                    if out:
+                        await resp.write(out)
+                        result.bytes_out += len(out)
+                        result.chunks += 1
+                    elif sniff_json:
+                        body_parts.append(chunk)
+                if pending or held:  # the held first chunk, and a last event without its blank line: as they are
+                    rest = b"".join(pending) + (held + b"\n\n" if translate is not None and held else held)
+                    pending.clear()
+                    if tail is not None:
+                        tail.feed(rest)
+                    out = translate.stream(rest) if translate is not None else rest
                     await resp.write(out)
                     result.bytes_out += len(out)
-                    result.chunks += 1
-                elif sniff_json:
-                    body_parts.append(chunk)
-            if held:  # a stream that ended without a blank line after its last event: pass it on as it is
-                if tail is not None:
-                    tail.feed(held)
-                out = translate.stream(held + b"\n\n") if translate is not None else held
-                await resp.write(out)
-                result.bytes_out += len(out)
-                held = b""
-            if translate is not None and is_sse:  # a translated stream is closed in its own dialect
-                out = translate.end()
-                if out:
-                    await resp.write(out)
-                    result.bytes_out += len(out)
-            result.completed = True
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-            if _client_gone(request):
-                result.client_gone = True
-            else:
-                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            if watcher.done() or _client_gone(request):
-                result.client_gone = True
-            else:
-                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+                    held = b""
+                if translate is not None and is_sse:  # a translated stream is closed in its own dialect
+                    out = translate.end()
+                    if out:
+                        await resp.write(out)
+                        result.bytes_out += len(out)
+                result.completed = True
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+                if _client_gone(request):
+                    result.client_gone = True
+                else:
+                    result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                if watcher.done() or _client_gone(request):
+                    result.client_gone = True
+                else:
+                    result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+            if not (result.upstream_failed and resend is not None and not answered and "resent" not in result.extra):
+                break
+            # step 4: nothing of the answer reached the client; send the request again, once
+            log.warning("upstream failed on %s before the first event of its answer (%s); sending it again",
+                        request.path, result.upstream_failed)
+            result.extra["resent"] = True
+            upstream.close()
+            watcher.cancel()
+            held, failed, result.upstream_failed = b"", result.upstream_failed, None
+            pending.clear()
+            try:
+                upstream = await resend()
+            except ProxyError as exc:
+                result.upstream_failed = f"{failed}; sent again: {exc.message}"
+                break
+            watcher = asyncio.create_task(_watch_client(request, upstream))
+            if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                await _error_into_started(upstream, resp, result, style)  # an error answer: the stream's last event
+                return resp, result
         if result.upstream_failed:
             log.warning("upstream failed mid-response on %s: %s%s", request.path, result.upstream_failed,
                         f" (dropped {len(held)} bytes of an unfinished event)" if held else "")
@@ -189,7 +227,8 @@ async def relay(
     except asyncio.CancelledError:
         upstream.close()
         if is_sse and not _client_gone(request):  # cancelled with the client still there: the shutdown's drain
-            await _end_cancelled_stream(resp, style)  # ran out; a last error event it can parse, not a cut stream
+            request[DRAINED] = True  # ran out; a last error event it can parse, not a cut stream
+            await _end_cancelled_stream(resp, style)
         result.client_gone = True
         raise
     finally:
@@ -272,6 +311,71 @@ async def write_stream_error(resp: web.StreamResponse, body: JsonObject, style: 
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         pass
+
+
+_EVENT = re.compile(rb".*?(?:\r\n\r\n|\n\n)", re.S)
+_SILENT_DELTA = {"role", "content", "reasoning_content", "tool_calls"}  # keys of a chat delta that says nothing
+
+
+def _until_answer(chunk: bytes, pending: list[bytes]) -> tuple[bytes, bool]:
+    """Complete events before the first one of the answer (step 4): what to write now (comments and progress,
+    then, once an event of the answer came, everything held and the rest), and whether the answer began. Events
+    that carry nothing else are appended to ``pending``."""
+    out: list[bytes] = []
+    for m in _EVENT.finditer(chunk):
+        event = m.group()
+        kind = _before_answer(event)
+        if kind == "pass":
+            out.append(event)
+        elif kind == "hold":
+            pending.append(event)
+        else:
+            out += pending
+            pending.clear()
+            out.append(chunk[m.start():])
+            return b"".join(out), True
+    return b"".join(out), False
+
+
+def _before_answer(event: bytes) -> str | None:
+    """``pass`` for an event that carries nothing of an answer and may reach the client at once (comments,
+    llama-server's ``prompt_progress``), ``hold`` for a chat stream's role-only first chunk, None for anything
+    else (the answer, an error, a shape not known here)."""
+    payloads = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
+    if not payloads:
+        return "pass" if all(not line.strip() or line.startswith(b":") for line in event.splitlines()) else None
+    kinds = set()
+    for payload in payloads:
+        try:
+            data = json.loads(payload) if payload.startswith(b"{") else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or "error" in data or data.get("usage") or data.get("content") \
+                or data.get("stop"):
+            return None
+        choices = data.get("choices")
+        if choices is not None and not _silent_choices(choices):
+            return None
+        if "prompt_progress" in data:
+            kinds.add("pass")
+        elif choices:
+            kinds.add("hold")
+        else:
+            return None
+    return "hold" if "hold" in kinds else "pass"
+
+
+def _silent_choices(choices: object) -> bool:
+    """Chat chunk choices that end nothing and whose deltas say nothing (a role, empty content)."""
+    if not isinstance(choices, list):
+        return False
+    for c in choices:
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if not isinstance(delta, dict) or c.get("finish_reason") is not None or c.get("text"):
+            return False
+        if set(delta) - _SILENT_DELTA or any(delta.get(k) for k in _SILENT_DELTA - {"role"}):
+            return False
+    return True
 
 
 def _complete_events(buf: bytes) -> tuple[bytes, bytes]:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 from pydantic import BaseModel
 
@@ -49,12 +50,13 @@ from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
-from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.keys import BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
 from pflash_proxy.server.peers import PeerNode
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
-from pflash_proxy.server.relay import _client_gone, relay, write_stream_error
+from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
-from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE
+from pflash_proxy.sessions.slots import NO_CREDENTIAL
+from pflash_proxy.llama.api import CLIENT_SLOT_ROUTE, SLOTS_ROUTE
 from pflash_proxy.llama.upstream import forwardable_headers
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
+HOLDER_PATH = "/pflash/holder"  # cli/home.py's PROOF_PATH: wrap's check of the URL a lock file names
 TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
@@ -91,6 +94,10 @@ async def root(request: web.Request) -> web.StreamResponse:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    return await _passthrough(request)
+
+
+async def _passthrough(request: web.Request, translate: SlotsFilter | None = None) -> web.StreamResponse:
     started = time.monotonic()
     result: RelayResult | None = None
     status = 500
@@ -98,9 +105,13 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         body = await read_body(request)
         upstream = request.app[UPSTREAM]
         t0 = time.monotonic()
-        up = await upstream.open(request.method, _path_qs(request), forwardable_headers(request.headers), body or None,
+        headers = forwardable_headers(request.headers)
+        if translate is not None:  # the answer is rewritten: it must come uncompressed
+            pairs = headers.items() if isinstance(headers, dict) else headers
+            headers = [(k, v) for k, v in pairs if k.lower() != "accept-encoding"]
+        up = await upstream.open(request.method, _path_qs(request), headers, body or None,
                                  wait=request.path not in PROBE_PATHS)
-        resp, result = await relay(request, up, style=stream_style_for(request.path))
+        resp, result = await relay(request, up, style=stream_style_for(request.path), translate=translate)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await send_whole(request, resp)
@@ -111,6 +122,52 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     finally:
         _observe(request, status, started, result, {})
         _access_log(request, status, started, result, {})
+
+
+class SlotsFilter:
+    """A client's ``GET /slots`` under ``--cache-isolation credential``: a slot whose content the proxy knows to
+    be the requester's own (its credential's) is shown whole; every other one only as ``SLOT_PUBLIC`` (no prompt
+    length, task, tokens or sampling settings of another credential's request). A body that is not the JSON list
+    llama-server answers is replaced by an empty list (an error status passes as it is)."""
+
+    SLOT_PUBLIC = ("id", "n_ctx", "is_processing", "speculative")
+
+    def __init__(self, own: set[int]):
+        self.own = own
+
+    def body(self, status: int, raw: bytes) -> bytes:
+        if status != 200:
+            return raw
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, list):
+            return b"[]"
+        return json.dumps([s if s.get("id") in self.own else {k: s[k] for k in self.SLOT_PUBLIC if k in s}
+                           for s in data if isinstance(s, dict)]).encode()
+
+    def stream(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def end(self) -> bytes:
+        return b""
+
+
+async def slots_listing(request: web.Request) -> web.StreamResponse:
+    """``GET /slots``: llama-server's answer, filtered by ``SlotsFilter`` when credentials are isolated (the
+    sessions stage knows whose content each slot holds); as it is otherwise."""
+    from pflash_proxy.stages.sessions import SessionStage
+
+    if request.app[SETTINGS].sessions.cache_isolation != "credential":
+        return await _passthrough(request)
+    stage = next((s for s in request.app[PIPELINE].stages if isinstance(s, SessionStage)), None)
+    if stage is None:  # no sessions: the proxy knows no slot's owner, and shows none's details
+        return await _passthrough(request, SlotsFilter(set()))
+    owner = stage.sessions.owner(request.headers)
+    key = owner if owner is not None else NO_CREDENTIAL
+    own = {slot.id for slot in stage.sessions.view().slots() if getattr(slot, "owner", None) == key}
+    return await _passthrough(request, SlotsFilter(own))
 
 
 def check_strings(body: object) -> None:
@@ -154,6 +211,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
                 resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                                "Cache-Control": "no-cache", **req.response_headers})
                 await resp.prepare(request)
+                request[SENT_STATUS] = resp.status
                 req.progress_response = resp
             await resp.write(f": pflash {req.progress}\n\n".encode())
     except BaseException:
@@ -210,14 +268,19 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             path_qs, translate = dialect.upstream_path, dialect.translator(engine.cache_report, turn_capped=capped)
             payload = json.dumps(body, ensure_ascii=False).encode()
         t0 = time.monotonic()
-        up = await upstream.open(request.method, path_qs, forwardable_headers(request.headers), payload)
+        headers = forwardable_headers(request.headers)
+        up = await upstream.open(request.method, path_qs, headers, payload)
         try:
             await req.settle()  # the history commit ran beside the upstream request; its header goes out too
         except BaseException:
             up.release()
             raise
+
+        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay, step 4)
+            return await upstream.open(request.method, path_qs, headers, payload)
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers)
+                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers,
+                                   resend=send_again)
         result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
@@ -358,8 +421,16 @@ CLIENT_CLOSED = 499  # nginx's status for a request whose client left before it 
 
 def _final(request: web.Request, status: int) -> int:
     """The status a request is counted and logged with: a request that ended without an answer (the handler
-    cancelled, or an error about to be answered) because its client left is 499, not 500."""
-    return CLIENT_CLOSED if status == 500 and _client_gone(request) else status
+    cancelled, or an error about to be answered) because its client left is 499, not 500; one whose answer's
+    headers the client already got (a stream the shutdown's drain ended with an error event) is that answer's."""
+    if status != 500:
+        return status
+    sent = request.get(SENT_STATUS)
+    if sent is not None and request.get(DRAINED):
+        return sent
+    if _client_gone(request):
+        return CLIENT_CLOSED
+    return sent if sent is not None else status
 
 
 def _observe(request: web.Request, status: int, started: float, result: RelayResult | None, fields: dict) -> None:
@@ -379,10 +450,14 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         "upstream_ms": result.extra.get("upstream_ms") if result else None,
         "bytes": result.bytes_out if result else 0,
     }
-    if (result is not None and result.client_gone) or status == CLIENT_CLOSED:
+    if request.get(DRAINED):
+        fields["drained"] = True  # the shutdown's drain ended it with an error event (relay.py)
+    elif (result is not None and result.client_gone) or status == CLIENT_CLOSED:
         fields["client_gone"] = True
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed
+    if result is not None and result.extra.get("resent"):
+        fields["resent"] = True  # lost before its answer began, and sent again (relay.py, step 4)
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
 
@@ -394,8 +469,27 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/pflash/stats", guarded(pflash_stats))  # the inspector's rule: it names sessions and slots
     app.router.add_get("/pflash/metrics", pflash_metrics)  # counts only: open to scrapers (Host-checked, gate.py)
     app.router.add_post("/pflash/save", guarded(pflash_save))
+    app.router.add_get(HOLDER_PATH, holder_proof)
+    app.router.add_get(SLOTS_ROUTE, slots_listing)
     app.router.add_get("/", root)
     app.router.add_route("*", "/{tail:.*}", passthrough)
+
+
+
+async def holder_proof(request: web.Request) -> web.StreamResponse:
+    """``GET /pflash/holder?challenge=HEX``: this proxy's proof that it holds the state directory's lock, the
+    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``, step 5), so that ``wrap``
+    uses the URL a lock file names only when the proxy that wrote it answers there. 404 when this process wrote
+    no nonce (an app not started by ``serve``); 400 for a challenge that is not 16 to 128 hex digits."""
+    nonce = request.app.get(HOLDER_NONCE)
+    if not nonce:
+        return error_response(404, "this proxy holds no state directory lock", "not_found")
+    challenge = request.query.get("challenge", "")
+    if not (16 <= len(challenge) <= 128 and all(c in "0123456789abcdef" for c in challenge)):
+        return error_response(400, "challenge: 16 to 128 lowercase hex digits", "invalid_request")
+    from pflash_proxy.cli.home import proof
+
+    return web.json_response({"proof": proof(nonce, challenge)})
 
 
 async def slot_action(request: web.Request) -> web.StreamResponse:
