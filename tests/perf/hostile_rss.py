@@ -16,7 +16,7 @@ bounds, however the JSON is typed. This benchmark checks it end to end, loopback
    last one; ``VmHWM`` (the kernel's own peak) at the end.
 
 Prints a JSON report (and writes it to ``--out`` when given): RSS start/peak/end in MB, the growth, answers by
-dialect and status, seconds. Exit status 1 when the peak grew more than ``--max-growth-mb`` over the start, or
+dialect and status, seconds. Run from the checkout: ``.venv/bin/python -m tests.perf.hostile_rss --requests 1000``. Exit status 1 when the peak grew more than ``--max-growth-mb`` over the start, or
 any answer was a 5xx.
 """
 
@@ -37,11 +37,10 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pflash_proxy.llama.spawn import free_port
+from tests.conftest import start_llama_server, started, stop_started_on_sigterm, wait_for_proxy
 
-from pflash_proxy.llama.spawn import free_port  # noqa: E402
-from tests.conftest import start_llama_server, started, stop_started_on_sigterm, wait_for_proxy  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 DIALECTS = ("chat", "messages", "responses")
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "lambda", "zeta"]

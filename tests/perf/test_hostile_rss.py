@@ -1,4 +1,4 @@
-"""``benchmarks/bench_hostile_rss.py`` on tiny inputs: a real proxy in front of a real llama-server takes hostile
+"""``tests/perf/hostile_rss.py`` on tiny inputs: a real proxy in front of a real llama-server takes hostile
 requests of every dialect without a 5xx, and the report gives its resident memory before, at the peak and after."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hostile_requests_are_answered_and_the_rss_is_reported():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hostile_rss.py"), "--requests", "6",
+    out = subprocess.run([sys.executable, "-m", "tests.perf.hostile_rss", "--requests", "6",
                           "--size-kb", "16", "--concurrency", "2"],
-                         capture_output=True, text=True, timeout=280)
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["requests"] == 6
@@ -30,8 +30,7 @@ def test_hostile_requests_are_answered_and_the_rss_is_reported():
 
 
 def test_the_hostile_bodies_are_distinct_and_of_the_size_asked():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_hostile_rss import body
+    from tests.perf.hostile_rss import body
 
     bodies = [json.dumps(body(i, 40_000)[1]) for i in range(6)]
     assert len(set(bodies)) == 6
