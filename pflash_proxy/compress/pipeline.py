@@ -218,8 +218,9 @@ def line_units(units: list[Unit], lines: tuple[int, int] | None) -> set[int]:
 
 
 def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps, scores: np.ndarray,
-                request: str, query: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Step 5's scores, for a request that asks for every match ((None, None) otherwise): BM25 of the request's
+                request: str, query: str, full: str | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Step 5's scores, for a request (the user's own words: ``RequestSpec.user_text``) that asks for every match
+    ((None, None) otherwise; ``full``: the text step 3 scored, when it is not ``request``): BM25 of the request's
     every-clause (``spread.every_clause``) over the units, and the ranking whose selection gives the gate its
     ``k``: BM25's of ``query`` (what step 3 ranks by), None when BM25 is the serving scorer (its own).
     Whatever the serving scorer: what a "list every X" asks for is the units that spell X, and BM25 tells an
@@ -231,7 +232,8 @@ def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: Un
         return None, None
     clause = every_clause(request)
     if isinstance(scorer, LexicalScorer):
-        return (scores if clause == request else validate_scores(scorer.score(reps, clause), len(units))), None
+        same = clause == (request if full is None else full)  # step 3 scored exactly this text
+        return (scores if same else validate_scores(scorer.score(reps, clause), len(units))), None
     lexical = LexicalScorer()
     lex_reps = lexical.represent(work, units)
     return validate_scores(lexical.score(lex_reps, clause), len(units)), rank(lexical, lex_reps, query, request,
@@ -376,15 +378,17 @@ class Compressor:
                 query = without_paths(request.text) if code else request.text
                 scores = rank(self.scorer, reps, query, request.text, len(units))
                 t = _lap(ms, "score", t)
-                gate, ranking = gate_scores(self.scorer, work, units, reps, scores, request.text, query)
+                intent = request.text if request.user_text is None else request.user_text  # the user's own words
+                gate, ranking = gate_scores(self.scorer, work, units, reps, scores, intent, query, request.text)
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
                                     outline(work.lines, defs) if code else (), gate, ranking, pieces,
                                     tt if pieces is not None else None, asked,
-                                    name_scores(self.scorer, work, units, reps, request.text))
+                                    name_scores(self.scorer, work, units, reps, intent))
             else:
                 ms.update(analysis.stage_ms)
                 tt = analysis.served or tt
             units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
+            intent = request.text if request.user_text is None else request.user_text
             toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
             budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
                                     min(self.settings.min_message_budget, m_tok))
@@ -403,7 +407,7 @@ class Compressor:
             counted = kept if analysis.gate_ranking is None else \
                 self._choose(analysis.gate_ranking, analysis, toks, budget, source, label, len(tt.lines))
             sp = flat_gate(scores[free], len(set(counted) - pinned),
-                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), request.text,
+                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), intent,
                            None if gate is None else gate[free])
             t = _lap(ms, "spread", t)
             if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
@@ -417,7 +421,7 @@ class Compressor:
                     else:
                         sp = replace(sp, flat=True, matches=(len(matches), need, budget))
             if sp.flat and (not in_conversation or sp.whole or sp.matches is not None
-                            or (sp.applies and asks_for_every(request.text))):
+                            or (sp.applies and asks_for_every(intent))):
                 return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
                             analysis=analysis)  # the scores that were too flat: the inspector shows them
             out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget),

@@ -27,7 +27,8 @@ Algorithm (``RequestFinder``):
 3. Long **tool** message (``role == "tool"`` or legacy ``"function"``): the user's words after it (a text
    the client sends with a tool result, as Claude Code's user turn does beside its ``tool_result``), the task
    (latest user message before it; when that message is itself long, a paste with its question, only the
-   question by form, ``question_text``) plus the assistant turn that issued the call:
+   question by form, ``question_text``) plus the assistant turn that issued the call (the user's words alone are
+   ``user_text``: an agent's narration, "Let me look at rrule.py to find where this is handled", asks nothing):
    its text and the matching ``tool_calls`` entry (by ``tool_call_id``; all calls of
    the nearest assistant turn when no id matches) as ``name(arguments)``.  No pin.
 4. Any other long message (system, assistant): the latest user message anywhere
@@ -67,6 +68,8 @@ class RequestSpec:
     pinned_tail_tokens: int
     source: RequestSource
     kept_lines: tuple[int, int] | None = None  # step 2: the question's lines in the message (start, end), kept
+    user_text: str | None = None  # step 3: the user's own words of ``text`` (not the agent's narration and call),
+    # what asks for every match or for one thing; None: all of ``text``
 
 
 def message_text(msg: Mapping[str, object]) -> str:
@@ -158,6 +161,8 @@ tl summary overview recap gist
 """.split())
 USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
 # whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
+_CONNECTIVE = re.compile(r"^(?:(?:then|and|also|so|now|next|finally|first|second|lastly|afterwards|please)\b[,\s]*)+",
+                         re.I)
 _IMPERATIVE = re.compile(r"([A-Za-z]+)\s+(?:the|all|every|each|this|these|those|my|our|a|an|it|them|me|us|any|"
                          r"some)\b")
 _NOT_VERB_FIRST = frozenset("""
@@ -203,12 +208,14 @@ def asks(text: str) -> bool:
         prev = line
         if not starts:
             continue  # a hard-wrapped line goes on with a sentence: its first word opens nothing
-        m = _FIRST_WORD.search(t)
-        if m and m.group().lower() in _OPENING:
-            return True
-        m = _IMPERATIVE.match(t)
-        if m and m.group(1).lower() not in _NOT_VERB_FIRST and not re.search(r"[^s]s$", m.group(1)):
-            return True  # not "Returns the ...": a verb in the third person describes, it does not ask
+        for clause in [t] + [c.strip() for c in re.split(r"[,;:]\s+", t)[1:]]:  # "In X, list all the steps"
+            clause = _CONNECTIVE.sub("", clause)  # "Then list every date"
+            m = _FIRST_WORD.search(clause)
+            if m and m.start() == 0 and m.group().lower() in _OPENING:
+                return True
+            m = _IMPERATIVE.match(clause)
+            if m and m.group(1).lower() not in _NOT_VERB_FIRST and not re.search(r"[^s]s$|ing$|ed$", m.group(1)):
+                return True  # not "Returns the ...", "Removing every ...": a third person or a participle describes
     return False
 
 
@@ -415,6 +422,7 @@ class RequestFinder:
                      for t in (request_text(m),) if t.strip()), "")
         task = question_text(task, self.query_pin) if task else task  # a long task: a paste with its question
         parts = [question_text(t, self.query_pin) for t in after] + ([task] if task else [])
+        n_user = len(parts)
         caller = None
         for m in reversed(messages[:idx]):
             calls = m.get("tool_calls") or []
@@ -442,7 +450,8 @@ class RequestFinder:
         elif tool_msg.get("name"):
             parts.append(str(tool_msg["name"]))
         text = "\n".join(parts)
-        return RequestSpec(text, 0, "tool-call" if text else "none")
+        user = "\n".join(parts[:n_user])
+        return RequestSpec(text, 0, "tool-call" if text else "none", None, user)
 
 
 def follow_up_query(msg: Mapping[str, object], limit: int = 512) -> str:

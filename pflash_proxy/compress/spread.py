@@ -59,6 +59,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .request import asks
+
 __all__ = ["Spread", "SpreadCurve", "asks_for_every", "asks_for_whole", "every_clause", "every_intent", "flat_gate",
            "kept_mass", "relevance_spread", "request_names"]
 
@@ -104,22 +106,23 @@ def request_names(request: str) -> list[str]:
 
 def asks_for_every(request: str) -> bool:
     """Step 2: the request asks for every match (or for the whole), not for one thing (``every_intent``). Words
-    that are part of an identifier (``_IDENTIFIER``) do not count."""
-    return any(every_intent(p) is not None for p in _sentences(_prose(request or "")))
+    that are part of an identifier (``_IDENTIFIER``) do not count, nor sentences that ask nothing (a bug
+    report's "Removing every value stored under a key leaves ...": ``_asking``)."""
+    return any(every_intent(p) is not None for p in _asking(request))
 
 
 def every_clause(request: str) -> str:
     """Step 3: the request's sentences that ask for every match, in order (the whole request when none does, or
     when it is one sentence)."""
     parts = [p for p in _SENTENCE.split((request or "").strip()) if p.strip()]
-    every = [p for p in parts if any(every_intent(q) is not None for q in _sentences(_prose(p)))]
+    every = [p for p in parts if any(every_intent(q) is not None for q in _asking(p))]
     return " ".join(every) if every and len(every) < len(parts) else request
 
 
 def asks_for_whole(request: str) -> bool:
     """Step 2: the request asks about the whole message (a summary or description of this module, document,
     page, log ...), so every part of it is relevant whatever the scores (``every_intent`` == "whole")."""
-    return any(every_intent(p) == "whole" for p in _sentences(_prose(request or "")))
+    return any(every_intent(p) == "whole" for p in _asking(request))
 
 
 # Step 2: what a request asks for, by its form rather than by a list of phrases. A sentence asks for every match
@@ -142,20 +145,27 @@ _DET = frozenset("the a an this that these those my our its his her their your a
 _SHOW = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you)\W+)*"
                    r"(?:name|show|find|give|point\s+out|collect|extract|quote|identify|gather|highlight|print)"
                    r"(?:\s+me)?\s+(?:(?:the|all|every|each|any)\s+)?([a-z'-]+)(?:\s+([a-z'-]+))?\b")
-_HOW = re.compile(r"^(?:\W*(?:and|so|but|also|then|now|ok|okay|please)\W+)*(?:how|why)\b(?!\s+many\b)")
+# the kinds of place a match sits in: "which functions / files / lines ..." asks for every one of them; "which
+# values / responses / errors ..." most often for what one definition accepts or does
+_PARTS = re.compile(r"(?:functions|methods|classes|files|modules|places|lines|callers|tests|handlers|definitions|"
+                    r"records|entries|sections|paragraphs|rows|messages|documents|emails|components|parts|spots|"
+                    r"locations|usages|occurrences|instances|callbacks|routes|endpoints|subclasses|variables|"
+                    r"constants|packages|scripts|pages|chapters|items|sites|modules|options|flags|events)$")
+_HOW = re.compile(r"\b(?:how|why|where|when)\s+(?:do|does|did|is|are|was|were|can|could|should|would|will|to|"
+                  r"come)\b|^(?:\W*(?:and|so|but|also|then|now|ok|okay|please)\W+)*(?:how|why)\b(?!\s+many\b)"
+                  r"|\bwhat(?:'s|\s+is)\s+the\s+(?:\w+\s+)?way\s+to\b")
 _NOT_VERB = _SUBORDINATE | frozenset("to in on at for with about of from here there next now first then by into "
                                      "under over through".split())
 _AUX = frozenset("does do did is are was were has have had can could should would will shall may might must "
                  "this that these those its his her their my our your kind sort type".split())
 _SINGULAR_S = ("ss", "us", "is", "ous", "'s", "ics", "ws", "ys")
-_COUNT = re.compile(r"\bhow\s+many\b(?!\s+times)|\b(?:count|tally)\b(?!\s*(?:=|\())|\bnumber\s+of\b(?!\s+times)")
+_COUNT = re.compile(r"\bhow\s+many\b(?!\s+times)|^\W*(?:please\s+)?(?:count|tally)\b|\bnumber\s+of\b(?!\s+times)")
 _ENUM = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you|i\s+need\s+you\s+to|"
                    r"give\s+me|show\s+me)\W+)*(?:list|enumerate|itemi[sz]e|tabulate|catalog(?:ue)?)\b"
                    r"|\b(?:full|complete|entire)\s+list\s+of\b")
 _USES = re.compile(r"\bwhere\b(?:\s+(?:else|all|exactly))?(?:\s+[\w'-]+){0,6}?\s+(?:used|called|referenced|invoked|"
-                   r"imported|mentioned|changed|modified|mutated|raised|caught|read|written|accessed|handled|"
-                   r"logged|checked|instantiated|created|constructed|overridden|emitted|thrown|passed|assigned|"
-                   r"consumed|registered|subscribed|triggered|sent|dispatched)\b"
+                   r"imported|mentioned|instantiated)\b"
+                   r"|\bwhere\s+(?:else|all)\b"
                    r"|\b(?:who|what)\s+(?:else\s+)?(?:calls|uses|references|imports|invokes|reads|writes|modifies|"
                    r"mutates|raises|triggers|depends\s+on|relies\s+on|touches|subclasses|overrides|extends)\b"
                    r"|\b(?:callers|usages|uses|references|occurrences|instances|call\s+sites|mentions|"
@@ -172,7 +182,7 @@ _DESCRIBE = re.compile(r"^(?:\W*(?:please|can\s+you|could\s+you)\W+)*(?:describe
                        r"go\s+through|outline|sum\s+up|review|audit|critique|proofread|scan|inspect|check|"
                        r"read\s+through|look\s+over|go\s+over)\b")
 _EXHAUSTIVE = re.compile(r"\b(?:exhaustive(?:ly)?|comprehensive(?:ly)?|(?:complete|full|entire)\s+list|every\s+single|"
-                         r"all\s+of\s+them|without\s+(?:missing|skipping)|(?:don'?t|do\s+not)\s+(?:miss|skip|leave\s+out)"
+                         r"without\s+(?:missing|skipping)|(?:don'?t|do\s+not)\s+(?:miss|skip|leave\s+out)"
                          r"|leave\s+nothing\s+out|not\s+just\s+(?:one|the\s+first))\b")
 _WHAT_WHOLE = re.compile(r"\bwhat\s+(?:does|do|is|are)\s+" + _OBJECT + r"\s+(?:do|does|for|about)\b")
 
@@ -204,8 +214,7 @@ def every_intent(sentence: str) -> str | None:
 # the kinds of part a message is made of: a request for every one of them asks for the whole message
 _STRUCTURE = re.compile(r"\b(?:functions?|methods?|class(?:es)?|definitions?|constants?|variables?|sections?|"
                         r"paragraphs?|chapters?|entry\s+points?|todos?|modules?-level|globals?|endpoints?|"
-                        r"routes?|commands?|options?|flags?|settings?|fields?|tables?|headings?|handlers?|callbacks?|hooks?|"
-                        r"helpers?|tests?|imports?)\b")
+                        r"routes?|headings?|handlers?|callbacks?|helpers?|imports?)\b")
 
 
 
@@ -228,10 +237,11 @@ def _every_intent(t: str) -> str | None:
         if w[0] in ("are", "were") and _plural(w[2] if w[1] in _DET else w[1]):
             return "every"  # "what are the endpoints"
         named_subject = w[1] in _AUX and NAME in t[wh.end(1):]
-        if w[0] not in _AUX and _plural(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET and not named_subject:
-            return "every"  # "which functions call", "what errors can" (not "which verbs does X.parse accept")
-        if w[0] not in _AUX and _plural(w[1]) and (w[2] in _AUX or not w[2]):
-            return "every"  # "what environment variables does it read"
+        if w[0] not in _AUX and _plural(w[0]) and _PARTS.match(w[0]) and w[1] not in _NOT_VERB and w[1] not in _DET \
+                and not named_subject:
+            return "every"  # "which functions call", "what files import" (not "which verbs does X.parse accept")
+        if w[0] not in _AUX and _plural(w[1]) and _PARTS.match(w[1]) and (w[2] in _AUX or not w[2]):
+            return "every"  # "what test files does it import"
         if words and w[0] not in _AUX:
             return None  # "which function returns all items / the number of loops": about one thing
     if _COUNT.search(t) or _ENUM.search(t):
@@ -240,7 +250,7 @@ def _every_intent(t: str) -> str | None:
     if show is not None and (_plural(show.group(1)) or (show.group(1) not in _DET and _plural(show.group(2) or ""))):
         return "every"  # "name the classes defined here", "show me the functions that ..."
     if _HOW.search(t):
-        return None  # "how is each request authenticated": how one thing works, done for each
+        return None  # "how is each request authenticated", "where does it build each level": one thing, for each
     blanked = _NOT_QUANT.sub(" ", t)
     for m in _QUANT.finditer(blanked):
         before = blanked[: m.start()].split()
@@ -248,6 +258,16 @@ def _every_intent(t: str) -> str | None:
             continue  # "... when every coefficient is small": a condition, not what is asked for
         return "every"
     return None
+
+
+_REQUESTING = re.compile(r"\b(?:please|pls|tell\s+me|show\s+me|give\s+me|can\s+you|could\s+you|would\s+you|"
+                         r"i\s+need\s+(?:you\s+to|a|the|all|every))\b|" + _SUMMARY.pattern + "|" + _EXHAUSTIVE.pattern)
+
+
+def _asking(request: str) -> list[str]:
+    """Step 2: the request's sentences (identifiers blanked) that ask something: a question, an imperative, a
+    "please", or a summary asked for in a few words ("tl;dr of the file"); not a statement of what happens."""
+    return [p for p in _sentences(_prose(request or "")) if asks(p) or _REQUESTING.search(p.lower())]
 
 
 def _sentences(text: str) -> list[str]:

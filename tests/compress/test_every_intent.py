@@ -19,13 +19,13 @@ SOURCE = inspect.getsource(subprocess)  # ~22K tokens of real code; _remaining_t
 
 
 def test_the_dev_phrasings():
-    """The issue's misses and the dev phrasings (``every_dev``): at least 95 % each way on dev."""
+    """The issue's misses and the dev phrasings (``every_dev``): at least 90 % each way on dev (the issue's bar)."""
     for q in ("Which functions call retry?", "Where is retry used?", "Describe all handlers",
               "What does each handler do?", "Give a Summary of what this module does"):
         assert asks_for_every(q), q
     every = sum(asks_for_every(q) for q in EVERY)
     pointed = sum(not asks_for_every(q) for q in POINTED)
-    assert every >= 0.95 * len(EVERY) and pointed >= 0.95 * len(POINTED), (every, pointed)
+    assert every >= 0.9 * len(EVERY) and pointed >= 0.9 * len(POINTED), (every, pointed)
 
 
 @pytest.mark.parametrize("sentence, intent", [
@@ -108,3 +108,31 @@ def test_every_match_is_kept_whatever_the_serving_scorer_ranks_first():
     assert out.mode == "compressed", out.reason
     lines = [ln for ln in SOURCE.splitlines() if "_remaining_time" in ln]
     assert all(ln in out.text for ln in lines)
+
+
+@pytest.mark.parametrize("task", [
+    "Removing every value stored under a key and getting them back, the default is ignored when the key is "
+    "missing. Why?",
+    "We need to send every request through a proxy. How do I configure that for the client?",
+    "How is a common segment count found for all of them?",
+    "Where are the frames of an animation written out?",
+    "which responses get retried automatically?",
+])
+def test_a_users_bug_report_or_how_question_is_not_every_x(task):
+    """Users'-words code tasks (dev) that were read as every-X: a statement of what happens is no request, and a
+    how/where question or a plural of values is about one definition."""
+    assert not asks_for_every(task)
+
+
+def test_the_agents_narration_asks_nothing():
+    """A read's request holds the agent's narration ("... to find where this is handled"): only the user's words
+    decide whether it asks for every match."""
+    msgs = [{"role": "user", "content": "Why does parsing fail on a trailing comma?"},
+            {"role": "assistant", "content": "Let me look at rrule.py to find where this is used.", "tool_calls": [
+                {"id": "t", "type": "function", "function": {"name": "Read", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t", "content": SOURCE}]
+    spec = RequestFinder().find(msgs, 2)
+    assert asks_for_every(spec.text) and spec.user_text == "Why does parsing fail on a trailing comma?"
+    tt = TokenizedText.from_text(SOURCE)
+    out = Compressor(CompressionSettings(threshold=1024)).compress(tt, spec, tt.total_tokens, True, "tool")
+    assert out.mode == "compressed" and out.analysis.gate_scores is None
