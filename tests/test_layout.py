@@ -123,10 +123,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # Cycles that still stand, each to be broken by the work named; an entry may only go.
 KNOWN_CYCLES = [
-    # the session index and its implementations (``open_index`` imports them): goes with ``sessions/index/`` as a
-    # package, its base protocol and records, codec, local and redis modules, ``open_index`` in its ``__init__``
-    ["pflash_proxy.sessions.index", "pflash_proxy.sessions.records", "pflash_proxy.sessions.redis_index",
-     "pflash_proxy.sessions.store"],
     # the bench's own (pflash_proxy/bench is another piece of work's): ``quality`` reads a default of the package's
     # ``__init__``, which imports ``quality`` when it runs; the case generator imports its family builders, which
     # import the generator's helpers
