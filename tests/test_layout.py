@@ -147,6 +147,16 @@ def test_no_import_cycles():
     assert cycles(packages) == []
 
 
+def test_the_session_layer_has_no_cycle_even_through_annotations():
+    """``sessions/`` imports nothing that imports it back, counting the imports under ``if TYPE_CHECKING:`` too
+    (``slots`` once named ``manager.SlotsPrefetch`` so; the index's backends import ``index.base``, never the
+    package that picks them)."""
+    session = {name: path for name, path in MODULES.items() if name.startswith("pflash_proxy.sessions")}
+    graph = {name: {t for t in (_resolve(m) for m in _imports(path)) if t in session and t != name}
+             for name, path in session.items()}
+    assert cycles(graph) == []
+
+
 def test_the_cycle_scan_sees_lazy_imports_and_skips_type_only_ones():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
