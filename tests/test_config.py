@@ -99,7 +99,7 @@ def test_state_directories_are_created_or_tightened_to_0700(tmp_path):
     import os
 
     from pflash_proxy.config import private_dir
-    from pflash_proxy.sessions.store import SessionStore
+    from pflash_proxy.sessions.index.local import SessionStore
     fresh = private_dir(tmp_path / "a" / "b")
     assert fresh.stat().st_mode & 0o777 == 0o700
     old = tmp_path / "old"

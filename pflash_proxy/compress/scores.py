@@ -4,7 +4,7 @@ A scorer splits its work in two: ``represent`` reads the message once and return
 question-independent ``UnitReps`` (cacheable, stored for recall);
 ``score`` rates those units against any question without re-reading the message.
 
-The reps' format (what a session stores for recall, ``sessions/records.py`` writes it as tagged JSON, never a
+The reps' format (what a session stores for recall, ``sessions/index/codec.py`` writes it as tagged JSON, never a
 pickle): ``scorer``, the name of the scorer that made them (``Scorer.name``); ``version``, the layout of the
 payload (``REPS_VERSION``: bump it when a built-in scorer changes what its payload holds); ``n_units`` and
 ``unit_tokens``; ``payload``, plain data only (None, numbers, strings, lists, tuples, dicts, numeric numpy

@@ -56,7 +56,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -68,8 +68,8 @@ from pflash_proxy.sessions.identity import credential
 from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, TraceLog, open_index,
                                         run)
 from pflash_proxy.sessions.isolation import CacheIsolation
-from pflash_proxy.sessions.liveness import GONE, PASSING, StatesAnswer, UpstreamWatch
-from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotTable
+from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
+from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -654,20 +654,6 @@ def reported_cache(announced: str, expected: int, cached: int) -> tuple[str, str
     if announced == "miss" and cached >= PREFIX_HIT_MIN:
         return "hit-prefix", None
     return announced, None
-
-
-class SlotsPrefetch:
-    """The slots' states asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
-    the grant count of every idle slot, the table itself and the restarts noticed so far."""
-
-    def __init__(self, task: Awaitable[StatesAnswer], table: SlotTable, grants: dict[int, int], restarts: int):
-        self.task, self.table, self.grants, self.restarts = task, table, grants, restarts
-
-    def covers(self, slot: Slot, table: SlotTable, restarts: int) -> bool:
-        """The answer speaks for ``slot`` as it is under the current lease: the slot was idle when it was asked,
-        exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
-        return (table is self.table and restarts == self.restarts and slot.id in self.grants
-                and slot.grants == self.grants[slot.id] + 1)
 
 
 def _is_prefix(prefix: list[str], full: list[str]) -> bool:

@@ -47,8 +47,8 @@ from pflash_proxy.engine import CacheReport
 from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import namespace_seed
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, TraceLog, run
-from pflash_proxy.sessions.manager import SessionManager, SlotsPrefetch, reported_cache
-from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease
+from pflash_proxy.sessions.manager import SessionManager, reported_cache
+from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease, SlotsPrefetch
 
 log = logging.getLogger("pflash_proxy.sessions")
 

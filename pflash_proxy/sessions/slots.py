@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Literal, overload
 from pflash_proxy.errors import QueueFull, QueueTimeout
 
 if TYPE_CHECKING:
-    from pflash_proxy.sessions.manager import SlotsPrefetch
+    from collections.abc import Awaitable
+
+    from pflash_proxy.engine import SlotState
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
@@ -289,3 +291,18 @@ class SlotTable:
     def describe(self) -> list[dict[str, object]]:
         return [{"id": s.id, "session": s.session[:8] if s.session else None, "tokens": s.tokens, "busy": s.busy,
                  "known": s.known, "snapshot_current": s.snapshot_current} for s in self.slots]
+
+
+class SlotsPrefetch:
+    """The slots' states asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    the grant count of every idle slot, the table itself and the restarts noticed so far."""
+
+    def __init__(self, task: Awaitable[tuple[bool, list[SlotState] | None]], table: SlotTable,
+                 grants: dict[int, int], restarts: int):
+        self.task, self.table, self.grants, self.restarts = task, table, grants, restarts
+
+    def covers(self, slot: Slot, table: SlotTable, restarts: int) -> bool:
+        """The answer speaks for ``slot`` as it is under the current lease: the slot was idle when it was asked,
+        exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
+        return (table is self.table and restarts == self.restarts and slot.id in self.grants
+                and slot.grants == self.grants[slot.id] + 1)

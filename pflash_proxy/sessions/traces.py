@@ -28,7 +28,7 @@ names of version 2 when they are read.
 ``append`` adds a turn's traces to the log. Bounds per session: the newest ``MAX_TRACES`` compression and recall
 traces and, apart from them, the newest ``MAX_TURNS`` turn traces; beyond ``MAX_TEXT_CHARS`` of original text in
 all, the oldest traces lose their text (their units, scores and line ranges stay). An index stores each text and
-unit table under a key of its own, written once (``sessions.records.TraceParts``): the log ``append`` is given
+unit table under a key of its own, written once (``sessions.index.codec.TraceParts``): the log ``append`` is given
 names them there and counts the text's characters, and a reader gets them back in place. ``TraceLog.totals``
 keeps the session's running totals (messages compressed, tokens in, tokens served; turns timed, tokens prefilled
 and cached, tokens avoided and milliseconds saved by cause), which outlive dropped traces. ``log_of`` reads a
@@ -48,7 +48,7 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import TurnTraces
 from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
-from pflash_proxy.sessions.records import drop_text, text_chars
+from pflash_proxy.sessions.index.codec import drop_text, text_chars
 
 if TYPE_CHECKING:
     from pflash_proxy.compress import CompressionOutcome, RecallDecision, RequestSpec, Segmenter

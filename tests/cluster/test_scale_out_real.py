@@ -28,7 +28,7 @@ import time
 import aiohttp
 import pytest
 
-from pflash_proxy.sessions.redis_index import RedisIndex
+from pflash_proxy.sessions.index.redis import RedisIndex
 from tests.cluster.balancers import Balancer
 from tests.cluster.balancers import binary as balancer_binary
 from tests.cluster.nodes import Cluster, wait_balancer

@@ -21,7 +21,7 @@ from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.rewrite import MARKER_RE, PART_MARKER_RE
 from pflash_proxy.compress.scores import LexicalScorer
 from pflash_proxy.compress.text import TokenizedText
-from pflash_proxy.sessions import records
+from pflash_proxy.sessions.index import codec as records
 from tests.compress.longlines_inputs import FACTS, html_page, json_answer, minified_js, wiki_paragraphs
 
 MAX = 512

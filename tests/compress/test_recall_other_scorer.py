@@ -14,7 +14,7 @@ from pflash_proxy.compress.scores import REPS_VERSION, LexicalScorer, UnitReps
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit
 from pflash_proxy.sessions.index import SessionRecord
-from pflash_proxy.sessions.records import decode, encode
+from pflash_proxy.sessions.index.codec import decode, encode
 
 from .corpus import NEEDLE, document_with_needle
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.scores import LexicalScorer
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.traces import TurnTraces, append, record_compression
 
 ROOT = Path(__file__).resolve().parents[2]

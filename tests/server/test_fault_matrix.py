@@ -400,7 +400,7 @@ async def test_sigterm_drains_requests_in_flight_saves_sessions_and_exits_0(faul
             proc.wait()
     assert rc == 0, log.read_text()[-3000:]
     assert exited_after < 90
-    from pflash_proxy.sessions.store import SessionStore
+    from pflash_proxy.sessions.index.local import SessionStore
 
     store = SessionStore(home / "sessions")
     try:  # both sessions held a slot at the signal: both were snapshotted on the way out

@@ -29,7 +29,7 @@ from aiohttp import web
 from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.server.app import create_app
 from pflash_proxy.sessions.cluster import sign_forward, sign_heartbeat, verify_forward
-from pflash_proxy.sessions.redis_index import RedisIndex
+from pflash_proxy.sessions.index.redis import RedisIndex
 from tests.conftest import make_settings, session_manager
 from tests.redis_server import RedisServer, binary
 

@@ -20,7 +20,7 @@ from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 from tests.conftest import make_settings
 

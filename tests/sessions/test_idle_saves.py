@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 from tests.sessions.test_fake_engine_pipeline import DOC_A, DOC_B, Proxy, RemoteStore, _proxy, chat
 
 DOC_C = "The orchard by the river grows plums in rows of seven and apples in rows of five. " * 12

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pflash_proxy.config import Settings
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.store import SnapshotRecord
+from pflash_proxy.sessions.index.local import SnapshotRecord
 
 
 async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):

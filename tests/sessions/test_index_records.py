@@ -1,4 +1,4 @@
-"""The session index seam (``sessions/index.py``): typed per-feature fields of a record, records written before
+"""The session index seam (``sessions/index/base.py``): typed per-feature fields of a record, records written before
 them (one ``extra`` dict) still read, and the read-only view the inspector is handed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import diskcache
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 from tests.conftest import make_settings
 
 
@@ -27,7 +27,7 @@ def test_a_record_written_with_extra_reads_into_the_typed_fields(tmp_path):
     rec.recall_sources = []
     rec.trace_totals["recalls"] = 2
     store.update_record(rec)
-    stored = json.loads(store.cache.get(("session", rec.id)))  # schema-versioned JSON (sessions/records.py)
+    stored = json.loads(store.cache.get(("session", rec.id)))  # schema-versioned JSON (sessions/index/codec.py)
     assert "extra" not in stored["value"] and stored["value"]["trace_totals"] == {"recalls": 2}
     again = store.get(rec.id)
     assert again == rec

@@ -1,6 +1,6 @@
 """Every in-memory cache of the session layer is bounded by the bytes it keeps alive, however the client's JSON is
-typed: the message-hash memo (``identity.MEMO``), the served-message and recall caches (``records.RecordParts``),
-the embedded index's lookup mirror and decoded records (``store.Mirror``, ``SessionStore._decodes``).
+typed: the message-hash memo (``identity.MEMO``), the served-message and recall caches (``codec.RecordParts``),
+the embedded index's lookup mirror and decoded records (``local.Mirror``, ``SessionStore._decodes``).
 
 The hostile shapes are the ones a client can send for free: tool-call arguments of numbers (a float is 24 bytes
 in Python for its 4 bytes of JSON, and counted zero by a bound on characters), deep nesting, and many small items.
@@ -20,8 +20,8 @@ import pytest
 from pflash_proxy.sessions.identity import MEMO_MIN_CHARS, message_hash
 from pflash_proxy.sessions.index import SessionRecord
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
-from pflash_proxy.sessions.records import RecordParts
-from pflash_proxy.sessions.store import Mirror, SessionStore
+from pflash_proxy.sessions.index.codec import RecordParts
+from pflash_proxy.sessions.index.local import Mirror, SessionStore
 
 TEXT = "lorem ipsum dolor sit amet " * (MEMO_MIN_CHARS // 20)  # enough characters to be memoised
 

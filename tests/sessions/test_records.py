@@ -1,4 +1,4 @@
-"""The stored format of the session indexes (``sessions/records.py``): plain JSON with a schema version, nothing
+"""The stored format of the session indexes (``sessions/index/codec.py``): plain JSON with a schema version, nothing
 unpickled, and every value that is not a record read as absent.
 
 1. A session record round-trips whole: served history, hashes, traces, and recall sources made by each of the
@@ -31,8 +31,8 @@ from pflash_proxy.compress.fusion import FusedScorer
 from pflash_proxy.compress.links import Linked
 from pflash_proxy.compress.routed import RoutedScorer
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
-from pflash_proxy.sessions.records import SCHEMA, decode, encode
-from pflash_proxy.sessions.store import UNREADABLE_KEY, SessionStore, _parse_key
+from pflash_proxy.sessions.index.codec import SCHEMA, decode, encode
+from pflash_proxy.sessions.index.local import UNREADABLE_KEY, SessionStore, _parse_key
 
 
 class CreatesFile:

@@ -2,7 +2,7 @@
 
 On 19528cf non-UTF-8 bytes under a session's ``holder:`` key failed every turn of that session with a 500 on every
 node, under a ``node:`` key the inspector's overview and session list answered 500/503, and ``pflash-proxy ls``
-crashed. The decoding layer of the index (``redis_index._text``) now reads such bytes as absent, so every reader
+crashed. The decoding layer of the index (``redis._text``) now reads such bytes as absent, so every reader
 (turns, the inspector, ``ls``) gets what it gets for a missing key.
 
 First every read of ``RedisIndex`` against a real redis-server with bad bytes under each kind of key and in each
@@ -20,7 +20,7 @@ import pytest
 
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import SnapshotRecord
-from pflash_proxy.sessions.redis_index import RedisIndex
+from pflash_proxy.sessions.index.redis import RedisIndex
 from tests.redis_server import RedisServer, binary
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")

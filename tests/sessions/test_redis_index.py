@@ -1,4 +1,4 @@
-"""The shared session index (``sessions/redis_index.py``) against a real ``redis-server`` the test starts itself.
+"""The shared session index (``sessions/index/redis.py``) against a real ``redis-server`` the test starts itself.
 
 1. The same ``SessionIndex`` contract as the embedded diskcache index (each test runs on both): records with their
    chain entries, the longest-prefix lookup, forks, pruning, responses, snapshot records.
@@ -17,9 +17,9 @@ import time
 import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, TraceLog, open_index
-from pflash_proxy.sessions.records import encode
-from pflash_proxy.sessions.redis_index import RedisIndex
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.codec import encode
+from pflash_proxy.sessions.index.redis import RedisIndex
+from pflash_proxy.sessions.index.local import SessionStore
 from tests.redis_server import RedisServer, binary
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")
@@ -416,7 +416,7 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
     """A prune lists what a session's keys are, then deletes them; a trace write that lands in between (it runs
     after the answer, in a worker thread or on another node) adds parts the prune did not list: they must go too,
     never stay behind without a log that names them."""
-    from pflash_proxy.sessions import redis_index, store
+    from pflash_proxy.sessions.index import local as store, redis as redis_index
 
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h"], msgs("hello"))

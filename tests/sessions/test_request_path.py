@@ -18,10 +18,9 @@ from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.sessions.manager import SlotsPrefetch
-from pflash_proxy.sessions.slots import SlotTable
+from pflash_proxy.sessions.slots import SlotsPrefetch, SlotTable
 from pflash_proxy.stages.sessions import _hashes
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 from tests.conftest import make_settings, serve_fake_engine, session_manager, session_service
 
 MSGS = [{"role": "user", "content": "Hi"}]

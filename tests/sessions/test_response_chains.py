@@ -6,7 +6,7 @@ import diskcache
 
 from pflash_proxy.stages.chains import expand, record
 from pflash_proxy.sessions.identity import credential, message_hash, namespace_seed
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 
 
 def user(text: str) -> dict:

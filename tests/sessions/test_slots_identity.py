@@ -8,7 +8,7 @@ import pytest
 
 from pflash_proxy.sessions.identity import chain, message_hash, namespace_seed
 from pflash_proxy.sessions.slots import SlotTable
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 
 
 def test_message_hash_canonicalises_content_forms():

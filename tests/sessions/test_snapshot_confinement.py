@@ -18,7 +18,7 @@ import pytest
 
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.index import SnapshotRecord, open_index
-from pflash_proxy.sessions.records import encode
+from pflash_proxy.sessions.index.codec import encode
 from pflash_proxy.sessions.snapshots import SnapshotManager
 from tests.redis_server import RedisServer, binary
 

@@ -12,7 +12,7 @@ import pytest
 from pflash_proxy.engine import EngineRefused, Slots
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.snapshots import SnapshotManager
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 
 
 class SizedSlots:

@@ -1,4 +1,4 @@
-"""The index's fast key encoding (``store.KeyDisk``): the very bytes diskcache writes, so old indexes stay readable."""
+"""The index's fast key encoding (``local.KeyDisk``): the very bytes diskcache writes, so old indexes stay readable."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import diskcache
 
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.sessions.store import KeyDisk, SessionStore, _tuple_key
+from pflash_proxy.sessions.index.local import KeyDisk, SessionStore, _tuple_key
 
 
 def test_fast_key_bytes_are_diskcaches_own():

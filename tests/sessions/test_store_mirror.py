@@ -1,4 +1,4 @@
-"""The embedded index's lookup mirror (``store.Mirror``): a continued session is found without reading SQLite, and
+"""The embedded index's lookup mirror (``local.Mirror``): a continued session is found without reading SQLite, and
 the mirror answers every lookup as SQLite alone does, through saves, forks, record updates and prunes, and when a
 write runs during a lookup."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 
 
 def msgs(*texts: str) -> list[dict[str, object]]:
@@ -137,7 +137,7 @@ def test_a_continued_session_is_not_decoded_again_and_each_lookup_gets_its_own_r
     """The record a lookup finds in the mirror is not decoded again: the save kept what it wrote, and an index that
     did not write it decodes it once; every lookup gets a copy whose lists are its own, so what one turn changes in
     its record is not what the next lookup returns."""
-    import pflash_proxy.sessions.store as store_module
+    import pflash_proxy.sessions.index.local as store_module
 
     store = SessionStore(tmp_path / "idx")
     rec = store.new_session("seed", False)
@@ -180,7 +180,7 @@ def test_a_save_keeps_what_decoding_its_bytes_gives(tmp_path):
     """What a save keeps for the next lookup is the record decoding the stored bytes gives, recall sources and all:
     served messages and sources under keys of their own, none inline, none read back; after every save of a run of
     new, continued, forked and updated sessions."""
-    from pflash_proxy.sessions.records import decode
+    from pflash_proxy.sessions.index.codec import decode
     from tests.sessions.test_redis_index import _recall_source
 
     rnd = random.Random(3)
@@ -215,7 +215,7 @@ def test_a_save_keeps_what_decoding_its_bytes_gives(tmp_path):
 
 def test_a_copy_of_a_record_owns_every_list_and_dict(tmp_path):
     """``_fresh`` copies each container field of a record (a field added as a list or dict is copied too)."""
-    from pflash_proxy.sessions.store import _fresh
+    from pflash_proxy.sessions.index.local import _fresh
 
     rec = SessionStore(tmp_path / "idx").new_session("seed", False)
     containers = [k for k, v in vars(rec).items() if isinstance(v, (list, dict))]

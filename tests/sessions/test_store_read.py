@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pflash_proxy.sessions.store import SessionStore
+from pflash_proxy.sessions.index.local import SessionStore
 
 
 def test_a_read_racing_a_rewrite_reads_again(tmp_path, monkeypatch):

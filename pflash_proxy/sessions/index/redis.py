@@ -1,6 +1,6 @@
 """The shared ``SessionIndex``: one Redis database that several proxy nodes read and write (``--index redis://``).
 
-Keys (all under ``pflash:``; records are schema-versioned JSON, ``records.py``, validated when read: a value
+Keys (all under ``pflash:``; records are schema-versioned JSON, ``codec.py``, validated when read: a value
 that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
 node; nothing is ever unpickled):
 1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
@@ -9,7 +9,7 @@ node; nothing is ever unpickled):
    ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
    wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
    after each answer in a ``WATCH``ed transaction), each trace's original text and units under
-   ``trace-part:<sid>:<key>``, written once (``records.TraceParts``);
+   ``trace-part:<sid>:<key>``, written once (``codec.TraceParts``);
    ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
 3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
    checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
@@ -36,9 +36,9 @@ from typing import Any, Callable, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
-from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
-from pflash_proxy.sessions.records import trace_log as stored_trace_log
+from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
+from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -194,7 +194,7 @@ class RedisIndex:
         return None, 0, hashes
 
     def _key(self, key: tuple[str, ...]) -> str:
-        """An index key (``records.Key``) as this index's Redis key."""
+        """An index key (``codec.Key``) as this index's Redis key."""
         return self.p + ":".join(key)
 
     def _read_many(self, keys: list[tuple[str, ...]]) -> list[object]:

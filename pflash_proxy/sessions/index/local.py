@@ -1,7 +1,7 @@
 """Persisted session state in one ``diskcache.Cache`` (SQLite: every write is an atomic transaction).
 
 Values are plain data: a session id, a salt or a time as itself, every record as schema-versioned JSON
-(``records.py``), validated when read; a value that is not a readable record (one an older version pickled, or
+(``codec.py``), validated when read; a value that is not a readable record (one an older version pickled, or
 anything else) is logged and read as absent, never unpickled. Keys are tuples of strings; they are read back
 (listing the index) by parsing their bytes, never by unpickling them.
 
@@ -15,7 +15,7 @@ Keys:
    compressed);
 3. ``("used", sid)`` → the session's last use (epoch s), kept beside the record for pruning; ``("traces", sid)``
    → the session's ``TraceLog`` (the inspector's: written after each answer, never read by a turn), each trace's
-   original text and units under ``("trace-part", sid, key)``, written once (``records.TraceParts``);
+   original text and units under ``("trace-part", sid, key)``, written once (``codec.TraceParts``);
 4. ``("snapshot", sid)`` → ``SnapshotRecord``: the slot file, its token count, the served-message hashes it
    covers, the model identity it belongs to, size, checksum and last use;
 5. ``("response", rid)`` → one Responses answer (``stages/chains.py``): its owner, the session that recorded
@@ -75,9 +75,9 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
-from pflash_proxy.sessions.records import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
-from pflash_proxy.sessions.records import trace_log as stored_trace_log
+from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
+from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -177,7 +177,7 @@ def _fresh(rec: SessionRecord) -> SessionRecord:
 
 
 def _as_stored(rec: SessionRecord) -> SessionRecord:
-    """What decoding the bytes a save just wrote of ``rec`` returns (``records.decode``), without decoding them: the
+    """What decoding the bytes a save just wrote of ``rec`` returns (``codec.decode``), without decoding them: the
     save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
     record as stored holds none inline, and has read none back."""
     out = _fresh(rec)

@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pflash_proxy.jsontypes import JSONObject, JSONValue
-from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, TraceLog
 from pflash_proxy.sessions.lru import ValueCache, footprint
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The session index seam: the records it keeps and the ``SessionIndex`` protocol every backend implements.
 
-The embedded backend is ``store.SessionStore`` (one diskcache/SQLite directory per proxy); a shared backend (for
+The embedded backend is ``local.SessionStore`` (one diskcache/SQLite directory per proxy); a shared backend (for
 several proxies in front of one pool of llama-servers) implements the same protocol. Callers never see the layer
 below: every backend raises ``StoreError`` for a failure of it (disk full, a damaged file, a lock timeout, a
 lost connection), which callers treat as "serve without the index", never as a failed request. Calls block; an
@@ -18,7 +18,7 @@ after the answer. Records written before the trace log kept them in the record (
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
 hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
-``records.RecordParts.load_recall`` at a lookup, through a ``lru.ValueCache`` of the sources read or written), not in
+``codec.RecordParts.load_recall`` at a lookup, through a ``lru.ValueCache`` of the sources read or written), not in
 the record every later turn reads and writes; records that held them inline are read as they were and store them
 under keys at their next save. The served history is kept the same way: each message once, under its session and
 position (``served_keyed``, ``new_served``, ``RecordParts.load_served``), so a turn of a long conversation writes its
@@ -32,7 +32,6 @@ import time
 import uuid
 from dataclasses import dataclass, field, fields
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pflash_proxy.jsontypes import JSONObject
@@ -105,7 +104,7 @@ class SessionRecord:
         return cls(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
 
     def stored(self) -> dict[str, object]:
-        """The record as plain fields (objects in them kept as they are: ``records.py`` stores them)."""
+        """The record as plain fields (objects in them kept as they are: ``codec.py`` stores them)."""
         return {name: getattr(self, name) for name in _STORED_FIELDS}
 
     def continued_by(self, hashes: Sequence[str], n: int) -> bool:
@@ -194,7 +193,7 @@ class SnapshotRecord:
 
 
 class SessionIndex(Protocol):
-    """What the proxy keeps about sessions, responses and snapshots (``store.SessionStore`` documents each key)."""
+    """What the proxy keeps about sessions, responses and snapshots (``local.SessionStore`` documents each key)."""
 
     salt: str  # the random salt owners' credentials are hashed with; the same across restarts
     # every call may wait on a network round trip (a server several nodes share): ``run`` never makes one on the
@@ -249,7 +248,7 @@ class SessionIndex(Protocol):
 
 
 class ClusterIndex(SessionIndex, Protocol):
-    """A ``SessionIndex`` several proxy nodes share (``redis_index.RedisIndex``): besides the records, which node
+    """A ``SessionIndex`` several proxy nodes share (``redis.RedisIndex``): besides the records, which node
     holds each session, a lease per session's turn (one node at a time, with expiry) and the nodes' heartbeats."""
 
     def describe(self) -> str: ...
@@ -264,18 +263,6 @@ class ClusterIndex(SessionIndex, Protocol):
     def nodes(self) -> dict[str, str]: ...
     def leave(self, node: str) -> None: ...
     def holders(self) -> dict[str, str]: ...
-
-
-def open_index(home: Path, url: str | None = None) -> SessionIndex:
-    """The session index: the embedded diskcache one in the state directory ``home``, or, with ``url``
-    (``--index redis://HOST:PORT/DB``), the one several nodes share."""
-    if url and url != "embedded":
-        from pflash_proxy.sessions.redis_index import RedisIndex
-
-        return RedisIndex(url)
-    from pflash_proxy.sessions.store import SessionStore
-
-    return SessionStore(home / "sessions")
 
 
 async def run(index: SessionIndex, fn: Callable[..., T], *args: object, small: bool = False) -> T:
