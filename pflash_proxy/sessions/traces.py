@@ -155,11 +155,15 @@ def segmenter_name(segmenter: Segmenter | None) -> str:
 
 
 def _request(request: RequestSpec, tt: TokenizedText) -> JSONObject:
-    """The request and, when it is the message's own tail, the lines it occupies (0-based, end exclusive)."""
+    """The request and, when it is in the message itself (the question found by its form, or the message's own
+    tail), the lines it occupies (0-based, end exclusive)."""
     text = request.text or ""
     out: JSONObject = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
                            "text": text[-REQUEST_CHARS:], "truncated": len(text) > REQUEST_CHARS, "lines": None}
-    if request.source == "message-tail" and text:  # the message's own tail: its last lines, byte for byte
+    if request.kept_lines is not None:  # the question's own lines in the message
+        a, b = request.kept_lines
+        out["lines"] = [max(0, min(a, len(tt.lines))), max(0, min(b, len(tt.lines)))]
+    elif request.source == "message-tail" and text:  # the message's own tail: its last lines, byte for byte
         start = len(tt.lines) - len(split_lines(text))
         if start >= 0 and "".join(tt.lines[start:]) == text:
             out["lines"] = [start, len(tt.lines)]
