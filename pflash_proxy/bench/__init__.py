@@ -47,7 +47,7 @@ def _ints(text: str) -> list[int]:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads) or an eval (ruler-qa, "
                                      "code-tasks, planted, every-x)",
-                       description="Benchmarks through the proxy against a real llama-server; see benchmarks/README.md")
+                       description="Benchmarks through the proxy against a real llama-server; see docs/results.md")
     p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads", "ruler-qa", "code-tasks", "planted",
                                     "every-x"))
     p.add_argument("--quick", action="store_true",
@@ -84,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--max-tokens", type=int, default=48, help="answer length for `answers`")
     p.add_argument("--dump-analyses", type=Path, metavar="FILE",
                    help="quality: pickle every scorer's first-turn units and scores with the cases, to replay "
-                        "score fusions offline (benchmarks/fusion_study.py)")
+                        "score fusions offline (the fusion study of docs/results.md)")
     p.add_argument("--render", type=Path, nargs="+", metavar="KIND.json",
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
                         "llama-server, nothing measured); several quality runs of the same seed, threshold, "

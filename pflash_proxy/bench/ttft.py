@@ -13,7 +13,7 @@
    paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
    kept.  Per-turn and whole-chat waiting time.  It runs before step 2, and its first turn is step 2's first
    prompt at that length (the same sectioned document, salted the same way), so that prompt is not sent twice.
-4. Resume, at the shortest length (``benchmarks/bench_resume.py`` measures 8K-30K): a new PFlash conversation
+4. Resume, at the shortest length (``benchmarks/bench_resume.py`` of 19528cf measured 8K-30K): a new PFlash conversation
    over the replay's document is snapshotted, llama-server is restarted, and the follow-up is asked again
    (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
    prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).

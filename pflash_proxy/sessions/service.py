@@ -1,6 +1,6 @@
 """``SessionService``: what the session stages ask of the session layer, in the stages' own terms.
 
-The stages (``stages/sessions.py``, ``stages/chains.py``, ``inspector/turns.py``) call this object only; it alone
+The stages (``stages/sessions.py``, ``stages/chains.py``, ``stages/savings.py``) call this object only; it alone
 reaches the manager's slot table, session index, snapshots and cluster node, and it alone decides where an index
 call runs (``index.run``: from the index's declared ``remote``, and from the size of the request's history).
 

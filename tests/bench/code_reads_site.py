@@ -124,5 +124,5 @@ def make_site(root: Path) -> Path:
             f"{stem}pkg/tests/test_core.py": module_text("t" + stem),  # a test file
             f"{stem}pkg/_vendor/copied.py": module_text("v" + stem),  # a vendored copy
         })
-    _dist(site, "jinja2", "3.1.0", {"jinja2/utils.py": module_text("jinja")})  # benchmarks/agent_reads reads it
+    _dist(site, "jinja2", "3.1.0", {"jinja2/utils.py": module_text("jinja")})  # the agent-read study of 19528cf read it
     return site

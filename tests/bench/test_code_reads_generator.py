@@ -59,7 +59,7 @@ def test_gold_spans_are_the_definitions_as_ast_gives_them(site, cases):
 def test_files_and_packages_left_out(site, cases):
     paths = {c.path for c in cases}
     assert not any("/tests/" in p or "/_vendor/" in p or p.endswith("small.py") for p in paths)
-    assert not any(c.package == "jinja2" for c in cases)  # benchmarks/agent_reads reads it
+    assert not any(c.package == "jinja2" for c in cases)  # the agent-read study of 19528cf read it
     assert {c.package for c in cases} == {f"{s}pkg" for s in PACKAGES}
     assert all(g.MIN_CHARS <= c.file_chars <= g.MAX_CHARS for c in cases)
 

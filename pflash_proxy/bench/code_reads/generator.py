@@ -4,7 +4,7 @@ Nothing is written by hand, so nothing can be tuned case by case: the functions,
 questions all come from the installed sources and a seed.
 
 1. ``packages(site)``: every distribution installed in ``site`` (a site-packages directory), sorted by name,
-   without ``EXCLUDED`` (the packages ``benchmarks/agent_reads/`` reads, and the proxy itself); its ``.py`` files
+   without ``EXCLUDED`` (the packages the agent-read study of 19528cf read, and the proxy itself); its ``.py`` files
    from its ``RECORD``, left out: files outside ``site``, tests, vendored copies of other packages (``_vendor``,
    ``vendored``, ``extern``: the same code would sit in both splits), files not of ``MIN_CHARS``-``MAX_CHARS``
    characters, not UTF-8, with ``\\r``, or that ``ast`` cannot parse.
@@ -48,7 +48,7 @@ from . import questions as q
 __all__ = ["CodeCase", "EXCLUDED", "KINDS", "Function", "SourceFile", "functions", "generate", "packages",
            "site_packages", "split_of"]
 
-# benchmarks/agent_reads/cases.py reads jinja2, numpy, pydantic and pytest (``_pytest``); none of them here
+# the agent-read study (benchmarks/agent_reads/cases.py at 19528cf) read jinja2, numpy, pydantic and pytest (``_pytest``); none of them here
 AGENT_READS = ("jinja2", "numpy", "pydantic", "pytest")
 EXCLUDED = frozenset(AGENT_READS + ("pflash-proxy",))
 KINDS = ("named", "qualified", "described")

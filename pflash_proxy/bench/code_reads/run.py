@@ -454,7 +454,7 @@ def report(data: CodeReadsRun, out_dir: Path, command: str) -> tuple[str, list[P
 
 # ----------------------------------------------------------------------------------------------- command line
 
-THRESHOLD = 2048  # the proxy's agent-read setting the measurements in benchmarks/README.md use
+THRESHOLD = 2048  # the proxy's agent-read setting the measurements in docs/results.md use
 DEFAULT_OUT = "benchmarks/results"
 
 

@@ -13,7 +13,7 @@ leases, heartbeats).
 A session record is typed per feature: the served history (``sessions``) and the recall sources compression
 keeps for later turns (``recall_sources``, ``stages/compress.py``). It is read at every turn's lookup and written
 at its commit, so what only the inspector reads is kept apart, under the session's own ``TraceLog``
-(``trace_log`` / ``update_trace_log``; ``inspector/trace.py``): the traces and their running totals, written
+(``trace_log`` / ``update_trace_log``; ``sessions/traces.py``): the traces and their running totals, written
 after the answer. Records written before the trace log kept them in the record (``traces``, ``trace_totals``;
 earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
 For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
@@ -136,7 +136,7 @@ class SessionRecord:
 @dataclass
 class TraceLog:
     """What the inspector keeps of a session apart from its record: plain-data traces (newest last) and running
-    totals (``inspector/trace.py`` says what they hold and bounds them)."""
+    totals (``sessions/traces.py`` says what they hold and bounds them)."""
 
     traces: list[JSONObject] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
