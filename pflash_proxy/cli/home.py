@@ -23,7 +23,7 @@ slots are on another llama-server and write over the first one's records, so it 
    they take the lock shared, so that they exclude a proxy with an index of its own but not each other.
 5. ``holder(home)`` tells ``wrap`` the URL of the proxy serving from a directory, and the nonce to check it by:
    only from a lock file that passes step 2's checks, in a home that passes step 1's, and held by a live
-   process.  ``wrap`` then asks that URL for ``proof(nonce, challenge)`` (``PROOF_PATH``) before using it.
+   process.  ``wrap`` then asks that URL for ``server.keys.proof(nonce, challenge)`` (``PROOF_PATH``) before using it.
 6. Where ``fcntl`` is missing (not POSIX) or the file system refuses locks (some network mounts), nothing is
    locked (logged).
 """
@@ -31,8 +31,6 @@ slots are on another llama-server and write over the first one's records, so it 
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -51,7 +49,6 @@ except ImportError:  # pragma: no cover - not POSIX
 LOCK_NAME = "serve.lock"
 SLOTS_LOCK_NAME = "pflash-slots.lock"
 SHARED_LINE = "shared\n"  # what the nodes of a shared index write into the slot folder's lock
-PROOF_PATH = "/pflash/holder"  # ?challenge=HEX -> {"proof": proof(nonce, challenge)} (server/routes.py)
 # errors of a file system that has no locks: serve unlocked (logged), as before
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 log = logging.getLogger("pflash_proxy.cli")
@@ -243,6 +240,3 @@ def holder(home: Path) -> tuple[str, str] | None:
         return None  # free: nobody serves from it
 
 
-def proof(nonce: str, challenge: str) -> str:
-    """What the proxy holding ``nonce`` answers to ``challenge``: HMAC-SHA256, hex (the nonce never travels)."""
-    return hmac.new(nonce.encode(), challenge.encode(), hashlib.sha256).hexdigest()

@@ -62,7 +62,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Mapping, Sequence
 
-from pflash_proxy.cli.home import PROOF_PATH, Untrusted, check_home, holder, proof
+from pflash_proxy.cli.home import Untrusted, check_home, holder
+from pflash_proxy.server.keys import PROOF_PATH, proof
 from pflash_proxy.config import Settings
 
 AGENT_NAMES = ("claude", "codex", "opencode", "aider")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -28,3 +30,9 @@ STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers rel
 PEERS: web.AppKey["dict[str, PeerNode]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)
 # the nonce ``serve`` wrote into its state directory's lock file (cli/home.py); absent when none was written
 HOLDER_NONCE: web.AppKey[str] = web.AppKey("holder_nonce")
+PROOF_PATH = "/pflash/holder"  # ?challenge=HEX -> {"proof": proof(nonce, challenge)} (server/routes.py)
+
+
+def proof(nonce: str, challenge: str) -> str:
+    """What the proxy holding ``nonce`` answers to ``challenge``: HMAC-SHA256, hex (the nonce never travels)."""
+    return hmac.new(nonce.encode(), challenge.encode(), hashlib.sha256).hexdigest()

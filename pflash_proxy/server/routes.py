@@ -50,7 +50,8 @@ from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
-from pflash_proxy.server.keys import BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, SETTINGS, UPSTREAM
+from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SETTINGS,
+                                     UPSTREAM, proof)
 from pflash_proxy.server.peers import PeerNode
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
-HOLDER_PATH = "/pflash/holder"  # cli/home.py's PROOF_PATH: wrap's check of the URL a lock file names
+HOLDER_PATH = PROOF_PATH  # wrap's check of the URL a lock file names (cli/home.py)
 TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
@@ -487,8 +488,6 @@ async def holder_proof(request: web.Request) -> web.StreamResponse:
     challenge = request.query.get("challenge", "")
     if not (16 <= len(challenge) <= 128 and all(c in "0123456789abcdef" for c in challenge)):
         return error_response(400, "challenge: 16 to 128 lowercase hex digits", "invalid_request")
-    from pflash_proxy.cli.home import proof
-
     return web.json_response({"proof": proof(nonce, challenge)})
 
 
