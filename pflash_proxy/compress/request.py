@@ -160,7 +160,9 @@ help locate point quote cite walk suggest spot look read go determine outline en
 tl summary overview recap gist
 """.split())
 USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes beside a paste, taken
-# whole (beside the question, paragraphs of at most USER_LINES lines: a document's own paragraphs run longer)
+# whole (beside the question, paragraphs of at most USER_LINES lines and USER_LINE_TOKENS tokens: a document's
+# own paragraphs run longer, RULER's "Document 12:" and its one-line paragraph too)
+USER_LINE_TOKENS = 64
 _CONNECTIVE = re.compile(r"^(?:(?:then|and|also|so|now|next|finally|first|second|lastly|afterwards|please)\b[,\s]*)+",
                          re.I)
 _IMPERATIVE = re.compile(r"([A-Za-z]+)\s+(?:the|all|every|each|this|these|those|my|our|a|an|it|them|me|us|any|"
@@ -241,10 +243,12 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
     1. Each line is blank (or a ``<system-reminder>`` line), prose (``prose_line``) or body.
     2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
        within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
-       ``USER_TOKENS`` tokens, all but the question at most ``USER_LINES`` lines), they are the user's words
+       ``USER_TOKENS`` tokens, all but the question at most ``USER_LINES`` lines and ``USER_LINE_TOKENS``
+       tokens), they are the user's words
        after a paste: all of them when the last paragraph's last sentence asks something (``asks``). Otherwise (a prose body, or more than
        ``limit``): the trailing paragraphs that each ask (past the last one, only those of at most
-       ``USER_LINES`` lines: a document's own paragraphs, rhetorical questions and all, run longer), from the
+       ``USER_LINES`` lines and ``USER_LINE_TOKENS`` tokens: a document's own paragraphs, rhetorical questions
+       and all, run longer), from the
        first of their lines that asks (a question hard-wrapped into the document's last paragraph, from the line
        its sentence begins on), at most ``QUESTION_LINES`` lines whose last sentence asks.
     3. Else the start, the same way forward: before a body line and short, the paragraphs through the last
@@ -318,7 +322,7 @@ class _Marked:
             return None
         rest = paras[:-1] if from_end else paras[1:]  # beside the question: a user's short context lines
         if by_body and len(paras) <= USER_PARAGRAPHS and sum(self.tokens[a:b]) <= USER_TOKENS \
-                and all(p[1] - p[0] <= USER_LINES for p in rest):
+                and all(p[1] - p[0] <= USER_LINES and sum(self.tokens[p[0]:p[1]]) <= USER_LINE_TOKENS for p in rest):
             if from_end and paras[-1][1] - paras[-1][0] <= QUESTION_LINES and self._ends_asking(paras[-1]):
                 return self.small((paras[0][0], paras[-1][1]))  # the user's words after a paste
             last = max((k for k, p in enumerate(paras) if asks(self.text(*p))), default=-1)
@@ -328,7 +332,8 @@ class _Marked:
         used = 0
         for p in (reversed(paras) if from_end else paras):
             size = sum(self.tokens[p[0]:p[1]])
-            if not asks(self.text(*p)) or used + size > limit or (taken and p[1] - p[0] > USER_LINES):
+            if not asks(self.text(*p)) or used + size > limit or (taken and (p[1] - p[0] > USER_LINES
+                                                                             or size > USER_LINE_TOKENS)):
                 break  # past the first, only short paragraphs: a document's own run longer
             taken.append(p)
             used += size
