@@ -159,8 +159,10 @@ extract compare answer count check review refactor translate rewrite update add 
 help locate point quote cite walk suggest spot look read go determine outline enumerate state trace return print
 tl summary overview recap gist
 """.split())
-USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes after a paste, taken
-# whole (a paragraph that asks nothing, at most USER_LINES lines: a document's own paragraphs run longer)
+USER_PARAGRAPHS, USER_TOKENS, USER_LINES = 3, 256, 2  # step 2: the most a user writes beside a paste, taken
+# whole (beside the question, paragraphs of at most USER_LINES lines and USER_LINE_TOKENS tokens: a document's
+# own paragraphs run longer, RULER's "Document 12:" and its one-line paragraph too)
+USER_LINE_TOKENS = 64
 _CONNECTIVE = re.compile(r"^(?:(?:then|and|also|so|now|next|finally|first|second|lastly|afterwards|please)\b[,\s]*)+",
                          re.I)
 _IMPERATIVE = re.compile(r"([A-Za-z]+)\s+(?:the|all|every|each|this|these|those|my|our|a|an|it|them|me|us|any|"
@@ -171,6 +173,9 @@ no not in on at for of to with by as from into onto over under about after befor
 if when while because although though since until unless is are was were be been being am has have had will would
 shall should may might must can could there here then than also only even just very such both either neither one
 """.split())
+QUESTION_LINES = 8  # step 2: the most lines a question after a prose body takes
+_QUESTION_WORDS = frozenset("what which who whom whose when where why how is are was were do does did can could would "
+                            "should will shall may might must has have had".split())
 REQUEST_SHARE = 0.5  # step 2: the user's words are less than this share of the message's tokens
 
 
@@ -238,11 +243,14 @@ def question_span(lines: list[str], line_tokens: list[int], limit: int) -> tuple
     1. Each line is blank (or a ``<system-reminder>`` line), prose (``prose_line``) or body.
     2. The end: the prose lines before the last non-blank line's end, walking back over prose and blank lines
        within ``limit`` tokens. Stopped by a body line, and short (at most ``USER_PARAGRAPHS`` paragraphs and
-       ``USER_TOKENS`` tokens, those that ask nothing at most ``USER_LINES`` lines), they are the user's words
-       after a paste: all of them when they ask something (``asks``). Otherwise (a prose body, or more than
-       ``limit``): the trailing paragraphs that each ask, at least the last one, from the first of their lines
-       that asks (a question hard-wrapped into the document's last paragraph, from the line its sentence begins
-       on).
+       ``USER_TOKENS`` tokens, all but the question at most ``USER_LINES`` lines and ``USER_LINE_TOKENS``
+       tokens), they are the user's words
+       after a paste: all of them when the last paragraph's last sentence asks something (``asks``). Otherwise (a prose body, or more than
+       ``limit``): the trailing paragraphs that each ask (past the last one, only those of at most
+       ``USER_LINES`` lines and ``USER_LINE_TOKENS`` tokens: a document's own paragraphs, rhetorical questions
+       and all, run longer), from the
+       first of their lines that asks (a question hard-wrapped into the document's last paragraph, from the line
+       its sentence begins on), at most ``QUESTION_LINES`` lines whose last sentence asks.
     3. Else the start, the same way forward: before a body line and short, the paragraphs through the last
        that asks; otherwise its leading paragraphs that each ask, at least the first (a prose paste's own title
        or opening sentence that asks nothing is the paste's).
@@ -312,10 +320,11 @@ class _Marked:
         paras = self.paragraphs(a, b)
         if not paras:
             return None
+        rest = paras[:-1] if from_end else paras[1:]  # beside the question: a user's short context lines
         if by_body and len(paras) <= USER_PARAGRAPHS and sum(self.tokens[a:b]) <= USER_TOKENS \
-                and all(p[1] - p[0] <= USER_LINES or asks(self.text(*p)) for p in paras):
-            if from_end and asks(self.text(a, b)):  # the user's words after a paste
-                return self.small((paras[0][0], paras[-1][1]))
+                and all(p[1] - p[0] <= USER_LINES and sum(self.tokens[p[0]:p[1]]) <= USER_LINE_TOKENS for p in rest):
+            if from_end and paras[-1][1] - paras[-1][0] <= QUESTION_LINES and self._ends_asking(paras[-1]):
+                return self.small((paras[0][0], paras[-1][1]))  # the user's words after a paste
             last = max((k for k, p in enumerate(paras) if asks(self.text(*p))), default=-1)
             if not from_end and last >= 0:  # before a paste: through the last paragraph that asks
                 return self.small((paras[0][0], paras[last][1]))
@@ -323,8 +332,9 @@ class _Marked:
         used = 0
         for p in (reversed(paras) if from_end else paras):
             size = sum(self.tokens[p[0]:p[1]])
-            if not asks(self.text(*p)) or used + size > limit:
-                break
+            if not asks(self.text(*p)) or used + size > limit or (taken and (p[1] - p[0] > USER_LINES
+                                                                             or size > USER_LINE_TOKENS)):
+                break  # past the first, only short paragraphs: a document's own run longer
             taken.append(p)
             used += size
         if not taken:
@@ -336,7 +346,25 @@ class _Marked:
             if not ends.endswith((".", "!", "?", ":", ";")):
                 first -= 1  # the question's sentence began on the line before
             span = (first, span[1])
+            if span[1] - span[0] > QUESTION_LINES or not self._ends_asking(span):
+                return None  # a document's tail with a question word somewhere in it, not the user's question
         return self.small(span)
+
+    def _ends_asking(self, span: tuple[int, int]) -> bool:
+        """The span's last sentence asks (or it ends in a ``Label:``, as "Question: ... Answer:" does)."""
+        last = next((i for i in range(span[1] - 1, span[0] - 1, -1) if self.kind[i] != "blank"), None)
+        if last is None:
+            return False
+        line = self.lines[last].strip()
+        if line.endswith(":") or _QUESTION_END.search(line):
+            return True
+        start = last  # back to the line the last sentence begins on
+        while start > span[0] and not self.lines[start - 1].rstrip().rstrip(")]\"'”’").endswith((".", "!", "?")):
+            start -= 1
+        tail = re.split(r"(?<=[.!?])\s+", self.text(start, last + 1).strip())[-1]
+        first = _FIRST_WORD.search(tail)  # a question word needs its "?" here: "Is a program, like a proof, ..."
+        return asks(tail) and not (first is not None and first.start() == 0 and first.group().lower() in _QUESTION_WORDS
+                                   and tail.rstrip().endswith("."))
 
 
 def question_text(text: str, limit: int = 512) -> str:

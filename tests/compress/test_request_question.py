@@ -149,3 +149,20 @@ def test_a_question_with_symbols_and_a_second_sentence_is_prose():
     assert not prose_line("    x = cond ? a : b;\n") and not prose_line('const y = isOk ? "yes" : "no";\n')
     spec = find([{"role": "user", "content": "```python\n" + CODE + "```\n\n" + line}], 0)
     assert spec.source == "question" and spec.text == line
+
+
+def test_rulers_template_the_question_without_the_last_document():
+    """RULER's QA template: documents as "Document N:" and one long line each, then its instruction and the
+    question. The instruction joins the question; the last document does not (at the previous commit a
+    document's two lines asking something joined it, diluting the query; bench ruler-qa's dev split lost a
+    SQuAD case)."""
+    doc = ("Jacksonville's plan brought infrastructure improvements, environmental preservation, targeted economic "
+           "development and new or improved public facilities. What would the city do next? Nobody knew. " * 3)
+    docs = "\n\n".join(f"Document {i}:\n{doc}" for i in range(1, 60))
+    instruction = "Answer the question based on the given documents. Only give me the answer and do not output " \
+                  "any other words."
+    text = (f"{instruction}\n\nThe following are given documents.\n\n{docs}\n\n{instruction}\n\n"
+            "Question: The Bank of America Tower was previously known as what? Answer:")
+    spec = find([{"role": "user", "content": text}], 0)
+    assert spec.source == "question"
+    assert spec.text == f"{instruction}\n\nQuestion: The Bank of America Tower was previously known as what? Answer:"
