@@ -37,7 +37,7 @@ __all__ = ["BudgetCurve", "BudgetSelector", "DEFAULT_CURVE", "message_budget"]
 _TOKENS = attrgetter("tokens")
 DEFAULT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225 message:0.3"
 # Below the seed's 16K (a lowered --threshold) a small read saves little: users'-words code tasks, dev split
-# (benchmarks/code_tasks_offline.py), "8192:0.42 16384:0.315 ... message:8192:0.4 message:16384:0.3" kept the
+# (an offline run of `bench code-tasks` cases through the compress package), "8192:0.42 16384:0.315 ... message:8192:0.4 message:16384:0.3" kept the
 # needed definition in 26/30 reads against 24/30 (6/8 and 12/13 at 4-8K and 8-16K against 5/8 and 11/13); not
 # the default: the flat gate's thresholds are per kept unit and were calibrated on this curve.
 

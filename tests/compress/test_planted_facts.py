@@ -1,7 +1,7 @@
 """A planted literal fact asked word for word is kept (issue 48, "The request is what the user asked"): the
 scorer's query is the question found by its form, not the message's last 512 tokens, at every size, in code and
 prose, at the start, middle and end, whether the question follows the paste, precedes it or comes on its own.
-The full grid, 4K-64K: ``benchmarks/planted_grid.py``."""
+The full grid, 4K-64K, through the proxy: ``pflash-proxy bench planted``."""
 
 from __future__ import annotations
 
