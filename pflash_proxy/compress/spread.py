@@ -139,7 +139,8 @@ _SUBORDINATE = frozenset("when whenever if unless while until once after before 
 _QUANT = re.compile(r"\b(?:every|each|all)\b(?!\s+(?:right|at\s+once|of\s+a\s+sudden|along|the\s+same|over\b))")
 _NOT_QUANT = re.compile(r"\b(?:at|above|not|is|that's|thats|it's)\s+all\b|\bafter\s+all\b(?=\s*[,.;!?]|\s*$)"
                         r"|\beach\s+other\b|\ball\s+in\s+all\b")
-_WH = re.compile(r"^(?:\W*(?:and|so|but|also|then|now|ok|okay|please|tell\s+me|can\s+you\s+tell\s+me)\W+)*"
+# an instruction before the question ("Read the file and answer: which ...") is not what is asked
+_WH = re.compile(r"^(?:[^:?!]{0,80}:\s+)?(?:\W*(?:and|so|but|also|then|now|ok|okay|please|tell\s+me|can\s+you\s+tell\s+me)\W+)*"
                  r"(which|what)\s+(?!of\b)((?:[a-z'-]+\s*){1,4})")
 _DET = frozenset("the a an this that these those my our its his her their your all every each some any".split())
 _SHOW = re.compile(r"^(?:\W*(?:and|so|then|now|please|also|could\s+you|can\s+you|would\s+you)\W+)*"

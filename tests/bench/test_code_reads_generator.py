@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -62,17 +61,6 @@ def test_files_and_packages_left_out(site, cases):
     assert not any(c.package == "jinja2" for c in cases)  # the agent-read study of 19528cf read it
     assert {c.package for c in cases} == {f"{s}pkg" for s in PACKAGES}
     assert all(g.MIN_CHARS <= c.file_chars <= g.MAX_CHARS for c in cases)
-
-
-def test_the_excluded_packages_are_the_ones_agent_reads_uses():
-    sys.path.insert(0, str(ROOT / "benchmarks" / "agent_reads"))
-    try:
-        import cases as agent_cases  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    tops = {c.module_file.split("/")[0].lstrip("_") for c in agent_cases.CASES}
-    assert tops == set(g.AGENT_READS)
-    assert set(g.AGENT_READS) <= g.EXCLUDED
 
 
 def test_kinds_in_equal_shares_capped_per_package_and_deterministic(site, cases):

@@ -136,3 +136,13 @@ def test_the_agents_narration_asks_nothing():
     tt = TokenizedText.from_text(SOURCE)
     out = Compressor(CompressionSettings(threshold=1024)).compress(tt, spec, tt.total_tokens, True, "tool")
     assert out.mode == "compressed" and out.analysis.gate_scores is None
+
+
+def test_an_instruction_before_the_question_is_not_what_it_asks():
+    """A question after an instruction ("Read the file and answer: which part ...") is read from its question
+    word: the quantifiers of the thing it describes are not a request for every match (the code-reads bench's
+    described questions were served whole on the merge of the every-X and question-finding work)."""
+    q = ("Read echopkg/other.py and answer: Which part of this source does this: gather every entry from the walnut "
+         "records and weigh each against the falcon totals?")
+    assert every_intent(q) is None
+    assert every_intent("Read the file and answer: which functions call retry?") is not None
