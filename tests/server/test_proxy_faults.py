@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 import json
 
@@ -29,8 +31,10 @@ def echo_app(seen: list) -> web.Application:
 
 def client_requests(seen: list) -> list:
     """What reached the fake upstream, minus the proxy's own calls: the session layer's start-up probe of slot
-    saving and the upstream sentinel's ``GET /health`` polls (``llama/sentinel.py``)."""
-    return [r for r in seen if r["path_qs"] not in ("/slots/0?action=save", "/health")]
+    saving, the erase of a slot whose content this process did not put there (cache isolation after a start),
+    and the upstream sentinel's ``GET /health`` polls (``llama/sentinel.py``)."""
+    own = re.compile(r"/slots/\d+\?action=(?:save|erase)$|/health$")
+    return [r for r in seen if not own.match(r["path_qs"])]
 
 
 async def proxy_for(aiohttp_client, upstream_url: str, tmp_path, **kw):
