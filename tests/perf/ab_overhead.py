@@ -69,7 +69,12 @@ async def run(trees: dict[str, Path], server_url: str, slot_dir: Path, work: Pat
     arms: dict[str, str] = {"direct": tap_url + PATH}
     try:
         for name, tree in trees.items():
-            procs[name], url = await start_proxy(tap_url, slot_dir, work / f"home-{name}", tree)
+            # a slot folder of its own per proxy: one folder is one proxy's (its lock refuses a second, issue 50);
+            # llama-server writes snapshots into its own, so a save these proxies ask for is not found where
+            # they look, in both trees alike (the turns measured never need one)
+            own = slot_dir / f"proxy-{name}"
+            own.mkdir(parents=True, exist_ok=True)
+            procs[name], url = await start_proxy(tap_url, own, work / f"home-{name}", tree)
             arms[f"{name} parsed"] = url + PATH
             arms[f"{name} passthrough"] = url + RAW_PREFIX.decode() + PATH
         results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
