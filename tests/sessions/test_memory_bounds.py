@@ -75,7 +75,12 @@ def test_footprint_counts_at_least_what_a_parsed_value_takes(shape):
     rng = random.Random(1)
     text = json.dumps(SHAPES[shape](rng, 3000))
     kept: list[object] = [None]
-    held = _held(lambda i: kept.__setitem__(0, json.loads(text)), 1)
+    # the least of three: tracemalloc also counts what other threads allocate meanwhile (the suite leaves some)
+    sizes = []
+    for _ in range(3):
+        kept[0] = None
+        sizes.append(_held(lambda i: kept.__setitem__(0, json.loads(text)), 1))
+    held = min(sizes)
     assert footprint(kept[0]) >= held > 0
     assert footprint(kept[0]) <= 3 * held  # conservative, not wildly so
 
