@@ -61,7 +61,8 @@ SYSTEM = {"claude": "You are Claude Code, a coding agent.", "opencode": "You are
 WORKDIR = "/work"
 
 
-def _lines(text: str) -> list[str]:
+def lines_of(text: str) -> list[str]:
+    """A file's lines as a read tool numbers them (no empty last line after a final newline)."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -70,7 +71,7 @@ def _lines(text: str) -> list[str]:
 
 def render(text: str, shape: str, path: str) -> str:
     """The file as the client's read tool returns it (step 3)."""
-    lines = _lines(text)
+    lines = lines_of(text)
     if shape == "claude":
         return "\n".join(f"{n}\t{line}" for n, line in enumerate(lines, 1))
     if shape == "opencode":
@@ -83,7 +84,7 @@ def render(text: str, shape: str, path: str) -> str:
 
 def gold_block(text: str, span: tuple[int, int], shape: str) -> str:
     """The function's lines (1-based inclusive ``span``) as ``shape`` prints them, joined by newlines."""
-    lines = _lines(text)[span[0] - 1:span[1]]
+    lines = lines_of(text)[span[0] - 1:span[1]]
     if shape == "claude":
         return "\n".join(f"{n}\t{line}" for n, line in enumerate(lines, span[0]))
     if shape == "opencode":
@@ -341,12 +342,13 @@ async def run(opts: argparse.Namespace) -> CodeReadsRun:
             "threshold": opts.threshold, "site": str(site), "shapes": list(opts.shapes),
             "variants": list(opts.variants), "scorers": list(opts.scorers), "unavailable": unavailable,
             "drafter": str(opts.drafter) if getattr(opts, "drafter", None) else None,
-            "drafter_limit": getattr(opts, "drafter_limit", 0), "commit": _commit(),
+            "drafter_limit": getattr(opts, "drafter_limit", 0), "commit": commit(),
             "packages": dict(sorted(versions.items())), "cases": [c.to_json() for c in cases],
             "seconds": round(time.perf_counter() - t0, 1), "records": records}
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
+    """The checkout's short HEAD, or None outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent)

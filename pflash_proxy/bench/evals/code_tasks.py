@@ -40,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pflash_proxy.bench.code_reads.generator import site_packages
+from pflash_proxy.bench.code_reads.run import lines_of
 from pflash_proxy.bench.evals import common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.progress import Progress
@@ -106,13 +107,6 @@ def gold_span(text: str, gold: str) -> tuple[int, int] | None:
     """Step 2: the gold's span, or None unless exactly one definition has that qualified name."""
     spans = definitions(text).get(gold, [])
     return spans[0] if len(spans) == 1 else None
-
-
-def lines_of(text: str) -> list[str]:
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
 
 
 def _numbered(shape: str, n: int, line: str) -> str:

@@ -26,7 +26,6 @@ import json
 import re
 import shlex
 import statistics
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import aiohttp
 
 from aiohttp import web
 
+from pflash_proxy.bench.code_reads.run import commit as commit  # the checkout's HEAD, named in each report
 from pflash_proxy.bench.report import Table, markdown_table
 from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, new_id
 from pflash_proxy.contract import ProxyRequest, Stage
@@ -317,13 +317,6 @@ def command_of(kind: str, opts: argparse.Namespace, extra: Sequence[str] = ()) -
     return shlex.join(argv + ["--out", str(opts.out)])
 
 
-def commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # ----------------------------------------------------------------------------------------------- report

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from pflash_proxy.bench.code_reads.generator import site_packages
+from pflash_proxy.bench.code_reads.run import lines_of
 from pflash_proxy.bench.evals import code_tasks, common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.progress import Progress
@@ -66,7 +67,7 @@ def pick_name(text: str, seed: int, path: str) -> str | None:
 
 def match_lines(text: str, name: str) -> list[int]:
     pat = re.compile(rf"\b{re.escape(name)}\b")
-    return [i for i, line in enumerate(code_tasks.lines_of(text), 1) if pat.search(line)]
+    return [i for i, line in enumerate(lines_of(text), 1) if pat.search(line)]
 
 
 async def run(opts: argparse.Namespace) -> JSONObject:
@@ -108,7 +109,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                         msg = f"{request}\n\n{text}" if i % 2 == 0 else f"{text}\n\n{request}"
                         sent = await h.chat(scorer, [{"role": "user", "content": msg}], key)
                         served = sent.text
-                        wanted = [code_tasks.lines_of(text)[n - 1] for n in match_lines(text, name)]
+                        wanted = [lines_of(text)[n - 1] for n in match_lines(text, name)]
                     else:
                         full = f"{code_tasks.WORKDIR}/{path}"
                         tool_text = code_tasks.render(text, "claude", full)
@@ -118,7 +119,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                         route, body, headers = code_tasks.request("claude", request, full, tool_text, key, narration)
                         sent = await h.send(scorer, route, body, headers)
                         served = sent.text
-                        lines = code_tasks.lines_of(text)
+                        lines = lines_of(text)
                         wanted = [f"{n}\t{lines[n - 1]}" for n in match_lines(text, name)]
                     every_kept = all(x in served for x in wanted)
                     whole = sent.mode != "compressed"
