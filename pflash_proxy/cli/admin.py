@@ -20,13 +20,28 @@ from pflash_proxy.config import Settings
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    return {"ls": cmd_ls, "rm": cmd_rm, "stats": cmd_stats, "warm": cmd_warm}[args.command](args, settings)
+    try:
+        return {"ls": cmd_ls, "rm": cmd_rm, "stats": cmd_stats, "warm": cmd_warm}[args.command](args, settings)
+    except _Refused as exc:
+        print(f"pflash-proxy {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+class _Refused(Exception):
+    """The state directory is not this user's own (``cli.home.check_home``): ``ls``/``rm`` read nothing from it."""
 
 
 def _store_and_snapshots(settings: Settings):
+    """The index and a delete-only snapshot manager, from a state directory ``check_home`` trusts (an index in a
+    directory others can write into could name any file for ``rm`` to delete, or show planted sessions)."""
+    from pflash_proxy.cli.home import Untrusted, check_home
     from pflash_proxy.sessions.index import open_index
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
+    try:
+        check_home(settings.proxy.home)
+    except Untrusted as exc:
+        raise _Refused(str(exc)) from None
     store = open_index(settings.proxy.home, settings.cluster.index)
     return store, SnapshotManager(store, None, settings.effective_slot_save_path, 0)  # deletes, never saves
 

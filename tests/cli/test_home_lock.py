@@ -314,3 +314,20 @@ def test_nodes_of_a_shared_index_share_a_slot_folder_and_exclude_a_proxy_with_it
     with pytest.raises(HomeTaken, match=f"pid {os.getpid()} at http://c"):
         hold_slots(tmp_path, ["http://a"], tmp_path / "ha", shared=True)
     own.close()
+
+
+@pytest.mark.parametrize("command", [["ls"], ["rm", "--all"]])
+def test_ls_and_rm_read_nothing_from_a_home_others_can_write_into(tmp_path, command):
+    """An index in a directory others can write into could name files for ``rm`` to delete or show planted
+    sessions: ``ls``/``rm`` refuse it in one line, as ``serve`` does, and touch nothing in it."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o777)
+    r = _cli(*command, env={**os.environ, "PFLASH_HOME": str(home)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"pflash-proxy {command[0]}: the state directory {home} is writable by others" in r.stderr
+    assert list(home.iterdir()) == []  # no index opened (created) in it
+    home.chmod(0o700)
+    r = _cli(*command, env={**os.environ, "PFLASH_HOME": str(home)})
+    assert r.returncode == 0, r.stderr
