@@ -147,6 +147,31 @@ _NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index lea
 _STORED_FIELDS = tuple(f.name for f in fields(SessionRecord) if f.name not in _NOT_STORED)  # in field order
 
 
+_CONTAINERS = tuple(f.name for f in fields(SessionRecord) if f.default_factory in (list, dict))
+
+
+def fresh(rec: SessionRecord) -> SessionRecord:
+    """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
+    sources are shared by every reader already, ``codec.RecordParts``): what an index that keeps decoded records
+    hands each reader."""
+    out = object.__new__(type(rec))
+    attrs = out.__dict__
+    attrs.update(rec.__dict__)
+    for name in _CONTAINERS:
+        attrs[name] = attrs[name].copy()
+    return out
+
+
+def as_stored(rec: SessionRecord) -> SessionRecord:
+    """What decoding the bytes a save just wrote of ``rec`` returns (``codec.decode``), without decoding them: the
+    save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
+    record as stored holds none inline, and has read none back."""
+    out = fresh(rec)
+    out.served, out.recall_sources = [], []
+    out.served_stored = out.recall_stored = 0
+    return out
+
+
 def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:
     """The chain entries a save of ``rec`` with ``client_hashes`` writes (before ``rec`` takes them): one per prefix,
     except the prefixes ``rec``'s previous save already wrote (a stored record, ``turns`` > 0, whose hashes begin

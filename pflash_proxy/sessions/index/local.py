@@ -56,7 +56,6 @@ started, so a damaged file costs the cached sessions, not the service.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import pickle
@@ -76,6 +75,7 @@ from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
 from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.base import as_stored as _as_stored, fresh as _fresh
 from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
@@ -160,30 +160,6 @@ class Mirror:
             if still_true():
                 for key, value in read:
                     self._put(key, value)
-
-
-_CONTAINERS = tuple(f.name for f in dataclasses.fields(SessionRecord) if f.default_factory in (list, dict))
-
-
-def _fresh(rec: SessionRecord) -> SessionRecord:
-    """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
-    sources are shared by every reader already, ``RecordParts``)."""
-    out = object.__new__(type(rec))
-    fields = out.__dict__
-    fields.update(rec.__dict__)
-    for name in _CONTAINERS:
-        fields[name] = fields[name].copy()
-    return out
-
-
-def _as_stored(rec: SessionRecord) -> SessionRecord:
-    """What decoding the bytes a save just wrote of ``rec`` returns (``codec.decode``), without decoding them: the
-    save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
-    record as stored holds none inline, and has read none back."""
-    out = _fresh(rec)
-    out.served, out.recall_sources = [], []
-    out.served_stored = out.recall_stored = 0
-    return out
 
 
 def _guarded(fn: Callable[P, T]) -> Callable[P, T]:

@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
+from pflash_proxy.sessions.lru import ValueCache, footprint
 from pflash_proxy.sessions.index.base import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
-                                              prune_victims)
+                                              as_stored, fresh, prune_victims)
 from pflash_proxy.sessions.index.codec import Key, PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
@@ -62,6 +63,9 @@ P = ParamSpec("P")
 
 FILE = "index.db"
 BUSY_TIMEOUT_S = 60  # a writer waits this long for another's transaction (diskcache's default too)
+DECODED_BYTES = 32 << 20  # the records kept decoded beside their bytes (``SqliteIndex._record``), at most
+DECODED_RECORDS = 1024  # and how many
+_PROBES = 4  # the longest prefixes a lookup reads one by one (``_entries``)
 _IN_CHUNK = 500  # chain entries asked in one query (SQLite's bound on parameters is far above)
 _TABLES = {  # name -> its columns (``_check`` reads each, so a table shaped otherwise is a damaged index)
     "meta": "name TEXT PRIMARY KEY, value",
@@ -106,10 +110,9 @@ def _connect(db: Path) -> sqlite3.Connection:
 def _check(conn: sqlite3.Connection) -> None:
     """Create the tables (a new index), or read each table's columns: a file that is not a database, or one whose
     tables are shaped otherwise, raises ``sqlite3.DatabaseError``."""
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect only on a new file: prune gives pages back
     if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
         raise sqlite3.DatabaseError("journal mode is not WAL")
-    if not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table: prune can give pages back
     conn.executescript(_SCHEMA)
     for name, cols in _COLUMNS.items():
         conn.execute(f"SELECT {', '.join(cols)} FROM {name} LIMIT 0").fetchall()
@@ -231,6 +234,8 @@ class SqliteIndex:
         self._writes_running = 0
         self._writes_done = 0
         self.parts = RecordParts()  # the records' served messages and recall sources, byte-bounded in memory
+        # session id -> a record's stored bytes and the record decoded from them (``_record``), byte-bounded
+        self._decodes: ValueCache[tuple[bytes, SessionRecord]] = ValueCache(DECODED_BYTES, DECODED_RECORDS)
         self.salt = self._salt()
 
     # Connections and transactions -----------------------------------------------------------------------------
@@ -311,14 +316,8 @@ class SqliteIndex:
         hashes = [message_hash(m) for m in messages]
         values = chain(seed, hashes)
         with self._tx("BEGIN") as c:
-            found: dict[str, object] = {}
-            for start in range(0, len(values), _IN_CHUNK):
-                part = values[start:start + _IN_CHUNK]
-                found.update(c.execute(f"SELECT h, sid FROM chain WHERE h IN ({','.join('?' * len(part))})",
-                                       part).fetchall())
             unreadable: set[str] = set()
-            for i in range(len(values) - 1, -1, -1):
-                sid = found.get(values[i])
+            for i, sid in self._entries(c, values):
                 if not isinstance(sid, str) or sid in unreadable:
                     continue
                 rec = self._record(c, sid)
@@ -330,11 +329,43 @@ class SqliteIndex:
                     return rec, i + 1, hashes
         return None, 0, hashes
 
+    @staticmethod
+    def _entries(c: sqlite3.Connection, values: list[str]) -> Iterator[tuple[int, object]]:
+        """The chain entries stored for ``values`` as (position, session id), the longest prefix first, read as
+        they are needed: the ``_PROBES`` longest one by one (a continued session's history is the second
+        longest: its request adds a message), the rest in one query per ``_IN_CHUNK`` (a request the index
+        never saw misses them all)."""
+        end = len(values)
+        for i in range(end - 1, max(-1, end - 1 - _PROBES), -1):
+            row = c.execute("SELECT sid FROM chain WHERE h = ?", (values[i],)).fetchone()
+            if row is not None:
+                yield i, row[0]
+        end = max(0, end - _PROBES)
+        while end > 0:
+            start = max(0, end - _IN_CHUNK)
+            rows = ", ".join(["(?, ?)"] * (end - start))
+            params = [x for i in range(start, end) for x in (i, values[i])]
+            yield from c.execute(f"WITH q(i, h) AS (VALUES {rows}) SELECT q.i, chain.sid FROM q JOIN chain "
+                                 "ON chain.h = q.h ORDER BY q.i DESC", params)
+            end = start
+
     def _record(self, c: sqlite3.Connection, sid: str) -> SessionRecord | None:
-        """The record as stored (None: nothing, unreadable, or another session's)."""
+        """The record as stored (None: nothing, unreadable, or another session's). The record decoded from the
+        bytes read last time is kept beside them (``_decodes``), and a copy of it returned while the stored bytes
+        are the same."""
         row = c.execute("SELECT data FROM session WHERE sid = ?", (sid,)).fetchone()
-        rec: SessionRecord | None = decode("session", row[0], f"session {sid[:40]}") if row else None
-        return rec if rec is not None and rec.id == sid else None
+        if not row:
+            return None
+        data = row[0]
+        kept = self._decodes.get(sid)
+        if kept is not None and kept[0] == data:
+            return fresh(kept[1])
+        rec: SessionRecord | None = decode("session", data, f"session {sid[:40]}")
+        if rec is None or rec.id != sid:
+            return None
+        if isinstance(data, bytes):
+            self._keep(sid, data, fresh(rec))
+        return rec
 
     def _read_parts(self, c: sqlite3.Connection, keys: list[Key]) -> list[object]:
         """The stored values of ``codec``'s part keys (None for one that is gone): a session's served messages in
@@ -390,26 +421,36 @@ class SqliteIndex:
         rec.turns += 1
         with self._writing():
             with self._tx() as c:
-                writes = self._put(c, rec)
+                writes, data = self._put(c, rec)
                 c.executemany("INSERT OR REPLACE INTO chain VALUES (?, ?)", [(h, rec.id) for h in entries])
-            self.parts.committed(writes)
+            self._committed(rec, writes, data)
 
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
         """Write ``rec`` back as it is (marked as a write: a lookup that read it before reads it again)."""
         with self._writing():
             with self._tx() as c:
-                writes = self._put(c, rec)
-            self.parts.committed(writes)
+                writes, data = self._put(c, rec)
+            self._committed(rec, writes, data)
 
-    def _put(self, c: sqlite3.Connection, rec: SessionRecord) -> PartWrites:
+    def _put(self, c: sqlite3.Connection, rec: SessionRecord) -> tuple[PartWrites, bytes]:
         """Write the record in the caller's transaction, its new served messages and recall sources first; the
-        caller hands what it returns to ``parts.committed`` once that transaction committed."""
+        caller hands what it returns to ``_committed`` once that transaction committed."""
         writes = self.parts.new(rec)
-        for key, data in writes.values:
-            self._write_part(c, rec.id, key, data)
-        c.execute("INSERT OR REPLACE INTO session VALUES (?, ?, ?)", (rec.id, rec.last_use, encode("session", rec)))
-        return writes
+        for key, value in writes.values:
+            self._write_part(c, rec.id, key, value)
+        data = encode("session", rec)
+        c.execute("INSERT OR REPLACE INTO session VALUES (?, ?, ?)", (rec.id, rec.last_use, data))
+        return writes, data
+
+    def _committed(self, rec: SessionRecord, writes: PartWrites, data: bytes) -> None:
+        """After a save of ``rec`` as ``data`` committed: the parts cache takes its new messages, and the record
+        decoding ``data`` gives is kept beside it (the session's next lookup reads these very bytes)."""
+        self.parts.committed(writes)
+        self._keep(rec.id, data, as_stored(rec))
+
+    def _keep(self, sid: str, data: bytes, rec: SessionRecord) -> None:
+        self._decodes.put(sid, (data, rec), footprint(sid) + footprint(data) + footprint(rec))
 
     @_guarded
     def trace_log(self, sid: str) -> TraceLog | None:
@@ -461,7 +502,7 @@ class SqliteIndex:
                 if rec is not None:
                     self.parts.forget(rec)
             if victims:
-                self._conn().execute("PRAGMA incremental_vacuum")  # the freed pages back to the file system
+                self._conn().executescript("PRAGMA incremental_vacuum;")  # the freed pages back (run to its end)
         return victims
 
     # Responses (stages/chains.py) ---------------------------------------------------------------------------------
