@@ -50,7 +50,7 @@ from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ValueCache, footprint
 from pflash_proxy.sessions.index.base import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
-                                              as_stored, fresh, prune_victims)
+                                              WriteMarks, as_stored, fresh, prune_victims)
 from pflash_proxy.sessions.index.codec import Key, PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
@@ -110,7 +110,7 @@ def _connect(db: Path) -> sqlite3.Connection:
 def _check(conn: sqlite3.Connection) -> None:
     """Create the tables (a new index), or read each table's columns: a file that is not a database, or one whose
     tables are shaped otherwise, raises ``sqlite3.DatabaseError``."""
-    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect only on a new file: prune gives pages back
+    conn.execute("PRAGMA auto_vacuum=FULL")  # a new file only: each commit gives freed pages back (diskcache's too)
     if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
         raise sqlite3.DatabaseError("journal mode is not WAL")
     conn.executescript(_SCHEMA)
@@ -210,12 +210,13 @@ def _diskcache_rows(old: SessionStore) -> dict[str, list[tuple[object, ...]]]:
     return rows
 
 
-class SqliteIndex:
+class SqliteIndex(WriteMarks):
     """The embedded ``SessionIndex`` on SQLite tables (module docstring)."""
 
     remote = False  # local SQLite, the snapshot records in memory
 
     def __init__(self, directory: Path):
+        super().__init__()
         private_dir(directory)
         self.db = _open(directory)
         if (directory / DISKCACHE_FILE).exists():
@@ -230,9 +231,6 @@ class SqliteIndex:
         self._closed = False
         self._snaps: dict[str, SnapshotRecord] | None = None  # the snapshot records in memory (``snapshots``)
         self._snaps_lock = threading.RLock()
-        self._writes_lock = threading.Lock()
-        self._writes_running = 0
-        self._writes_done = 0
         self.parts = RecordParts()  # the records' served messages and recall sources, byte-bounded in memory
         # session id -> a record's stored bytes and the record decoded from them (``_record``), byte-bounded
         self._decodes: ValueCache[tuple[bytes, SessionRecord]] = ValueCache(DECODED_BYTES, DECODED_RECORDS)
@@ -286,27 +284,6 @@ class SqliteIndex:
         return salt
 
     # Sessions ---------------------------------------------------------------------------------------------------
-    def write_mark(self) -> int | None:
-        """Taken before a ``lookup``: None while a write that can change its answer (``save_session``,
-        ``update_record``, ``prune``) runs in this process, else a mark ``unchanged_since`` compares."""
-        with self._writes_lock:
-            return None if self._writes_running else self._writes_done
-
-    def unchanged_since(self, mark: int | None) -> bool:
-        with self._writes_lock:
-            return mark is not None and not self._writes_running and self._writes_done == mark
-
-    @contextmanager
-    def _writing(self) -> Iterator[None]:
-        with self._writes_lock:
-            self._writes_running += 1
-        try:
-            yield
-        finally:
-            with self._writes_lock:
-                self._writes_running -= 1
-                self._writes_done += 1
-
     @_guarded
     def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]
                ) -> tuple[SessionRecord | None, int, list[str]]:
@@ -419,7 +396,7 @@ class SqliteIndex:
         rec.served = list(served)
         rec.last_use = time.time()
         rec.turns += 1
-        with self._writing():
+        with self.writing():
             with self._tx() as c:
                 writes, data = self._put(c, rec)
                 c.executemany("INSERT OR REPLACE INTO chain VALUES (?, ?)", [(h, rec.id) for h in entries])
@@ -428,7 +405,7 @@ class SqliteIndex:
     @_guarded
     def update_record(self, rec: SessionRecord) -> None:
         """Write ``rec`` back as it is (marked as a write: a lookup that read it before reads it again)."""
-        with self._writing():
+        with self.writing():
             with self._tx() as c:
                 writes, data = self._put(c, rec)
             self._committed(rec, writes, data)
@@ -488,7 +465,7 @@ class SqliteIndex:
         recently used beyond ``max_sessions``; never one in ``keep``. Each victim goes in one transaction with
         everything that carries its id, and the chain entries that still point at it (a fork that took over a
         shared prefix keeps those). Returns the removed ids; their snapshots are the caller's to delete."""
-        with self._writing():
+        with self.writing():
             ranked = sorted(self._last_uses().items(), key=lambda kv: kv[1])
             victims = prune_victims(ranked, older_than, max_sessions, keep)
             for sid in victims:
@@ -501,8 +478,6 @@ class SqliteIndex:
                                       [(h, sid) for h in chain(rec.seed, rec.client_hashes)])
                 if rec is not None:
                     self.parts.forget(rec)
-            if victims:
-                self._conn().executescript("PRAGMA incremental_vacuum;")  # the freed pages back (run to its end)
         return victims
 
     # Responses (stages/chains.py) ---------------------------------------------------------------------------------
@@ -544,8 +519,8 @@ class SqliteIndex:
 
     @_guarded
     def volume(self) -> int:
-        """Bytes the index's pages in use take (its file less the free pages a prune left; the write-ahead log
-        is checkpointed into it)."""
+        """Bytes the index's pages in use take (its file less free pages; the write-ahead log is checkpointed
+        into it)."""
         c = self._conn()
         pages = c.execute("PRAGMA page_count").fetchone()[0] - c.execute("PRAGMA freelist_count").fetchone()[0]
         return int(pages * c.execute("PRAGMA page_size").fetchone()[0])
