@@ -326,3 +326,38 @@ def test_writes_wait_for_each_other_and_reads_never_wait(tmp_path):
     writer.join()
     assert index.trace_log(rec.id).traces == [{"kind": "turn"}]
     index.close()
+
+
+def test_the_default_index_of_a_home_kept_by_diskcache_keeps_its_sessions(tmp_path, caplog):
+    """Upgrading a proxy whose --home holds the diskcache index: ``--index embedded`` (the default) opens the SQLite
+    one, which reads the old one, so the next turn of every stored session continues it."""
+    import logging
+
+    caplog.set_level(logging.INFO, "pflash_proxy.sessions")
+    home = tmp_path / "home"
+    old = open_index(home, "diskcache")
+    history = msgs("hello", "hi")
+    rec = save(old, "seed", history)
+    old.close()
+    new = open_index(home)
+    try:
+        assert isinstance(new, SqliteIndex)
+        found, matched, _ = new.lookup("seed", history + msgs("next"))
+        assert found is not None and found.id == rec.id and matched == 2
+    finally:
+        new.close()
+    assert "1 sessions read from the diskcache index" in caplog.text
+
+
+def test_a_damaged_diskcache_index_costs_its_sessions_not_the_start(tmp_path, caplog):
+    d = tmp_path / "home" / "sessions"
+    d.mkdir(parents=True)
+    (d / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
+    index = open_index(tmp_path / "home")
+    try:
+        assert isinstance(index, SqliteIndex) and index.count_sessions() == 0
+        save(index, "seed", msgs("hello"))
+        assert index.count_sessions() == 1
+    finally:
+        index.close()
+    assert list(d.glob("cache.db.corrupt-*")) and not (d / "cache.db").exists()

@@ -5,10 +5,10 @@
   event loop runs);
 - ``codec``: the one stored format of the indexes' values (schema-versioned JSON, validated when read, never a
   pickle), and the parts a record keeps under keys of their own;
-- ``local``: an embedded backend, ``SessionStore`` (one diskcache/SQLite directory per proxy: tuple keys, a
-  lookup mirror in memory);
-- ``sqlite``: an embedded backend, ``SqliteIndex`` (plain SQLite tables; it reads a diskcache index it finds in its
-  directory once);
+- ``sqlite``: the embedded backend, ``SqliteIndex`` (plain SQLite tables in ``--home``; it reads a diskcache index
+  it finds in its directory once);
+- ``local``: the embedded backend before it, ``SessionStore`` (one diskcache directory: tuple keys, a lookup mirror
+  in memory), kept as ``--index diskcache``;
 - ``redis``: the shared backend, ``RedisIndex`` (``--index redis://HOST:PORT/DB``).
 
 The backends import ``base`` and ``codec``, never this package's ``__init__``; ``open_index`` here picks one.
@@ -24,7 +24,9 @@ from pflash_proxy.sessions.index.base import (ClusterIndex, SessionIndex, Sessio
 __all__ = ["ClusterIndex", "EMBEDDED", "SessionIndex", "SessionRecord", "SnapshotRecord", "StoreError", "TraceLog",
            "open_index", "run"]
 
-EMBEDDED = "diskcache"  # the embedded backend ``--index embedded`` opens
+# the embedded backend ``--index embedded`` opens: SQLite tables, no slower than diskcache on any call of a turn and
+# far faster to open, list and prune (tests/perf/index_backends.py; docs/results.md)
+EMBEDDED = "sqlite"
 
 
 def open_index(home: Path, url: str | None = None) -> SessionIndex:
