@@ -104,6 +104,10 @@ def _connect(db: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     conn.text_factory = _text
     conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process (not of the OS)
+    # diskcache's own settings, so the memory a connection may take is what the diskcache index took: 8192 pages
+    # cached, and up to 64 MiB of the file read through a shared mapping (recall sources are large rows)
+    conn.execute("PRAGMA cache_size=8192")
+    conn.execute("PRAGMA mmap_size=67108864")
     return conn
 
 
