@@ -303,13 +303,17 @@ class LimitOptions(Options):
         return int(self.max_body_mb * 1024 * 1024)
 
 
+EMBEDDED_INDEXES = ("embedded", "diskcache", "sqlite")  # --index values naming this proxy's own index
+
+
 class ClusterOptions(Options):
     """Several proxies sharing one session index (docs/scale-out.md)."""
 
     index: str = Field("embedded", description=(
-        "the session index: 'embedded' (diskcache in --home) or redis://HOST:PORT/DB shared by several nodes, which "
-        "then forward a session's turns to the node that holds it and take over the sessions of a node whose "
-        "heartbeat expired (docs/scale-out.md)"))
+        "the session index: 'embedded' (this proxy's own, in --home), 'diskcache' or 'sqlite' "
+        "(an embedded backend by name; sqlite reads a diskcache index it finds once), or redis://HOST:PORT/DB "
+        "shared by several nodes, which then forward a session's turns to the node that holds it and take over the "
+        "sessions of a node whose heartbeat expired (docs/scale-out.md)"))
     node_id: str | None = Field(None, description="this node's name in a shared --index",
                                 json_schema_extra=_shown("HOSTNAME:PORT", "gpu1:8090"))
     advertise_url: str | None = Field(None, description="the URL other nodes forward this node's sessions to",
@@ -332,9 +336,14 @@ class ClusterOptions(Options):
     @classmethod
     def _index(cls, v: str) -> str:
         v = v.strip()
-        if v != "embedded" and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected 'embedded' or a redis://HOST:PORT/DB URL")
+        if v not in EMBEDDED_INDEXES and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected 'embedded', 'diskcache', 'sqlite' or a redis://HOST:PORT/DB URL")
         return v
+
+    @property
+    def shared(self) -> bool:
+        """The index is one several nodes share (a Redis URL), not this proxy's own."""
+        return self.index not in EMBEDDED_INDEXES
 
     @field_validator("advertise_url")
     @classmethod

@@ -219,7 +219,7 @@ def serve(settings: Settings) -> int:
         home_lock = home.hold(proxy.home, listen)
         slots = private_dir(settings.effective_slot_save_path)
         slots_lock = home.hold_slots(slots, listen, proxy.home,  # noqa: F841 - kept open: the lock lasts with it
-                                     shared=settings.cluster.index not in (None, "", "embedded"))
+                                     shared=settings.cluster.shared)
     except (home.HomeTaken, home.Untrusted, OSError) as exc:
         for sock in socks:
             sock.close()

@@ -3,17 +3,19 @@
 - ``proxy_overhead``: the proxy's added latency against llama-server direct, per request kind (``make bench``);
 - ``ab_overhead``: two trees' proxies side by side, their turns interleaved, with bootstrap intervals;
 - ``session_turns``: a session's index lookup and save per turn as its history grows;
-- ``trace_log``: a session's trace write once it compressed documents.
+- ``trace_log``: a session's trace write once it compressed documents;
+- ``index_backends``: the embedded index's backends (diskcache, SQLite tables) side by side on a turn's calls.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.perf import ab_overhead, proxy_overhead, session_turns, trace_log
+from tests.perf import ab_overhead, index_backends, proxy_overhead, session_turns, trace_log
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,3 +73,23 @@ def test_a_turn_only_trace_write_stores_the_log_without_the_documents_texts():
     assert out["texts_read_back"] == 3  # a reader still gets every text
     assert out["log_bytes"] < 3 * 6000  # the log holds no text: each is under a key of its own
     assert out["bytes_stored_per_write_p50"] == out["log_bytes"]  # a write that adds no text writes the log alone
+
+
+@pytest.mark.timeout(900)
+def test_the_embedded_index_backends_side_by_side(tmp_path, capsys):
+    """Tiny in ``make test``; ``PFLASH_INDEX_BENCH=full`` runs the default sizes (200 sessions x 20 turns)."""
+    full = os.environ.get("PFLASH_INDEX_BENCH") == "full"
+    argv = [] if full else ["--sessions", "4", "--turns", "3", "--doc-lines", "200", "--recall-every", "2",
+                            "--opens", "2", "--crashes", "1", "--crash-saves", "10"]
+    report = index_backends.main([*argv, "--out", str(tmp_path / "index.json")])
+    calls = report["calls"]
+    assert set(calls) >= {"lookup", "save", "trace", "response", "cold get", "open", "reopen after kill", "prune half"}
+    for call in calls.values():
+        assert set(call) == set(index_backends.BACKENDS)
+        assert all(r["ops_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] for r in call.values())
+    sessions, turns = (200, 20) if full else (4, 3)
+    assert calls["lookup"]["sqlite"]["n"] == calls["save"]["diskcache"]["n"] == sessions * turns
+    # every save a killed writer reported committed was read back (the run asserts it, and counts them)
+    assert report["crash_saves_read_back"] == {b: 600 if full else 10 for b in index_backends.BACKENDS}
+    assert json.loads((tmp_path / "index.json").read_text()) == report
+    assert "sqlite ops/s" in capsys.readouterr().out

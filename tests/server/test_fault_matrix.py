@@ -400,9 +400,9 @@ async def test_sigterm_drains_requests_in_flight_saves_sessions_and_exits_0(faul
             proc.wait()
     assert rc == 0, log.read_text()[-3000:]
     assert exited_after < 90
-    from pflash_proxy.sessions.index.local import SessionStore
+    from pflash_proxy.sessions.index import open_index
 
-    store = SessionStore(home / "sessions")
+    store = open_index(home)
     try:  # both sessions held a slot at the signal: both were snapshotted on the way out
         for sid in (sid_streamed, headers["X-PFlash-Session"]):
             rec = store.snapshot(sid)

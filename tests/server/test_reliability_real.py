@@ -112,14 +112,16 @@ async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recover
 
     proxy = await make_proxy()
     store = session_manager(proxy.app).store
-    real_set = store.cache.set
+    # the write under the history's record: diskcache's set, or the SQLite index's record write
+    target, name = (store.cache, "set") if hasattr(store, "cache") else (store, "_put")
+    real_set = getattr(target, name)
     full = {"on": True}
 
     def set_or_full(*a, **kw):  # fault injection: what SQLite raises when the disk is full
         if full["on"]:
             raise sqlite3.OperationalError("database or disk is full")
         return real_set(*a, **kw)
-    monkeypatch.setattr(store.cache, "set", set_or_full)
+    monkeypatch.setattr(target, name, set_or_full)
     msgs = [{"role": "user", "content": "Name a river."}]
     status, h, body = await _chat(proxy, msgs)
     assert status == 200 and body["choices"][0]["message"]["content"] is not None

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pflash_proxy.config import Settings
 from pflash_proxy.engine.fake import FakeEngine
+from pflash_proxy.sessions.index import SnapshotRecord
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.sessions.manager import SessionManager
-from pflash_proxy.sessions.index.local import SnapshotRecord
 
 
-async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
-    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, max_index_mb=0.5)
+@pytest.mark.parametrize("index", ["embedded", "diskcache"])
+async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path, index):
+    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, max_index_mb=0.5, index=index)
     mgr = SessionManager(settings, FakeEngine())
     try:
         ids = []
@@ -27,20 +31,28 @@ async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
         mgr.store.close()
 
 
-def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch):
-    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path)
+@pytest.mark.parametrize("index", ["embedded", "diskcache"])
+def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch, index):
+    settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, index=index)
     mgr = SessionManager(settings, FakeEngine())
     try:
         store = mgr.store
         store.put_snapshot(SnapshotRecord("s1", "f1", 10, [], "m", 100))
         store.snapshots()
         calls = []
-        real = store.cache.iterkeys
-        monkeypatch.setattr(store.cache, "iterkeys", lambda *a, **k: calls.append(1) or real(*a, **k))
+        if isinstance(store, SqliteIndex):  # a read is a query on this thread's connection
+            real_conn = store._conn
+            monkeypatch.setattr(store, "_conn", lambda: calls.append(1) or real_conn())
+            calls_after_writes = 2  # put_snapshot's and drop_snapshot's own writes
+        else:
+            real = store.cache.iterkeys
+            monkeypatch.setattr(store.cache, "iterkeys", lambda *a, **k: calls.append(1) or real(*a, **k))
+            calls_after_writes = 0
         for _ in range(10):
             assert [r.session for r in store.snapshots()] == ["s1"]
             assert store.snapshot("s1").size == 100
+        assert calls == []
         store.drop_snapshot("s1")
-        assert store.snapshots() == [] and calls == []
+        assert store.snapshots() == [] and len(calls) <= calls_after_writes
     finally:
         mgr.store.close()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import diskcache
+import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.conftest import make_settings
 
 
@@ -40,9 +42,10 @@ def test_a_record_written_with_extra_reads_into_the_typed_fields(tmp_path):
     store.close()
 
 
-def test_the_embedded_index_is_a_session_index(tmp_path):
-    index: SessionIndex = open_index(tmp_path)
-    assert isinstance(index, SessionStore) and (tmp_path / "sessions").is_dir()
+@pytest.mark.parametrize("name", ["embedded", "sqlite", "diskcache"])
+def test_the_embedded_index_is_a_session_index(tmp_path, name):
+    index: SessionIndex = open_index(tmp_path, name)
+    assert isinstance(index, SessionStore if name == "diskcache" else SqliteIndex) and (tmp_path / "sessions").is_dir()
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h1"], [{"role": "user", "content": "hi"}])
     assert index.get(rec.id) == SessionRecord.from_stored(rec.stored())

@@ -22,6 +22,7 @@ from pflash_proxy.sessions.index import SessionRecord
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
 from pflash_proxy.sessions.index.codec import RecordParts
 from pflash_proxy.sessions.index.local import Mirror, SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 TEXT = "lorem ipsum dolor sit amet " * (MEMO_MIN_CHARS // 20)  # enough characters to be memoised
 
@@ -182,10 +183,11 @@ def test_the_lookup_mirror_is_bounded_by_bytes():
     assert mirror.bytes == sum(Mirror._cost(k, v) for k, (v, _) in mirror._items.items())
 
 
-def test_the_decoded_records_are_bounded_by_bytes(tmp_path):
+@pytest.mark.parametrize("backend", [SessionStore, SqliteIndex])
+def test_the_decoded_records_are_bounded_by_bytes(tmp_path, backend):
     """Sessions with long histories (many small messages: a record lists every message's hash): the records the
     embedded index keeps decoded stay within their byte bound."""
-    store = SessionStore(tmp_path / "idx")
+    store = backend(tmp_path / "idx")
     store._decodes = ValueCache(512 << 10, 1024)
     try:
         for s in range(12):

@@ -1,7 +1,8 @@
-"""The shared session index (``sessions/index/redis.py``) against a real ``redis-server`` the test starts itself.
+"""The ``SessionIndex`` contract on every backend: the embedded diskcache one (``local.py``), the embedded SQLite one
+(``sqlite.py``) and the shared one (``redis.py``) against a real ``redis-server`` the test starts itself.
 
-1. The same ``SessionIndex`` contract as the embedded diskcache index (each test runs on both): records with their
-   chain entries, the longest-prefix lookup, forks, pruning, responses, snapshot records.
+1. The same ``SessionIndex`` contract on each (each test runs on all three): records with their chain entries,
+   the longest-prefix lookup, forks, pruning, responses, snapshot records.
 2. Two nodes (two clients) see each other's writes and share one salt.
 3. What only a cluster has: the turn lease is atomic (of many concurrent takers exactly one wins), only its
    holder renews or frees it, and it expires; heartbeats expire; a holder claim is compare-and-set.
@@ -20,23 +21,27 @@ from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError
 from pflash_proxy.sessions.index.codec import encode
 from pflash_proxy.sessions.index.redis import RedisIndex
 from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.redis_server import RedisServer, binary
 
-pytestmark = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")
+needs_redis = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")
+EMBEDDED = (SessionStore, SqliteIndex)
 
 
 @pytest.fixture
 def redis_server(tmp_path):
+    if binary() is None:
+        pytest.skip("redis-server not installed (scripts/setup.sh)")
     server = RedisServer.start(tmp_path / "redis")
     yield server
     server.stop()
 
 
-@pytest.fixture(params=["embedded", "redis"])
+@pytest.fixture(params=["diskcache", "sqlite", pytest.param("redis", marks=needs_redis)])
 def index(request, tmp_path):
-    if request.param == "embedded":
-        idx: SessionIndex = open_index(tmp_path)
-        assert isinstance(idx, SessionStore) and idx.as_cluster() is None and not idx.remote
+    if request.param in ("diskcache", "sqlite"):
+        idx: SessionIndex = open_index(tmp_path, request.param)
+        assert isinstance(idx, EMBEDDED[request.param == "sqlite"]) and idx.as_cluster() is None and not idx.remote
     else:
         server = RedisServer.start(tmp_path / "redis")
         request.addfinalizer(server.stop)
@@ -83,6 +88,22 @@ def _chain_writes(index) -> list[str]:
                 written.append(key[1])
             return inner(key, value, *args, **kwargs)
         index.cache.set = cache_set
+    elif isinstance(index, SqliteIndex):
+        inner_conn = index._conn
+
+        class Counted:
+            def __init__(self, conn):
+                self.conn = conn
+
+            def executemany(self, sql, rows):
+                rows = list(rows)
+                if "INTO chain" in sql:
+                    written.extend(h for h, _ in rows)
+                return self.conn.executemany(sql, rows)
+
+            def __getattr__(self, name):
+                return getattr(self.conn, name)
+        index._conn = lambda: Counted(inner_conn())
     else:
         inner_pipeline = index.r.pipeline
 
@@ -149,6 +170,14 @@ def _stored_values(index) -> dict[str, bytes]:
     """Every stored value by key name (``session:<id>``, ``recall:<key>`` ...), whatever the backend."""
     if isinstance(index, SessionStore):
         return {":".join(k): index.cache.get(k) for k in index.cache.iterkeys()}
+    if isinstance(index, SqliteIndex):
+        c = index._conn()
+        out = {f"session:{sid}": data for sid, data in c.execute("SELECT sid, data FROM session")}
+        out |= {f"served:{sid}:{pos}": data for sid, pos, data in c.execute("SELECT sid, pos, data FROM served")}
+        out |= {f"recall:{key}": data for key, data in c.execute("SELECT key, data FROM recall")}
+        out |= {f"traces:{sid}": data for sid, data in c.execute("SELECT sid, data FROM traces")}
+        out |= {f"trace-part:{sid}:{key}": data for sid, key, data in c.execute("SELECT sid, key, data FROM trace_part")}
+        return out
     return {k.decode()[len(index.p):]: index.r.get(k) for k in index.r.keys(f"{index.p}*")
             if index.r.type(k) == b"string"}
 
@@ -159,8 +188,15 @@ def _store_record(index, sid: str, data: bytes) -> None:
     if isinstance(index, SessionStore):
         index.cache.set(("session", sid), data)
         index.mirror.drop([("session", sid)])
+    elif isinstance(index, SqliteIndex):
+        index._conn().execute("INSERT OR REPLACE INTO session VALUES (?, ?, ?)", (sid, time.time(), data))
     else:
         index.r.set(f"{index.p}session:{sid}", data)
+
+
+def _reopen(index) -> str:
+    """What ``open_index`` takes to open another client of ``index``'s store (a restart, another process)."""
+    return index.url if isinstance(index, RedisIndex) else "sqlite" if isinstance(index, SqliteIndex) else "diskcache"
 
 
 def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
@@ -190,7 +226,7 @@ def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
         index.save_session(again, hashes, served + msgs("paste two", "q"))
     assert {k: v for k, v in _stored_values(index).items() if k.startswith("recall:")} == after
     # a fresh index object reads them back from the store (its cache is empty)
-    fresh = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)
+    fresh = open_index(tmp_path, _reopen(index))
     try:
         back, _, _ = fresh.lookup("seed", served + msgs("paste two", "q"))
         assert back is not None and [s.omitted_texts for s in back.recall_sources] == \
@@ -231,16 +267,18 @@ def test_served_messages_are_written_once_under_their_session_and_position(index
     index.save_session(found, hashes, longer)
     after = {k: v for k, v in _stored_values(index).items() if k.startswith("served:")}
     assert len(after) == 42 and all(after[k] == v for k, v in before.items())
-    fresh = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)
+    fresh = open_index(tmp_path, _reopen(index))
     try:
         back = fresh.get(rec.id)
         assert back is not None and back.served == longer and back.turns == 2
         # a message gone: the history cannot be replayed, the session reads as absent
         if isinstance(fresh, SessionStore):
             fresh.cache.delete(("served", rec.id, "7"))
+        elif isinstance(fresh, SqliteIndex):
+            fresh._conn().execute("DELETE FROM served WHERE sid = ? AND pos = 7", (rec.id,))
         else:
             fresh.r.delete(f"{fresh.p}served:{rec.id}:7")
-        reader = open_index(tmp_path, None if isinstance(index, SessionStore) else index.url)  # nothing cached
+        reader = open_index(tmp_path, _reopen(index))  # nothing cached
         try:
             assert reader.get(rec.id) is None and reader.lookup("seed", longer)[0] is None
         finally:
@@ -386,6 +424,8 @@ def test_a_traces_text_and_units_are_written_once_under_keys_of_their_own(index,
     old = TraceLog([{"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": documents[4]}], {})
     if isinstance(index, SessionStore):
         index.cache.set(("traces", rec.id), encode("traces", old))
+    elif isinstance(index, SqliteIndex):
+        index._conn().execute("INSERT OR REPLACE INTO traces VALUES (?, ?)", (rec.id, encode("traces", old)))
     else:
         index.r.set(f"{index.p}traces:{rec.id}", encode("traces", old))
     assert compressions() == [(documents[4], None)] and not stored()[1]
@@ -416,7 +456,7 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
     """A prune lists what a session's keys are, then deletes them; a trace write that lands in between (it runs
     after the answer, in a worker thread or on another node) adds parts the prune did not list: they must go too,
     never stay behind without a log that names them."""
-    from pflash_proxy.sessions.index import local as store, redis as redis_index
+    from pflash_proxy.sessions.index import local as store, redis as redis_index, sqlite as sqlite_index
 
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h"], msgs("hello"))
@@ -432,6 +472,9 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
     if isinstance(index, SessionStore):  # between the listing of the keys and the victim's transaction
         victims = store.prune_victims
         monkeypatch.setattr(store, "prune_victims", lambda *a: (victims(*a), write_once())[0])
+    elif isinstance(index, SqliteIndex):  # between the ranking and the victim's transaction
+        victims = sqlite_index.prune_victims
+        monkeypatch.setattr(sqlite_index, "prune_victims", lambda *a: (victims(*a), write_once())[0])
     else:  # between the read of the log and the transaction that deletes
         read = redis_index.stored_trace_log
         monkeypatch.setattr(redis_index, "stored_trace_log", lambda *a: (read(*a), write_once())[0])
@@ -440,6 +483,7 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
     assert index.trace_log(rec.id) is None and not stored_parts(index)
 
 
+@needs_redis
 def test_a_prune_landing_inside_a_trace_write_leaves_no_log_behind(tmp_path):
     """The other order, across nodes: a trace write has checked that its session exists and is about to write
     the session's first log when another node prunes the session; the write must not land."""
@@ -485,6 +529,10 @@ def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     if isinstance(index, SessionStore):
         index.cache.delete(tuple(gone.split(":")))
         index.cache.set(tuple(damaged.split(":")), b"\x80\x04not json")
+    elif isinstance(index, SqliteIndex):
+        c = index._conn()
+        c.execute("DELETE FROM trace_part WHERE sid = ? AND key = ?", gone.split(":")[1:])
+        c.execute("UPDATE trace_part SET data = ? WHERE sid = ? AND key = ?", (b"\x80\x04not json", *damaged.split(":")[1:]))
     else:
         index.r.delete(index.p + gone)
         index.r.set(index.p + damaged, b"\x80\x04not json")
@@ -563,6 +611,7 @@ def test_heartbeats_expire_and_a_leaving_node_is_gone_at_once(redis_server):
     idx.close()
 
 
+@needs_redis
 def test_a_redis_that_is_gone_raises_store_error(tmp_path):
     server = RedisServer.start(tmp_path / "redis")
     idx = RedisIndex(server.url, timeout_s=1)

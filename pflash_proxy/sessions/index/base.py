@@ -1,6 +1,7 @@
 """The session index seam: the records it keeps and the ``SessionIndex`` protocol every backend implements.
 
-The embedded backend is ``local.SessionStore`` (one diskcache/SQLite directory per proxy); a shared backend (for
+The embedded backend is ``sqlite.SqliteIndex`` (SQLite tables in one file per proxy; ``local.SessionStore``, on
+diskcache, before it); a shared backend (for
 several proxies in front of one pool of llama-servers) implements the same protocol. Callers never see the layer
 below: every backend raises ``StoreError`` for a failure of it (disk full, a damaged file, a lock timeout, a
 lost connection), which callers treat as "serve without the index", never as a failed request. Calls block; an
@@ -28,10 +29,12 @@ new messages, not the whole history again.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pflash_proxy.jsontypes import JSONObject
@@ -147,6 +150,31 @@ _NOT_STORED = frozenset({"served_stored", "recall_stored"})  # what an index lea
 _STORED_FIELDS = tuple(f.name for f in fields(SessionRecord) if f.name not in _NOT_STORED)  # in field order
 
 
+_CONTAINERS = tuple(f.name for f in fields(SessionRecord) if f.default_factory in (list, dict))
+
+
+def fresh(rec: SessionRecord) -> SessionRecord:
+    """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
+    sources are shared by every reader already, ``codec.RecordParts``): what an index that keeps decoded records
+    hands each reader."""
+    out = object.__new__(type(rec))
+    attrs = out.__dict__
+    attrs.update(rec.__dict__)
+    for name in _CONTAINERS:
+        attrs[name] = attrs[name].copy()
+    return out
+
+
+def as_stored(rec: SessionRecord) -> SessionRecord:
+    """What decoding the bytes a save just wrote of ``rec`` returns (``codec.decode``), without decoding them: the
+    save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
+    record as stored holds none inline, and has read none back."""
+    out = fresh(rec)
+    out.served, out.recall_sources = [], []
+    out.served_stored = out.recall_stored = 0
+    return out
+
+
 def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:
     """The chain entries a save of ``rec`` with ``client_hashes`` writes (before ``rec`` takes them): one per prefix,
     except the prefixes ``rec``'s previous save already wrote (a stored record, ``turns`` > 0, whose hashes begin
@@ -192,8 +220,43 @@ class SnapshotRecord:
     checksum: str = ""  # "crc32:…" of the file when saved ("" in records written before checksums)
 
 
+class WriteMarks:
+    """``write_mark``/``unchanged_since`` of an embedded index, whose writes that can change a ``lookup``'s answer or
+    the record it returns (``save_session``, ``update_record``, ``prune``) all run in this process (``pflash-proxy
+    rm`` touches snapshots alone): each is counted while it runs (``_writing(+1)``, then ``-1``; ``writing()``)."""
+
+    def __init__(self) -> None:
+        self._writes_lock = threading.Lock()
+        self._writes_running = 0
+        self._writes_done = 0
+
+    def write_mark(self) -> int | None:
+        """Taken before a ``lookup``: None while such a write runs, else a mark that ``unchanged_since`` compares."""
+        with self._writes_lock:
+            return None if self._writes_running else self._writes_done
+
+    def unchanged_since(self, mark: int | None) -> bool:
+        """True when no such write began or ended since ``mark`` was taken."""
+        with self._writes_lock:
+            return mark is not None and not self._writes_running and self._writes_done == mark
+
+    def _writing(self, delta: int) -> None:
+        with self._writes_lock:
+            self._writes_running += delta
+            if delta < 0:
+                self._writes_done += 1
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        self._writing(+1)
+        try:
+            yield
+        finally:
+            self._writing(-1)
+
+
 class SessionIndex(Protocol):
-    """What the proxy keeps about sessions, responses and snapshots (``local.SessionStore`` documents each key)."""
+    """What the proxy keeps about sessions, responses and snapshots (``sqlite.SqliteIndex`` documents each table)."""
 
     salt: str  # the random salt owners' credentials are hashed with; the same across restarts
     # every call may wait on a network round trip (a server several nodes share): ``run`` never makes one on the

@@ -56,7 +56,6 @@ started, so a damaged file costs the cached sessions, not the service.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import pickle
@@ -76,6 +75,7 @@ from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
 from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.base import WriteMarks, as_stored as _as_stored, fresh as _fresh
 from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
@@ -160,30 +160,6 @@ class Mirror:
             if still_true():
                 for key, value in read:
                     self._put(key, value)
-
-
-_CONTAINERS = tuple(f.name for f in dataclasses.fields(SessionRecord) if f.default_factory in (list, dict))
-
-
-def _fresh(rec: SessionRecord) -> SessionRecord:
-    """A copy of ``rec`` whose lists and dicts are its own (what they hold is shared: served messages and recall
-    sources are shared by every reader already, ``RecordParts``)."""
-    out = object.__new__(type(rec))
-    fields = out.__dict__
-    fields.update(rec.__dict__)
-    for name in _CONTAINERS:
-        fields[name] = fields[name].copy()
-    return out
-
-
-def _as_stored(rec: SessionRecord) -> SessionRecord:
-    """What decoding the bytes a save just wrote of ``rec`` returns (``codec.decode``), without decoding them: the
-    save stored every served message and recall source under keys of their own (``RecordParts.new``), so the
-    record as stored holds none inline, and has read none back."""
-    out = _fresh(rec)
-    out.served, out.recall_sources = [], []
-    out.served_stored = out.recall_stored = 0
-    return out
 
 
 def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
@@ -348,12 +324,13 @@ def _open(directory: Path) -> diskcache.Cache:
         return _cache(directory)
 
 
-class SessionStore:
+class SessionStore(WriteMarks):
     """The embedded ``SessionIndex``: one diskcache directory (module docstring)."""
 
     remote = False  # local SQLite, the snapshot records in memory
 
     def __init__(self, directory: Path):
+        super().__init__()  # writes that can change what ``lookup`` answers or returns, counted (``WriteMarks``)
         private_dir(directory)
         self.cache = _open(directory)
         # the snapshot index in memory: stats, eviction and restores read it without touching SQLite, and
@@ -362,17 +339,11 @@ class SessionStore:
         self._snaps_lock = threading.RLock()  # pruning runs in the executor, requests on the loop
         self.cache.add(("salt",), secrets.token_hex(16))  # only if absent: owners' hashes survive a restart
         self.salt: str = self.cache.get(("salt",))
-        # writes that can change what ``lookup`` answers or returns (``save_session``, ``update_record``,
-        # ``prune``): begun and ended, so a caller can tell that none ran since a mark (``write_mark``/
-        # ``unchanged_since``)
-        self._writes_lock = threading.Lock()
         self.parts = RecordParts()  # the records' served messages and recall sources under keys of their own
         self.mirror = Mirror()  # what a lookup reads, kept as written (module docstring)
         # session id -> a record's stored bytes and the record decoded from them (``_decoded``), within
         # DECODED_BYTES (the bytes and the record's objects counted) and MIRROR_KEYS records
         self._decodes: ValueCache[tuple[bytes, SessionRecord]] = ValueCache(DECODED_BYTES, MIRROR_KEYS)
-        self._writes_running = 0
-        self._writes_done = 0
 
     def close(self) -> None:
         self.cache.close()
@@ -381,24 +352,6 @@ class SessionStore:
         return None  # this proxy's own
 
     # Sessions -----------------------------------------------------------------------------------------------
-    def write_mark(self) -> int | None:
-        """Taken before a ``lookup``: None while a write that can change its answer (or the record it returns)
-        runs, else a mark that ``unchanged_since`` compares. Counts this process's writes only (the session records and chain entries
-        are written by the proxy that serves them; ``pflash-proxy rm`` touches snapshots alone)."""
-        with self._writes_lock:
-            return None if self._writes_running else self._writes_done
-
-    def unchanged_since(self, mark: int | None) -> bool:
-        """True when no write that can change a ``lookup``'s answer began or ended since ``mark`` was taken."""
-        with self._writes_lock:
-            return mark is not None and not self._writes_running and self._writes_done == mark
-
-    def _writing(self, delta: int) -> None:
-        with self._writes_lock:
-            self._writes_running += delta
-            if delta < 0:
-                self._writes_done += 1
-
     @_guarded
     def lookup(self, seed: str, messages: Sequence[Mapping[str, object]]) -> tuple[SessionRecord | None, int, list[str]]:
         """Longest served prefix: (session, number of leading messages it covers, client hashes)."""
