@@ -36,13 +36,19 @@ def _store_and_snapshots(settings: Settings):
     directory others can write into could name any file for ``rm`` to delete, or show planted sessions)."""
     from pflash_proxy.cli.home import Untrusted, check_home
     from pflash_proxy.sessions.index import open_index
+    from pflash_proxy.sessions.index.sqlite import DISKCACHE_FILE
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
     try:
         check_home(settings.proxy.home)
     except Untrusted as exc:
         raise _Refused(str(exc)) from None
-    store = open_index(settings.proxy.home, settings.cluster.index)
+    index = settings.cluster.index
+    if index in (None, "", "embedded", "sqlite") and (settings.proxy.home / "sessions" / DISKCACHE_FILE).exists():
+        # a home an older proxy (diskcache) still serves from: read its index where it is; only ``serve`` moves it
+        # into SQLite, never a command that takes no lock beside a proxy that may still be writing it
+        index = "diskcache"
+    store = open_index(settings.proxy.home, index)
     return store, SnapshotManager(store, None, settings.effective_slot_save_path, 0)  # deletes, never saves
 
 

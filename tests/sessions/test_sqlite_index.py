@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -361,3 +362,22 @@ def test_a_damaged_diskcache_index_costs_its_sessions_not_the_start(tmp_path, ca
     finally:
         index.close()
     assert list(d.glob("cache.db.corrupt-*")) and not (d / "cache.db").exists()
+
+
+def test_ls_beside_an_older_proxy_reads_its_diskcache_index_and_moves_nothing(tmp_path):
+    """``ls``/``rm`` take no lock: run beside an older proxy that still serves from diskcache, they read its index
+    where it is and never migrate it (sessions that proxy saved after a move would be lost to the new index)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    old = open_index(home, "diskcache")
+    rec = old.new_session("seed", False)
+    old.save_session(rec, old.lookup("seed", msgs("a"))[2], msgs("a"))
+    old.put_snapshot(SnapshotRecord(session=rec.id, file=f"pf-{rec.id}.bin", tokens=9, served_hashes=["h"],
+                                    model_identity="m", size=100))
+    old.close()
+    env = {**os.environ, "PFLASH_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "pflash_proxy", "ls", "--json"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [s["session"] for s in json.loads(r.stdout)] == [rec.id]
+    assert (home / "sessions" / "cache.db").exists() and not (home / "sessions" / "index.db").exists()
