@@ -1,5 +1,6 @@
 """Every-X intent: does a request ask for every match (or for the whole message), or about one thing? A logistic
-regression over what the request's asking sentences say (issue 48, '"Every X" without a phrase list').
+regression over what the request's asking sentences say: a request for every match is recognised by what it
+asks, not by a list of phrases.
 
 1. Text: the request's asking sentences (``spread._asking``: questions, imperatives, "please ..."), identifiers
    blanked to one neutral word (``spread.NAME``), lower-cased.
