@@ -73,3 +73,12 @@ def test_in_code_every_match_of_what_it_does_is_the_whole_message():
     request = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
     out = Compressor(CompressionSettings(threshold=1024)).compress(tt, request, tt.total_tokens, True, "paste", "1")
     assert out.mode == "full-flat" and "whole message" in out.reason, out.reason
+
+
+def test_everything_several_of_a_kind_and_a_singular_which():
+    """'everything', 'more than one place', 'the different ways' ask for every match; a singular noun after which
+    asks about one thing (each read the other way before these form signals)."""
+    for q in ("show me everything that touches the database", "Is open_session called from more than one place?",
+              "what are the different ways a request can fail here?"):
+        assert asks_for_every(q), q
+    assert not asks_for_every("Which argument controls the timeout?")
