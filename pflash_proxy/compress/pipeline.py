@@ -408,7 +408,7 @@ class Compressor:
                 self._choose(analysis.gate_ranking, analysis, toks, budget, source, label, len(tt.lines))
             sp = flat_gate(scores[free], len(set(counted) - pinned),
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), intent,
-                           None if gate is None else gate[free])
+                           None if gate is None else gate[free], is_code(units))
             t = _lap(ms, "spread", t)
             if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
                 sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail

@@ -23,15 +23,16 @@ a handful of strong units keeps it small while "every record mentions X" (all sh
 
 When it applies (``flat_gate``):
 1. Zero total relevance over the unpinned units is flat (spread = 1): nothing says what to keep.
-2. Otherwise only a request that asks for every match can be flat (``asks_for_every``, by what a sentence asks
-   for rather than by a list of phrases, ``every_intent``: the thing asked for quantified ("describe all
+2. Otherwise only a request that asks for every match can be flat (``asks_for_every``: a classifier trained on
+   dev phrasings, ``intent.py``, whose features are the request's words and the form signals of ``every_intent``: the thing asked for quantified ("describe all
    handlers", "what does each handler do"), plural after a question word ("which functions call retry"),
    counted ("how many", not "how many times"), enumerated ("list ...", "name the classes ..."), or its uses
    ("where is retry used", "who calls X"); not a quantifier in a condition ("... when every coefficient is
    small") or in the predicate of a question about one thing ("which function returns all items"), nor a word
    of an identifier: "In Summary.time, ..." names a method). A request about the whole message ("give a summary
    of what this module does", "what is this file for", ``asks_for_whole``) is flat whatever the scores: every
-   unit is relevant to it.
+   unit is relevant to it; so is, in source code, a request for every match that spells no name ("each place
+   that writes to disk": what matches is found by reading the code, not by its words).
    A pointed question ("which function interleaves the address infos?") over a cold document is compressed
    whatever the spread: measured on generated documents (``docs/results.md``, flat gate), the lexical spread of a
    pointed question and of a "list every X" over the same documents overlap, so a spread threshold alone
@@ -105,24 +106,43 @@ def request_names(request: str) -> list[str]:
 
 
 def asks_for_every(request: str) -> bool:
-    """Step 2: the request asks for every match (or for the whole), not for one thing (``every_intent``). Words
+    """Step 2: the request asks for every match (or for the whole), not for one thing: the classifier of
+    ``intent.py`` over what its asking sentences say (``every_intent``'s form signals among its features). Words
     that are part of an identifier (``_IDENTIFIER``) do not count, nor sentences that ask nothing (a bug
     report's "Removing every value stored under a key leaves ...": ``_asking``)."""
-    return any(every_intent(p) is not None for p in _asking(request))
+    from .intent import asks_every
+
+    return asks_every(request or "")
+
+
+# a sentence whose every-words point back at the one before it ("... ? Quote each of them."): the matches are
+# what that sentence describes
+_BACK = re.compile(r"\b(?:all|each|every\s+one|any|both)\s+of\s+(?:them|those|these)\b|\bthem\s+all\b"
+                   r"|\b(?:each|every)\s+one\b|\ball\s+(?:those|these)\b", re.IGNORECASE)
+
+
+_ONE = re.compile(r"\b(?:it|its|it's)\b", re.IGNORECASE)
 
 
 def every_clause(request: str) -> str:
-    """Step 3: the request's sentences that ask for every match, in order (the whole request when none does, or
-    when it is one sentence)."""
+    """Step 3: the request's sentences that ask for every match, in order, each with the sentence before it when
+    its every-words point back at that one ("all of them", "each one"); the whole request when none does, or
+    when that is all of it."""
     parts = [p for p in _SENTENCE.split((request or "").strip()) if p.strip()]
-    every = [p for p in parts if any(every_intent(q) is not None for q in _asking(p))]
-    return " ".join(every) if every and len(every) < len(parts) else request
+    every: list[int] = []
+    for i, p in enumerate(parts):
+        if any(every_intent(q) is not None for q in _asking(p)):
+            if i > 0 and _BACK.search(_prose(p)) and i - 1 not in every:
+                every.append(i - 1)
+            every.append(i)
+    return " ".join(parts[i] for i in every) if every and len(every) < len(parts) else request
 
 
 def asks_for_whole(request: str) -> bool:
     """Step 2: the request asks about the whole message (a summary or description of this module, document,
-    page, log ...), so every part of it is relevant whatever the scores (``every_intent`` == "whole")."""
-    return any(every_intent(p) == "whole" for p in _asking(request))
+    page, log ...), so every part of it is relevant whatever the scores: it asks for every match
+    (``asks_for_every``) and one of its sentences asks for the whole (``every_intent`` == "whole")."""
+    return any(every_intent(p) == "whole" for p in _asking(request)) and asks_for_every(request)
 
 
 # Step 2: what a request asks for, by its form rather than by a list of phrases. A sentence asks for every match
@@ -370,10 +390,13 @@ def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float
 
 
 def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: str,
-              clause_scores: np.ndarray | None = None) -> Spread:
+              clause_scores: np.ndarray | None = None, code: bool = False) -> Spread:
     """Steps 1-4: the spread, flat only where the gate applies. ``scores``: the unpinned units' relevance (step 1
     reads it); ``clause_scores``: theirs for ``every_clause(request)`` (step 3; the pipeline's are BM25's), the
-    measured ones when given, else ``scores``."""
+    measured ones when given, else ``scores``. ``code``: the message is source code, where a request for every
+    match whose every-clause names something here (its BM25 is not all zero) but spells no name nor points at one
+    thing ("it") (``request_names``: "every place that writes to disk", "each function without
+    tests") asks about the whole message: its matches are found by reading the code, not by its words."""
     sp = relevance_spread(scores, kept_units, threshold)
     if float(np.asarray(scores, dtype=np.float64).sum()) <= 0.0:
         return sp  # step 1
@@ -390,6 +413,10 @@ def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: st
     if float(np.asarray(clause_scores, dtype=np.float64).sum()) <= 0.0:  # "all the steps it takes": its own
         # words name nothing here, so it asks for every part of what the other sentences point at
         return Spread(-1.0, 0.0, cs.kept_units, cs.n_units, False, threshold, True, shown)
+    if code and not request_names(request) and not _ONE.search(clause):  # every match of what the code does,
+        # not of a name (nor every part of the one thing "it" points at: "list all the steps it takes"): the whole
+        return Spread(max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), float(sp.n_units),
+                      sp.kept_units, sp.n_units, True, threshold, True, shown, True)
     return Spread(cs.spread, cs.effective_units, cs.kept_units, cs.n_units, cs.flat, threshold, True, shown)
 
 

@@ -2,7 +2,8 @@
 
 1. Wordings: ``cases/every_x.json``: ``every`` (asks for all matches: scope ``name``, every reference to a name;
    scope ``file``, the whole file) and ``pointed`` (about one definition), each split by its wording.
-2. Files: the files of ``cases/code_tasks.json`` whose package is in the same split. Per file a name (seeded):
+2. Files: the files of ``cases/code_tasks.json`` whose package is in the same split (``held-out-2``, the second
+   held-out wordings: the held-out files). Per file a name (seeded):
    a function or method defined once whose bare name occurs on 3-15 other lines of the file.
 3. Each wording of the split over the next file in turn (``{name}`` filled in), in two variants: ``paste`` (one
    user message: the request then the file, or the file then the request, alternating) and ``read`` (Claude
@@ -74,7 +75,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
     t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
     wordings = load_wordings(opts.split)
-    paths = sorted({t.path for t in code_tasks.load_cases() if t.split == opts.split})
+    files_split = "held-out" if opts.split.startswith("held-out") else opts.split  # held-out-2: new wordings
+    paths = sorted({t.path for t in code_tasks.load_cases() if t.split == files_split})
     files: list[tuple[str, str, str]] = []
     for p in paths:
         try:
