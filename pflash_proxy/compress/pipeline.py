@@ -17,7 +17,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept, and so are the units holding the question found by its form
    (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the
-   request spells out
+   request spells out, outside the file paths it names (``request.without_paths``: the agent's "I'll read
+   relativedelta.py" names the file, not its ``class relativedelta``)
    (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
@@ -370,7 +371,7 @@ class Compressor:
                 asked = frozenset(line_units(units, kept_lines))
                 pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
                 defs = definitions(work)
-                named, optional = named_definitions(work, units, request.text, defs)
+                named, optional = named_definitions(work, units, without_paths(request.text), defs)
                 blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
