@@ -16,7 +16,10 @@ Algorithm (``named_definitions``):
    an optional ``class``/``struct``/``type`` before the owner), "``name`` of class ``Owner``" and "Owner's
    name".  A pair whose name is defined in that owner keeps exactly those definitions.
 4. Bare names: names of at least 3 characters that the request contains as whole words (``\\b``,
-   case-sensitive) and that no pair of step 3 resolved.  Defined once: that definition.  Defined several times:
+   case-sensitive) and that no pair of step 3 resolved; a name that is also an ordinary word (``release``,
+   ``Lock``: letters only, at most a leading capital) only where the request uses it as a name (``_AS_NAME``:
+   quoted in backticks, called ``name(``, "does/in/explain/call ``name`` work/do/returns/,/?", "what ``name``
+   does", "the ``name`` function"), not in a user's sentence ("the next release raises").  Defined once: that definition.  Defined several times:
    each definition is rated by the request's other words: 3 when its owner's name is one of them, plus one per
    request term (``lexicon`` parts, lowercased, stopwords and the name's own parts left out) in the owner's name
    and a half per such term in the rest of its definition line.  When the ratings differ, the best-rated
@@ -75,6 +78,13 @@ _PHRASES = (  # (regex, group of the name, group of the owner)
     (re.compile(rf"({_ID})\s+(?:of|in|on|from)\s+(?:the\s+)?(?:class|struct|type|trait|interface)\s+({_ID})"), 1, 2),
     (re.compile(rf"({_ID})'s\s+({_ID})"), 2, 1),
 )
+_PLAIN = re.compile(r"[a-z]+|[A-Z][a-z]+")  # step 4: a name that is also an ordinary word ("release", "Lock")
+_AS_NAME = (  # step 4: ... counts where the request uses it as a name: quoted, called, or in a question about it
+    r"`[^`\n]*(?<![\w.]){n}(?![\w])[^`\n]*`", r"\b{n}\s*\(",
+    r"\b(?:does|did|do|[Ii]n|[Ee]xplain|[Cc]all|[Cc]alling|[Uu]se|[Uu]sing)\s+{n}\b(?=\s*(?:works?\b|do\b|does\b"
+    r"|returns?\b|means?\b|[,:?]))",
+    r"\b[Ww]hat\s+{n}\s+(?:does|do|returns?)\b", r"\b{n}\s+(?:function|method|def)\b",
+    r"\b(?:function|method|def|class)\s+{n}\b")
 _GENERIC = frozenset("method function property attribute member class struct type def return returns what does "
                      "do work code file line lines".split())
 
@@ -148,6 +158,12 @@ def _pairs(request: str) -> set[tuple[str, str]]:
     return out
 
 
+def _as_name(name: str, request: str) -> bool:
+    """Step 4: the request uses the ordinary word ``name`` as a name (``_AS_NAME``)."""
+    n = re.escape(name)
+    return any(re.search(p.format(n=n), request) for p in _AS_NAME)
+
+
 def _terms(text: str) -> set[str]:
     return {t for t in text_terms(text) if t not in STOPWORDS and len(t) > 1}
 
@@ -176,7 +192,7 @@ def named_definitions(tt: TokenizedText, units: Sequence[Unit], request: str,
             chosen += hit
             resolved.add(n)
             used.add(o)
-    bare = [n for n in where if n in words and n not in resolved]
+    bare = [n for n in where if n in words and n not in resolved and (not _PLAIN.fullmatch(n) or _as_name(n, request))]
     qterms = _terms(request) - _GENERIC
     optional: list[list[int]] = []
     single: list[str] = []
