@@ -38,6 +38,9 @@ Algorithm (``named_definitions``):
 ``outline``: the definitions an omission marker names (class-like ones, and the functions and methods at file or
 class level, with their owners; step 2).
 
+``definition_atoms(tt, units, max_tokens)``: the units of every function and method (not nested in a function),
+those sharing a unit merged; what ``coderank`` ranks and keeps as one piece.
+
 ``definition_blocks(tt, units, max_tokens)``: every definition (step 1's lines, any name) whose block (step 6)
 spans more than one unit and at most ``max_tokens`` tokens, as the tuple of its units; the innermost first when
 blocks nest. A definition longer than the cutter's largest unit is cut inside; the pipeline keeps the rest of such
@@ -56,8 +59,8 @@ from .scores import STOPWORDS
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["NamedDefinitions", "definition_blocks", "definitions", "named_definitions", "named_units", "outline",
-           "owners"]
+__all__ = ["NamedDefinitions", "definition_atoms", "definition_blocks", "definitions", "named_definitions",
+           "named_units", "outline", "owners"]
 
 MAX_NAMES = 3
 MAX_UNITS = 4
@@ -276,3 +279,40 @@ def definition_blocks(tt: TokenizedText, units: Sequence[Unit], max_tokens: int,
         if last > first and sum(units[k].tokens for k in range(first, last + 1)) <= max_tokens:
             out.append((end - i, first, tuple(range(first, last + 1))))
     return [b for _, _, b in sorted(out)]
+
+
+def definition_atoms(tt: TokenizedText, units: Sequence[Unit], max_tokens: int,
+                     defs: list[tuple[int, str]] | None = None) -> list[tuple[int, ...]]:
+    """The units of each function or method (a ``def``, ``function``, ``fn``, ``func`` at file scope or in a
+    class-like body, not one nested in a function: steps 1, 2, 6), with its decorators; definitions that share a
+    unit are one group (a unit holding the tail of one and the head of the next). The groups of at most
+    ``max_tokens`` tokens, in order (``coderank``: what the selection keeps whole in code)."""
+    if len(units) < 2:
+        return []
+    defs = definitions(tt) if defs is None else defs
+    own = _owners(tt.lines, defs)
+    starts = [u.start_line for u in units]
+    spans: list[tuple[int, int]] = []
+    for i, _ in defs:
+        m = _DEF.match(tt.lines[i])
+        if m is None or m.group("kind") in _CONTAINERS:
+            continue
+        o = own.get(i)
+        if o is not None and not o[1]:
+            continue  # nested in a function: part of that one
+        first = bisect_right(starts, _decorated(tt.lines, i)) - 1
+        last = bisect_right(starts, _block_end(tt.lines, i) - 1) - 1
+        spans.append((first, last))
+    spans.sort()
+    out: list[tuple[int, ...]] = []
+    cur: list[int] | None = None
+    for a, b in spans:
+        if cur is not None and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+            continue
+        if cur is not None:
+            out.append(tuple(range(cur[0], cur[1] + 1)))
+        cur = [a, b]
+    if cur is not None:
+        out.append(tuple(range(cur[0], cur[1] + 1)))
+    return [g for g in out if sum(units[k].tokens for k in g) <= max_tokens]
