@@ -10,9 +10,9 @@ it (the issue's diagnostic, ``bench code-tasks``' last column).
 1. ``atoms(units, groups)``: the selection's pieces: each group (``named.definition_atoms``: the units of a
    function or method, definitions sharing a unit merged) is one atom; every other unit (imports, a class's
    header and docstring, module-level statements) is an atom of its own. Every unit is in exactly one atom.
-2. ``AtomIndex.build(tt, units, atoms)``: BM25 (k1 1.5, b 0.75, the Lucene idf) with one document per atom,
-   over the lexical scorer's terms (``lexicon.span_terms``: words, identifier parts, whole compound
-   identifiers; stopwords and single letters dropped). (A suffix stemmer lost on the dev split: 74 of 84
+2. ``AtomIndex.build(tt, units, atoms)``: the lexical scorer's BM25 (k1 1.5, b 0.75, the Lucene idf; its terms:
+   words, identifier parts, whole compound identifiers, stopwords and single letters dropped) with one document
+   per atom. (A suffix stemmer lost on the dev split: 74 of 84
    reads against 76, an S-stemmer 74 too: it merges ``token``/``tokenize``/``tokenizer``, whose idf falls.)
 3. ``AtomIndex.score(query)``: the atoms' BM25 of the query's terms (each distinct term once).
 4. ``atom_scores(scores, atoms)``: for a scorer with no terms (a drafter's relevance per unit), an atom is as
@@ -32,8 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .lexicon import span_terms
-from .scores import STOPWORDS
+from .scores import LexicalScorer, UnitReps
 from .text import TokenizedText
 from .units import Unit
 
@@ -57,64 +56,24 @@ def atoms(n_units: int, groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...
     return tuple(sorted(out))
 
 
-def _terms(data: bytes, spans: list[tuple[int, int]], cache: dict[bytes, str | None]) -> list[list[str]]:
-    """Step 2: the terms of each byte span (stopwords and single letters out)."""
-    out = []
-    for terms in span_terms(data, spans):
-        row = []
-        for t in terms:
-            s = cache.get(t, "")
-            if s == "":
-                w = t.decode("utf-8", "replace")
-                s = cache[t] = None if (w in STOPWORDS or (len(w) == 1 and w.isalpha())) else w
-            if s is not None:
-                row.append(s)
-        out.append(row)
-    return out
-
-
 @dataclass(frozen=True)
 class AtomIndex:
-    """BM25 over atoms (step 2): per term, the atoms holding it and their weights."""
+    """BM25 over atoms (step 2): the lexical scorer's index with one document per atom."""
 
-    postings: dict[str, tuple[np.ndarray, np.ndarray]]  # term -> (atom indices, BM25 weights)
-    n_atoms: int
+    reps: UnitReps
 
     @classmethod
-    def build(cls, tt: TokenizedText, units: Sequence[Unit], groups: Sequence[Sequence[int]],
-              k1: float = 1.5, b: float = 0.75) -> "AtomIndex":
-        data = tt.text.encode("utf-8")
-        off = np.zeros(len(tt.lines) + 1, dtype=np.int64)
-        np.cumsum([len(line.encode("utf-8")) for line in tt.lines], out=off[1:])
-        spans = [(int(off[units[g[0]].start_line]), int(off[units[g[-1]].end_line])) for g in groups]
-        docs = _terms(data, spans, {})
-        vocab: dict[str, int] = {}
-        ids = [np.fromiter((vocab.setdefault(t, len(vocab)) for t in d), dtype=np.int64, count=len(d))
-               for d in docs]
-        n = len(docs)
-        if not vocab or n == 0:
-            return cls({}, n)
-        doc = np.repeat(np.arange(n), [len(d) for d in ids])
-        key, tf = np.unique(np.concatenate(ids) * n + doc, return_counts=True)
-        term, atom = key // n, key % n
-        length = np.bincount(doc, minlength=n).astype(np.float64)
-        avg = max(float(length.mean()), 1e-9)
-        df = np.bincount(term, minlength=len(vocab)).astype(np.float64)
-        idf = np.log1p((n - df + 0.5) / (df + 0.5))
-        w = idf[term] * tf / (tf + k1 * (1 - b + b * length[atom] / avg))
-        cut = np.searchsorted(term, np.arange(len(vocab) + 1))
-        names = list(vocab)
-        return cls({names[j]: (atom[cut[j]:cut[j + 1]], w[cut[j]:cut[j + 1]]) for j in range(len(vocab))}, n)
+    def build(cls, tt: TokenizedText, units: Sequence[Unit], groups: Sequence[Sequence[int]]) -> "AtomIndex":
+        docs = [Unit(k, units[g[0]].start_line, units[g[-1]].end_line, sum(units[i].tokens for i in g),
+                     units[g[0]].kind) for k, g in enumerate(groups)]
+        return cls(_BM25.represent(tt, docs))
 
     def score(self, query: str) -> np.ndarray:
         """Step 3: each atom's BM25 of the query's distinct terms."""
-        out = np.zeros(self.n_atoms, dtype=np.float64)
-        q = query.encode("utf-8")
-        for t in set(_terms(q, [(0, len(q))], {})[0]):
-            hit = self.postings.get(t)
-            if hit is not None:
-                np.add.at(out, hit[0], hit[1])
-        return out
+        return _BM25.score(self.reps, query)
+
+
+_BM25 = LexicalScorer()
 
 
 def atom_scores(scores: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:
