@@ -331,7 +331,7 @@ def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blo
     return out
 
 
-def code_atoms(work: TokenizedText, units: list[Unit], defs: list[tuple[int, str]], reps: UnitReps, query: str,
+def code_atoms(work: TokenizedText, units: list[Unit], defs: list[tuple[int, str]], reps: UnitReps | None, query: str,
                request: str, max_tokens: int, code: bool) -> tuple[tuple[tuple[int, ...], ...], np.ndarray | None]:
     """Step 4 (code): the selection's atoms (``coderank.atoms`` of ``named.definition_atoms``) and, when BM25
     serves code (``lexical``, or ``auto`` on code), their BM25 of ``query`` (of ``request`` when the query shares
@@ -348,7 +348,7 @@ def code_atoms(work: TokenizedText, units: list[Unit], defs: list[tuple[int, str
     return groups, ranks
 
 
-def _lexical(reps: UnitReps) -> bool:
+def _lexical(reps: object) -> bool:
     """Reps of plain BM25 (``lexical``, or ``auto`` routed to it)."""
     if not isinstance(reps, UnitReps):  # a plug-in scorer's own representation
         return False
