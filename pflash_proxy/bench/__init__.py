@@ -89,11 +89,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
                         "llama-server, nothing measured); several quality runs of the same seed, threshold, "
                         "lengths and rows (a long run split by --families) are merged into one report")
-    p.add_argument("--split", choices=("test", "train", "all", "dev", "held-out", "held-out-2"),
-                   default=None,
+    p.add_argument("--split", choices=("test", "train", "all", "dev", "held-out", "held-out-2"), default=None,
                    help="code-reads: test/train/all (default all); the evals (ruler-qa, code-tasks, planted, every-x): "
-                        "dev (default, tune on it) or held-out (run once, at the end); every-x also held-out-2 (its "
-                        "second held-out wordings, over the held-out files)")
+                        "dev (default, tune on it) or held-out (run once, at the end); code-tasks and every-x also "
+                        "held-out-2 (tasks and wordings written later: code-tasks over packages in neither split, "
+                        "every-x over the held-out files)")
     p.add_argument("--forward", action="store_true",
                    help="the evals: forward each request to llama-server (one output token) and check the body it "
                         "received, captured in front of it, instead of stopping before the forward (slow on CPU)")

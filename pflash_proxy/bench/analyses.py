@@ -25,9 +25,11 @@ import numpy as np
 from pflash_proxy.bench.cases import Case, check_retention
 from pflash_proxy.compress.gutter import bare_text, find_gutter
 from pflash_proxy.compress.named import definition_blocks, definitions, named_definitions, outline
-from pflash_proxy.compress.pipeline import Analysis, CompressionOutcome, CompressionSettings, Compressor
+from pflash_proxy.compress.pipeline import (BLOCK_SEGMENTS, Analysis, CompressionOutcome, CompressionSettings,
+                                            Compressor, code_atoms)
 from pflash_proxy.compress.rewrite import Source
-from pflash_proxy.compress.request import RequestSpec
+from pflash_proxy.compress.request import RequestSpec, without_paths
+from pflash_proxy.compress.scores import LexicalScorer
 from pflash_proxy.compress.routed import is_code
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit
@@ -98,11 +100,17 @@ def replay(a: Analysed, case: Case, scores: np.ndarray, settings: CompressionSet
     g = find_gutter(a.tt.lines)
     work = a.tt if g is None else bare_text(a.tt, g)
     defs = definitions(work)
-    named, optional = named_definitions(work, a.units, a.request.text, defs)
+    named, optional = named_definitions(work, a.units, without_paths(a.request.text), defs)
     blocks = tuple(definition_blocks(work, a.units, 2 * settings.max_segment, defs))
+    code = is_code(a.units)
+    # code: the atoms the pipeline selects by, ranked by BM25 over them for the lexical row's own scores
+    reps = LexicalScorer().represent(work, a.units) if code and a.row == "pflash-lexical" and scores is a.scores \
+        else None
+    groups, ranks = code_atoms(work, a.units, defs, reps, without_paths(a.request.text) if code else a.request.text,
+                               a.request.text, BLOCK_SEGMENTS * settings.max_segment, code)
     analysis = Analysis(a.units, a.pinned, None, np.asarray(scores, dtype=np.float64), {},  # type: ignore[arg-type]
                         None if g is None else g.form, named, blocks, optional,
-                        outline(work.lines, defs) if is_code(a.units) else ())
+                        outline(work.lines, defs) if code else (), atoms=groups, atom_ranks=ranks)
     out = comp.compress(a.tt, a.request, a.prompt_tokens, a.in_conversation, a.source, a.label,  # type: ignore
                         analysis=analysis)
     msgs = case.turn_messages(0)

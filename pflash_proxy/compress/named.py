@@ -16,7 +16,10 @@ Algorithm (``named_definitions``):
    an optional ``class``/``struct``/``type`` before the owner), "``name`` of class ``Owner``" and "Owner's
    name".  A pair whose name is defined in that owner keeps exactly those definitions.
 4. Bare names: names of at least 3 characters that the request contains as whole words (``\\b``,
-   case-sensitive) and that no pair of step 3 resolved.  Defined once: that definition.  Defined several times:
+   case-sensitive) and that no pair of step 3 resolved; a name that is also an ordinary word (``release``,
+   ``Lock``: letters only, at most a leading capital) only where the request uses it as a name (``_AS_NAME``:
+   quoted in backticks, called ``name(``, "does/in/explain/call ``name`` work/do/returns/,/?", "what ``name``
+   does", "the ``name`` function"), not in a user's sentence ("the next release raises").  Defined once: that definition.  Defined several times:
    each definition is rated by the request's other words: 3 when its owner's name is one of them, plus one per
    request term (``lexicon`` parts, lowercased, stopwords and the name's own parts left out) in the owner's name
    and a half per such term in the rest of its definition line.  When the ratings differ, the best-rated
@@ -34,6 +37,9 @@ Algorithm (``named_definitions``):
 
 ``outline``: the definitions an omission marker names (class-like ones, and the functions and methods at file or
 class level, with their owners; step 2).
+
+``definition_atoms(tt, units, max_tokens)``: the units of every function and method (not nested in a function),
+those sharing a unit merged; what ``coderank`` ranks and keeps as one piece.
 
 ``definition_blocks(tt, units, max_tokens)``: every definition (step 1's lines, any name) whose block (step 6)
 spans more than one unit and at most ``max_tokens`` tokens, as the tuple of its units; the innermost first when
@@ -53,8 +59,8 @@ from .scores import STOPWORDS
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["NamedDefinitions", "definition_blocks", "definitions", "named_definitions", "named_units", "outline",
-           "owners"]
+__all__ = ["NamedDefinitions", "definition_atoms", "definition_blocks", "definitions", "named_definitions",
+           "named_units", "outline", "owners"]
 
 MAX_NAMES = 3
 MAX_UNITS = 4
@@ -75,6 +81,13 @@ _PHRASES = (  # (regex, group of the name, group of the owner)
     (re.compile(rf"({_ID})\s+(?:of|in|on|from)\s+(?:the\s+)?(?:class|struct|type|trait|interface)\s+({_ID})"), 1, 2),
     (re.compile(rf"({_ID})'s\s+({_ID})"), 2, 1),
 )
+_PLAIN = re.compile(r"[a-z]+|[A-Z][a-z]+")  # step 4: a name that is also an ordinary word ("release", "Lock")
+_AS_NAME = (  # step 4: ... counts where the request uses it as a name: quoted, called, or in a question about it
+    r"`[^`\n]*(?<![\w.]){n}(?![\w])[^`\n]*`", r"\b{n}\s*\(",
+    r"\b(?:does|did|do|[Ii]n|[Ee]xplain|[Cc]all|[Cc]alling|[Uu]se|[Uu]sing)\s+{n}\b(?=\s*(?:works?\b|do\b|does\b"
+    r"|returns?\b|means?\b|[,:?]))",
+    r"\b[Ww]hat\s+{n}\s+(?:does|do|returns?)\b", r"\b{n}\s+(?:function|method|def)\b",
+    r"\b(?:function|method|def|class)\s+{n}\b")
 _GENERIC = frozenset("method function property attribute member class struct type def return returns what does "
                      "do work code file line lines".split())
 
@@ -148,6 +161,12 @@ def _pairs(request: str) -> set[tuple[str, str]]:
     return out
 
 
+def _as_name(name: str, request: str) -> bool:
+    """Step 4: the request uses the ordinary word ``name`` as a name (``_AS_NAME``)."""
+    n = re.escape(name)
+    return any(re.search(p.format(n=n), request) for p in _AS_NAME)
+
+
 def _terms(text: str) -> set[str]:
     return {t for t in text_terms(text) if t not in STOPWORDS and len(t) > 1}
 
@@ -176,7 +195,7 @@ def named_definitions(tt: TokenizedText, units: Sequence[Unit], request: str,
             chosen += hit
             resolved.add(n)
             used.add(o)
-    bare = [n for n in where if n in words and n not in resolved]
+    bare = [n for n in where if n in words and n not in resolved and (not _PLAIN.fullmatch(n) or _as_name(n, request))]
     qterms = _terms(request) - _GENERIC
     optional: list[list[int]] = []
     single: list[str] = []
@@ -260,3 +279,40 @@ def definition_blocks(tt: TokenizedText, units: Sequence[Unit], max_tokens: int,
         if last > first and sum(units[k].tokens for k in range(first, last + 1)) <= max_tokens:
             out.append((end - i, first, tuple(range(first, last + 1))))
     return [b for _, _, b in sorted(out)]
+
+
+def definition_atoms(tt: TokenizedText, units: Sequence[Unit], max_tokens: int,
+                     defs: list[tuple[int, str]] | None = None) -> list[tuple[int, ...]]:
+    """The units of each function or method (a ``def``, ``function``, ``fn``, ``func`` at file scope or in a
+    class-like body, not one nested in a function: steps 1, 2, 6), with its decorators; definitions that share a
+    unit are one group (a unit holding the tail of one and the head of the next). The groups of at most
+    ``max_tokens`` tokens, in order (``coderank``: what the selection keeps whole in code)."""
+    if len(units) < 2:
+        return []
+    defs = definitions(tt) if defs is None else defs
+    own = _owners(tt.lines, defs)
+    starts = [u.start_line for u in units]
+    spans: list[tuple[int, int]] = []
+    for i, _ in defs:
+        m = _DEF.match(tt.lines[i])
+        if m is None or m.group("kind") in _CONTAINERS:
+            continue
+        o = own.get(i)
+        if o is not None and not o[1]:
+            continue  # nested in a function: part of that one
+        first = bisect_right(starts, _decorated(tt.lines, i)) - 1
+        last = bisect_right(starts, _block_end(tt.lines, i) - 1) - 1
+        spans.append((first, last))
+    spans.sort()
+    out: list[tuple[int, ...]] = []
+    cur: list[int] | None = None
+    for a, b in spans:
+        if cur is not None and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+            continue
+        if cur is not None:
+            out.append(tuple(range(cur[0], cur[1] + 1)))
+        cur = [a, b]
+    if cur is not None:
+        out.append(tuple(range(cur[0], cur[1] + 1)))
+    return [g for g in out if sum(units[k].tokens for k in g) <= max_tokens]

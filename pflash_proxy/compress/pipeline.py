@@ -17,7 +17,8 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
    line) are always kept, and so are the units holding the question found by its form
    (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the
-   request spells out
+   request spells out, outside the file paths it names (``request.without_paths``: the agent's "I'll read
+   relativedelta.py" names the file, not its ``class relativedelta``)
    (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
    "Store.__setitem__" that class's method) are kept too, like the first choice below (they
    do not count as pinned for the spread); a name defined several times that the request
@@ -35,10 +36,16 @@ Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
    and the scorer's first choice (``first_choice``: the unpinned unit with the highest
    score, when it is positive; ties to the first) kept before the walk: the budget is
    passed only when those alone exceed it, and then by at most that unit's tokens.
-   In code, the units scoring within ``TIE`` of the first choice (near-twins: a sync and an async method, two
-   parsers of one vocabulary) are first choices too, and each first choice brings the rest of the definition it
-   is part of (``first_definitions``), while they fit ``FIRST_SHARE`` of the budget: a question in other words
-   asks about a definition, and its words often match the head of it only (the signature and docstring).
+   In code (``routed.is_code``) the selection's pieces are definitions, not units (``coderank``): every function
+   and method (``named.definition_atoms``, up to ``BLOCK_SEGMENTS`` max_segments) is one atom, every other unit
+   an atom of its own; an atom is ranked as one document (BM25 of the query over the atoms, when BM25 serves
+   code: ``lexical``, or ``auto`` on code; for another scorer, its best unit's score), and the walk keeps atoms
+   whole, by ``score / tokens ** coderank.SIZE_POWER``, then fills the rest of the budget with single units.
+   The first choice there is the best unit of the best-ranked atom (``atom_first``): a question in other words
+   asks about a definition, and its words often match the head of it only (the signature and docstring), or
+   its body spread over several units. (Before: the units scoring within ``TIE`` of the first choice were first
+   choices too, each with the rest of its definition (``first_definitions``) within ``FIRST_SHARE`` of the
+   budget, the rest by unit density; that selection still counts the flat gate's kept units, step 5.)
    The optional named definitions (step 2) join them, most relevant first (their best unit's
    density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
    The note and marker lines cost tokens too: the selection is rerun with the budget
@@ -90,7 +97,8 @@ from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
 from .longlines import Pieces, cut_long_lines
-from .named import definition_blocks, definitions, named_definitions, outline
+from .coderank import SIZE_POWER, AtomIndex, atom_scores, atoms, select_atoms
+from .named import definition_atoms, definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines, without_paths
 from .routed import is_code
@@ -151,6 +159,8 @@ class Analysis:
     served: TokenizedText | None = None  # step 1: the message as those pieces (what the rewrite cuts)
     asked: frozenset[int] = frozenset()  # step 2: the units holding the question found by its form (pinned)
     names: np.ndarray | None = None  # step 5b: BM25 of the names an every-X request spells, or None
+    atoms: tuple[tuple[int, ...], ...] = ()  # step 4 (code): the selection's pieces (``coderank.atoms``), or ()
+    atom_ranks: np.ndarray | None = None  # step 4 (code): the atoms' BM25 (``coderank.AtomIndex``), or None
 
 
 @dataclass(frozen=True)
@@ -321,6 +331,47 @@ def first_definitions(scores: np.ndarray, pinned: set[int], first: set[int], blo
     return out
 
 
+def code_atoms(work: TokenizedText, units: list[Unit], defs: list[tuple[int, str]], reps: UnitReps | None, query: str,
+               request: str, max_tokens: int, code: bool) -> tuple[tuple[tuple[int, ...], ...], np.ndarray | None]:
+    """Step 4 (code): the selection's atoms (``coderank.atoms`` of ``named.definition_atoms``) and, when BM25
+    serves code (``lexical``, or ``auto`` on code), their BM25 of ``query`` (of ``request`` when the query shares
+    nothing with the file); ((), None) for a message that is not code."""
+    if not code:
+        return (), None
+    groups = atoms(len(units), definition_atoms(work, units, max_tokens, defs))
+    if not _lexical(reps):
+        return groups, None
+    index = AtomIndex.build(work, units, groups)
+    ranks = index.score(query)
+    if query != request and not ranks.any():
+        ranks = index.score(request)
+    return groups, ranks
+
+
+def _lexical(reps: object) -> bool:
+    """Reps of plain BM25 (``lexical``, or ``auto`` routed to it)."""
+    if not isinstance(reps, UnitReps):  # a plug-in scorer's own representation
+        return False
+    if reps.scorer == "auto" and isinstance(reps.payload, tuple) and len(reps.payload) == 2:
+        return _lexical(reps.payload[1])
+    return reps.scorer == "lexical"
+
+
+def atom_first(groups: tuple[tuple[int, ...], ...], ranks: np.ndarray, scores: np.ndarray, pinned: set[int],
+               toks: np.ndarray) -> set[int]:
+    """Step 4 (code): the first choice: the best unit of the best-ranked atom with an unpinned unit, when its rank
+    is positive (kept whatever the budget, as ``first_choice``)."""
+    size = np.array([float(max(int(toks[list(g)].sum()), 1)) for g in groups])
+    key = np.asarray(ranks, dtype=np.float64) / size ** SIZE_POWER
+    for k in np.lexsort((np.arange(len(groups)), -key)).tolist():
+        if key[k] <= 0:
+            return set()
+        free = [u for u in groups[k] if u not in pinned]
+        if free:
+            return {max(free, key=lambda u: (float(scores[u]), -u))}
+    return set()
+
+
 class Compressor:
     def __init__(self, settings: CompressionSettings | None = None, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None) -> None:
@@ -370,7 +421,7 @@ class Compressor:
                 asked = frozenset(line_units(units, kept_lines))
                 pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
                 defs = definitions(work)
-                named, optional = named_definitions(work, units, request.text, defs)
+                named, optional = named_definitions(work, units, without_paths(request.text), defs)
                 blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
                 reps = self.scorer.represent(work, units)
                 t = _lap(ms, "represent", t)
@@ -383,7 +434,9 @@ class Compressor:
                 analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
                                     outline(work.lines, defs) if code else (), gate, ranking, pieces,
                                     tt if pieces is not None else None, asked,
-                                    name_scores(self.scorer, work, units, reps, intent))
+                                    name_scores(self.scorer, work, units, reps, intent),
+                                    *code_atoms(work, units, defs, reps, query, request.text,
+                                                BLOCK_SEGMENTS * self.settings.max_segment, code))
             else:
                 ms.update(analysis.stage_ms)
                 tt = analysis.served or tt
@@ -404,8 +457,9 @@ class Compressor:
             free[list(pinned)] = False
             assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
             gate = analysis.gate_scores
-            counted = kept if analysis.gate_ranking is None else \
-                self._choose(analysis.gate_ranking, analysis, toks, budget, source, label, len(tt.lines))
+            counted = kept if analysis.gate_ranking is None and not analysis.atoms else \
+                self._choose(scores if analysis.gate_ranking is None else analysis.gate_ranking, analysis, toks,
+                             budget, source, label, len(tt.lines), by_units=True)
             sp = flat_gate(scores[free], len(set(counted) - pinned),
                            self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), intent,
                            None if gate is None else gate[free], is_code(units))
@@ -449,14 +503,21 @@ class Compressor:
             return full("full-error", f"{type(e).__name__}: {e}")
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
-                label: str, n_lines: int, also: Iterable[int] = ()) -> list[int]:
+                label: str, n_lines: int, also: Iterable[int] = (), by_units: bool = False) -> list[int]:
         """Step 4 for one ranking: the named definitions and the first choice kept, then the budget's selection
-        by density (``_select_with_overhead``)."""
+        by density (``_select_with_overhead``); in code, of whole definitions (``coderank``), unless ``by_units``
+        (the flat gate's count, step 5: calibrated on the units a ranking by density keeps)."""
         units, pinned = analysis.units, analysis.pinned
         dens = density(scores, toks)
         keep_named = named_keep(analysis.named, analysis.named_optional, toks, dens, budget)
         first = first_choice(scores, pinned)
-        if is_code(units):  # the ties' definitions get what the note and the markers around them leave
+        pieces: tuple[tuple[tuple[int, ...], ...], np.ndarray, np.ndarray] | None = None
+        if analysis.atoms and not by_units:  # code: definitions ranked and kept whole (``coderank``)
+            ranks = analysis.atom_ranks if analysis.atom_ranks is not None and scores is analysis.scores \
+                else atom_scores(scores, analysis.atoms)
+            pieces = (analysis.atoms, ranks, scores)
+            first = atom_first(analysis.atoms, ranks, scores, pinned, toks)
+        elif is_code(units):  # the ties' definitions get what the note and the markers around them leave
             base = sorted(pinned | keep_named | first)
             starts = np.fromiter(map(_START, units), dtype=np.int64, count=len(units))
             ends = np.fromiter(map(_END, units), dtype=np.int64, count=len(units))
@@ -464,12 +525,14 @@ class Compressor:
                                    int(NAMES_SHARE * budget)) if base else 0
             first = first_definitions(scores, pinned, first, analysis.blocks, toks, max(budget - 2 * marks, 1))
         return self._select_with_overhead(units, toks, dens, budget, pinned | keep_named | first | set(also), source,
-                                          label, n_lines, analysis.blocks, analysis.outline)
+                                          label, n_lines, analysis.blocks, analysis.outline, pieces)
 
     def _select_with_overhead(self, units: list[Unit], toks: np.ndarray, dens: np.ndarray, budget: int,
                               pinned: set[int], source: Source, label: str, n_lines: int,
                               blocks: tuple[tuple[int, ...], ...] = (),
-                              outline: tuple[tuple[int, str, str | None], ...] = ()) -> list[int]:
+                              outline: tuple[tuple[int, str, str | None], ...] = (),
+                              pieces: tuple[tuple[tuple[int, ...], ...], np.ndarray, np.ndarray] | None = None
+                              ) -> list[int]:
         """Step 4: select so that kept units plus note/marker lines (and the parts ``close_blocks`` adds) land on
         the budget, never past it.
 
@@ -486,7 +549,8 @@ class Compressor:
         room = budget
         seen = {room}
         for _ in range(LAND_ROUNDS):
-            chosen = self._select(units, dens, max(room, 1), pinned, toks)
+            chosen = self._select(units, dens, max(room, 1), pinned, toks) if pieces is None else \
+                select_atoms(pieces[0], pieces[1], pieces[2], toks, max(room, 1), pinned)
             kept = close_blocks(chosen, blocks, toks, dens, budget)
             extra = self._overhead(starts, ends, kept, source, label, n_lines, outline, int(NAMES_SHARE * budget))
             extra += int(toks[kept].sum()) - int(toks[chosen].sum())

@@ -18,8 +18,10 @@
 4. Measured per read: the gold's lines, as the shape prints them, in one piece in what llama-server received
    (``--forward``) or would receive (``gold``); the mode; kept fraction (llama-server's counts); read size bucket
    by the message's tokens.
-5. Split by package (``common.split_of``, about 60/40 of the cases). Only ``--split``'s cases are sent, one
-   package after the other in turn (``interleave``), so ``--limit N`` spans packages.
+5. Split by package (``common.split_of``, about 60/40 of the cases; ``held-out-2``: tasks written later over
+   packages in neither split, each case saying so, and the mined sentences of those packages with them). Only
+   ``--split``'s cases are sent, one package after the other in turn (``interleave``), so ``--limit N`` spans
+   packages.
 6. Beside each read, ``bm25_keeps_gold``: whether an offline BM25 ranking of the file's definitions, filled
    greedily to 30 % of the file, would have kept the gold (the issue's diagnostic: what the pipeline loses that
    the ranking found).
@@ -232,10 +234,10 @@ def _properties(text: str) -> set[str]:
     return out
 
 
-def mine(site: Path, packages: list[str], seed: int) -> list[Task]:
+def mine(site: Path, packages: list[str], seed: int, split: str | None = None) -> list[Task]:
     """Step 1: sentences of each package's ``METADATA`` description that name one of its functions or methods
     (defined once, in a file of ``MIN_CHARS``-``MAX_CHARS``), the name replaced by "this"; up to
-    ``MINED_PER_PACKAGE`` per package, in a seeded order."""
+    ``MINED_PER_PACKAGE`` per package, in a seeded order; in ``split`` (default: the package's by hash)."""
     out: list[Task] = []
     for package in packages:
         try:
@@ -276,7 +278,7 @@ def mine(site: Path, packages: list[str], seed: int) -> list[Task]:
                     continue
                 seen.add(sentence)
                 found.append(Task(f"{package}-mined-{len(found) + 1}", package, path, q, "mined",
-                                  common.split_of(package), text, dist.version))
+                                  split or common.split_of(package), text, dist.version))
                 break
         random.Random(f"{seed}-{package}").shuffle(found)
         out += found[:MINED_PER_PACKAGE]
@@ -374,7 +376,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
     tasks = [t for t in load_cases(getattr(opts, "cases_file", None) or CASES) if t.split == opts.split]
     if opts.mined:
         tasks += mine(site, sorted({t.package for t in load_cases(getattr(opts, "cases_file", None) or CASES)
-                                    if t.split == opts.split}), opts.seed)
+                                    if t.split == opts.split}), opts.seed, opts.split)
     if opts.families:
         tasks = [t for t in tasks if t.kind in opts.families]
     tasks = interleave(tasks)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.stages.scorers import Scoring
 
-SPLITS = ("dev", "held-out", "held-out-2")  # held-out-2: every-x's second held-out wordings only
+SPLITS = ("dev", "held-out", "held-out-2")  # held-out-2: every-x and code-tasks only, written later
 HELD_OUT_BELOW = 102  # of 256: about 40 % held out
 
 
