@@ -61,7 +61,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from pflash_proxy.config import Settings
-from pflash_proxy.contract import RelayResult
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable, Slots
 from pflash_proxy.sessions.cluster import ClusterNode
 from pflash_proxy.sessions.identity import credential
@@ -69,7 +68,7 @@ from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRe
                                         run)
 from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
-from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable
+from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotReport, SlotsPrefetch, SlotTable
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -503,15 +502,14 @@ class SessionManager:
             return None
         return rec if await self._snapshot_read(self.snapshots.on_disk, sid) else None
 
-    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
+    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], report: SlotReport
                 ) -> int | None:
-        """Learn what the slot holds from the answer; returns the tokens the engine took from its cache (None when
-        not told)."""
-        report = self.engine.cache_report(result.final_json)
+        """Learn what the slot holds from the answer's ``report``; returns the tokens the engine took from its cache
+        (None when not told)."""
         slot = lease.slot
-        if report is None:
-            if result.status != 200:
-                return None  # the server rejected the request; the slot keeps what it had
+        if report.rejected:
+            return None  # the server rejected the request; the slot keeps what it had
+        if report.cached_tokens is None:
             slot.known = False  # cannot verify (client gone, stream cut): treat content as unknown
             return None
         cached = report.cached_tokens

@@ -42,13 +42,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pflash_proxy.contract import RelayResult, SessionsView
+from pflash_proxy.contract import SessionsView
 from pflash_proxy.engine import CacheReport
 from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import namespace_seed
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, TraceLog, run
 from pflash_proxy.sessions.manager import SessionManager, reported_cache
-from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease, SlotsPrefetch
+from pflash_proxy.sessions.slots import NO_CREDENTIAL, Lease, SlotReport, SlotsPrefetch
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -288,10 +288,11 @@ class SessionService:
     def cache_report(self, answer: Mapping[str, object] | None) -> CacheReport | None:
         return self.manager.engine.cache_report(answer)
 
-    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], result: RelayResult
+    def observe(self, lease: Lease, cache: str, expected: int, served_hashes: list[str], report: SlotReport
                 ) -> int | None:
-        """What the slot holds now, from the answer; the tokens the engine took from its cache (None: not told)."""
-        return self.manager.observe(lease, cache, expected, served_hashes, result)
+        """What the slot holds now, from the answer's report (``SlotReport.of``); the tokens the engine took from
+        its cache (None: not told)."""
+        return self.manager.observe(lease, cache, expected, served_hashes, report)
 
     def report(self, announced: str, expected: int, cached: int, *, count: bool = True) -> tuple[str, str | None]:
         """What the turn is reported as (``manager.reported_cache``); ``count``: a prefix hit is counted."""

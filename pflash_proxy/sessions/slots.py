@@ -30,7 +30,7 @@ from pflash_proxy.errors import QueueFull, QueueTimeout
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from pflash_proxy.engine import SlotState
+    from pflash_proxy.engine import CacheReport, SlotState
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
@@ -306,3 +306,23 @@ class SlotsPrefetch:
         exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
         return (table is self.table and restarts == self.restarts and slot.id in self.grants
                 and slot.grants == self.grants[slot.id] + 1)
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """What a turn's answer says of its slot's cache, in the session layer's own terms (``observe``):
+    ``rejected``, the engine refused the request (the slot keeps what it had); ``cached_tokens`` None, the answer
+    said nothing (the client left, the stream broke: the slot's content is unknown); otherwise the tokens taken
+    from the cache, the whole prompt, and the tokens generated after it."""
+
+    rejected: bool = False
+    cached_tokens: int | None = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @classmethod
+    def of(cls, status: int, report: CacheReport | None) -> SlotReport:
+        """From an answer's HTTP ``status`` and the engine's cache report of it (``Engine.cache_report``)."""
+        if report is None:
+            return cls(rejected=status != 200)
+        return cls(False, report.cached_tokens, report.prompt_tokens, report.generated_tokens)

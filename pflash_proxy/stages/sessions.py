@@ -54,6 +54,7 @@ from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import StoreError
 from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.traces import record_cache
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -199,7 +200,8 @@ class SessionStage(Stage):
             return
         ctx.settled = result.completed and not result.client_gone
         served_hashes = _hashes(ctx.served, *ctx.hashed)
-        cached = self.sessions.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
+        report = SlotReport.of(result.status, self.sessions.cache_report(result.final_json))
+        cached = self.sessions.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, report)
         if cached is None:
             return
         reported, reason = self.sessions.report(ctx.cache, ctx.expected_cached, cached)
