@@ -42,8 +42,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pflash_proxy.config import Settings
 from pflash_proxy.contract import SessionsView
-from pflash_proxy.engine import CacheReport
+from pflash_proxy.engine import CacheReport, Engine
 from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import namespace_seed
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, StoreError, TraceLog, run
@@ -93,8 +94,12 @@ def _lookup_key(rec: SessionRecord | None, matched: int) -> tuple[str, int, int,
 
 
 class SessionService:
-    def __init__(self, manager: SessionManager):
-        self.manager = manager
+    """The session layer's one face to the stages: the turns of the module docstring, over the manager it makes
+    from ``settings`` and the ``engine`` (``index``: a session index of the caller's, else the one
+    ``--index`` names)."""
+
+    def __init__(self, settings: Settings, engine: Engine, index: SessionIndex | None = None):
+        self.manager = SessionManager(settings, engine, index)
         self._seeds: dict[tuple[str, str | None, str | None], str] = {}  # namespace_seed's answers
 
     @property

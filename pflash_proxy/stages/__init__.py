@@ -45,13 +45,11 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
-    from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 
-    manager = SessionManager(settings, engine)
-    sessions = SessionService(manager)  # what the session stages call
+    sessions = SessionService(settings, engine)  # what the session stages call
     # previous_response_id is expanded into the items it stands for before the session is looked up
     stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions)]
     if settings.compression.pflash:

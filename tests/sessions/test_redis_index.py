@@ -599,14 +599,14 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
 
     from pflash_proxy.engine.fake import FakeEngine
     from pflash_proxy.sessions import manager as manager_module
-    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions.service import SessionService
     from tests.conftest import make_settings
 
     idx = RedisIndex(redis_server.url)
     for i in range(3):
         idx.put_snapshot(SnapshotRecord(session=f"{i}" * 32, file=f"pf-{i}.bin", tokens=10, served_hashes=[],
                                         model_identity="m", size=1000))
-    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine(), index=idx)
+    mgr = SessionService(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine(), index=idx)
     threads: list[bool] = []
     listing = idx.snapshots
 
@@ -627,7 +627,7 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
         mgr.stats()
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if len(threads) == 2 and mgr._totals_task is None:
+            if len(threads) == 2 and mgr.manager._totals_task is None:
                 break
         assert threads == [False, False]
     finally:
