@@ -154,7 +154,7 @@ class UpstreamWatch:
         that restarted between two probes of the health monitor (systemd restarts it in well under a second) has
         no task on the slot, or its last task there had another prompt length than the proxy's last request.
         Then the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
-        ``prefetched``: the answer of ``SessionManager.prefetch_slots``, asked while the session was looked up,
+        ``prefetched``: the answer of ``SlotScheduler.prefetch_slots``, asked while the session was looked up,
         given only when it covers the slot (no other lease of it, no restart noticed since it was asked), so the
         check costs no round trip of its own on the request's path; ``(False, None)`` when it failed.
         """

@@ -152,7 +152,7 @@ class SessionService:
 
     def prefetch_slots(self, seed: str) -> SlotsPrefetch | None:
         """The slots' states, asked beside the lookup when a hit of this namespace is likely."""
-        return self.manager.prefetch_slots(seed)
+        return self.manager.scheduler.prefetch_slots(seed)
 
     # 2-3. Find and lease, across nodes -----------------------------------------------------------------------
     async def find_and_lease(self, seed: str, explicit: bool, owner: str | None, messages: Sequence[Message],
@@ -235,7 +235,7 @@ class SessionService:
                       prefetched: SlotsPrefetch | None, taken_over: bool) -> Prepared:
         """The session's slot made ready for this turn (the manager's ``prepare_slot``, then isolation)."""
         mgr = self.manager
-        mgr.note_seed(lease, seed)
+        mgr.scheduler.note_seed(lease, seed)
         lease.prefetched = prefetched
         cache, expected = await mgr.prepare_slot(lease, served_hashes)
         cold = await mgr.isolation.prepare(lease, owner, replaced=cache != "miss")  # --cache-isolation
@@ -269,12 +269,12 @@ class SessionService:
                 cold = await mgr.isolation.prepare(lease, owner, replaced=False) or cold
         except BaseException:
             for lease in leases:
-                mgr.release_unknown(lease)
+                mgr.scheduler.release_unknown(lease)
             raise
         return leases, cold
 
     def release_unknown(self, lease: Lease) -> None:
-        self.manager.release_unknown(lease)
+        self.manager.scheduler.release_unknown(lease)
 
     def slot_guard(self, slot_id: int) -> contextlib.AbstractAsyncContextManager[None]:
         """A client's slot action runs under a lease of that very slot, after which the table no longer claims to
@@ -287,7 +287,7 @@ class SessionService:
         try:
             yield
         finally:
-            self.manager.release_unknown(lease)
+            self.manager.scheduler.release_unknown(lease)
 
     # 5. After the answer ----------------------------------------------------------------------------------
     def cache_report(self, answer: Mapping[str, object] | None) -> CacheReport | None:
@@ -310,7 +310,7 @@ class SessionService:
         """Release the turn's lease (``engine_may_be_busy``: the request went to the engine and ended before its
         answer did, so the slot stays leased until the engine is idle on it); then ``--save-every-turn``."""
         if engine_may_be_busy:
-            self.manager.release_when_idle(lease)
+            self.manager.scheduler.release_when_idle(lease)
         else:
             self.manager.table.release(lease)
         if sid is not None and self.manager.settings.save_every_turn:

@@ -53,7 +53,7 @@ class Slot:
     last_used: float = 0.0
     task_seen: int = -1  # the highest llama-server task id seen on this slot (/slots): it only grows per process
     grants: int = 0  # leases granted on this slot so far (a /slots answer read before a lease tells whether any
-    # other lease came between: ``SessionManager.prefetch_slots``)
+    # other lease came between: ``SlotScheduler.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
     # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
     notices: int = 0  # restart notices heard when the request (or restore) that put the content there was prepared
@@ -113,7 +113,7 @@ class Lease:
     resident: bool  # the slot already held this session's prefix
     evicted: Evicted | None = None
     released: bool = False
-    # the slots' states asked while the lease was sought (``SessionManager.prefetch_slots``)
+    # the slots' states asked while the lease was sought (``SlotScheduler.prefetch_slots``)
     prefetched: SlotsPrefetch | None = None
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
     notices: int = 0  # restart notices heard when the slot was prepared (``Slot.notices``)
@@ -294,7 +294,7 @@ class SlotTable:
 
 
 class SlotsPrefetch:
-    """The slots' states asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    """The slots' states asked before the lease (``SlotScheduler.prefetch_slots``), with what the table was then:
     the grant count of every idle slot, the table itself and the restarts noticed so far."""
 
     def __init__(self, task: Awaitable[tuple[bool, list[SlotState] | None]], table: SlotTable,

@@ -35,7 +35,7 @@ writing the served history to disk as the request is forwarded; the answer's hea
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it.
 ``on_response`` compares the tokens the answer's cache report says were reused with the table's expectation; ``on_finish`` releases
 the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
-idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
+idle: ``SlotScheduler.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
 never land on a busy slot.  The conversation routes (chat, Anthropic Messages, Responses) all work on the
 internal conversation of ``pflash_proxy.dialects``; a name the client's dialect carries in the body
 (``metadata.user_id``, ``prompt_cache_key``) names the session when no header does.

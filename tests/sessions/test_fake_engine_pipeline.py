@@ -56,8 +56,9 @@ class Proxy:
             self.manager.table.release(lease)
 
     def write_rate(self, mb_s: float) -> None:
-        """``--idle-save-mb-s`` changed on the running service (reaches its settings)."""
-        self.manager.settings = self.manager.settings.model_copy(update={"idle_save_mb_s": mb_s})
+        """``--idle-save-mb-s`` changed on the running service (reaches its snapshot store's settings)."""
+        saves = self.manager.saves
+        saves.settings = saves.settings.model_copy(update={"idle_save_mb_s": mb_s})
 
     @property
     def manager(self) -> SessionManager:

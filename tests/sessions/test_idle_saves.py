@@ -1,9 +1,9 @@
-"""Idle saves (``SessionManager._idle_save_loop`` / ``idle_due``, ``--idle-save-s``, ``--idle-save-mb-s``) on the
+"""Idle saves (``SlotScheduler.idle_save_loop`` / ``idle_due``, ``--idle-save-s``, ``--idle-save-mb-s``) on the
 in-process ``FakeEngine``, the session stages running as the server runs them: a slot that is busy is never
 saved (neither under a lease of the proxy's nor while the engine works on it), the I/O budget spaces the saves,
 a session is saved once per change, and nothing is saved of a slot that a restart may have emptied.
 
-The rounds are run by the tests themselves (``_idle_save_round(0)``: every resident session counts as idle), so
+The rounds are run by the tests themselves (``SlotScheduler.idle_save_round(0)``: every resident session counts as idle), so
 no test waits for a clock; one test runs the loop itself."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def saves(p: Proxy) -> int:
 async def idle_round(p: Proxy) -> None:
     """One idle-save round in which every resident session counts as idle (the loop's own step, run here so no test
     waits for a clock)."""
-    await asyncio.wait_for(p.manager._idle_save_round(0), 10)
+    await asyncio.wait_for(p.manager.scheduler.idle_save_round(0, p.manager.saves), 10)
 
 
 def slot(p: Proxy, i: int = 0) -> Slot:

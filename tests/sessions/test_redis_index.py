@@ -598,7 +598,7 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     import asyncio
 
     from pflash_proxy.engine.fake import FakeEngine
-    from pflash_proxy.sessions import manager as manager_module
+    from pflash_proxy.sessions import snapshot_store as store_module
     from pflash_proxy.sessions.service import SessionService
     from tests.conftest import make_settings
 
@@ -622,14 +622,14 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     stats = mgr.stats()
     assert stats["snapshots"] == 3 and stats["snapshot_bytes"] == 3000
     assert threads == [False], threads  # one listing, in a worker thread; later stats reuse it for a while
-    manager_module.SNAPSHOT_TOTALS_S, old = 0.0, manager_module.SNAPSHOT_TOTALS_S
+    store_module.SNAPSHOT_TOTALS_S, old = 0.0, store_module.SNAPSHOT_TOTALS_S
     try:
         mgr.stats()
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if len(threads) == 2 and mgr.manager._totals_task is None:
+            if len(threads) == 2 and mgr.manager.saves._totals_task is None:
                 break
         assert threads == [False, False]
     finally:
-        manager_module.SNAPSHOT_TOTALS_S = old
+        store_module.SNAPSHOT_TOTALS_S = old
     idx.close()

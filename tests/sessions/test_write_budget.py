@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from pflash_proxy.sessions.manager import EVICTION_BURST_S
+from pflash_proxy.sessions.snapshot_store import EVICTION_BURST_S
 from tests.sessions.test_fake_engine_pipeline import DOC_A, DOC_B, _proxy, chat
 from tests.sessions.test_idle_saves import DOC_C, idle_round, saves
 
