@@ -233,7 +233,7 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
     assert r.status == 200
     # the request went upstream while the history was being written, and the answer waited for the write
     assert sorted(events[:2]) == ["forwarded", "save starts"] and events[2:] == ["save ends"], events
-    assert [m["content"] for m in manager.store.get(r.headers["X-PFlash-Session"]).served] == \
+    assert [m["content"] for m in session_service(proxy.app).view().session(r.headers["X-PFlash-Session"]).served] == \
         [m["content"] for m in nxt["messages"]]
 
 
@@ -247,7 +247,7 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
     for b in (short, long):
         r = await proxy.post("/v1/chat/completions", json={**b, "max_tokens": 1})
         assert r.status == 200, await r.text()
-        assert len(manager.store.get(r.headers["X-PFlash-Session"]).served) == len(b["messages"])
+        assert len(session_service(proxy.app).view().session(r.headers["X-PFlash-Session"]).served) == len(b["messages"])
     assert threads[0] == threading.main_thread().name and threads[1] != threading.main_thread().name, threads
 
 
