@@ -1,18 +1,21 @@
 """``SlotScheduler``: the session service's slots: the table of what each of the engine's slots holds, kept true
-across the engine's restarts, and what is scheduled on it (``manager.py`` steps 1, 4 and 7 describe the rules).
+across the engine's restarts, and what is scheduled on it (``service.py``'s module docstring gives the rules).
 
 1. The table (``SlotTable``), sized when the engine is described (``on_ready``), emptied when it restarts
-   (``on_restart``); the engine's watch (``UpstreamWatch``) calls both.
+   (``on_restart``); the engine's watch (``UpstreamWatch``, made here: ``watch``) calls both. ``start``/``stop``:
+   the watch and the idle saves.
 2. ``resident_hit``: a leased slot that still holds a prefix of the request is a hit, vouched for by the engine or
-   checked against its record of the slot; ``prefetch_slots`` asks that record beside the lookup when a hit of
-   the namespace (``note_seed``) is likely.
-3. Releases: ``release_when_idle`` (after the engine stopped working on the slot), ``release_unknown`` (a slot
+   checked against its record of the slot (a resident session that is not a hit is forgotten by the table);
+   ``prefetch_slots`` asks that record beside the lookup when a hit of the namespace (``note_seed``) is likely.
+3. ``isolate``: the credential isolation of leased slots (``CacheIsolation``, ``--cache-isolation``).
+4. Releases: ``release_when_idle`` (after the engine stopped working on the slot), ``release_unknown`` (a slot
    whose content the proxy no longer knows).
-4. Idle saves (``idle_save_loop`` / ``idle_save_round``, ``--idle-save-s``), through the snapshot store it is
+5. Idle saves (``idle_save_loop`` / ``idle_save_round``, ``--idle-save-s``), through the snapshot store it is
    handed (``SnapshotStore.save_leased``).
 
-It is given only what it uses: the sessions' settings group (``--idle-save-s``), the limits group (the queue's
-bounds), the upstream timeout, the engine, its watch and the credential isolation (``CacheIsolation``).
+It is given only what it uses: the sessions' settings group (``--idle-save-s``, ``--cache-isolation``), the limits
+group (the queue's bounds), the upstream group (the watch's, and how long ``release_when_idle`` waits), the slot
+folder (the watch's setup warning names it) and the engine.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from pflash_proxy.engine import Engine, Slots
@@ -30,7 +34,7 @@ from pflash_proxy.sessions.liveness import UpstreamWatch
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable
 
 if TYPE_CHECKING:
-    from pflash_proxy.config import LimitOptions, SessionOptions
+    from pflash_proxy.config import LimitOptions, SessionOptions, UpstreamOptions
     from pflash_proxy.sessions.snapshot_store import SnapshotStore
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -46,18 +50,20 @@ def _is_prefix(prefix: list[str], full: list[str]) -> bool:
 
 
 class SlotScheduler:
-    def __init__(self, settings: SessionOptions, limits: LimitOptions, upstream_timeout_s: float, engine: Engine,
-                 watch: UpstreamWatch, isolation: CacheIsolation):
+    def __init__(self, settings: SessionOptions, limits: LimitOptions, upstream: UpstreamOptions,
+                 slot_save_path: Path, engine: Engine):
         self.settings = settings  # --idle-save-s
         self.limits = limits  # the slot queue's bounds
-        self.upstream_timeout_s = upstream_timeout_s  # how long release_when_idle waits for the slot
+        self.upstream_timeout_s = upstream.upstream_timeout_s  # how long release_when_idle waits for the slot
         self.engine = engine
         if engine.slots is None:
             raise ValueError("sessions need an engine whose slots can be addressed (Engine.slots)")
         self.slots: Slots = engine.slots
-        self.watch = watch
-        self.isolation = isolation  # --cache-isolation (isolation.py)
         self.table = self._new_table(1)
+        # the engine's watch: it says when the engine was described anew or restarted (liveness.py)
+        self.watch = UpstreamWatch(upstream, slot_save_path, engine, self.on_ready, self.on_restart)
+        self._isolation = CacheIsolation(settings.cache_isolation, self.slots)  # --cache-isolation (isolation.py)
+        self._idle_saver: asyncio.Task[None] | None = None
         # slot id -> (its grant count, when to try again) after an idle save of it wrote nothing: once per change,
         # unless what kept it from being written passes by itself (the engine busy on the slot)
         self._idle_tried: dict[int, tuple[int, float]] = {}
@@ -72,9 +78,42 @@ class SlotScheduler:
         task.add_done_callback(self._background.discard)
         return task
 
+    def start(self, saves: SnapshotStore) -> None:
+        """The idle saves through ``saves`` (with ``--idle-save-s``), then the engine's watch."""
+        if self.settings.idle_save_s > 0:
+            self._idle_saver = asyncio.create_task(self.idle_save_loop(saves))
+        self.watch.start()
+
     def stop(self) -> None:
+        """No more health probes nor idle saves (what runs in the background ends at ``close``)."""
+        self.watch.stop()
+        if self._idle_saver is not None:
+            self._idle_saver.cancel()
+
+    def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+
+    def stamp(self, lease: Lease) -> None:
+        """Mark the turn ``lease`` begins: the engine's epoch before any call (a break from now on ends it) and the
+        restarts noticed so far (one noticed meanwhile, by the health monitor, is not noticed twice)."""
+        lease.epoch = self.engine.epoch()
+        lease.notices = self.watch.restarts
+
+    async def isolate(self, leases: Sequence[Lease], owner: str | None, replaced: bool) -> bool:
+        """``--cache-isolation`` on each leased slot (``CacheIsolation.prepare``); True: a slot could not be
+        isolated from another credential, so the request is sent with the cache off."""
+        cold = False
+        for lease in leases:
+            cold = await self._isolation.prepare(lease, owner, replaced=replaced) or cold
+        return cold
+
+    def stats(self) -> dict[str, object]:
+        """The scheduler's counters, the isolation's, and the table's state."""
+        table, iso = self.table, self._isolation
+        return {**self.counters, **iso.counters, "cache_isolation": iso.mode, "cache_isolation_active": iso.active,
+                "slots": len(table.slots), "queued": table.queued,
+                **{f"refused_{k}": v for k, v in table.refused.items()}, "table": table.describe()}
 
     def on_ready(self, n_slots: int) -> None:
         self._idle_tried.clear()
@@ -113,7 +152,8 @@ class SlotScheduler:
     async def resident_hit(self, lease: Lease, served_hashes: list[str]) -> int | None:
         """The tokens ``lease``'s slot already holds of ``served_hashes`` when it is a hit (the slot still holds a
         prefix of the request, vouched for by the engine or checked against its own record of the slot,
-        ``UpstreamWatch.slot_lost``); None otherwise (a slot found lost is counted, and the restart noticed once)."""
+        ``UpstreamWatch.slot_lost``); None otherwise (a slot found lost is counted, and the restart noticed once;
+        the table forgets a resident session that is not a hit)."""
         slot = lease.slot
         if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
             vouched = self.engine.vouches(slot.epoch)  # the same server process since it was learnt
@@ -133,6 +173,8 @@ class SlotScheduler:
             # put the old process's there: that restart is not counted again, nor every slot emptied again)
             if self.watch.restarts == slot.notices:
                 self.engine.note_restart(f"llama-server no longer holds slot {slot.id}'s prompt ({lost})")
+        if lease.resident:
+            self.table.forget(lease.session)
         return None
 
     def release_when_idle(self, lease: Lease) -> None:

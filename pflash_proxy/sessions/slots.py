@@ -117,7 +117,7 @@ class Lease:
     prefetched: SlotsPrefetch | None = None
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
     notices: int = 0  # restart notices heard when the slot was prepared (``Slot.notices``)
-    reason: str | None = None  # why the session is a miss although it had a snapshot (``prepare_slot``)
+    reason: str | None = None  # why the session is a miss although it had a snapshot (``SessionService.prepare``)
 
 
 class SlotTable:

@@ -1,5 +1,5 @@
 """``SnapshotStore``: the session service's snapshot half: every save of a slot and every restore into one, kept true
-against the engine and within one write budget (``manager.py``'s steps 2 and 9 describe the rules).
+against the engine and within one write budget (``service.py``'s module docstring gives the rules).
 
 1. ``save`` (a slot as a session): not at all when the session's snapshot already holds what a save would write
    (``_unchanged``); otherwise once the engine's slot states show the slot idle and still holding what the table
@@ -14,9 +14,12 @@ against the engine and within one write budget (``manager.py``'s steps 2 and 9 d
 4. ``totals``: the snapshot count and bytes for the stats (a remote index is listed in a worker thread at most every
    ``SNAPSHOT_TOTALS_S``).
 
-It is given only what it uses: the sessions' settings group (``--idle-save-mb-s``), the snapshot files and
-records (``SnapshotManager``), the index, the engine's watch (``UpstreamWatch``) and the engine; the slot table is
-the scheduler's and reaches it only through the lease it is handed.
+5. ``start`` (the snapshot folder reconciled with the index), ``delete`` (a pruned session's snapshots),
+   ``on_timing`` (the metrics' callback after each save and restore).
+
+It is given only what it uses: the sessions' settings group (``--idle-save-mb-s``, ``--max-cache-gb``), the slot
+folder, the index, the engine's watch (``UpstreamWatch``) and the engine; it makes the snapshot files and records
+(``SnapshotManager``). The slot table is the scheduler's and reaches it only through the lease it is handed.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable
@@ -48,7 +52,7 @@ SKIP_LOG_EVERY_S = 60.0  # a skipped eviction save is logged at most this often 
 
 
 class WriteBudget:
-    """The snapshot writes' I/O budget (``manager.py`` step 9): bytes written, paid for at ``rate()`` bytes per
+    """The snapshot writes' I/O budget (``service.py`` step 9): bytes written, paid for at ``rate()`` bytes per
     second (read at each call: the setting may change). ``owed_s`` says how long until everything written so far is
     paid for."""
 
@@ -85,10 +89,14 @@ def _is_prefix(prefix: list[str], full: list[str]) -> bool:
 
 
 class SnapshotStore:
-    def __init__(self, settings: SessionOptions, files: SnapshotManager, index: SessionIndex, watch: UpstreamWatch,
-                 engine: Engine, store_failed: Callable[[str, Exception], None]):
+    def __init__(self, settings: SessionOptions, slot_save_path: Path, index: SessionIndex, watch: UpstreamWatch,
+                 engine: Engine, store_failed: Callable[[str, Exception], None], *, temp_tag: str = ""):
         self.settings = settings  # --idle-save-mb-s (read at each save: the setting may change)
-        self.files = files
+        if engine.slots is None:
+            raise ValueError("sessions need an engine whose slots can be addressed (Engine.slots)")
+        # ``temp_tag``: this node's name in a temporary snapshot file's (several nodes share the folder)
+        self.files = SnapshotManager(index, engine.slots, slot_save_path, int(settings.max_cache_gb * 1024**3),
+                                     temp_tag=temp_tag)
         self.index = index
         self.watch = watch
         self.engine = engine
@@ -101,6 +109,19 @@ class SnapshotStore:
         self._totals: tuple[int, int] = (0, 0)
         self._totals_at = -SNAPSHOT_TOTALS_S
         self._totals_task: asyncio.Future[list[SnapshotRecord]] | None = None
+
+    async def start(self) -> None:
+        """The snapshot folder reconciled with the index (``SnapshotManager.reconcile``), in a worker thread."""
+        await asyncio.get_running_loop().run_in_executor(None, self.files.reconcile)
+
+    def on_timing(self, callback: Callable[[str, float], None] | None) -> None:
+        """``callback(save|restore, seconds)`` after every snapshot save and restore (the metrics)."""
+        self.files.on_timing = callback
+
+    def delete(self, sids: Iterable[str]) -> None:
+        """The snapshots of sessions the index forgot (a prune; blocking: a worker thread's)."""
+        for sid in sids:
+            self.files.delete(sid)
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)``, a read of the snapshot index and directory: at once with a local index (its snapshot
@@ -146,7 +167,7 @@ class SnapshotStore:
 
     async def _unchanged(self, sid: str, served_hashes: list[str]) -> SnapshotRecord | None:
         """``sid``'s snapshot when it already holds what a save would write: the same served messages, of the
-        running model, its file in the folder (``manager.py`` step 9); None when a save must write."""
+        running model, its file in the folder (``service.py`` step 9); None when a save must write."""
         try:
             rec = await self.read(self.files.store.snapshot, sid)
         except StoreError:

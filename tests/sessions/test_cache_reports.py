@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pflash_proxy.engine import CacheReport, SlotState
 from pflash_proxy.sessions.liveness import disagreement
-from pflash_proxy.sessions.manager import reported_cache
+from pflash_proxy.sessions.service import reported_cache
 from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.snapshots import too_short
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pflash_proxy.config import Settings
 from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
-from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
@@ -34,6 +34,7 @@ class Proxy:
     engine: FakeEngine
     service: SessionService
     pipeline: Pipeline
+    settings: Settings  # the service's, changed while it runs by ``write_rate``
     sent: dict[str, object] = field(default_factory=dict)  # the body the last turn sent the engine
 
     def on_disk(self, sid: str) -> bool:
@@ -48,22 +49,20 @@ class Proxy:
 
     @contextlib.asynccontextmanager
     async def holding(self, sid: str) -> AsyncIterator[None]:
-        """A lease of session ``sid``'s slot held meanwhile, as its next turn would (reaches the slot table)."""
-        lease = await self.manager.table.acquire(sid)
+        """A lease of session ``sid``'s slot held meanwhile, as its next turn takes it: found by its served
+        history, leased, then released without a save."""
+        rec = self.service.view().session(sid)
+        assert rec is not None
+        found = await self.service.find_and_lease(rec.seed, False, rec.owner, rec.served, 0)
+        assert found.record.id == sid and found.lease is not None
         try:
             yield
         finally:
-            self.manager.table.release(lease)
+            self.service.finish(found.lease, None, False)
 
     def write_rate(self, mb_s: float) -> None:
-        """``--idle-save-mb-s`` changed on the running service (reaches its snapshot store's settings)."""
-        saves = self.manager.saves
-        saves.settings = saves.settings.model_copy(update={"idle_save_mb_s": mb_s})
-
-    @property
-    def manager(self) -> SessionManager:
-        """The service's internals: only for what its public face does not offer (counted by the layout review)."""
-        return self.service.manager
+        """``--idle-save-mb-s`` changed on the running service (its settings, read at each save)."""
+        self.settings.sessions.idle_save_mb_s = mb_s
 
     async def turn(self, messages: list[dict[str, object]], *, path: str = "/v1/chat/completions",
                    headers: dict[str, str] | None = None, body: dict[str, object] | None = None,
@@ -108,12 +107,12 @@ async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, 
     slots = tmp_path / "slots"
     slots.mkdir()
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
-    service = SessionService(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings), engine,
-                             index=index)
-    pipeline = Pipeline([SessionStage(service), SessionCommitStage(service)])
+    config = make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings)
+    service = SessionService(config, engine, index=index)
+    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage(service)])
     await service.start()
     try:
-        yield Proxy(engine, service, pipeline)
+        yield Proxy(engine, service, pipeline, config)
     finally:
         await service.stop()
 

@@ -30,7 +30,8 @@ def saves(p: Proxy) -> int:
 async def idle_round(p: Proxy) -> None:
     """One idle-save round in which every resident session counts as idle (the loop's own step, run here so no test
     waits for a clock)."""
-    await asyncio.wait_for(p.manager.scheduler.idle_save_round(0, p.manager.saves), 10)
+    service = p.service  # the round is the scheduler's, through the service's snapshot store: reaches inside
+    await asyncio.wait_for(service._scheduler.idle_save_round(0, service._snapshots), 10)
 
 
 def slot(p: Proxy, i: int = 0) -> Slot:

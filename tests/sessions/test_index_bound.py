@@ -21,7 +21,7 @@ async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path):
             store.save_session(rec, [f"h{i}"], msgs)
             ids.append(rec.id)
         assert store.volume() > 0.5 * 2**20
-        gone = await service.manager.prune()
+        gone = await service.prune()
         assert gone and store.volume() <= 0.5 * 2**20
         assert set(gone) == set(ids[:len(gone)])  # least recently used first
         assert service.view().session(ids[-1]) is not None
