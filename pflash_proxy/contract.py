@@ -272,7 +272,7 @@ class SlotView(Protocol):
 
 
 class SessionsView(Protocol):
-    """The sessions and slots, read only (``sessions.manager.ManagerView``). Index reads block: run them off the
+    """The sessions and slots, read only (``sessions.service.ServiceView``). Index reads block: run them off the
     event loop."""
 
     @property

@@ -27,7 +27,6 @@ from pflash_proxy.config import Settings
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.sessions.service import SessionService
 
 
@@ -55,12 +54,6 @@ def session_service(app: web.Application) -> SessionService:
     stage = next(s for s in app[PIPELINE].stages if s.name == "sessions")
     assert isinstance(stage, SessionStage)
     return stage.sessions
-
-
-def session_manager(app: web.Application) -> SessionManager:
-    """The manager behind a proxy's session service, for tests that inspect or patch its parts (table, slots,
-    snapshots, counters); the stages themselves call the service only."""
-    return session_service(app).manager
 
 
 @pytest.fixture(scope="session")

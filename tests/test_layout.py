@@ -368,10 +368,10 @@ COMPUTE_IN_A_THREAD = {"stages/compress.py"}
 
 
 def test_the_stages_call_the_session_service_only():
-    """No stage reaches the manager behind the service, nor its table, index, cluster node, snapshots or isolation,
-    and none but those that compute in a worker thread chooses one: the session service decides where an index call
-    runs."""
-    internals = {"manager", "store", "table", "cluster", "snapshots", "isolation", "watch"}
+    """No stage reaches behind the service: its scheduler, table, index, cluster node, snapshots or isolation (nor
+    the manager that once stood between), and none but those that compute in a worker thread chooses one: the
+    session service decides where an index call runs."""
+    internals = {"manager", "scheduler", "store", "table", "cluster", "snapshots", "isolation", "watch"}
     modules = {str(p.relative_to(PACKAGE)): p for p in stage_modules()}
     assert {"stages/sessions.py", "stages/chains.py", "stages/compress.py", "stages/savings.py"} <= set(modules)
     for name, path in modules.items():
@@ -382,12 +382,141 @@ def test_the_stages_call_the_session_service_only():
 
 def test_the_session_layer_depends_on_the_engine_protocol_only():
     """No module of ``sessions/`` nor the session stages imports ``llama/`` (but its install hint for extras): the
-    engine behind them is whatever ``engine.Engine`` the caller hands the manager."""
+    engine behind them is whatever ``engine.Engine`` the caller hands the session service."""
     paths = [*sorted((PACKAGE / "sessions").rglob("*.py")), PACKAGE / "stages/sessions.py", PACKAGE / "stages/chains.py"]
     for path in paths:
         llama = {m for m in _imports(path) if m.startswith("pflash_proxy.llama")} - {
             "pflash_proxy.llama.extras", "pflash_proxy.llama.extras.install_hint"}
         assert llama == set(), path
+
+
+# Tests use the session service's public face. A *reach-through* is an attribute access in ``tests/`` that leaves it:
+# ``E.name`` where ``E`` is a session service and ``name`` is not one of ``SessionService``'s public names (those its
+# class defines without a leading underscore: instance attributes never are), or any ``.manager`` (the manager that
+# once stood behind the service). ``E`` is a session service when it is a call of ``session_service``,
+# ``SessionService`` or a function annotated ``-> SessionService``; a name or ``self.x`` assigned one (aliases of
+# aliases too, within the file); a parameter annotated ``SessionService``; or an attribute that a class of the tests
+# declares ``: SessionService`` (``Proxy.service``). A chain counts once, where it leaves the face
+# (``svc._scheduler.watch._monitor`` is one). A helper that returns what it reached (``def scheduler(app): return
+# session_service(app)._scheduler``) leaks it: every access to what its calls return counts as well, and so does
+# every access to a name assigned one. Accesses to a test's own collaborators (an index it injected through the
+# constructor, the app's engine) are not reach-throughs. At most ``REACH_THROUGHS_MAX``.
+REACH_THROUGHS_MAX = 10
+SERVICE_TYPE = "SessionService"
+SERVICE_MAKERS = {"session_service", "SessionService"}
+
+
+def _annotation(node: ast.expr | None) -> str:
+    return ast.unparse(node).strip("'\"").split("[")[0].split(".")[-1] if node is not None else ""
+
+
+def service_reach_throughs(root: Path, public: set[str]) -> list[str]:
+    """``path:line: expression`` of each reach-through in the ``*.py`` files under ``root`` (the rule above)."""
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.rglob("*.py"))}
+    makers, attrs = set(SERVICE_MAKERS), set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _annotation(node.returns) == SERVICE_TYPE:
+                makers.add(node.name)
+            elif isinstance(node, ast.ClassDef):
+                attrs.update(n.target.id for n in node.body if isinstance(n, ast.AnnAssign)
+                             and isinstance(n.target, ast.Name) and _annotation(n.annotation) == SERVICE_TYPE)
+    leaks: set[str] = set()  # helpers that return what they reached (their callers' accesses count too)
+    found: list[str] = []
+    for _ in range(3):
+        scans = [_FileScan(public, makers, attrs, leaks, tree) for tree in trees.values()]
+        leaking = set().union(*(scan.leaking for scan in scans))
+        found = [f"{path.relative_to(root.parent)}:{line}: {expr}"
+                 for path, scan in zip(trees, scans) for line, expr in scan.found()]
+        if leaking <= leaks:
+            break
+        leaks |= leaking
+    return sorted(found, key=lambda f: (f.split(":")[0], int(f.split(":")[1])))
+
+
+class _FileScan:
+    """One file of ``service_reach_throughs``: what holds a service or something reached inside one."""
+
+    def __init__(self, public: set[str], makers: set[str], attrs: set[str], leaks: set[str], tree: ast.Module):
+        self.public, self.makers, self.attrs, self.leaks, self.tree = public, makers, attrs, leaks, tree
+        self.bound: dict[str, str] = {}  # names and ``self.x`` -> "service" | "inside"
+        self.leaking: set[str] = set()  # functions here that return something reached inside a service
+        for _ in range(3):  # to a fixed point: aliases of aliases
+            for node in ast.walk(tree):
+                self._bind(node)
+
+    def _bind(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self.bound.update((a.arg, "service") for a in node.args.args + node.args.kwonlyargs
+                              if _annotation(a.annotation) == SERVICE_TYPE)
+            if any(isinstance(r, ast.Return) and self.kind(r.value) == "inside" for r in ast.walk(node)):
+                self.leaking.add(node.name)
+        elif isinstance(node, ast.Assign) and (k := self.kind(node.value)):
+            self.bound.update((ast.unparse(t), k) for t in node.targets if isinstance(t, (ast.Name, ast.Attribute)))
+        elif isinstance(node, ast.AnnAssign) and _annotation(node.annotation) == SERVICE_TYPE:
+            self.bound[ast.unparse(node.target)] = "service"
+
+    def kind(self, e: ast.expr | None) -> str:
+        """``service``, ``inside`` (reached through one, or returned by a helper that did) or ``""``."""
+        if isinstance(e, ast.Await):
+            return self.kind(e.value)
+        if isinstance(e, ast.Call):
+            f = e.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            return "service" if name in self.makers else "inside" if name in self.leaks else ""
+        if isinstance(e, (ast.Name, ast.Attribute)) and ast.unparse(e) in self.bound:
+            return self.bound[ast.unparse(e)]
+        if isinstance(e, ast.Attribute):
+            if e.attr in self.attrs:
+                return "service"
+            return "inside" if self.reaches(e) or self.kind(e.value) == "inside" else ""
+        return ""
+
+    def reaches(self, e: ast.Attribute) -> bool:
+        return e.attr == "manager" or (self.kind(e.value) == "service" and e.attr not in self.public)
+
+    def found(self) -> list[tuple[int, str]]:
+        """An access that leaves the face, or any access to what a helper reached and returned; a chain counts
+        once (the accesses after a reach-through in one expression are not counted again)."""
+        def counted(n: ast.Attribute) -> bool:
+            if self.reaches(n):
+                return True
+            chained = isinstance(n.value, ast.Attribute) and ast.unparse(n.value) not in self.bound
+            return self.kind(n.value) == "inside" and not chained
+        return [(n.lineno, ast.unparse(n)) for n in ast.walk(self.tree) if isinstance(n, ast.Attribute) and counted(n)]
+
+
+def _service_public_names() -> set[str]:
+    from pflash_proxy.sessions.service import SessionService
+
+    return {name for name in vars(SessionService) if not name.startswith("_")}
+
+
+def test_the_tests_reach_into_the_session_service_at_most_ten_times():
+    found = service_reach_throughs(Path(__file__).parent, _service_public_names())
+    assert len(found) <= REACH_THROUGHS_MAX, "\n".join(found)
+
+
+def test_the_reach_through_scan_sees_services_by_call_alias_annotation_and_declared_field(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_sample.py").write_text(
+        "from dataclasses import dataclass\n"
+        "@dataclass\nclass Proxy:\n    service: SessionService\n"
+        "def make() -> SessionService: ...\n"
+        "async def test_a(app, p: Proxy, svc: SessionService):\n"
+        "    s = session_service(app)\n    alias = s\n"
+        "    s.view(); alias.stats(); await s.find_and_lease()\n"  # public: not counted
+        "    alias._scheduler.watch._monitor.cancel()\n"  # one chain, counted once
+        "    p.service._snapshots\n    svc._index\n    make()._cluster\n"
+        "    SessionService(1, 2)._seeds\n    old.manager.table\n"
+        "    index = SessionStore()\n    index._writing(1)\n"  # the test's own index: not counted
+        "    table = scheduler(app).table\n    table.slots\n"  # a helper's leak: each use counts
+        "def scheduler(app):\n    return session_service(app)._scheduler\n")
+    found = service_reach_throughs(tests, {"view", "stats", "find_and_lease"})
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "alias._scheduler", "p.service._snapshots", "svc._index", "make()._cluster", "SessionService(1, 2)._seeds",
+        "old.manager", "scheduler(app).table", "table.slots", "session_service(app)._scheduler"], found
 
 
 # The transport (``llama.upstream``: ``Upstream``, its header helpers) belongs to ``llama/`` and to the server that

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import gc
 import logging
-from typing import AsyncIterator, Callable, TypeAlias
+from typing import TYPE_CHECKING, AsyncIterator, Callable, TypeAlias
 
 from aiohttp import web
 
@@ -40,6 +40,9 @@ from pflash_proxy.server.keys import (BODIES, ENGINE, METRICS, PEERS, PIPELINE, 
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.routes import add_routes, close_peers, error_middleware_factory
 from pflash_proxy.stages import default_stages
+
+if TYPE_CHECKING:
+    from pflash_proxy.sessions.index import SessionIndex
 
 log = logging.getLogger("pflash_proxy.app")
 
@@ -70,12 +73,14 @@ EngineFactory: TypeAlias = Callable[[Upstream], Engine]
 
 
 def create_app(settings: Settings, stages: list[Stage] | None = None,
-               engine: EngineFactory = LlamaServerEngine, tune_collector: bool = False) -> web.Application:
+               engine: EngineFactory = LlamaServerEngine, tune_collector: bool = False,
+               index: SessionIndex | None = None) -> web.Application:
     """The app. ``stages``: the pipeline's stages, read at start-up (default: ``stages.default_stages`` on the
     app's engine); ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives another:
     the session, compression and savings stages, the routes and the inspector all use the one it builds);
     ``tune_collector``: once started, the objects start-up made are frozen and the collector tuned
-    (``tune_garbage_collector``; the server process's, not a test's)."""
+    (``tune_garbage_collector``; the server process's, not a test's); ``index``: the session service's index
+    (default: the one ``--index`` names; a test's fault-injecting one)."""
     # client_max_size only bounds aiohttp's own body readers; the handlers enforce --max-body-mb themselves.
     # gate first: non-canonical paths and /pflash/* under a foreign Host are refused before any decision
     app = web.Application(client_max_size=settings.limits.max_body_bytes,
@@ -94,7 +99,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     app.on_cleanup.append(close_peers)
     app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
-    steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages)]
+    steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages, index)]
     app.cleanup_ctx.append(_in_order(steps))
     if tune_collector:
         app.on_startup.append(tune_garbage_collector)  # after the cleanup_ctx start-up, which aiohttp runs first
@@ -150,13 +155,13 @@ async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
         await supervisor.stop()
 
 
-def _stages_ctx(stages: list[Stage] | None):
+def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if stages is not None:
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
             app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(default_stages, app[SETTINGS], app[ENGINE]))
+                None, functools.partial(default_stages, app[SETTINGS], app[ENGINE], index=index))
         hooks = StageHooks(on_snapshot_timing=app[METRICS].observe_snapshot)  # snapshot timings: histograms
         for stage in app[PIPELINE].stages:
             stage.bind(hooks)

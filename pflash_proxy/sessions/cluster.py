@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import TypeVar
 
-from pflash_proxy.config import Settings
+from pflash_proxy.config import ClusterOptions
 from pflash_proxy.errors import QueueTimeout
 from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
 
@@ -104,15 +104,20 @@ class Turn:
 
 
 class ClusterNode:
-    def __init__(self, settings: Settings, index: ClusterIndex):
-        self.queue_timeout_s = settings.limits.queue_timeout_s  # a turn lease is waited for as long as a slot
+    """This node among those sharing ``index``, given the cluster settings group, its own name and URL
+    (``Settings.effective_node_id``/``effective_advertise_url``) and how long a slot is waited for
+    (``--queue-timeout-s``: a turn lease is waited for as long)."""
+
+    def __init__(self, cluster: ClusterOptions, index: ClusterIndex, *, node_id: str, url: str,
+                 queue_timeout_s: float):
+        self.queue_timeout_s = queue_timeout_s
         self.index = index
-        self.node_id = settings.effective_node_id
-        self.url = settings.effective_advertise_url
-        self.secret = settings.cluster.cluster_secret
-        self.peers = {u.rstrip("/") for u in settings.cluster.cluster_peers}
-        self.period = settings.cluster.heartbeat_s
-        self.ttl_ms = int(settings.cluster.heartbeat_s * HEARTBEAT_PERIODS * 1000)
+        self.node_id = node_id
+        self.url = url
+        self.secret = cluster.cluster_secret
+        self.peers = {u.rstrip("/") for u in cluster.cluster_peers}
+        self.period = cluster.heartbeat_s
+        self.ttl_ms = int(cluster.heartbeat_s * HEARTBEAT_PERIODS * 1000)
         self.tag = re.sub(r"[^A-Za-z0-9]", "_", self.node_id)[:40]  # this node's temporary snapshot names
         self.live: dict[str, str] = {}  # the nodes whose heartbeat lasted at the last beat
         self._suspect: dict[str, float] = {}  # node -> monotonic time until which it is passed over

@@ -24,9 +24,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from pflash_proxy.config import Settings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from pflash_proxy.engine import Engine, EngineNotReady, EngineRefused, EngineUnreachable, Slots, SlotState
 from pflash_proxy.sessions.slots import Slot
+
+if TYPE_CHECKING:
+    from pflash_proxy.config import UpstreamOptions
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -42,10 +47,13 @@ GONE = ("no task has run", "its task ids went back")
 
 
 class UpstreamWatch:
-    def __init__(self, settings: Settings, engine: Engine, on_ready: Callable[[int], None],
-                 on_restart: Callable[[str], None]):
-        self.settings = settings.upstream  # whether the proxy spawned llama-server
-        self.slot_save_path = settings.effective_slot_save_path
+    """The engine's watch, given the upstream settings group (whether the proxy spawned llama-server) and the
+    slot folder (``Settings.effective_slot_save_path``, named in the setup warning)."""
+
+    def __init__(self, upstream: UpstreamOptions, slot_save_path: Path, engine: Engine,
+                 on_ready: Callable[[int], None], on_restart: Callable[[str], None]):
+        self.settings = upstream  # whether the proxy spawned llama-server
+        self.slot_save_path = slot_save_path
         self.engine = engine
         if engine.slots is None:
             raise ValueError("sessions need an engine whose slots can be addressed")
@@ -154,7 +162,7 @@ class UpstreamWatch:
         that restarted between two probes of the health monitor (systemd restarts it in well under a second) has
         no task on the slot, or its last task there had another prompt length than the proxy's last request.
         Then the table is marked empty and the session's snapshot restored instead of re-prefilling everything.
-        ``prefetched``: the answer of ``SessionManager.prefetch_slots``, asked while the session was looked up,
+        ``prefetched``: the answer of ``SlotScheduler.prefetch_slots``, asked while the session was looked up,
         given only when it covers the slot (no other lease of it, no restart noticed since it was asked), so the
         check costs no round trip of its own on the request's path; ``(False, None)`` when it failed.
         """

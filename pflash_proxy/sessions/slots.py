@@ -30,7 +30,7 @@ from pflash_proxy.errors import QueueFull, QueueTimeout
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from pflash_proxy.engine import SlotState
+    from pflash_proxy.engine import CacheReport, SlotState
 
 
 SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
@@ -53,7 +53,7 @@ class Slot:
     last_used: float = 0.0
     task_seen: int = -1  # the highest llama-server task id seen on this slot (/slots): it only grows per process
     grants: int = 0  # leases granted on this slot so far (a /slots answer read before a lease tells whether any
-    # other lease came between: ``SessionManager.prefetch_slots``)
+    # other lease came between: ``SlotScheduler.prefetch_slots``)
     epoch: int | None = None  # the upstream sentinel's epoch when the content was last learnt from llama-server
     # (a response, a /slots check, a restore): while the sentinel vouches for it, a hit needs no /slots check
     notices: int = 0  # restart notices heard when the request (or restore) that put the content there was prepared
@@ -113,11 +113,11 @@ class Lease:
     resident: bool  # the slot already held this session's prefix
     evicted: Evicted | None = None
     released: bool = False
-    # the slots' states asked while the lease was sought (``SessionManager.prefetch_slots``)
+    # the slots' states asked while the lease was sought (``SlotScheduler.prefetch_slots``)
     prefetched: SlotsPrefetch | None = None
     epoch: int | None = None  # the upstream sentinel's epoch when the slot was prepared (``Slot.epoch``)
     notices: int = 0  # restart notices heard when the slot was prepared (``Slot.notices``)
-    reason: str | None = None  # why the session is a miss although it had a snapshot (``prepare_slot``)
+    reason: str | None = None  # why the session is a miss although it had a snapshot (``SessionService.prepare``)
 
 
 class SlotTable:
@@ -294,7 +294,7 @@ class SlotTable:
 
 
 class SlotsPrefetch:
-    """The slots' states asked before the lease (``SessionManager.prefetch_slots``), with what the table was then:
+    """The slots' states asked before the lease (``SlotScheduler.prefetch_slots``), with what the table was then:
     the grant count of every idle slot, the table itself and the restarts noticed so far."""
 
     def __init__(self, task: Awaitable[tuple[bool, list[SlotState] | None]], table: SlotTable,
@@ -306,3 +306,23 @@ class SlotsPrefetch:
         exactly one lease (this one) was granted on it since, and no restart was noticed meanwhile."""
         return (table is self.table and restarts == self.restarts and slot.id in self.grants
                 and slot.grants == self.grants[slot.id] + 1)
+
+
+@dataclass(frozen=True)
+class SlotReport:
+    """What a turn's answer says of its slot's cache, in the session layer's own terms (``observe``):
+    ``rejected``, the engine refused the request (the slot keeps what it had); ``cached_tokens`` None, the answer
+    said nothing (the client left, the stream broke: the slot's content is unknown); otherwise the tokens taken
+    from the cache, the whole prompt, and the tokens generated after it."""
+
+    rejected: bool = False
+    cached_tokens: int | None = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    @classmethod
+    def of(cls, status: int, report: CacheReport | None) -> SlotReport:
+        """From an answer's HTTP ``status`` and the engine's cache report of it (``Engine.cache_report``)."""
+        if report is None:
+            return cls(rejected=status != 200)
+        return cls(False, report.cached_tokens, report.prompt_tokens, report.generated_tokens)

@@ -28,16 +28,18 @@ if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.contract import Stage
     from pflash_proxy.engine import Engine
+    from pflash_proxy.sessions.index import SessionIndex
 
 log = logging.getLogger("pflash_proxy")
 
 
 def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None = None,
-                   extra: Sequence[Stage] = ()) -> list[Stage]:
+                   extra: Sequence[Stage] = (), index: SessionIndex | None = None) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
     history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
     instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up).
-    ``engine``: the seam the session, compression and savings stages call (the app's ``LlamaServerEngine``)."""
+    ``engine``: the seam the session, compression and savings stages call (the app's ``LlamaServerEngine``);
+    ``index``: the session service's index (default: the one ``--index`` names)."""
     from pflash_proxy.stages.scorers import check_scorer
 
     check_scorer(settings.compression.scorer)  # a name the registry does not know stops start-up, sessions or not
@@ -45,15 +47,13 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
-    from pflash_proxy.sessions.manager import SessionManager
     from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 
-    manager = SessionManager(settings, engine)
-    sessions = SessionService(manager)  # what the session stages call
+    sessions = SessionService(settings, engine, index)  # what the session stages call
     # previous_response_id is expanded into the items it stands for before the session is looked up
-    stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions)]
+    stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions, engine)]
     if settings.compression.pflash:
         from pflash_proxy.stages.compress import CompressStage
 

@@ -18,7 +18,7 @@ pinned to a slot, what an answer's cache report looks like) stays behind ``engin
 4. Pin the request to its slot (``Slots.pin_fields``: llama-server's ``id_slot``) and add
    ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers. A whole (non-streamed) answer's ``Cache``/
    ``Cached-Tokens`` are what the engine reused (its cache report, ``Engine.cache_report``;
-   ``manager.reported_cache``: a hit or restore that reused far less is a ``miss`` with ``X-PFlash-Cache-Reason``,
+   ``sessions.service.reported_cache``: a hit or restore that reused far less is a ``miss`` with ``X-PFlash-Cache-Reason``,
    a miss that reused a prefix the slot held a ``hit-prefix``); a stream's headers leave before that is known,
    so they carry the expectation, and the log line and the inspector trace carry the answer.
 Under ``--cache-isolation credential``, between 3 and 4, a slot whose content another credential left and that this
@@ -35,7 +35,7 @@ writing the served history to disk as the request is forwarded; the answer's hea
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it.
 ``on_response`` compares the tokens the answer's cache report says were reused with the table's expectation; ``on_finish`` releases
 the lease (a request that went upstream and ended before its response did keeps it until llama-server's slot is
-idle: ``SessionManager.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
+idle: ``SlotScheduler.release_when_idle``).  Completion routes (no messages) get an anonymous lease so they
 never land on a busy slot.  The conversation routes (chat, Anthropic Messages, Responses) all work on the
 internal conversation of ``pflash_proxy.dialects``; a name the client's dialect carries in the body
 (``metadata.user_id``, ``prompt_cache_key``) names the session when no header does.
@@ -50,10 +50,12 @@ from collections.abc import Awaitable, Mapping
 
 from pflash_proxy.contract import (VIA_HEADER, Message, ProxyRequest, RelayResult, SessionContext, SessionsView, Stage,
                                    StageHooks, TurnTraces)
+from pflash_proxy.engine import Engine
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import StoreError
 from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.traces import record_cache
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -73,8 +75,9 @@ def _pin(req: ProxyRequest, fields: Mapping[str, object]) -> None:
 class SessionStage(Stage):
     name = "sessions"
 
-    def __init__(self, sessions: SessionService):
+    def __init__(self, sessions: SessionService, engine: Engine):
         self.sessions = sessions
+        self.engine = engine  # an answer's cache report (``Engine.cache_report``)
 
     def bind(self, hooks: StageHooks) -> None:
         self.sessions.on_snapshot_timing(hooks.on_snapshot_timing)  # snapshot timings feed the metrics
@@ -114,14 +117,11 @@ class SessionStage(Stage):
         if req.forward_failed is not None:  # the holder did not answer: take over here
             svc.forward_failed(req.forward_node or req.forward_failed)
             req.forward_node = None
-        prefetched = None
         try:
             seed = await svc.seed(explicit, owner)
-            prefetched = svc.prefetch_slots(seed)  # a likely hit's slot-state check, asked while the lookup runs
             found = await svc.find_and_lease(seed, explicit is not None, owner, messages, len(req.raw_body),
                                              forwarded_by, may_forward=req.forward_failed is None)
-        except StoreError as exc:  # the index is unreadable: serve this request whole, without a session
-            svc.store_failed("looking up the session", exc)
+        except StoreError:  # the index is unreadable (counted by the service): serve this request whole, unsaved
             req.response_headers[DEGRADED_HEADER] = "session index unavailable; served without a session"
             await self._anonymous(req)
             return
@@ -147,13 +147,14 @@ class SessionStage(Stage):
         served_hashes = _hashes(served, messages, hashes)  # a message served as sent: the lookup's hash
         ctx.hashed = (served, served_hashes)  # on_response reuses them for the messages left unchanged
         req.progress = "restoring the session" if not lease.resident else "checking the slot"
-        prepared = await svc.prepare(lease, seed, served_hashes, owner, prefetched, taken_over=taken_from is not None)
+        prepared = await svc.prepare(lease, seed, served_hashes, owner, found.prefetched,
+                                     taken_over=taken_from is not None)
         ctx.cache, ctx.expected_cached = prepared.cache, prepared.expected
         if prepared.cold:  # --cache-isolation could not erase another credential's slot
             req.set_field("cache_prompt", False)
         if served[:matched] != messages[:matched]:
             req.set_messages(served)
-        _pin(req, svc.pin(lease))
+        _pin(req, prepared.pin)
         req.response_headers.update({
             "X-PFlash-Session": record.id,
             "X-PFlash-Slot": str(lease.slot.id),
@@ -183,9 +184,10 @@ class SessionStage(Stage):
         lease = await svc.lease_anonymous()
         req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
         req.session = SessionContext(None, lease, 0, [], [], "miss", 0)
-        if await svc.prepare_anonymous(lease, svc.owner(req.headers)):
+        prepared = await svc.prepare_anonymous(lease, svc.owner(req.headers))
+        if prepared.cold:
             req.set_field("cache_prompt", False)
-        _pin(req, svc.pin(lease))
+        _pin(req, prepared.pin)
         req.response_headers["X-PFlash-Slot"] = str(lease.slot.id)
 
     async def _end_turn(self, req: ProxyRequest) -> None:
@@ -199,7 +201,8 @@ class SessionStage(Stage):
             return
         ctx.settled = result.completed and not result.client_gone
         served_hashes = _hashes(ctx.served, *ctx.hashed)
-        cached = self.sessions.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, result)
+        report = SlotReport.of(result.status, self.engine.cache_report(result.final_json))
+        cached = self.sessions.observe(ctx.lease, ctx.cache, ctx.expected_cached, served_hashes, report)
         if cached is None:
             return
         reported, reason = self.sessions.report(ctx.cache, ctx.expected_cached, cached)
@@ -214,7 +217,7 @@ class SessionStage(Stage):
 
     def _answer_headers(self, req: ProxyRequest, ctx: SessionContext, answer: Mapping[str, object] | None) -> None:
         """``X-PFlash-Cache`` / ``-Cached-Tokens`` of a whole answer from its own cache report."""
-        report = self.sessions.cache_report(answer)
+        report = self.engine.cache_report(answer)
         if report is None:
             return
         reported, reason = self.sessions.report(ctx.cache, ctx.expected_cached, report.cached_tokens, count=False)

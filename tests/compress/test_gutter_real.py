@@ -11,7 +11,7 @@ import pytest
 
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import PIPELINE
-from tests.conftest import make_settings, session_manager
+from tests.conftest import make_settings, session_service
 
 from .test_gutter import difflib_head, function_lines, numbered
 
@@ -40,8 +40,8 @@ async def test_numbered_file_read_keeps_the_asked_function_with_its_numbers(prox
     resp = await proxy.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0})
     assert resp.status == 200, await resp.text()
     assert resp.headers["X-PFlash-Mode"] == "compressed"
-    store = session_manager(proxy.app).store
-    served = store.get(resp.headers["X-PFlash-Session"]).served[3]["content"]
+    store = session_service(proxy.app).view()
+    served = store.session(resp.headers["X-PFlash-Session"]).served[3]["content"]
     served = served if isinstance(served, str) else served[0]["text"]
     assert len(served) < 0.5 * len(text)
     # kept lines are the client's lines, numbers included, each in its place; markers name what is left out

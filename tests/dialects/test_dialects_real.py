@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, session_manager, start_llama_server
+from tests.conftest import make_settings, session_service, start_llama_server
 
 pytestmark = pytest.mark.llama
 
@@ -103,7 +103,7 @@ async def test_claude_code_shaped_session_compresses_replays_and_recalls(proxy, 
     assert h2["X-PFlash-Mode"] == "compressed"
     prompt2 = usage2["input_tokens"] + usage2["cache_read_input_tokens"]
     assert prompt2 < int(h2["X-PFlash-Prompt-Tokens"]) * 0.8  # llama-server got the shortened tool result
-    record = session_manager(proxy.app).store.get(h2["X-PFlash-Session"])
+    record = session_service(proxy.app).view().session(h2["X-PFlash-Session"])
     served_tool = record.served[3]
     assert served_tool["role"] == "tool" and served_tool["tool_call_id"] == "toolu_01"
     served_text = served_tool["content"]
@@ -119,7 +119,7 @@ async def test_claude_code_shaped_session_compresses_replays_and_recalls(proxy, 
     assert h3["X-PFlash-Session"] == h1["X-PFlash-Session"] and h3["X-PFlash-Cache"] == "hit"
     assert usage3["cache_read_input_tokens"] >= 0.9 * prompt2
     assert h3["X-PFlash-Mode"] == "recall"
-    record = session_manager(proxy.app).store.get(h3["X-PFlash-Session"])
+    record = session_service(proxy.app).view().session(h3["X-PFlash-Session"])
     assert record.served[3]["content"] == served_text  # replayed as first served
     recalled = record.served[-1]["content"]
     recalled = recalled if isinstance(recalled, str) else recalled[0]["text"]
@@ -142,7 +142,7 @@ async def test_billing_line_is_dropped_and_only_it(proxy, llama_server):
     h2, b2 = await send(proxy, sys2)
     assert h2["X-PFlash-Session"] == h1["X-PFlash-Session"] and h2["X-PFlash-Cache"] == "hit"
     assert b2["usage"]["input_tokens"] <= 2  # everything but the last token came from the cache
-    served = session_manager(proxy.app).store.get(h2["X-PFlash-Session"]).served
+    served = session_service(proxy.app).view().session(h2["X-PFlash-Session"]).served
     assert served[0] == {"role": "system", "content": "You are a coding agent."}
 
 
@@ -206,7 +206,7 @@ async def test_codex_shaped_session_compresses_replays_and_recalls(proxy, stream
     assert h2["X-PFlash-Session"] == h1["X-PFlash-Session"] and h2["X-PFlash-Cache"] == "hit"
     assert h2["X-PFlash-Mode"] == "compressed"
     assert usage2["input_tokens"] < int(h2["X-PFlash-Prompt-Tokens"]) * 0.8
-    record = session_manager(proxy.app).store.get(h2["X-PFlash-Session"])
+    record = session_service(proxy.app).view().session(h2["X-PFlash-Session"])
     served_text = record.served[3]["content"]
     assert record.served[3]["role"] == "tool" and served_text.startswith("[pflash:")
     assert "def restock_falconry(count, shelf):" in served_text
@@ -221,7 +221,7 @@ async def test_codex_shaped_session_compresses_replays_and_recalls(proxy, stream
     assert h3["X-PFlash-Session"] == h1["X-PFlash-Session"] and h3["X-PFlash-Cache"] == "hit"
     assert usage3["input_tokens_details"]["cached_tokens"] >= 0.9 * usage2["input_tokens"]
     assert h3["X-PFlash-Mode"] == "recall"
-    record = session_manager(proxy.app).store.get(h3["X-PFlash-Session"])
+    record = session_service(proxy.app).view().session(h3["X-PFlash-Session"])
     assert record.served[3]["content"] == served_text
     recalled = record.served[-1]["content"]
     recalled = recalled if isinstance(recalled, str) else recalled[0]["text"]
@@ -350,7 +350,7 @@ async def test_previous_response_id_chains_continue_the_session(proxy):
     assert raw2.headers["X-PFlash-Session"] == raw.headers["X-PFlash-Session"]
     assert raw2.headers["X-PFlash-Cache"] == "hit"
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
-    served = session_manager(proxy.app).store.get(raw2.headers["X-PFlash-Session"]).served
+    served = session_service(proxy.app).view().session(raw2.headers["X-PFlash-Session"]).served
     assert [m["role"] for m in served] == ["system", "user", "assistant", "user"]
     # a chain of chains
     raw3 = await client.responses.with_raw_response.create(

@@ -80,8 +80,9 @@ async def test_the_identity_matches_the_session_layer_on_a_real_server(llama_ser
     upstream = Upstream(llama_server.url)
     await upstream.start()
     try:
-        watch = UpstreamWatch(make_settings(llama_server.url, tmp_path), LlamaServerEngine(upstream), lambda n: None,
-                              lambda r: None)
+        settings = make_settings(llama_server.url, tmp_path)
+        watch = UpstreamWatch(settings.upstream, settings.effective_slot_save_path, LlamaServerEngine(upstream),
+                              lambda n: None, lambda r: None)
         await watch.ensure_ready()
         info = await LlamaServerEngine(upstream).describe()
         assert info.identity == watch.model_identity and info.n_slots == watch.n_slots
@@ -215,7 +216,8 @@ async def test_a_slow_health_probe_is_not_a_restart(aiohttp_server, tmp_path):
     try:
         engine = LlamaServerEngine(upstream)
         reasons: list[str] = []
-        watch = UpstreamWatch(make_settings(str(server.make_url("")), tmp_path), engine, lambda n: None,
+        settings = make_settings(str(server.make_url("")), tmp_path)
+        watch = UpstreamWatch(settings.upstream, settings.effective_slot_save_path, engine, lambda n: None,
                               reasons.append)
         monitor = asyncio.create_task(watch._health_monitor())
         for _ in range(100):  # the slow probe, then at least one quick one

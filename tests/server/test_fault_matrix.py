@@ -56,7 +56,7 @@ from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import PIPELINE
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.llama.spawn import free_port
-from tests.conftest import make_settings, session_manager, start_llama_server, wait_for_proxy
+from tests.conftest import make_settings, session_service, start_llama_server, wait_for_proxy
 
 pytestmark = pytest.mark.llama
 
@@ -121,8 +121,11 @@ def _reply(body: dict) -> dict:
 
 async def _check_table_matches_server(client, server, sid: str, served: list[dict]) -> None:
     """The table says the session's slot holds exactly ``served``; llama-server's own count agrees."""
-    slot = session_manager(client.app).table.resident(sid)
-    assert slot is not None and slot.known and not slot.busy
+    view = session_service(client.app).view()
+    slot_id = view.resident_slot(sid)
+    assert slot_id is not None
+    slot = view.slots()[slot_id]
+    assert slot.known and not slot.busy
     assert slot.served_hashes == [message_hash(m) for m in served]
     info = next(s for s in await _upstream_slots(server) if s["id"] == slot.id)
     assert abs(info["n_prompt_tokens"] - slot.prompt_tokens) <= 16
@@ -145,7 +148,7 @@ def _damage(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["missing", "truncated", "random", "kv-garbage"])
 async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill(make_proxy, fault_server, how):
     proxy = await make_proxy()
-    mgr = session_manager(proxy.app)
+    view = session_service(proxy.app).view()
     first = [{"role": "system", "content": DOC}, {"role": "user", "content": "Which hall has the amber lantern?"}]
     status, h, b1 = await _chat(proxy, first)
     assert status == 200
@@ -153,7 +156,7 @@ async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill
     for word in ("one", "two"):  # the first takes the free slot, the second displaces the session to disk
         assert (await _chat(proxy, [{"role": "user", "content": f"Say {word}."}]))[0] == 200
     path = fault_server.slot_dir / f"pf-{sid}.bin"
-    assert path.is_file() and mgr.table.resident(sid) is None
+    assert path.is_file() and view.resident_slot(sid) is None
     _damage(path, how)
 
     second = first + [_reply(b1), {"role": "user", "content": "And the silver one?"}]
@@ -161,12 +164,12 @@ async def test_a_damaged_snapshot_is_dropped_and_the_turn_served_by_full_prefill
     assert status == 200 and h2["X-PFlash-Session"] == sid
     assert h2["X-PFlash-Cache"] == "miss", "a damaged snapshot must never be announced (or used) as restored"
     assert b2["timings"]["cache_n"] < 32  # llama-server prefilled the whole prompt
-    assert mgr.store.snapshot(sid) is None and not path.exists()  # dropped from the index and the disk
+    assert view.snapshot(sid) is None and not path.exists()  # dropped from the index and the disk
     stats = await _stats(proxy)
     assert stats["snap_damaged"] == 1 and stats["snap_restores"] == 0
     assert "pflash_snapshot_damaged_total 1.0" in await (await proxy.get("/pflash/metrics")).text()
     await _check_table_matches_server(proxy, fault_server, sid, second)
-    assert mgr.store.get(sid).served == second
+    assert view.session(sid).served == second
 
     third = second + [_reply(b2), {"role": "user", "content": "Thanks."}]
     status, h3, b3 = await _chat(proxy, third)
@@ -194,7 +197,7 @@ async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers
         pytest.skip("needs a small tmpfs for the slot files (mounting needs root or CAP_SYS_ADMIN)")
     caplog.set_level("WARNING", logger="pflash_proxy.sessions")
     proxy = await make_proxy()
-    mgr = session_manager(proxy.app)
+    view = session_service(proxy.app).view()
     first = [{"role": "user", "content": "Name three colours of lanterns."}]
     filler = fault_server.slot_dir / "filler"
     _fill(filler)
@@ -210,7 +213,7 @@ async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers
         assert "pflash_save_failures_total 1.0" in await (await proxy.get("/pflash/metrics")).text()
         assert any("could not save session " + sid[:8] in r.getMessage() for r in caplog.records)
         assert not list(fault_server.slot_dir.glob("pf-*")), "a failed save leaves no file behind"
-        assert mgr.store.snapshot(sid) is None
+        assert view.snapshot(sid) is None
 
         second = first + [_reply(b1), {"role": "user", "content": "And one more?"}]
         status, h2, b2 = await _chat(proxy, second)  # displaces "one", whose save fails too: still served
@@ -221,15 +224,15 @@ async def test_a_full_disk_fails_snapshot_saves_not_requests_and_saving_recovers
 
     # space came back: saving works again, and the session is restored from it after losing its slot
     assert (await (await proxy.post("/pflash/save")).json())["saved"] == 2
-    assert mgr.store.snapshot(sid) is not None and (fault_server.slot_dir / f"pf-{sid}.bin").is_file()
+    assert view.snapshot(sid) is not None and (fault_server.slot_dir / f"pf-{sid}.bin").is_file()
     for word in ("three", "four"):
         assert (await _chat(proxy, [{"role": "user", "content": f"Say {word}."}]))[0] == 200
-    assert mgr.table.resident(sid) is None
+    assert view.resident_slot(sid) is None
     third = second + [_reply(b2), {"role": "user", "content": "Thanks."}]
     status, h3, b3 = await _chat(proxy, third)
     assert status == 200 and h3["X-PFlash-Session"] == sid and h3["X-PFlash-Cache"] == "restored"
     assert b3["timings"]["cache_n"] >= b2["usage"]["prompt_tokens"] - 1
-    assert mgr.store.get(sid).served == third
+    assert view.session(sid).served == third
 
 
 # 3. Drafter failure and timeout during compression ------------------------------------------------------------
@@ -239,13 +242,13 @@ RECORDS = "\n".join(f"Record {i}: the {c} lantern of hall {i} was lit at {i % 12
 
 async def _served_whole(proxy, caplog, needle: str) -> None:
     """A long message whose compression fails is served whole, the session goes on, the reason is logged."""
-    mgr = session_manager(proxy.app)
+    view = session_service(proxy.app).view()
     msgs = [{"role": "user", "content": RECORDS + "\n\nWhich keeper lit the amber lantern of hall 3?"}]
     status, h, body = await _chat(proxy, msgs)
     assert status == 200 and h["X-PFlash-Mode"] == "full-error"
     assert body["usage"]["prompt_tokens"] > 400  # the whole message reached llama-server
     sid = h["X-PFlash-Session"]
-    assert mgr.store.get(sid).served == msgs  # and the history keeps it whole, for the next turn's prefix
+    assert view.session(sid).served == msgs  # and the history keeps it whole, for the next turn's prefix
     access = [r for r in caplog.records if r.name == "pflash_proxy.access" and r.fields.get("pflash")]
     assert access[-1].fields["pflash"] == "full-error" and needle in access[-1].fields["pflash_reason"]
     nxt = msgs + [_reply(body), {"role": "user", "content": "Thanks."}]
@@ -305,7 +308,7 @@ async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_sessi
     the lease until llama-server's slot is idle (nothing is ever sent to a busy slot), and the table claims
     nothing about the slot that no response confirmed, so no later check mistakes it for a restart."""
     proxy = await make_proxy(queue_timeout_s=60)
-    mgr = session_manager(proxy.app)
+    view = session_service(proxy.app).view()
     other = [{"role": "user", "content": "Name a colour."}]
     status, ht, bt = await _chat(proxy, other)
     first = [{"role": "user", "content": "Hello."}]
@@ -323,14 +326,14 @@ async def test_a_client_leaving_mid_prefill_frees_the_slot_and_disturbs_no_sessi
     left = time.monotonic()
     while (idle := await _upstream_slots(fault_server))[slot_id]["is_processing"]:
         if time.monotonic() - left > 0.2:  # the proxy has seen its client leave by now
-            assert mgr.table.slots[slot_id].busy, "the lease was released while llama-server still works on the slot"
+            assert view.slots()[slot_id].busy, "the lease was released while llama-server still works on the slot"
         assert time.monotonic() - left < 120, "llama-server never finished"
         await asyncio.sleep(0.05)
     stopped_after = time.monotonic() - left
-    while mgr.table.slots[slot_id].busy and time.monotonic() - left < stopped_after + 2:
+    while view.slots()[slot_id].busy and time.monotonic() - left < stopped_after + 2:
         await asyncio.sleep(0.05)
-    assert not mgr.table.slots[slot_id].busy and mgr.table.queued == 0, "the lease was never released"
-    assert mgr.store.get(sid).served == second  # the served history was written before forwarding
+    assert not view.slots()[slot_id].busy and view.queued == 0, "the lease was never released"
+    assert view.session(sid).served == second  # the served history was written before forwarding
 
     status, h2, b2 = await _chat(proxy, second)  # the client retries: served, in its own session
     assert status == 200 and h2["X-PFlash-Session"] == sid
@@ -441,7 +444,7 @@ async def test_a_chunked_upload_over_the_limit_gets_413_before_it_ends(make_prox
     assert status == 413 and headers["content-type"].startswith("application/json")
     assert json.loads(body)["error"] == {"message": "request body exceeds --max-body-mb (1048576 bytes)",
                                          "type": "invalid_request_error", "code": "request_too_large"}
-    assert not any(s.busy for s in session_manager(proxy.app).table.slots)
+    assert not any(s.busy for s in session_service(proxy.app).view().slots())
 
     parts = (b'{"content": ', b'"Say yes."}') if path == b"/tokenize" else \
         (b'{"messages": [{"role": "user", ', b'"content": "Say yes."}], "max_tokens": 2}')
@@ -480,8 +483,8 @@ async def test_malformed_chunk_after_the_headers_holds_no_slot(make_proxy):
     proxy = await make_proxy()
     _, writer = await _send_split_malformed(proxy.server.host, proxy.server.port)
     await asyncio.sleep(0.5)
-    mgr = session_manager(proxy.app)
-    assert not any(s.busy for s in mgr.table.slots) and mgr.table.queued == 0  # the body comes before any lease
+    view = session_service(proxy.app).view()
+    assert not any(s.busy for s in view.slots()) and view.queued == 0  # the body comes before any lease
     assert (await _chat(proxy, [{"role": "user", "content": "Still there?"}]))[0] == 200
     writer.close()
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, session_manager
+from pflash_proxy.sessions.index import open_index
+from tests.conftest import make_settings, session_service
 
 pytestmark = pytest.mark.llama
 
@@ -16,9 +17,9 @@ GEN = {"temperature": 0, "seed": 1, "top_k": 1}
 
 @pytest.fixture
 async def make_proxy(aiohttp_client, llama_server, tmp_path):
-    async def make(**kw):
+    async def make(index=None, **kw):  # index: the test's own (a fault-injecting one), else --index's
         settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, **kw)
-        return await aiohttp_client(create_app(settings))
+        return await aiohttp_client(create_app(settings, index=index))
     return make
 
 
@@ -37,16 +38,16 @@ async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_h
     history = turn1 + [{"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
     a_msgs = history + [{"role": "user", "content": "Count from one to forty in words, slowly."}]
     b_msgs = history + [{"role": "user", "content": "Name a colour."}]
-    manager = session_manager(proxy.app)
-    prepare = manager.prepare_slot
+    scheduler = session_service(proxy.app)._scheduler  # reaches inside: the slot check it slows down
+    check = scheduler.resident_hit
 
-    async def slow_prepare(lease, served_hashes):  # fault injection: A's slot restore (or compression) is slow
-        if served_hashes and len(served_hashes) == 3 and not slow_prepare.done:
-            slow_prepare.done = True
+    async def slow_check(lease, served_hashes):  # fault injection: A's slot check (or restore) is slow
+        if len(served_hashes) == 3 and not slow_check.done:
+            slow_check.done = True
             await asyncio.sleep(1.0)
-        return await prepare(lease, served_hashes)
-    slow_prepare.done = False
-    manager.prepare_slot = slow_prepare
+        return await check(lease, served_hashes)
+    slow_check.done = False
+    scheduler.resident_hit = slow_check
     a = asyncio.create_task(_chat(proxy, a_msgs, max_tokens=8))
     await asyncio.sleep(0.3)  # A holds the lease but has not saved yet; B reads the record, then waits behind A
     b = asyncio.create_task(_chat(proxy, b_msgs))
@@ -54,7 +55,7 @@ async def test_concurrent_requests_of_one_session_do_not_overwrite_each_others_h
     assert sa == sb == 200
     assert ha["X-PFlash-Session"] == sid
     assert hb["X-PFlash-Session"] != sid, "B diverges from what A served: it must fork, not overwrite"
-    rec = session_manager(proxy.app).store.get(sid)
+    rec = session_service(proxy.app).view().session(sid)
     assert [m["content"] for m in rec.served] == [m["content"] for m in a_msgs]
     nxt = a_msgs + [{"role": "assistant", "content": ba["choices"][0]["message"]["content"]},
                     {"role": "user", "content": "Thanks."}]
@@ -76,7 +77,7 @@ async def test_a_clients_hidden_fields_never_reach_another_clients_prompt(make_p
               {"role": "user", "content": "Name a tree."}]
     status, hb, _ = await _chat(proxy, b_msgs)
     assert status == 200
-    served_b = session_manager(proxy.app).store.get(hb["X-PFlash-Session"]).served
+    served_b = session_service(proxy.app).view().session(hb["X-PFlash-Session"]).served
     assert secret not in repr(served_b)
     assert served_b[1] == b_msgs[1]
 
@@ -106,12 +107,12 @@ async def test_a_full_queue_answers_429_with_retry_after_and_a_long_wait_503(mak
     assert [(await t)[0] for t in busy] == [200, 200]
 
 
-async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recovers(make_proxy, monkeypatch):
+async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recovers(make_proxy, monkeypatch, tmp_path):
     """Issue 13 item 6: sqlite's 'database or disk is full' on the history write is served, flagged, counted."""
     import sqlite3
 
-    proxy = await make_proxy()
-    store = session_manager(proxy.app).store
+    store = open_index(tmp_path / "home")  # the proxy's index (the default embedded one), its disk filled below
+    proxy = await make_proxy(index=store)
     # the write under the history's record: diskcache's set, or the SQLite index's record write
     target, name = (store.cache, "set") if hasattr(store, "cache") else (store, "_put")
     real_set = getattr(target, name)
@@ -132,7 +133,7 @@ async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recover
     status, h2, _ = await _chat(proxy, msgs + [{"role": "assistant", "content": "Nile."},
                                                {"role": "user", "content": "Another?"}])
     assert status == 200 and "X-PFlash-Degraded" not in h2
-    assert session_manager(proxy.app).store.get(h2["X-PFlash-Session"]) is not None  # saved again
+    assert session_service(proxy.app).view().session(h2["X-PFlash-Session"]) is not None  # saved again
     assert (await (await proxy.get("/pflash/stats")).json())["sessions"]["store_available"] is True
 
 
@@ -144,13 +145,14 @@ async def test_a_damaged_index_at_start_up_is_moved_aside_and_chats_work(make_pr
     status, h, _ = await _chat(proxy, [{"role": "user", "content": "Hello?"}])
     assert status == 200 and "X-PFlash-Degraded" not in h
     assert list(index.glob("cache.db.corrupt-*"))
-    assert session_manager(proxy.app).store.get(h["X-PFlash-Session"]) is not None
+    assert session_service(proxy.app).view().session(h["X-PFlash-Session"]) is not None
 
 
 async def test_a_quick_restart_of_an_attached_server_is_noticed_before_announcing_a_hit(make_proxy, llama_server):
     """Issue 13 item 1: a restart between two health polls was announced `hit` and prefilled in full."""
     proxy = await make_proxy(save_every_turn=True)
-    manager = session_manager(proxy.app)
+    service = session_service(proxy.app)
+    view = service.view()
     doc = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
     msgs = [{"role": "user", "content": doc + "\nWhat animal jumps?"}]
     status, h, body = await _chat(proxy, msgs)
@@ -159,12 +161,14 @@ async def test_a_quick_restart_of_an_attached_server_is_noticed_before_announcin
                   {"role": "user", "content": "And which one is lazy?"}]
     _, h2, b2 = await _chat(proxy, nxt)  # a plain hit first: the check must not spoil the normal case
     assert h2["X-PFlash-Cache"] == "hit" and b2["timings"]["cache_n"] > 400
+    sid = h["X-PFlash-Session"]
     for _ in range(100):  # the background save of turn 2
-        if manager.snapshots.on_disk(h["X-PFlash-Session"]) and manager.table.resident(h["X-PFlash-Session"]) \
-                and manager.table.resident(h["X-PFlash-Session"]).snapshot_current:
+        snap, slot = view.snapshot(sid), view.resident_slot(sid)
+        if snap is not None and (llama_server.slot_dir / snap.file).is_file() and slot is not None \
+                and view.slots()[slot].snapshot_current:
             break
         await asyncio.sleep(0.1)
-    manager.watch._monitor.cancel()  # the 1 s health poll misses the restart (systemd restarts in well under 1 s)
+    service._scheduler.watch._monitor.cancel()  # the 1 s health poll misses the restart (systemd restarts in well under 1 s)
     await asyncio.get_running_loop().run_in_executor(None, llama_server.restart)
     third = nxt + [{"role": "assistant", "content": b2["choices"][0]["message"]["content"]},
                    {"role": "user", "content": "Thanks."}]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pflash_proxy.engine import SlotState
+from pflash_proxy.engine import CacheReport, SlotState
 from pflash_proxy.sessions.liveness import disagreement
-from pflash_proxy.sessions.manager import reported_cache
+from pflash_proxy.sessions.service import reported_cache
+from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.snapshots import too_short
 
 
@@ -33,3 +34,12 @@ def test_slots_records_that_contradict_the_table():
     assert disagreement(SlotState(0, False, 3, None), 0, 9, 100).startswith("its task ids went back")
     assert disagreement(SlotState(0, False, 12, 2000), 0, 9, 1000).startswith("its last prompt")
     assert disagreement(SlotState(0, False, 12, 1004), 0, 9, 1000) is None
+
+
+def test_the_session_layer_reads_an_answer_through_a_report_of_its_own():
+    """``observe`` takes a ``SlotReport``, not the relay's result: a refused request leaves the slot as it was, an
+    answer without a cache report makes its content unknown, a report says what the slot now holds."""
+    assert SlotReport.of(500, None) == SlotReport(rejected=True)
+    assert SlotReport.of(200, None) == SlotReport(rejected=False, cached_tokens=None)
+    got = SlotReport.of(200, CacheReport(cached_tokens=90, new_tokens=10, generated_tokens=5))
+    assert got == SlotReport(False, 90, 100, 5)

@@ -30,8 +30,9 @@ class NoIndex:
 
 
 def node(tmp_path, **kw) -> ClusterNode:
-    return ClusterNode(make_settings("http://127.0.0.1:9", tmp_path, index="redis://127.0.0.1:1/0", node_id="me",
-                                     **kw), NoIndex())  # type: ignore[arg-type]
+    settings = make_settings("http://127.0.0.1:9", tmp_path, index="redis://127.0.0.1:1/0", node_id="me", **kw)
+    return ClusterNode(settings.cluster, NoIndex(), node_id=settings.effective_node_id,  # type: ignore[arg-type]
+                       url=settings.effective_advertise_url, queue_timeout_s=settings.limits.queue_timeout_s)
 
 
 def test_heartbeats_count_only_as_far_as_the_configuration_vouches(tmp_path):

@@ -30,7 +30,7 @@ from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.server.app import create_app
 from pflash_proxy.sessions.cluster import sign_forward, sign_heartbeat, verify_forward
 from pflash_proxy.sessions.index.redis import RedisIndex
-from tests.conftest import make_settings, session_manager
+from tests.conftest import make_settings
 from tests.redis_server import RedisServer, binary
 
 pytestmark = [pytest.mark.llama, pytest.mark.skipif(binary() is None, reason="redis-server not installed")]
@@ -47,10 +47,10 @@ def redis_server(tmp_path):
     server.stop()
 
 
-async def make_node(aiohttp_client, llama_server, tmp_path, redis_url):
+async def make_node(aiohttp_client, llama_server, tmp_path, redis_url, index=None):
     settings = make_settings(llama_server.url, tmp_path, slot_save_path=llama_server.slot_dir, index=redis_url,
                              node_id="here", heartbeat_s=0.5, cluster_secret=SECRET)
-    app = create_app(settings)
+    app = create_app(settings, index=index)  # index: the test's own (a fault-injecting one), else --index's
     client = await aiohttp_client(app)
     return client, app
 
@@ -137,8 +137,8 @@ async def test_a_slow_shared_index_does_not_stall_the_event_loop_on_a_miss(aioht
     import time
     import urllib.request
 
-    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url)
-    store = session_manager(app).store
+    store = RedisIndex(redis_server.url)  # the node's index, slowed below
+    client, app = await make_node(aiohttp_client, llama_server, tmp_path, redis_server.url, index=store)
     read = store.snapshot
 
     def slow_snapshot(sid):  # fault injection: an index 0.8 s away

@@ -6,6 +6,7 @@ declared ``remote``, not by whether nodes share it."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import threading
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pflash_proxy.config import Settings
 from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
-from pflash_proxy.sessions.manager import SessionManager
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
@@ -31,9 +32,37 @@ DOC_B = "A lighthouse keeper logs the ships at dawn, the tide at noon and the wi
 @dataclass
 class Proxy:
     engine: FakeEngine
-    manager: SessionManager
+    service: SessionService
     pipeline: Pipeline
+    settings: Settings  # the service's, changed while it runs by ``write_rate``
     sent: dict[str, object] = field(default_factory=dict)  # the body the last turn sent the engine
+
+    def on_disk(self, sid: str) -> bool:
+        """Session ``sid`` has a snapshot in the index (the service's view) whose file is in the engine's folder."""
+        snap = self.service.view().snapshot(sid)
+        return snap is not None and self.engine.slots.save_dir is not None and \
+            (self.engine.slots.save_dir / snap.file).is_file()
+
+    def stats(self) -> dict[str, object]:
+        """The session service's counters and gauges (its ``stats``, what ``/metrics`` shows)."""
+        return self.service.stats()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, sid: str) -> AsyncIterator[None]:
+        """A lease of session ``sid``'s slot held meanwhile, as its next turn takes it: found by its served
+        history, leased, then released without a save."""
+        rec = self.service.view().session(sid)
+        assert rec is not None
+        found = await self.service.find_and_lease(rec.seed, False, rec.owner, rec.served, 0)
+        assert found.record.id == sid and found.lease is not None
+        try:
+            yield
+        finally:
+            self.service.finish(found.lease, None, False)
+
+    def write_rate(self, mb_s: float) -> None:
+        """``--idle-save-mb-s`` changed on the running service (its settings, read at each save)."""
+        self.settings.sessions.idle_save_mb_s = mb_s
 
     async def turn(self, messages: list[dict[str, object]], *, path: str = "/v1/chat/completions",
                    headers: dict[str, str] | None = None, body: dict[str, object] | None = None,
@@ -78,13 +107,12 @@ async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, 
     slots = tmp_path / "slots"
     slots.mkdir()
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
-    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings), engine,
-                             index=index)
-    service = SessionService(manager)
-    pipeline = Pipeline([SessionStage(service), SessionCommitStage(service)])
+    config = make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings)
+    service = SessionService(config, engine, index=index)
+    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage(service)])
     await service.start()
     try:
-        yield Proxy(engine, manager, pipeline)
+        yield Proxy(engine, service, pipeline, config)
     finally:
         await service.stop()
 
@@ -111,14 +139,14 @@ async def test_a_session_is_pinned_saved_when_displaced_and_restored(proxy):
 
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # displaces A from the only slot
     assert req.response_headers["X-PFlash-Cache"] == "miss"
-    assert proxy.manager.counters["evicted_saves"] == 1 and proxy.manager.snapshots.on_disk(sid_a)
+    assert proxy.stats()["evicted_saves"] == 1 and proxy.on_disk(sid_a)
     assert proxy.engine.calls["states"] == 1  # the save checked the slot first
 
     req, answer = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?", "And in all?"))
     report = proxy.engine.cache_report(answer)
     assert req.response_headers["X-PFlash-Cache"] == "restored" and req.response_headers["X-PFlash-Session"] == sid_a
     assert report is not None and report.cached_tokens > 200  # the restored slot served the prefix
-    stats = proxy.manager.stats()
+    stats = proxy.stats()
     assert (stats["hits"], stats["restored"], stats["misses"], stats["cache_mismatches"]) == (1, 1, 2, 0)
     assert stats["snap_saves"] == 2 and stats["snap_restores"] == 1  # A when displaced, then B
 
@@ -127,7 +155,7 @@ async def test_a_restart_empties_the_table_and_the_snapshot_comes_back(proxy):
     await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
     await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved
     proxy.engine.restart("the test restarted it")
-    assert proxy.manager.counters["upstream_restarts"] == 1 and not proxy.manager.table.slots[0].tokens
+    assert proxy.stats()["upstream_restarts"] == 1 and not proxy.service.view().slots()[0].tokens
     req, _ = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
     assert req.response_headers["X-PFlash-Cache"] == "restored"
 
@@ -137,12 +165,12 @@ async def test_an_unvouched_hit_is_checked_against_the_slots_state_and_a_lost_on
     await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved, B resident
     proxy.engine.stop_watching()  # nothing vouches for B's slot now
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?"))
-    assert req.response_headers["X-PFlash-Cache"] == "hit" and proxy.manager.counters["hits_vouched"] == 0
+    assert req.response_headers["X-PFlash-Cache"] == "hit" and proxy.stats()["hits_vouched"] == 0
     for s in proxy.engine.slots.slots:  # a restart nobody reported: the slot holds nothing, no task ran
         s.tokens, s.task, s.prompt_tokens = [], None, None
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?", "Why?"))
     assert req.response_headers["X-PFlash-Cache"] == "miss"  # B was never saved: prefilled, not a false hit
-    assert proxy.manager.counters["slots_lost"] == 1 and proxy.manager.counters["upstream_restarts"] == 1
+    assert proxy.stats()["slots_lost"] == 1 and proxy.stats()["upstream_restarts"] == 1
 
 
 class RemoteStore(SessionStore):
@@ -191,8 +219,9 @@ async def test_a_slot_that_could_not_be_erased_for_another_credential_reuses_not
     proxy.engine.fail("erase", EngineRefused("slot 0 erase", 501, "This server does not support slots action."))
     req, answer = await ask({"Authorization": "Bearer key-of-b"}, "How many crates at plot 8?")
     # A's request erased the slot (content of an owner this process did not know: issue 50 item 5), B's could not
-    assert proxy.manager.isolation.counters == {"isolation_erases": 1, "isolation_erases_unknown": 1,
-                                                "isolation_cold": 1}
+    stats = proxy.stats()
+    assert {k: stats[k] for k in ("isolation_erases", "isolation_erases_unknown", "isolation_cold")} == \
+        {"isolation_erases": 1, "isolation_erases_unknown": 1, "isolation_cold": 1}
     assert proxy.sent.get("cache_prompt") is False
     report = proxy.engine.cache_report(answer)
     assert report is not None and report.cached_tokens == 0 and report.new_tokens > 200  # DOC_A not reused

@@ -1,9 +1,9 @@
-"""Idle saves (``SessionManager._idle_save_loop`` / ``idle_due``, ``--idle-save-s``, ``--idle-save-mb-s``) on the
+"""Idle saves (``SlotScheduler.idle_save_loop`` / ``idle_due``, ``--idle-save-s``, ``--idle-save-mb-s``) on the
 in-process ``FakeEngine``, the session stages running as the server runs them: a slot that is busy is never
 saved (neither under a lease of the proxy's nor while the engine works on it), the I/O budget spaces the saves,
 a session is saved once per change, and nothing is saved of a slot that a restart may have emptied.
 
-The rounds are run by the tests themselves (``_idle_save_round(0)``: every resident session counts as idle), so
+The rounds are run by the tests themselves (``SlotScheduler.idle_save_round(0)``: every resident session counts as idle), so
 no test waits for a clock; one test runs the loop itself."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.slots import Slot
 from tests.sessions.test_fake_engine_pipeline import DOC_A, DOC_B, Proxy, RemoteStore, _proxy, chat
 
 DOC_C = "The orchard by the river grows plums in rows of seven and apples in rows of five. " * 12
@@ -27,7 +28,15 @@ def saves(p: Proxy) -> int:
 
 
 async def idle_round(p: Proxy) -> None:
-    await asyncio.wait_for(p.manager._idle_save_round(0), 10)
+    """One idle-save round in which every resident session counts as idle (the loop's own step, run here so no test
+    waits for a clock)."""
+    service = p.service  # the round is the scheduler's, through the service's snapshot store: reaches inside
+    await asyncio.wait_for(service._scheduler.idle_save_round(0, service._snapshots), 10)
+
+
+def slot(p: Proxy, i: int = 0) -> Slot:
+    """Slot ``i`` as the service's view shows it now (a copy)."""
+    return p.service.view().slots()[i]
 
 
 @pytest.fixture
@@ -48,8 +57,7 @@ async def test_a_slot_leased_after_the_round_chose_it_is_skipped_not_waited_for(
     wait behind the save): it moves on, and the session is saved once it has been idle again."""
     await two.turn(chat(DOC_A, "How many crates at plot 3?"))
     await two.turn(chat(DOC_B, "Who logs the ships?"))
-    a, b = two.manager.table.slots
-    assert [s.id for s in two.manager.idle_due(0)] == [a.id, b.id]
+    a, b = two.service.view().slots()
     started, go = asyncio.Event(), asyncio.Event()
     save = two.engine.slots.save
 
@@ -59,43 +67,38 @@ async def test_a_slot_leased_after_the_round_chose_it_is_skipped_not_waited_for(
         return await save(slot, name)
 
     two.engine.slots.save = slow_save  # type: ignore[method-assign]
-    round_ = asyncio.create_task(two.manager._idle_save_round(0))
+    round_ = asyncio.create_task(idle_round(two))
     await asyncio.wait_for(started.wait(), 5)  # A's save is under way
     assert b.session is not None
-    turn = await two.manager.table.acquire(b.session)  # B's next turn begins
-    try:
+    async with two.holding(b.session):  # B's next turn begins
         go.set()
         await asyncio.wait_for(round_, 5)  # the round ended without waiting for B's turn
-        assert a.snapshot_current and not b.snapshot_current and saves(two) == 1
-        assert two.manager.counters["idle_saves"] == 1 and two.manager.counters["saves_refused"] == 0
-    finally:
-        two.manager.table.release(turn)
+        assert slot(two, 0).snapshot_current and not slot(two, 1).snapshot_current and saves(two) == 1
+        assert two.stats()["idle_saves"] == 1 and two.stats()["saves_refused"] == 0
     await idle_round(two)  # idle again: saved now
-    assert b.snapshot_current and saves(two) == 2 and two.manager.counters["idle_saves"] == 2
+    assert slot(two, 1).snapshot_current and saves(two) == 2 and two.stats()["idle_saves"] == 2
 
 
 async def test_a_slot_the_engine_reports_busy_is_not_saved_and_is_saved_once_idle(one):
     """The engine works on the slot without a lease of the proxy's (a client's own request past the proxy): no
     save is sent to it; the session's change is still saved once the slot is idle."""
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
-    slot = one.manager.table.slots[0]
-    one.engine.slots.busy.add(slot.id)
+    one.engine.slots.busy.add(slot(one).id)
     await idle_round(one)
     await idle_round(one)
-    assert saves(one) == 0 and not slot.snapshot_current and one.manager.counters["saves_refused"] >= 1
+    assert saves(one) == 0 and not slot(one).snapshot_current and one.stats()["saves_refused"] >= 1
     one.engine.slots.busy.clear()
     await idle_round(one)
-    assert saves(one) == 1 and slot.snapshot_current and one.manager.counters["idle_saves"] == 1
+    assert saves(one) == 1 and slot(one).snapshot_current and one.stats()["idle_saves"] == 1
 
 
 async def test_a_leased_slot_is_not_due(one):
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
-    sid = one.manager.table.slots[0].session
+    sid = slot(one).session
     assert sid is not None
-    lease = await one.manager.table.acquire(sid)
-    await idle_round(one)
-    assert saves(one) == 0 and one.engine.calls.get("states", 0) == 0  # not even asked
-    one.manager.table.release(lease)
+    async with one.holding(sid):
+        await idle_round(one)
+        assert saves(one) == 0 and one.engine.calls.get("states", 0) == 0  # not even asked
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local-index", "remote-index"])
@@ -111,7 +114,8 @@ async def test_the_mb_s_budget_spaces_the_saves(tmp_path, remote):
 
 async def _paced_round(p: Proxy, pace_s: float) -> None:
     sizes = [len(json.dumps(s.tokens)) for s in p.engine.slots.slots]  # what the fake will write per slot
-    p.manager.settings = p.manager.settings.model_copy(update={"idle_save_mb_s": max(sizes) / pace_s / 1e6})
+    rate = max(sizes) / pace_s
+    p.write_rate(rate / 1e6)
     started: list[tuple[int, float]] = []
     save = p.engine.slots.save
 
@@ -120,10 +124,10 @@ async def _paced_round(p: Proxy, pace_s: float) -> None:
         return await save(slot, name)
 
     p.engine.slots.save = timed_save  # type: ignore[method-assign]
-    await asyncio.wait_for(p.manager._idle_save_round(0), 10)
-    assert len(started) == 3 and p.manager.counters["idle_saves"] == 3
+    await idle_round(p)
+    assert len(started) == 3 and p.stats()["idle_saves"] == 3
     for (slot, t0), (_, t1) in zip(started, started[1:]):
-        budget_s = sizes[slot] / (p.manager.settings.idle_save_mb_s * 1e6)
+        budget_s = sizes[slot] / rate
         assert t1 - t0 >= budget_s * 0.95, (t1 - t0, budget_s)
 
 
@@ -131,11 +135,11 @@ async def test_a_session_is_saved_once_per_change(one):
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 1 and one.manager.counters["idle_saves"] == 1
+    assert saves(one) == 1 and one.stats()["idle_saves"] == 1
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))  # a hit: the slot changed
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 2 and one.manager.counters["idle_saves"] == 2
+    assert saves(one) == 2 and one.stats()["idle_saves"] == 2
     # a save the engine's record refuses (its slot holds a prompt of another length) is not asked again every
     # round: only after the next change
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?", "And in all?"))
@@ -143,7 +147,7 @@ async def test_a_session_is_saved_once_per_change(one):
     states = one.engine.calls.get("states", 0)
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 2 and one.manager.counters["saves_refused"] == 1
+    assert saves(one) == 2 and one.stats()["saves_refused"] == 1
     assert one.engine.calls["states"] == states + 1
 
 
@@ -151,27 +155,26 @@ async def test_the_loop_saves_an_idle_session_once(tmp_path):
     """``--idle-save-s`` itself: the background loop saves a session idle that long, once."""
     async for p in _proxy(tmp_path, idle_save_s=0.2):
         await p.turn(chat(DOC_A, "How many crates at plot 3?"))
-        slot = p.manager.table.slots[0]
         for _ in range(100):
-            if slot.snapshot_current:
+            if slot(p).snapshot_current:
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.6)  # a few more rounds
-        assert slot.snapshot_current and saves(p) == 1 and p.manager.counters["idle_saves"] == 1
+        assert slot(p).snapshot_current and saves(p) == 1 and p.stats()["idle_saves"] == 1
 
 
 async def test_no_save_after_a_restart_the_proxy_noticed(one):
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
     await idle_round(one)
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))  # changed since that snapshot
-    sid = one.manager.table.slots[0].session
+    sid = slot(one).session
     assert sid is not None
-    snapshot = one.manager.store.snapshot(sid)
+    snapshot = one.service.view().snapshot(sid)
     one.engine.restart("the test restarted it")
     await idle_round(one)
-    await one.manager.ensure_ready()  # the next request describes the engine again
+    await one.service.ensure_ready()  # the next request describes the engine again
     await idle_round(one)
-    assert saves(one) == 1 and one.manager.store.snapshot(sid) == snapshot  # the previous snapshot stays
+    assert saves(one) == 1 and one.service.view().snapshot(sid) == snapshot  # the previous snapshot stays
 
 
 async def test_no_save_after_a_restart_nobody_noticed(one):
@@ -180,15 +183,15 @@ async def test_no_save_after_a_restart_nobody_noticed(one):
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
     await idle_round(one)
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
-    sid = one.manager.table.slots[0].session
+    sid = slot(one).session
     assert sid is not None
-    snapshot = one.manager.store.snapshot(sid)
+    snapshot = one.service.view().snapshot(sid)
     for s in one.engine.slots.slots:
         s.tokens, s.task, s.prompt_tokens = [], None, None
     await idle_round(one)
     await idle_round(one)
-    assert saves(one) == 1 and one.manager.store.snapshot(sid) == snapshot
-    assert one.manager.counters["saves_refused"] == 1 and one.manager.counters["upstream_restarts"] == 1
+    assert saves(one) == 1 and one.service.view().snapshot(sid) == snapshot
+    assert one.stats()["saves_refused"] == 1 and one.stats()["upstream_restarts"] == 1
 
 
 async def test_a_turn_answered_across_a_noticed_restart_is_not_saved_nor_noticed_twice(two):
@@ -200,12 +203,13 @@ async def test_a_turn_answered_across_a_noticed_restart_is_not_saved_nor_noticed
 
     async def restarted() -> None:
         two.engine.restart("killed after it answered")
-        await two.manager.ensure_ready()  # another request met the engine back before this answer was read
+        await two.service.ensure_ready()  # another request met the engine back before this answer was read
 
     await two.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"), answered=restarted)
     req, _ = await two.turn(chat(DOC_B, "Who logs the ships?"))  # another session, on the restarted engine
-    b = two.manager.table.resident(req.response_headers["X-PFlash-Session"])
+    sid_b = req.response_headers["X-PFlash-Session"]
+    b = two.service.view().resident_slot(sid_b)
     await idle_round(two)
-    assert two.manager.counters["upstream_restarts"] == 1
-    assert saves(two) == 2 and b is not None and b.snapshot_current  # B's idle save, not A's
-    assert b.session is not None and two.manager.table.resident(b.session) is b  # B's slot was not forgotten
+    assert two.stats()["upstream_restarts"] == 1
+    assert saves(two) == 2 and b is not None and slot(two, b).snapshot_current  # B's idle save, not A's
+    assert two.service.view().resident_slot(sid_b) == b  # B's slot was not forgotten

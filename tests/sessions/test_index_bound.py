@@ -6,37 +6,37 @@ import pytest
 
 from pflash_proxy.config import Settings
 from pflash_proxy.engine.fake import FakeEngine
-from pflash_proxy.sessions.index import SnapshotRecord
+from pflash_proxy.sessions.index import SnapshotRecord, open_index
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
-from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.service import SessionService
 
 
 @pytest.mark.parametrize("index", ["embedded", "diskcache"])
 async def test_the_index_is_pruned_to_its_byte_bound_oldest_first(tmp_path, index):
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, max_index_mb=0.5, index=index)
-    mgr = SessionManager(settings, FakeEngine())
+    store = open_index(settings.proxy.home, settings.cluster.index)
+    service = SessionService(settings, FakeEngine(), index=store)
     try:
         ids = []
         for i in range(40):
-            rec = mgr.store.new_session("seed", False)
+            rec = store.new_session("seed", False)
             msgs = [{"role": "user", "content": f"{i} " + "lorem ipsum dolor sit amet " * 1000}]
-            mgr.store.save_session(rec, [f"h{i}"], msgs)
+            store.save_session(rec, [f"h{i}"], msgs)
             ids.append(rec.id)
-        assert mgr.store.volume() > 0.5 * 2**20
-        gone = await mgr.prune()
-        assert gone and mgr.store.volume() <= 0.5 * 2**20
+        assert store.volume() > 0.5 * 2**20
+        gone = await service.prune()
+        assert gone and store.volume() <= 0.5 * 2**20
         assert set(gone) == set(ids[:len(gone)])  # least recently used first
-        assert mgr.store.get(ids[-1]) is not None
+        assert service.view().session(ids[-1]) is not None
     finally:
-        mgr.store.close()
+        store.close()
 
 
 @pytest.mark.parametrize("index", ["embedded", "diskcache"])
 def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch, index):
     settings = Settings(upstream="http://127.0.0.1:9", home=tmp_path, index=index)
-    mgr = SessionManager(settings, FakeEngine())
+    store = open_index(settings.proxy.home, settings.cluster.index)
     try:
-        store = mgr.store
         store.put_snapshot(SnapshotRecord("s1", "f1", 10, [], "m", 100))
         store.snapshots()
         calls = []
@@ -55,4 +55,4 @@ def test_snapshot_index_reads_do_not_scan_the_store(tmp_path, monkeypatch, index
         store.drop_snapshot("s1")
         assert store.snapshots() == [] and len(calls) <= calls_after_writes
     finally:
-        mgr.store.close()
+        store.close()

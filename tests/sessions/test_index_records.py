@@ -10,7 +10,7 @@ import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
 from pflash_proxy.engine.fake import FakeEngine
-from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.conftest import make_settings
@@ -53,16 +53,17 @@ def test_the_embedded_index_is_a_session_index(tmp_path, name):
 
 
 async def test_the_managers_view_reads_without_changing(tmp_path):
-    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine())
-    view = mgr.view()
-    lease = await mgr.table.acquire("s1")
+    service = SessionService(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine())
+    view = service.view()
+    lease = await service.lease_anonymous()
+    sid = lease.session
     lease.slot.tokens, lease.slot.served_hashes = 10, ["h"]
     (slot,) = view.slots()
-    assert slot.session == "s1" and slot.tokens == 10 and slot.busy and view.queued == 0
+    assert slot.session == sid and slot.tokens == 10 and slot.busy and view.queued == 0
     slot.tokens = 0
     slot.served_hashes.append("x")
-    assert mgr.table.slots[0].tokens == 10 and mgr.table.slots[0].served_hashes == ["h"]  # a copy
-    assert view.resident_slot("s1") == 0 and view.resident_slot("nobody") is None
+    assert lease.slot.tokens == 10 and lease.slot.served_hashes == ["h"]  # a copy
+    assert view.resident_slot(sid) == 0 and view.resident_slot("nobody") is None
     assert view.session("nobody") is None and view.snapshot("nobody") is None and view.last_uses() == {}
-    mgr.table.release(lease)
-    mgr.store.close()
+    service.finish(lease, None, engine_may_be_busy=False)
+    await service.stop()

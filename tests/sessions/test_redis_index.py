@@ -647,21 +647,22 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     import asyncio
 
     from pflash_proxy.engine.fake import FakeEngine
-    from pflash_proxy.sessions import manager as manager_module
-    from pflash_proxy.sessions.manager import SessionManager
+    from pflash_proxy.sessions import snapshot_store as store_module
+    from pflash_proxy.sessions.service import SessionService
     from tests.conftest import make_settings
 
     idx = RedisIndex(redis_server.url)
     for i in range(3):
         idx.put_snapshot(SnapshotRecord(session=f"{i}" * 32, file=f"pf-{i}.bin", tokens=10, served_hashes=[],
                                         model_identity="m", size=1000))
-    mgr = SessionManager(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine(), index=idx)
+    mgr = SessionService(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine(), index=idx)
     threads: list[bool] = []
     listing = idx.snapshots
 
-    def spy():
+    def spy():  # noted once listed: the stats take the listing up right after
+        listed = listing()
         threads.append(threading.current_thread() is threading.main_thread())
-        return listing()
+        return listed
     idx.snapshots = spy
     assert mgr.stats()["snapshots"] == 0  # not listed yet: the listing has only started
     for _ in range(100):
@@ -671,14 +672,15 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
     stats = mgr.stats()
     assert stats["snapshots"] == 3 and stats["snapshot_bytes"] == 3000
     assert threads == [False], threads  # one listing, in a worker thread; later stats reuse it for a while
-    manager_module.SNAPSHOT_TOTALS_S, old = 0.0, manager_module.SNAPSHOT_TOTALS_S
+    store_module.SNAPSHOT_TOTALS_S, old = 0.0, store_module.SNAPSHOT_TOTALS_S
     try:
         mgr.stats()
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if len(threads) == 2 and mgr._totals_task is None:
+            if len(threads) == 2:
                 break
+        await asyncio.sleep(0.02)  # the second listing taken up before the index closes
         assert threads == [False, False]
     finally:
-        manager_module.SNAPSHOT_TOTALS_S = old
+        store_module.SNAPSHOT_TOTALS_S = old
     idx.close()

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass
 
 import pytest
+from aiohttp.test_utils import TestClient
 
+from pflash_proxy.engine import Engine
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.server.app import create_app
-from pflash_proxy.server.keys import UPSTREAM
+from pflash_proxy.server.keys import ENGINE, UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.slots import SlotsPrefetch, SlotTable
 from pflash_proxy.stages.sessions import _hashes
 from pflash_proxy.sessions.index.local import SessionStore
-from tests.conftest import make_settings, serve_fake_engine, session_manager, session_service
+from pflash_proxy.sessions.service import SessionService
+from tests.conftest import make_settings, serve_fake_engine, session_service
 
 MSGS = [{"role": "user", "content": "Hi"}]
 SAY_HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "temperature": 0}
@@ -109,9 +113,21 @@ def test_served_hashes_are_reused_only_for_unchanged_messages():
     assert _hashes([dict(before[0]), before[1]], before, hashes) == hashes  # equal dicts, not the same objects
 
 
-def _spy(manager) -> list[str]:
+@dataclass
+class Turned:
+    """A proxy after its first turn, its session service, the index the test handed it and the app's engine."""
+
+    proxy: TestClient
+    service: SessionService
+    index: SessionStore
+    engine: Engine
+
+
+def _spy(t: Turned, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The index's lookups, the engine's slot-state calls and the slot table's leases, in order, from now on."""
     events: list[str] = []
-    lookup, states, acquire = manager.store.lookup, manager.slots.states, manager.table.acquire
+    assert t.engine.slots is not None
+    lookup, states, acquire = t.index.lookup, t.engine.slots.states, SlotTable.acquire
 
     def spy_lookup(*a):
         events.append("lookup")
@@ -121,22 +137,23 @@ def _spy(manager) -> list[str]:
         events.append("slots")
         return await states()
 
-    async def spy_acquire(*a, **kw):
+    async def spy_acquire(table, *a, **kw):
         events.append("lease")
-        return await acquire(*a, **kw)
-    manager.store.lookup, manager.slots.states, manager.table.acquire = spy_lookup, spy_states, spy_acquire
+        return await acquire(table, *a, **kw)
+    t.index.lookup, t.engine.slots.states = spy_lookup, spy_states
+    monkeypatch.setattr(SlotTable, "acquire", spy_acquire)
     return events
 
 
-def _save_threads(manager) -> list[str]:
+def _save_threads(index: SessionStore) -> list[str]:
     """The names of the threads the session index's ``save_session`` runs in, from now on."""
     threads: list[str] = []
-    save = manager.store.save_session
+    save = index.save_session
 
     def spy_save(*a):
         threads.append(threading.current_thread().name)
         save(*a)
-    manager.store.save_session = spy_save
+    index.save_session = spy_save
     return threads
 
 
@@ -150,43 +167,45 @@ def engine_kind(request) -> str:
 
 @pytest.fixture
 async def after_one_turn(request, engine_kind, aiohttp_client, aiohttp_server, tmp_path):
-    """A proxy that served ``SAY_HELLO`` once (a miss), and its session manager: on the real llama-server, or on
-    a ``FakeEngine`` (two slots, like the real one) handed to ``create_app``, its chat route answered by the same
-    fake."""
+    """A proxy that served ``SAY_HELLO`` once (a miss), with an index of the test's (it spies on it): on the real
+    llama-server, or on a ``FakeEngine`` (two slots, like the real one) handed to ``create_app``, its chat route
+    answered by the same fake."""
+    index = SessionStore(tmp_path / "index")
     if engine_kind == "llama-server":
         server = request.getfixturevalue("llama_server")
-        app = create_app(make_settings(server.url, tmp_path, slot_save_path=server.slot_dir))
+        app = create_app(make_settings(server.url, tmp_path, slot_save_path=server.slot_dir), index=index)
     else:
         slots = tmp_path / "slots"
         slots.mkdir()
         fake = FakeEngine(n_slots=2, save_dir=slots)
         url, _ = await serve_fake_engine(aiohttp_server, fake)
-        app = create_app(make_settings(url, tmp_path, slot_save_path=slots), engine=lambda _transport: fake)
-    return await _proxy_after_one_turn(aiohttp_client, app, SAY_HELLO)
+        app = create_app(make_settings(url, tmp_path, slot_save_path=slots), engine=lambda _transport: fake,
+                         index=index)
+    return await _proxy_after_one_turn(aiohttp_client, app, index, SAY_HELLO)
 
 
-async def _proxy_after_one_turn(aiohttp_client, app, body):
+async def _proxy_after_one_turn(aiohttp_client, app, index: SessionStore, body) -> Turned:
     proxy = await aiohttp_client(app)
-    manager = session_manager(proxy.app)
-    await manager.ensure_ready()
+    service, engine = session_service(proxy.app), proxy.app[ENGINE]
+    await service.ensure_ready()
     for _ in range(100):  # the sentinel connects in the background at start
-        if manager.engine.epoch() is not None:
+        if engine.epoch() is not None:
             break
         await asyncio.sleep(0.05)
-    assert manager.engine.epoch() is not None
+    assert engine.epoch() is not None
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "miss"
-    return proxy, manager
+    return Turned(proxy, service, index, engine)
 
 
 @pytest.mark.parametrize("engine_kind", [
     pytest.param("llama-server", marks=pytest.mark.llama),
     "fake"], indirect=True)
-async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(after_one_turn,
+async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_slots_check(after_one_turn, monkeypatch,
                                                                                           engine_kind):
     body = SAY_HELLO
-    proxy, manager = after_one_turn
-    events = _spy(manager)
+    proxy = after_one_turn.proxy
+    events = _spy(after_one_turn, monkeypatch)
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
     assert events == ["lookup", "lease"], events  # the same server process since turn 1: nothing to ask it
@@ -196,11 +215,12 @@ async def test_a_follow_up_hit_the_sentinel_vouches_for_asks_one_lookup_and_no_s
         assert stats["sentinel"]["alive"] is True and stats["sentinel"]["breaks"] == 0
 
 
-async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(after_one_turn):
+async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slots_check(after_one_turn,
+                                                                                         monkeypatch):
     body = SAY_HELLO
-    proxy, manager = after_one_turn
-    manager.engine.stop_watching()  # what a lost connection leaves: nothing vouches for turn 1's slot
-    events = _spy(manager)
+    proxy = after_one_turn.proxy
+    after_one_turn.engine.stop_watching()  # what a lost connection leaves: nothing vouches for turn 1's slot
+    events = _spy(after_one_turn, monkeypatch)
     r = await proxy.post("/v1/chat/completions", json=body)
     assert r.status == 200
     assert r.headers["X-PFlash-Cache"] == "hit"
@@ -213,10 +233,10 @@ async def test_without_the_sentinel_a_follow_up_hit_asks_one_lookup_and_one_slot
 
 async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_before_the_answer(after_one_turn):
     body = SAY_HELLO
-    proxy, manager = after_one_turn
+    proxy, index = after_one_turn.proxy, after_one_turn.index
     events: list[str] = []
     upstream = proxy.server.app[UPSTREAM]  # the transport the relay sends the request with
-    save, open_ = manager.store.save_session, upstream.open
+    save, open_ = index.save_session, upstream.open
 
     def slow_save(*a):  # fault injection: a slow disk
         events.append("save starts")
@@ -227,34 +247,34 @@ async def test_the_history_commit_runs_beside_the_upstream_request_and_lands_bef
     async def spy_open(*a, **kw):
         events.append("forwarded")
         return await open_(*a, **kw)
-    manager.store.save_session, upstream.open = slow_save, spy_open
+    index.save_session, upstream.open = slow_save, spy_open
     nxt = follow_up(body)
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200
     # the request went upstream while the history was being written, and the answer waited for the write
     assert sorted(events[:2]) == ["forwarded", "save starts"] and events[2:] == ["save ends"], events
-    assert [m["content"] for m in manager.store.get(r.headers["X-PFlash-Session"]).served] == \
+    assert [m["content"] for m in session_service(proxy.app).view().session(r.headers["X-PFlash-Session"]).served] == \
         [m["content"] for m in nxt["messages"]]
 
 
 async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_worker_thread(after_one_turn):
     body = SAY_HELLO
-    proxy, manager = after_one_turn
-    threads = _save_threads(manager)
+    proxy = after_one_turn.proxy
+    threads = _save_threads(after_one_turn.index)
     short = follow_up(body)
     long = {**short, "messages": short["messages"] + [{"role": "assistant", "content": "Hi"},
                                                       {"role": "user", "content": " " * 40_000 + "Bye."}]}  # > 32 KiB, few tokens
     for b in (short, long):
         r = await proxy.post("/v1/chat/completions", json={**b, "max_tokens": 1})
         assert r.status == 200, await r.text()
-        assert len(manager.store.get(r.headers["X-PFlash-Session"]).served) == len(b["messages"])
+        assert len(session_service(proxy.app).view().session(r.headers["X-PFlash-Session"]).served) == len(b["messages"])
     assert threads[0] == threading.main_thread().name and threads[1] != threading.main_thread().name, threads
 
 
 async def test_a_turn_served_as_sent_hashes_each_message_once(after_one_turn, monkeypatch):
     import pflash_proxy.stages.sessions as stage_module
     body = SAY_HELLO
-    proxy, manager = after_one_turn
+    proxy = after_one_turn.proxy
     calls: list[str] = []
 
     def counting_hash(m):
@@ -270,13 +290,13 @@ async def test_a_turn_served_as_sent_hashes_each_message_once(after_one_turn, mo
 async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds_the_index(after_one_turn):
     """SQLite would make the event loop wait for the other writer's lock: the short turn's write waits in a
     worker thread instead."""
-    proxy, manager = after_one_turn
-    threads = _save_threads(manager)
-    manager.store._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
+    proxy, index = after_one_turn.proxy, after_one_turn.index
+    threads = _save_threads(index)
+    index._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
     try:
         r = await proxy.post("/v1/chat/completions", json={**follow_up(SAY_HELLO), "max_tokens": 1})
     finally:
-        manager.store._writing(-1)
+        index._writing(-1)
     assert r.status == 200
     assert threads and threads[0] != threading.main_thread().name, threads
 
@@ -285,23 +305,24 @@ async def test_a_turn_that_looked_up_before_a_record_write_uses_the_record_read_
     """A record written while the next turn waits for the lease (the previous turn's commit, another process's
     write): that turn, looked up before the write, reads the record again once it holds the lease, and goes on
     with what the write left."""
-    proxy, manager = after_one_turn
-    svc = session_service(proxy.app)
+    svc, index = after_one_turn.service, after_one_turn.index
     seed = await svc.seed(None, None)
-    sid = manager.store.lookup(seed, SAY_HELLO["messages"])[0].id
-    held = await manager.table.acquire(sid)  # the previous turn still holds the lease
+    held = await svc.find_and_lease(seed, False, None, SAY_HELLO["messages"], 100)  # the previous turn's lease
+    sid = held.record.id
+    assert held.lease is not None and index.lookup(seed, SAY_HELLO["messages"])[0].id == sid
     found = asyncio.ensure_future(svc.find_and_lease(seed, False, None, SAY_HELLO["messages"], 100))
     await asyncio.sleep(0.1)  # the lookup ran (on the loop: a short history), the lease is awaited
     assert not found.done()
-    rec = manager.store.get(sid)
+    rec = index.get(sid)
     rec.turns = 41  # a write the lookup did not see
-    manager.store.update_record(rec)
-    manager.table.release(held)
+    index.update_record(rec)
+    svc.finish(held.lease, None, False)
     got = await asyncio.wait_for(found, 10)
     try:
         assert got.record.id == sid and got.record.turns == 41
     finally:
-        manager.table.release(got.lease)
+        assert got.lease is not None
+        svc.finish(got.lease, None, False)
 
 
 async def test_a_short_history_is_written_once_the_request_has_reached_the_engine(aiohttp_client, tmp_path):
@@ -338,17 +359,18 @@ async def test_a_short_history_is_written_once_the_request_has_reached_the_engin
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Chat)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     try:
+        index = SessionStore(tmp_path / "index")
         app = create_app(make_settings(f"http://127.0.0.1:{upstream.server_address[1]}", tmp_path,
-                                       slot_save_path=slots), engine=lambda _transport: fake)
-        proxy, manager = await _proxy_after_one_turn(aiohttp_client, app, SAY_HELLO)
+                                       slot_save_path=slots), engine=lambda _transport: fake, index=index)
+        proxy = (await _proxy_after_one_turn(aiohttp_client, app, index, SAY_HELLO)).proxy
         writes: list[float] = []
-        save = manager.store.save_session
+        save = index.save_session
 
         def slow_save(*a):  # fault injection: a slow disk (the loop waits, the GIL is free)
             writes.append(time.monotonic())
             threading.Event().wait(0.4)
             save(*a)
-        manager.store.save_session = slow_save
+        index.save_session = slow_save
         arrived.clear()
         r = await proxy.post("/v1/chat/completions", json=follow_up(SAY_HELLO))
         assert r.status == 200 and len(writes) == 1 and len(arrived) == 1

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, session_manager, start_llama_server
+from tests.conftest import make_settings, session_service, start_llama_server
 
 pytestmark = pytest.mark.llama
 
@@ -148,8 +148,7 @@ async def test_pruned_session_loses_its_snapshot_and_starts_over(aiohttp_client,
     h_b, _ = await ask(proxy, chat(DOC_B, "What did pier 4 read?"))  # A is saved to disk to free the slot
     snap_a = one_slot_server.slot_dir / f"pf-{h_a['X-PFlash-Session']}.bin"
     assert snap_a.is_file()
-    manager = session_manager(proxy.app)
-    assert await manager.prune() == [h_a["X-PFlash-Session"]]  # B holds the slot, so A is the surplus one
+    assert await session_service(proxy.app).prune() == [h_a["X-PFlash-Session"]]  # B holds the slot, so A is the surplus one
     assert not snap_a.exists()
     h, _ = await ask(proxy, chat(DOC_A, "How many crates at plot 3?", "And plot 5?"))
     assert h["X-PFlash-Cache"] == "miss" and h["X-PFlash-Session"] != h_a["X-PFlash-Session"]

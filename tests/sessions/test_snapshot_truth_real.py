@@ -119,5 +119,5 @@ async def test_shutdown_with_llama_server_gone_does_not_wait_for_saves(aiohttp_c
     own_server.proc.kill()
     own_server.proc.wait()
     t0 = time.monotonic()
-    await proxy.close()  # the app's shutdown: SessionManager.stop
+    await proxy.close()  # the app's shutdown: SessionService.stop
     assert time.monotonic() - t0 < 8

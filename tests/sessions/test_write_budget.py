@@ -1,4 +1,4 @@
-"""Issue 50 item 9: one write budget for every snapshot save (``manager.WriteBudget``, ``--idle-save-mb-s``),
+"""Issue 50 item 9: one write budget for every snapshot save (``WriteBudget``, ``--idle-save-mb-s``),
 evictions included, and no snapshot written again of a session that did not change since its last one.
 
 On 19528cf a session displaced from its slot was saved at every displacement, whatever had been written just
@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 
-from pflash_proxy.sessions.manager import EVICTION_BURST_S
+from pflash_proxy.sessions.snapshot_store import EVICTION_BURST_S
 from tests.sessions.test_fake_engine_pipeline import DOC_A, DOC_B, _proxy, chat
-from tests.sessions.test_idle_saves import DOC_C, saves
+from tests.sessions.test_idle_saves import DOC_C, idle_round, saves
 
 
 def written(p) -> int:
     """Bytes of snapshot files the engine wrote (kept or not)."""
-    return p.manager.write_budget.written
+    return int(p.stats()["snapshot_bytes_written"])
 
 
 async def test_evictions_share_the_write_budget(tmp_path):
@@ -30,7 +30,7 @@ async def test_evictions_share_the_write_budget(tmp_path):
         await p.turn(chat(DOC_A, "How many crates at plot 3?"))
         size = len(json.dumps(p.engine.slots.slots[0].tokens))  # about what a save of one session writes
         rate = size / 10  # bytes per second: one file is ~10 s of budget
-        p.manager.settings = p.manager.settings.model_copy(update={"idle_save_mb_s": rate / 1e6})
+        p.write_rate(rate / 1e6)
         caches = []
         for questions in (("Which rows?",), ("Which wind?",), ("How many crates at plot 3?", "And plot 8?"),
                           ("Which rows?", "And the plums?"), ("Which wind?", "And the tide?")):
@@ -38,7 +38,7 @@ async def test_evictions_share_the_write_budget(tmp_path):
             req, _ = await p.turn(chat(doc, *questions))
             caches.append(req.response_headers["X-PFlash-Cache"])
         elapsed = time.monotonic() - t0
-        counters = p.manager.counters
+        counters = p.stats()
         assert counters["evicted_saves"] + counters["evicted_saves_skipped"] == 5
         assert counters["evicted_saves"] == 1 and saves(p) == 1, counters
         assert written(p) <= rate * (elapsed + EVICTION_BURST_S) + 2 * size
@@ -53,9 +53,9 @@ async def test_idle_saves_wait_for_what_evictions_wrote(tmp_path):
         await p.turn(chat(DOC_A, "How many crates at plot 3?"))
         await p.turn(chat(DOC_B, "Who logs the ships?"))
         size = len(json.dumps(p.engine.slots.slots[0].tokens))
-        p.manager.settings = p.manager.settings.model_copy(update={"idle_save_mb_s": size / 0.5 / 1e6})
+        p.write_rate(size / 0.5 / 1e6)
         await p.turn(chat(DOC_C, "Which rows?"))  # displaces A: saved, ~0.5 s of budget owed
-        assert p.manager.counters["evicted_saves"] == 1
+        assert p.stats()["evicted_saves"] == 1
         started: list[float] = []
         save = p.engine.slots.save
 
@@ -65,8 +65,8 @@ async def test_idle_saves_wait_for_what_evictions_wrote(tmp_path):
 
         p.engine.slots.save = timed_save  # type: ignore[method-assign]
         t0 = time.monotonic()
-        await p.manager._idle_save_round(0)  # B and C are due
-        assert p.manager.counters["idle_saves"] == 2 and len(started) == 2
+        await idle_round(p)  # B and C are due
+        assert p.stats()["idle_saves"] == 2 and len(started) == 2
         assert started[0] - t0 >= 0.5 * 0.8  # the eviction's file was paid for first
         assert started[1] - started[0] >= 0.5 * 0.8
 
@@ -83,8 +83,8 @@ async def test_an_unchanged_session_is_not_written_again(tmp_path):
         assert req.response_headers["X-PFlash-Cache"] == "restored" and saves(p) == 2
         req, _ = await p.turn(chat(DOC_B, "Who logs the ships?", "At what hour?"))  # displaces A, unchanged
         assert req.response_headers["X-PFlash-Cache"] == "restored"
-        assert saves(p) == 2 and p.manager.counters["saves_unchanged"] == 1
-        assert p.manager.snapshots.on_disk(req.response_headers["X-PFlash-Session"])
+        assert saves(p) == 2 and p.stats()["saves_unchanged"] == 1
+        assert p.on_disk(req.response_headers["X-PFlash-Session"])
         # A comes back once more: its snapshot, still the one written first, is restored
         req, _ = await p.turn(chat(DOC_A, "How many crates at plot 3?", "And plot 8?"))
         assert req.response_headers["X-PFlash-Cache"] == "restored"

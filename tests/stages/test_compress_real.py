@@ -13,7 +13,7 @@ import pytest
 
 from pflash_proxy.compress.budget import BudgetCurve
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, session_manager
+from tests.conftest import make_settings, session_service
 
 pytestmark = pytest.mark.llama
 
@@ -60,7 +60,7 @@ async def ask(proxy, messages, **kw):
 
 
 def served_message(proxy, session_id: str, index: int) -> str:
-    content = session_manager(proxy.app).store.get(session_id).served[index]["content"]
+    content = session_service(proxy.app).view().session(session_id).served[index]["content"]
     return content if isinstance(content, str) else content[0]["text"]
 
 
@@ -164,7 +164,7 @@ async def test_tool_output_is_shortened_and_history_untouched(proxy):
     messages = history + [{"role": "tool", "tool_call_id": "call_1", "content": "\n".join(log_lines)}]
     h, _ = await ask(proxy, messages)
     assert h["X-PFlash-Mode"] == "compressed"
-    served = session_manager(proxy.app).store.get(h["X-PFlash-Session"]).served
+    served = session_service(proxy.app).view().session(h["X-PFlash-Session"]).served
     assert served[:3] == history  # earlier history byte-for-byte as the client sent it
     tool_text = served[3]["content"]
     assert "call the tool again" in tool_text.split("\n")[0]
@@ -238,5 +238,5 @@ async def test_cold_long_history_is_served_whole_as_full_cold(proxy):
     # a new session: `miss`, or `hit-prefix` when the slot it lands on still holds the same document from an
     # earlier test of this module (llama-server reused that prefix)
     assert h["X-PFlash-Mode"] == "full-cold" and h["X-PFlash-Cache"] in ("miss", "hit-prefix")
-    served = session_manager(proxy.app).store.get(h["X-PFlash-Session"]).served
+    served = session_service(proxy.app).view().session(h["X-PFlash-Session"]).served
     assert served == history

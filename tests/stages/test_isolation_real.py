@@ -21,7 +21,8 @@ import aiohttp
 import pytest
 
 from pflash_proxy.server.app import create_app
-from tests.conftest import make_settings, session_manager
+from pflash_proxy.sessions.index import open_index
+from tests.conftest import make_settings, session_service
 
 pytestmark = pytest.mark.llama
 
@@ -30,9 +31,9 @@ PRIVATE = "B-PRIVATE: my card number is 4111 1111 1111 1111"
 IDLE_WITHIN_S = 15
 
 
-async def make_proxy(aiohttp_client, server, tmp_path, **kw):
+async def make_proxy(aiohttp_client, server, tmp_path, index=None, **kw):
     settings = make_settings(server.url, tmp_path, slot_save_path=server.slot_dir, **kw)
-    return await aiohttp_client(create_app(settings))
+    return await aiohttp_client(create_app(settings, index=index))
 
 
 async def respond(proxy, input_, headers=None, **kw):
@@ -57,14 +58,14 @@ async def test_a_response_id_expands_to_its_own_chain_not_a_conversation_that_sh
     hb, b1 = await respond(proxy, [{"role": "user", "content": HELLO}, {"role": "user", "content": PRIVATE}])
     assert hb["X-PFlash-Session"] == ha["X-PFlash-Session"]  # B continued the session A started: the shared record
     h2, a2 = await respond(proxy, "What did I just tell you?", previous_response_id=a1["id"])
-    served = session_manager(proxy.app).store.get(h2["X-PFlash-Session"]).served
+    served = session_service(proxy.app).view().session(h2["X-PFlash-Session"]).served
     text = json.dumps(served)
     assert "B-PRIVATE" not in text and "4111" not in text
     assert [m["role"] for m in served] == ["user", "assistant", "user"]
     assert output_text(a1) and output_text(a1) in text  # A's own answer, as the chain holds it
     # B's chain is B's: its id expands to its two messages and its answer
     h3, _ = await respond(proxy, "And?", previous_response_id=b1["id"])
-    served_b = json.dumps(session_manager(proxy.app).store.get(h3["X-PFlash-Session"]).served)
+    served_b = json.dumps(session_service(proxy.app).view().session(h3["X-PFlash-Session"]).served)
     assert PRIVATE in served_b and output_text(b1) in served_b
 
 
@@ -92,8 +93,8 @@ async def test_two_credentials_with_the_same_first_message_get_different_session
     assert ha2["X-PFlash-Session"] == ha["X-PFlash-Session"]
     hb2, _ = await chat(turn2, {**key_b, "X-PFlash-Session": ha["X-PFlash-Session"]})
     assert hb2["X-PFlash-Session"] != ha["X-PFlash-Session"]
-    store = session_manager(proxy.app).store
-    owners = {store.get(h["X-PFlash-Session"]).owner for h in (ha, hb, hn)}
+    view = session_service(proxy.app).view()
+    owners = {view.session(h["X-PFlash-Session"]).owner for h in (ha, hb, hn)}
     assert None in owners and len(owners) == 3
     # a response id recorded for one credential is unknown to another (llama-server's own 400)
     _, r = await respond(proxy, [{"role": "user", "content": HELLO}], headers=key_a)
@@ -107,20 +108,20 @@ async def test_two_credentials_with_the_same_first_message_get_different_session
 
 async def test_recorded_responses_are_pruned_with_their_session(aiohttp_client, llama_server, tmp_path):
     """Issue 26 item 9: ("response", id) entries outlived their sessions (70 left for 8 sessions, --max-sessions 2)."""
-    proxy = await make_proxy(aiohttp_client, llama_server, tmp_path, max_sessions=2)
+    index = open_index(tmp_path / "home")  # the default embedded index; the test reads its rows
+    proxy = await make_proxy(aiohttp_client, llama_server, tmp_path, index=index, max_sessions=2)
     last = []
     for i in range(8):
         _, r1 = await respond(proxy, [{"role": "user", "content": f"Conversation {i}: {HELLO}"}])
         _, r2 = await respond(proxy, "Go on.", previous_response_id=r1["id"])
         last.append(r2["id"])
-    mgr = session_manager(proxy.app)
-    await mgr.prune()
-    assert mgr.store.count_sessions() == 2
-    if hasattr(mgr.store, "cache"):  # the diskcache index: an entry per response, a list per session
-        keys = list(mgr.store.cache.iterkeys())
+    await session_service(proxy.app).prune()
+    assert index.count_sessions() == 2
+    if hasattr(index, "cache"):  # the diskcache index: an entry per response, a list per session
+        keys = list(index.cache.iterkeys())
         assert sum(k[0] == "response" for k in keys) == 4 and sum(k[0] == "responses" for k in keys) == 2
     else:  # the SQLite index: a row per response, with its session
-        rows = mgr.store._conn().execute("SELECT sid FROM response").fetchall()
+        rows = index._conn().execute("SELECT sid FROM response").fetchall()
         assert len(rows) == 4 and len(set(rows)) == 2
     # the survivors still expand; the pruned are unknown (llama-server's 400)
     _, r3 = await respond(proxy, "Once more.", previous_response_id=last[-1])
@@ -162,8 +163,8 @@ async def test_a_client_that_gives_up_leaves_the_slot_idle(aiohttp_client, llama
     # cancelled (llama-server logs it), not run to the context's end
     assert f"cancel task, id_task = {ran['id_task']}\n" in llama_server.log.read_text(errors="replace")
     # the proxy's lease follows llama-server's slot: released once it is idle
-    table = session_manager(proxy.app).table
+    view = session_service(proxy.app).view()
     deadline = time.monotonic() + 3
-    while any(s.busy for s in table.slots) and time.monotonic() < deadline:
+    while any(s.busy for s in view.slots()) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert not any(s.busy for s in table.slots)
+    assert not any(s.busy for s in view.slots())

@@ -18,8 +18,7 @@ from pflash_proxy.contract import Pipeline
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.stages import savings as turns
 from pflash_proxy.stages.savings import SavingsStage, price
-from pflash_proxy.sessions.index import StoreError, TraceLog
-from pflash_proxy.sessions.manager import SessionManager
+from pflash_proxy.sessions.index import SessionIndex, StoreError, TraceLog, open_index
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 from tests.conftest import make_settings
@@ -30,6 +29,7 @@ QUESTIONS = [f"What is held at plot {i}?" for i in range(6)]
 
 class Proxied(Proxy):
     savings: SavingsStage
+    index: SessionIndex
 
 
 @pytest.fixture
@@ -37,13 +37,14 @@ async def proxy(tmp_path) -> AsyncIterator[Proxied]:
     slots = tmp_path / "slots"
     slots.mkdir()
     engine = FakeEngine(n_slots=1, save_dir=slots)
-    manager = SessionManager(make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots), engine)
-    service = SessionService(manager)
+    settings = make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots)
+    index = open_index(settings.proxy.home, settings.cluster.index)  # the test's own: it injects faults in it
+    service = SessionService(settings, engine, index=index)
     savings = SavingsStage(service, None, engine)
-    pipeline = Pipeline([SessionStage(service), savings, SessionCommitStage(service)])
+    pipeline = Pipeline([SessionStage(service, engine), savings, SessionCommitStage(service)])
     await service.start()
-    p = Proxied(engine, manager, pipeline)
-    p.savings = savings
+    p = Proxied(engine, service, pipeline, settings)
+    p.savings, p.index = savings, index
     try:
         yield p
     finally:
@@ -54,7 +55,7 @@ async def proxy(tmp_path) -> AsyncIterator[Proxied]:
 def _gate(proxy: Proxied) -> tuple[threading.Event, list[int]]:
     """The index's trace-log writes wait for the event (a slow disk); returns it and the turns written."""
     gate, written = threading.Event(), []
-    store = proxy.manager.store
+    store = proxy.index
     real = store.update_trace_log
 
     def slow(sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
@@ -72,9 +73,9 @@ async def test_the_record_carries_no_traces_and_the_log_holds_every_turn(proxy):
         req, _ = await proxy.turn(chat(DOC_A, *QUESTIONS[:i]))
         sid = req.response_headers["X-PFlash-Session"]
         await proxy.pipeline.settled()
-        rec = proxy.manager.store.get(sid)
+        rec = proxy.service.view().session(sid)
         assert rec is not None and rec.traces == [] and rec.trace_totals == {}
-    kept = proxy.manager.store.trace_log(sid)
+    kept = proxy.service.view().trace_log(sid)
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3, 4, 5, 6]
     assert kept.totals["turns_recorded"] == 6 and kept.totals["turns_timed"] == 6
     assert all(t["prefilled_tokens"] is not None for t in kept.traces)
@@ -101,7 +102,7 @@ async def test_a_sessions_quick_turns_go_in_one_write_in_turn_order(proxy):
     gate.set()
     await proxy.pipeline.settled()
     assert written == [3]  # one read and one write of the log for the three
-    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    kept = proxy.service.view().trace_log(req.response_headers["X-PFlash-Session"])
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3]
 
 
@@ -122,7 +123,7 @@ async def test_a_writes_turns_join_the_log_in_one_pass_each_priced_at_the_turns_
     gate.set()
     await proxy.pipeline.settled()
     assert written == [3] and len(appends) == 1
-    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    kept = proxy.service.view().trace_log(req.response_headers["X-PFlash-Session"])
     assert kept is not None
     logged = [t for t in kept.traces if t["kind"] == "turn"]
     assert [t["turn"] for t in logged] == [1, 2, 3]
@@ -168,7 +169,7 @@ async def test_a_write_waits_for_the_sessions_write_before_it(proxy, monkeypatch
     gate.set()
     await proxy.pipeline.settled()
     assert written == [1, 2]
-    kept = proxy.manager.store.trace_log(next(iter(proxy.manager.store.last_uses())))
+    kept = proxy.service.view().trace_log(next(iter(proxy.service.view().last_uses())))
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2]
 
 
@@ -199,7 +200,7 @@ async def test_a_failed_write_costs_the_traces_not_the_turn(proxy, caplog):
     def fail(sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:
         raise StoreError("session index: disk full")
 
-    proxy.manager.store.update_trace_log = fail  # type: ignore[method-assign]
+    proxy.index.update_trace_log = fail  # type: ignore[method-assign]
     req, answer = await proxy.turn(chat(DOC_A, QUESTIONS[0]))
     assert answer and req.response_headers["X-PFlash-Session"]
     await proxy.pipeline.settled()
@@ -238,5 +239,5 @@ async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(
     await asyncio.sleep(0.2)
     await proxy.pipeline.settled()
     assert built == [1]
-    kept = proxy.manager.store.trace_log(req.response_headers["X-PFlash-Session"])
+    kept = proxy.service.view().trace_log(req.response_headers["X-PFlash-Session"])
     assert kept is not None and before <= kept.traces[-1]["at"] <= answered
