@@ -88,10 +88,19 @@ _COLUMNS = {name: [c.split()[0] for c in cols.split(", ") if c.split()[0].isiden
 def _guarded(fn: Callable[P, T]) -> Callable[P, T]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kw: P.kwargs) -> T:
+        index = args[0]
+        assert isinstance(index, SqliteIndex)
+        with index._idle:  # counted in flight: ``close`` waits for it before it closes the connections
+            index._active += 1
         try:
             return fn(*args, **kw)
         except (sqlite3.Error, OSError, RecordError) as exc:
             raise StoreError(f"session index: {type(exc).__name__}: {exc}") from exc
+        finally:
+            with index._idle:
+                index._active -= 1
+                if not index._active:
+                    index._idle.notify_all()
     return wrapper
 
 
@@ -233,6 +242,8 @@ class SqliteIndex(WriteMarks):
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self._closed = False
+        self._active = 0  # the calls in flight (``_guarded``), and the condition ``close`` waits on for none
+        self._idle = threading.Condition()
         self._snaps: dict[str, SnapshotRecord] | None = None  # the snapshot records in memory (``snapshots``)
         self._snaps_lock = threading.RLock()
         self.parts = RecordParts()  # the records' served messages and recall sources, byte-bounded in memory
@@ -266,12 +277,20 @@ class SqliteIndex(WriteMarks):
             raise
         conn.execute("COMMIT")
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 30) -> None:
+        """Close every thread's connection once no call is in flight on any of them (closing a connection another
+        thread is reading from crashes the interpreter); a call begun after it fails with ``StoreError``. A call
+        still running after ``wait_s`` keeps the connections open (they close when collected), logged."""
         self._closed = True
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            conn.close()
+        with self._idle:
+            if not self._idle.wait_for(lambda: not self._active, wait_s):
+                log.warning("session index: %d calls still running after %.0f s; its connections are left open",
+                            self._active, wait_s)
+                return
+            with self._conns_lock:
+                conns, self._conns = self._conns, []
+            for conn in conns:
+                conn.close()
 
     def as_cluster(self) -> None:
         return None  # this proxy's own
