@@ -18,9 +18,31 @@ PACKAGE = Path(pflash_proxy.__file__).parent
 LOWER = ("sessions", "compress", "drafter", "stages")  # packages that must not import the server
 
 
+def _package_of(path: Path) -> str:
+    """The package a module's relative imports start from: its own name for an ``__init__``, else its parent's."""
+    parts = list(path.with_suffix("").parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == PACKAGE.name:
+            parts = parts[i:]
+            break
+    return ".".join(parts[:-1])
+
+
+def _from_module(node: ast.ImportFrom, path: Path) -> str | None:
+    """The absolute module of ``from <module> import ...``: ``from .x import y`` in ``pflash_proxy/a/b.py`` is
+    ``pflash_proxy.a.x``, ``from .. import y`` there is ``pflash_proxy``; ``None`` where it climbs above the top."""
+    if node.level == 0:
+        return node.module
+    base = _package_of(path).split(".")
+    if node.level - 1 >= len(base):
+        return None
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def _imports(path: Path, *, runtime_only: bool = False) -> set[str]:
-    """Every module ``path`` imports (lazy imports in functions included; with ``runtime_only``, not those under
-    ``if TYPE_CHECKING:``)."""
+    """Every module ``path`` imports, relative imports as absolute names (lazy imports in functions included; with
+    ``runtime_only``, not those under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(path.read_text(), str(path))
     skip: set[int] = set()
     if runtime_only:
@@ -33,9 +55,9 @@ def _imports(path: Path, *, runtime_only: bool = False) -> set[str]:
             continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (module := _from_module(node, path)):
+            out.add(module)
+            out.update(f"{module}.{a.name}" for a in node.names)
     return out
 
 
@@ -66,9 +88,9 @@ def _runtime_targets(path: Path) -> set[str]:
             continue
         if isinstance(node, ast.Import):
             out.update(_resolve(a.name) for a in node.names if a.name.startswith("pflash_proxy"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.startswith("pflash_proxy"):
-            out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else _resolve(node.module)
+        elif isinstance(node, ast.ImportFrom) and (module := _from_module(node, path)) \
+                and module.startswith("pflash_proxy"):
+            out.update(f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else _resolve(module)
                        for a in node.names)
     return {t for t in out if t is not None}
 
@@ -161,10 +183,27 @@ def test_the_cycle_scan_sees_lazy_imports_and_skips_type_only_ones():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
+    # relative imports count, as the absolute module they name (``intent`` imports ``from .forms import ...``)
+    assert "pflash_proxy.compress.forms" in graph["pflash_proxy.compress.intent"]
     # stages/__init__ imports its stages inside ``default_stages`` only
     assert "pflash_proxy.stages.sessions" in graph["pflash_proxy.stages"]
     # the contract names the session layer's types under ``if TYPE_CHECKING:`` only
     assert not any(t.startswith("pflash_proxy.sessions") for t in graph["pflash_proxy.contract"])
+
+
+def test_the_import_scan_resolves_relative_imports(tmp_path):
+    """``from .x import y`` is ``<the file's package>.x``, each dot above the first one package up; an
+    ``__init__``'s package is its own."""
+    package = tmp_path / "pflash_proxy" / "a"
+    package.mkdir(parents=True)
+    module = package / "b.py"
+    module.write_text("import os\nfrom .c import d\nfrom .. import e\n"
+                      "def f():\n    from ..g.h import i\n")
+    assert _imports(module) == {"os", "pflash_proxy.a.c", "pflash_proxy.a.c.d", "pflash_proxy", "pflash_proxy.e",
+                                "pflash_proxy.g.h", "pflash_proxy.g.h.i"}
+    init = package / "__init__.py"
+    init.write_text("from .b import f\nfrom . import c\n")
+    assert _imports(init) == {"pflash_proxy.a.b", "pflash_proxy.a.b.f", "pflash_proxy.a", "pflash_proxy.a.c"}
 
 
 def test_no_lower_package_imports_the_server():

@@ -2,8 +2,8 @@
 regression over what the request's asking sentences say: a request for every match is recognised by what it
 asks, not by a list of phrases.
 
-1. Text: the request's asking sentences (``spread._asking``: questions, imperatives, "please ..."), identifiers
-   blanked to one neutral word (``spread.NAME``), lower-cased.
+1. Text: the request's asking sentences (``forms.asking``: questions, imperatives, "please ..."), identifiers
+   blanked to one neutral word (``forms.NAME``), lower-cased.
 2. Features (binary): its words and word pairs (``w:``, ``b:``), the first word of each sentence (``f:``), and the
    form signals of ``spread`` (``r:``): what ``every_intent`` reads in a sentence (every / whole), a name spelled,
    a count of parts of the message ("how many functions ...") against a count of anything else ("how many
@@ -32,6 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from .forms import NAME, PARTS, STRUCTURE, asking, every_intent, plural, request_names
 
 __all__ = ["THRESHOLD", "IntentModel", "asks_every", "features", "load", "probability", "train"]
 
@@ -64,15 +66,11 @@ _PLURAL_WH = re.compile(r"\b(?:which|what)\s+(?:of\s+(?:the|these|those|your|our
 
 
 def _sentences(request: str) -> list[str]:
-    from .spread import _asking
-
-    return [" ".join(s.lower().split()) for s in _asking(request)]
+    return [" ".join(s.lower().split()) for s in asking(request)]
 
 
 def features(request: str) -> set[str]:
     """Step 2: the request's features (the empty set when no sentence of it asks anything)."""
-    from .spread import _PARTS, _STRUCTURE, NAME, _plural, every_intent, request_names
-
     out: set[str] = set()
     for s in _sentences(request):
         words = [w if w != NAME else "NAME" for w in _WORD.findall(s)]
@@ -85,7 +83,7 @@ def features(request: str) -> set[str]:
             out.add(f"r:{intent}")
         for m in _COUNTED.finditer(s):
             noun = next((g for g in m.groups() if g), None)
-            part = noun is None or noun == "times" or bool(_PARTS.match(noun)) or bool(_STRUCTURE.fullmatch(noun))
+            part = noun is None or noun == "times" or bool(PARTS.match(noun)) or bool(STRUCTURE.fullmatch(noun))
             out.add("r:count-part" if part or _HERE.search(s) else "r:count-other")
         if _ANAPHOR.search(s):
             out.add("r:anaphor")
@@ -96,11 +94,11 @@ def features(request: str) -> set[str]:
         if _MANY.search(s):
             out.add("r:many")
         one = _WH_ONE.search(s)
-        if one is not None and not _plural(one.group(1)) and one.group(1) not in _AUX_WORDS:
+        if one is not None and not plural(one.group(1)) and one.group(1) not in _AUX_WORDS:
             out.add("r:which-one")  # "which argument controls ...", "what file is ...": one thing
         for m in _PLURAL_WH.finditer(s):
-            if _plural(m.group(1)):
-                out.add("r:plural-wh-part" if _PARTS.match(m.group(1)) or _STRUCTURE.fullmatch(m.group(1))
+            if plural(m.group(1)):
+                out.add("r:plural-wh-part" if PARTS.match(m.group(1)) or STRUCTURE.fullmatch(m.group(1))
                         else "r:plural-wh")
     if out and request_names(request):
         out.add("r:name")
@@ -143,9 +141,7 @@ def asks_every(request: str) -> bool:
     """Step 4: the classifier's decision (the form rules' without weights)."""
     p = probability(request)
     if p is None:
-        from .spread import _asking, every_intent
-
-        return any(every_intent(s) is not None for s in _asking(request))
+        return any(every_intent(s) is not None for s in asking(request))
     return p >= THRESHOLD
 
 

@@ -104,7 +104,8 @@ from .request import RequestSpec, tail_lines, without_paths
 from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
-from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate, request_names
+from .forms import request_names
+from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -252,7 +253,7 @@ def gate_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: Un
 
 def name_scores(scorer: Scorer, work: TokenizedText, units: list[Unit], reps: UnitReps,
                 request: str) -> np.ndarray | None:
-    """Step 5b: for a request that asks for every match and spells names (``spread.request_names``: "every caller
+    """Step 5b: for a request that asks for every match and spells names (``forms.request_names``: "every caller
     of `add_listener`"), BM25 of those names alone over the units (the units that name them are its matches),
     else None."""
     names = request_names(request) if asks_for_every(request) else []

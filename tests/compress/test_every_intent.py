@@ -11,7 +11,8 @@ import pytest
 
 from pflash_proxy.compress import Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.pipeline import CompressionSettings
-from pflash_proxy.compress.spread import NAME, asks_for_every, asks_for_whole, every_intent
+from pflash_proxy.compress.forms import NAME, every_intent
+from pflash_proxy.compress.spread import asks_for_every, asks_for_whole
 
 from .every_dev import EVERY, POINTED
 
