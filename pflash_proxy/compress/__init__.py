@@ -9,7 +9,7 @@ from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .kinds import ContentKind, detect_kind
 from .pipeline import CompressionOutcome, CompressionSettings, Compressor
 from .recall import Excerpt, RecallDecision, RecallGate, RecallSource, format_recall_block
-from .request import RequestFinder, RequestSpec, message_text
+from .request import RequestFinder, RequestSpec
 from .rewrite import OmittedRange, Rewriter, Rewritten
 from .scores import InvalidScores, LexicalScorer, Scorer, UnitReps, density, validate_scores
 from .spread import Spread, relevance_spread
@@ -21,6 +21,6 @@ __all__ = [
     "Compressor", "ContentKind", "Excerpt", "InvalidScores", "LexicalScorer", "OmittedRange", "RecallDecision",
     "RecallGate", "RecallSource", "RequestFinder", "RequestSpec", "Rewriter", "Rewritten", "Scorer", "Segmenter",
     "Spread", "TokenizedText", "Unit", "UnitReps", "UnitSegmenter", "approx_line_tokens", "approx_tokens",
-    "density", "detect_kind", "format_recall_block", "message_budget", "message_text", "relevance_spread",
+    "density", "detect_kind", "format_recall_block", "message_budget", "relevance_spread",
     "validate_scores",
 ]

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from .text import TokenizedText, approx_line_tokens, split_lines
 
-__all__ = ["RequestFinder", "RequestSpec", "asks", "follow_up_query", "message_text", "prose_line", "question_span", "question_text",
+__all__ = ["RequestFinder", "RequestSpec", "asks", "follow_up_query", "joined_text", "prose_line", "question_span", "question_text",
            "request_tail", "request_text", "tail_lines", "without_paths"]
 
 RequestSource = Literal["question", "message-tail", "latest-user", "tool-call", "prompt-tail", "none"]
@@ -72,8 +72,10 @@ class RequestSpec:
     # what asks for every match or for one thing; None: all of ``text``
 
 
-def message_text(msg: Mapping[str, object]) -> str:
-    """Step 1: the text of a chat message's content."""
+def joined_text(msg: Mapping[str, object]) -> str:
+    """Step 1: the text a chat message holds, as the compressor reads it: its content's text parts (plain strings,
+    ``text`` and ``input_text`` parts) joined by line breaks; unlike ``models.message_text``, which takes a content
+    and concatenates its ``text`` parts as they are."""
     content = msg.get("content")
     if content is None:
         return ""
@@ -92,7 +94,7 @@ def message_text(msg: Mapping[str, object]) -> str:
 
 def request_text(msg: Mapping[str, object]) -> str:
     """Step 1: a message's text as a request, without the client's ``<system-reminder>`` blocks."""
-    text = message_text(msg)
+    text = joined_text(msg)
     return _REMINDER.sub("", text).strip() if "<system-reminder>" in text else text
 
 
@@ -394,8 +396,8 @@ class RequestFinder:
         msg = messages[long_index]
         role = msg.get("role")
         if role == "user":
-            later = next((message_text(m) for m in reversed(messages[long_index + 1:])
-                          if m.get("role") == "user" and message_text(m).strip()), None)
+            later = next((joined_text(m) for m in reversed(messages[long_index + 1:])
+                          if m.get("role") == "user" and joined_text(m).strip()), None)
             if later is not None:  # a paste followed by the question in a message of its own
                 return RequestSpec(later, 0, "latest-user")
             return self._question(msg, long_tt) or self._tail(msg, long_tt, "message-tail", pin=True)
@@ -419,7 +421,7 @@ class RequestFinder:
     def _question(self, msg: Mapping[str, object], tt: TokenizedText | None) -> RequestSpec | None:
         """Step 2: the question found by its form, the scorer's query; the tail stays pinned."""
         if tt is None:
-            lines = split_lines(message_text(msg))
+            lines = split_lines(joined_text(msg))
             counts = approx_line_tokens(lines)
         else:
             lines, counts = tt.lines, tt.line_tokens
@@ -431,7 +433,7 @@ class RequestFinder:
 
     def _tail(self, msg: Mapping[str, object], tt: TokenizedText | None, source: RequestSource, pin: bool) -> RequestSpec:
         if tt is None:
-            text = message_text(msg)
+            text = joined_text(msg)
             lines = split_lines(text)
             counts = approx_line_tokens(lines)
         else:

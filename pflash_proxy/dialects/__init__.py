@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeGuard
 from aiohttp import web
 
 from pflash_proxy.engine import CacheReport
-from pflash_proxy.errors import BadRequest, error_body
+from pflash_proxy.errors import BadRequest, error_response
 from pflash_proxy.models import message_text
 
 JsonObject = dict[str, Any]  # a JSON object as ``json.loads`` gives it (a body, a message, a part)
@@ -220,8 +220,9 @@ class Dialect:
         return None
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: JsonObject | None = None, type_: str | None = None) -> web.Response:
-        return web.json_response(error_body(status, message, code, type_), status=status, headers=headers)
+                       headers: Mapping[str, str] | None = None, type_: str | None = None) -> web.Response:
+        """An error in this dialect's shape (OpenAI's: ``errors.error_response``)."""
+        return error_response(status, message, code, type_, headers)
 
 
 def changed_indices(old: list[JsonObject], new: list[JsonObject]) -> list[int]:

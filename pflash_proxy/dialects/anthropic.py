@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -197,7 +198,7 @@ class AnthropicDialect(Dialect):
         return None if cleaned == system else {**body, "system": cleaned}
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: JsonObject | None = None, type_: str | None = None) -> web.Response:
+                       headers: Mapping[str, str] | None = None, type_: str | None = None) -> web.Response:
         return web.json_response(anthropic_error(error_body(status, message, code, type_)), status=status,
                                  headers=headers)
 

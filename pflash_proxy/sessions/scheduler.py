@@ -24,14 +24,15 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pflash_proxy.engine import Engine, Slots
+from pflash_proxy.sessions.background import Background
 from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.liveness import UpstreamWatch
-from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable
+from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable, is_prefix
 
 if TYPE_CHECKING:
     from pflash_proxy.config import LimitOptions, SessionOptions, UpstreamOptions
@@ -39,14 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pflash_proxy.sessions")
 
-T = TypeVar("T")
-
 # release_when_idle's slot-state interval: above llama-server's 1 s wait for a result, which any result restarts
 IDLE_POLL_S = 1.5
-
-
-def _is_prefix(prefix: list[str], full: list[str]) -> bool:
-    return len(prefix) <= len(full) and full[: len(prefix)] == prefix
 
 
 class SlotScheduler:
@@ -68,15 +63,8 @@ class SlotScheduler:
         # unless what kept it from being written passes by itself (the engine busy on the slot)
         self._idle_tried: dict[int, tuple[int, float]] = {}
         self._slot_seeds: dict[int, tuple[str, str]] = {}  # slot id -> (session, its seed), as last leased
-        self._background: set[asyncio.Task[object]] = set()  # what ``_spawn`` started, of any result
+        self._background = Background()  # what it started and does not await
         self.counters = {"hits": 0, "hits_vouched": 0, "slots_lost": 0, "upstream_restarts": 0, "idle_saves": 0}
-
-    def _spawn(self, work: Coroutine[object, object, T]) -> asyncio.Task[T]:
-        """Run ``work`` in the background, kept until it ends (``stop`` cancels what is left)."""
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
 
     def start(self, saves: SnapshotStore) -> None:
         """The idle saves through ``saves`` (with ``--idle-save-s``), then the engine's watch."""
@@ -91,8 +79,7 @@ class SlotScheduler:
             self._idle_saver.cancel()
 
     def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
+        self._background.cancel()
 
     def stamp(self, lease: Lease) -> None:
         """Mark the turn ``lease`` begins: the engine's epoch before any call (a break from now on ends it) and the
@@ -146,7 +133,7 @@ class SlotScheduler:
                   and self._slot_seeds.get(s.id) == (s.session, seed)]
         if not likely or all(self.engine.vouches(s.epoch) for s in likely):
             return None  # no hit likely, or the engine vouches for every likely one: no check will be asked
-        task = self._spawn(self.watch.states())
+        task = self._background.spawn(self.watch.states())
         return SlotsPrefetch(task, self.table, {s.id: s.grants for s in idle}, self.watch.restarts)
 
     async def resident_hit(self, lease: Lease, served_hashes: list[str]) -> int | None:
@@ -155,7 +142,7 @@ class SlotScheduler:
         ``UpstreamWatch.slot_lost``); None otherwise (a slot found lost is counted, and the restart noticed once;
         the table forgets a resident session that is not a hit)."""
         slot = lease.slot
-        if lease.resident and slot.known and slot.served_hashes and _is_prefix(slot.served_hashes, served_hashes):
+        if lease.resident and slot.known and slot.served_hashes and is_prefix(slot.served_hashes, served_hashes):
             vouched = self.engine.vouches(slot.epoch)  # the same server process since it was learnt
             lost = None
             if not vouched:
@@ -192,7 +179,7 @@ class SlotScheduler:
         restarted server and empty every slot).
         """
         lease.slot.known = False
-        self._spawn(self._release_when_idle(lease))
+        self._background.spawn(self._release_when_idle(lease))
 
     async def _release_when_idle(self, lease: Lease) -> None:
         deadline = time.monotonic() + self.upstream_timeout_s

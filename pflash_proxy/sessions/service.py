@@ -87,15 +87,16 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pflash_proxy.config import Settings
 from pflash_proxy.contract import SessionsView
 from pflash_proxy.engine import Engine, EngineNotReady, EngineUnreachable
 from pflash_proxy.sessions.cluster import ClusterNode, Turn
 from pflash_proxy.sessions.identity import credential, namespace_seed
+from pflash_proxy.sessions.background import Background
 from pflash_proxy.sessions.index import (SessionIndex, SessionRecord, SnapshotRecord, StoreError, TraceLog,
                                          open_index, run)
 from pflash_proxy.sessions.scheduler import SlotScheduler
@@ -194,7 +195,7 @@ class SessionService:
         self._writes = 0
         self._pruner: asyncio.Task[None] | None = None
         self._bound: asyncio.Task[list[str]] | None = None
-        self._background: set[asyncio.Task[Any]] = set()  # what ``_spawn`` started, of any result
+        self._background = Background()  # what it started and does not await
 
     # Lifecycle and what the server reads ------------------------------------------------------------------
     async def start(self) -> None:
@@ -227,8 +228,7 @@ class SessionService:
                 log.error("shutdown snapshot save timed out after %.0fs", self._settings.shutdown_save_timeout_s)
         if self._cluster is not None:  # saved: other nodes may take this node's sessions over at once
             await self._cluster.stop()
-        for task in list(self._background):
-            task.cancel()
+        self._background.cancel()
         self._scheduler.close()
         self._index.close()
 
@@ -287,13 +287,6 @@ class SessionService:
             except Exception:  # noqa: BLE001 - a failed sweep must not stop the next one
                 log.exception("session pruning failed")
             await asyncio.sleep(PRUNE_EVERY_S)
-
-    def _spawn(self, work: Coroutine[object, object, T]) -> asyncio.Task[T]:
-        """Run ``work`` in the background, kept until it ends (``stop`` cancels what is left)."""
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
 
     # 1. Readiness and namespaces -----------------------------------------------------------------------------
     async def ensure_ready(self) -> None:
@@ -523,7 +516,7 @@ class SessionService:
         else:
             self._scheduler.table.release(lease)
         if sid is not None and self._settings.save_every_turn:
-            self._spawn(self._snapshot_now(sid))
+            self._background.spawn(self._snapshot_now(sid))
 
     async def _snapshot_now(self, sid: str) -> bool:
         """Save ``sid``'s slot now (waiting for its running request, if any); True when a snapshot was written
@@ -594,7 +587,7 @@ class SessionService:
         self._store_ok()
         self._writes += 1  # every 64 history writes, the index's byte bound is checked in the background
         if self._writes % 64 == 0 and (self._bound is None or self._bound.done()):
-            self._bound = self._spawn(self.prune())
+            self._bound = self._background.spawn(self.prune())
         return True
 
     async def update_trace_log(self, sid: str, update: Callable[[TraceLog], TraceLog]) -> TraceLog | None:

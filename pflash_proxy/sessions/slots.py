@@ -74,6 +74,12 @@ class Evicted:
     notices: int = 0  # ``Slot.notices``
 
 
+def is_prefix(prefix: list[str], full: list[str]) -> bool:
+    """Whether the message hashes ``prefix`` open ``full``: a slot (or a snapshot) that served ``prefix`` holds the
+    start of a turn that sends ``full``."""
+    return len(prefix) <= len(full) and full[: len(prefix)] == prefix
+
+
 def _evicted(slot: Slot) -> Evicted | None:
     """What ``slot`` held, as the lease that displaces its session reports it (the save of it checks it first)."""
     if slot.session is None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, run
 from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
-from pflash_proxy.sessions.slots import Lease
+from pflash_proxy.sessions.slots import is_prefix, Lease
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 if TYPE_CHECKING:
@@ -82,10 +82,6 @@ class Saved:
 
     record: SnapshotRecord | None
     passing: bool = False
-
-
-def _is_prefix(prefix: list[str], full: list[str]) -> bool:
-    return len(prefix) <= len(full) and full[: len(prefix)] == prefix
 
 
 class SnapshotStore:
@@ -219,7 +215,7 @@ class SnapshotStore:
             except StoreError as exc:
                 self._store_failed("reading the snapshot index", exc)
                 snap = None
-            if snap is None or not _is_prefix(snap.served_hashes, served_hashes):
+            if snap is None or not is_prefix(snap.served_hashes, served_hashes):
                 return None
             try:
                 ok = await self.files.restore(slot.id, snap)

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from pflash_proxy.compress.pipeline import Compressor
-from pflash_proxy.compress.request import RequestFinder, message_text, request_text
+from pflash_proxy.compress.request import RequestFinder, joined_text, request_text
 from pflash_proxy.compress.text import TokenizedText
 
 from .test_gutter import function_lines, toy_tokens
@@ -45,7 +45,7 @@ def test_reminders_are_left_out_of_the_request():
     spec = RequestFinder().find(msgs, 3)
     assert spec.source == "tool-call" and "system-reminder" not in spec.text and "directory" not in spec.text
     assert spec.text == TASK + '\nRead({"file_path": "/home/user/work/traceback.py"})'
-    assert "<system-reminder>" in message_text(msgs[1])  # the message itself is not touched
+    assert "<system-reminder>" in joined_text(msgs[1])  # the message itself is not touched
     assert request_text(msgs[1]).strip() == TASK
     # a later user turn that is only a reminder is no request: the question before it is
     only = {"role": "user", "content": REMINDERS[2]}
