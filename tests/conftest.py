@@ -2,7 +2,8 @@
 
 ``llama_server`` starts ONE real llama-server (gemma-3-270m, 2 slots, --swa-full, small context) per test
 session, exactly the way ``--spawn`` does (same safe flags), on a free loopback port.  Fault-injection tests
-use aiohttp fakes instead.
+use aiohttp fakes instead. A test that uses it is marked ``llama`` whether or not it says so, so that
+``make test-fast`` (``-m "not llama"``) never starts one.
 
 The servers started here (and by the benchmarks, through ``started``) are remembered: a benchmark's ``main`` calls
 ``stop_started_on_sigterm`` so that a SIGTERM stops them before the benchmark exits (llama-server, redis and a
@@ -54,6 +55,13 @@ def session_service(app: web.Application) -> SessionService:
     stage = next(s for s in app[PIPELINE].stages if s.name == "sessions")
     assert isinstance(stage, SessionStage)
     return stage.sessions
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``llama`` every test that uses the ``llama_server`` fixture (directly or through another fixture)."""
+    for item in items:
+        if "llama_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("llama") is None:
+            item.add_marker(pytest.mark.llama)
 
 
 @pytest.fixture(scope="session")
