@@ -21,9 +21,10 @@ action) and ``sessions_view`` (the read-only view of sessions and slots the insp
 
 Stages hand each other what they found through typed fields of the request (mitmproxy's typed hooks), each set by
 one stage and read by the later ones: ``session`` (``SessionContext``: the session stage's record, lease and served
-history, and the turn's inspector traces), ``chain`` (``ResponseChain``: a Responses chain to record after the
-answer), ``turn`` (``TurnNote``: the savings stage's note of a session's turn and of its answer). A stage imports this
-module, never another stage.
+history, the turn's inspector traces and its wait for a slot), ``chain`` (``ResponseChain``: a Responses chain to
+record after the answer), ``compression`` (``CompressionNote``: the compression stage's mode, reason and timings),
+``turn`` (``TurnNote``: the savings stage's note of a session's turn and of its answer). A stage imports this module,
+never another stage. ``log_fields`` is the access log's bag: written by anyone, read by the log line alone.
 """
 
 from __future__ import annotations
@@ -109,6 +110,21 @@ class SessionContext:
     settled: bool = False  # its answer ended whole, with the client still there
     # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
     traces: TurnTraces = field(default_factory=lambda: TurnTraces(0))
+    queue_ms: float | None = None  # how long the request waited for its slot (None: a batch, which takes them all)
+
+
+@dataclass
+class CompressionNote:
+    """What the compression stage (``stages.compress.CompressStage``) decided for a chat turn with a session
+    (``ProxyRequest.compression``): the mode served (the ``X-PFlash-Mode`` header's value), why, and, when the
+    compressor ran, its wall time, the scorer it ran and the time of each of its steps (the metrics' drafter time
+    is the segment, represent and score steps of a scorer other than the lexical one)."""
+
+    mode: str  # compressed | passthrough | full-error | full-flat | ...
+    reason: str | None = None  # why the message was served whole or its budget widened (None: nothing to say)
+    ms: float | None = None  # the compressor's wall time (None: it did not run)
+    scorer: str | None = None  # the scorer that ran (None: the compressor did not run)
+    stage_ms: dict[str, float] = field(default_factory=dict)  # the compressor's steps: segment, represent, score...
 
 
 @dataclass
@@ -153,6 +169,8 @@ class ProxyRequest:
     received_at: float = field(default_factory=time.monotonic)
     changed: bool = False
     response_headers: dict[str, str] = field(default_factory=dict)
+    # the access log's extra fields: written by the stages and the server, read by the log line only (what a stage
+    # hands another, or the metrics read, is a typed field below)
     log_fields: dict[str, Any] = field(default_factory=dict)
     progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
     # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
@@ -181,6 +199,7 @@ class ProxyRequest:
     session: SessionContext | None = None  # stages.sessions.SessionStage
     chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
     turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
+    compression: CompressionNote | None = None  # stages.compress.CompressStage (a session's chat turn)
     turn_lease: Turn | None = None  # SessionStage: the session's turn lease in a shared index (sessions/cluster.py)
     forward_node: str | None = None  # SessionStage: the node ``forward_to`` reaches (taken over when it fails)
     progress_response: web.StreamResponse | None = None  # the server: the stream its keep-alives started

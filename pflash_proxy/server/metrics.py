@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pflash_proxy.contract import CompressionNote
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.llama.api import KNOWN_ROUTES as ENGINE_ROUTES
 
@@ -185,7 +186,10 @@ class Metrics:
         self.by_status[status] += 1
 
     def observe_request(self, path: str, status: int, seconds: float, first_byte_s: float | None,
-                        fields: dict[str, Any]) -> None:
+                        queue_ms: float | None = None, compression: CompressionNote | None = None) -> None:
+        """A request's latencies: the whole, the upstream's first byte, its wait for a slot (``queue_ms``, the
+        session stage's) and the compressor's time with its drafter's part (``compression``, the compression
+        stage's note, when the compressor ran)."""
         self.count_request(status)
         route = route_label(path)
         children = self._children.get((route, status))
@@ -198,12 +202,12 @@ class Metrics:
         request_seconds.observe(seconds)
         if first_byte_s is not None:
             first_byte_seconds.observe(first_byte_s)
-        if "queue_ms" in fields:
-            self.queue_wait_seconds.observe(fields["queue_ms"] / 1000)
-        if "pflash_ms" in fields:
-            self.compression_seconds.labels(str(fields.get("pflash", "unknown"))).observe(fields["pflash_ms"] / 1000)
-            if fields.get("scorer") not in (None, "lexical") or fields.get("segmenter") == "probe":
-                ms = sum(fields.get(f"ms_{k}", 0.0) for k in ("segment", "represent", "score"))
+        if queue_ms is not None:
+            self.queue_wait_seconds.observe(queue_ms / 1000)
+        if compression is not None and compression.ms is not None:
+            self.compression_seconds.labels(compression.mode).observe(compression.ms / 1000)
+            if compression.scorer not in (None, "lexical"):
+                ms = sum(compression.stage_ms.get(k, 0.0) for k in ("segment", "represent", "score"))
                 self.drafter_seconds.observe(ms / 1000)
 
     def observe_snapshot(self, action: str, seconds: float) -> None:

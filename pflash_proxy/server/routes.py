@@ -121,7 +121,7 @@ async def _passthrough(request: web.Request, translate: SlotsFilter | None = Non
         status = exc.status
         return exc.response()
     finally:
-        _observe(request, status, started, result, {})
+        _observe(request, status, started, result, None)
         _access_log(request, status, started, result, {})
 
 
@@ -301,7 +301,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
     finally:
         if req is not None:
             await pipeline.finish(req)
-        _observe(request, status, started, result, req.log_fields if req is not None else {})
+        _observe(request, status, started, result, req)
         _access_log(request, status, started, result, req.log_fields if req is not None else {})
 
 
@@ -434,11 +434,14 @@ def _final(request: web.Request, status: int) -> int:
     return sent if sent is not None else status
 
 
-def _observe(request: web.Request, status: int, started: float, result: RelayResult | None, fields: dict) -> None:
+def _observe(request: web.Request, status: int, started: float, result: RelayResult | None,
+             req: ProxyRequest | None) -> None:
     status = _final(request, status)
     first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
+    queue_ms = req.session.queue_ms if req is not None and req.session is not None else None
     request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
-                                         first if first is not None and first >= 0 else None, fields)
+                                         first if first is not None and first >= 0 else None, queue_ms,
+                                         req.compression if req is not None else None)
 
 
 def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:

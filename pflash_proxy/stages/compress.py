@@ -53,7 +53,7 @@ from pflash_proxy.config import CompressionOptions
 from pflash_proxy.engine import Engine, EngineError, counts_per_line
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.models import message_text
-from pflash_proxy.contract import ProxyRequest, SessionContext, Stage
+from pflash_proxy.contract import CompressionNote, ProxyRequest, SessionContext, Stage
 from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
 from pflash_proxy.stages.scorers import Scoring, default_spread
 
@@ -109,7 +109,7 @@ class CompressStage(Stage):
         ctx = req.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
-        mode, prompt_tokens, kept_tokens = "passthrough", None, None
+        mode, prompt_tokens, kept_tokens, failed = "passthrough", None, None, None
         try:
             result = await self._process(req, ctx)
             if result is not None:
@@ -117,19 +117,23 @@ class CompressStage(Stage):
         except ContextTooLong:
             raise
         except EngineError as exc:  # unreachable, not ready, or a count the engine refused
-            mode = "full-error"
+            mode, failed = "full-error", str(exc)
             log.warning("pflash: serving the message whole: the engine call failed: %s", exc)
-            req.log_fields["pflash_reason"] = str(exc)
         except Exception as exc:  # never fail the request because of compression
-            mode = "full-error"
+            mode, failed = "full-error", f"{type(exc).__name__}: {exc}"
             log.exception("pflash: serving the message whole after an internal error")
-            req.log_fields["pflash_reason"] = f"{type(exc).__name__}: {exc}"
+        # what the compressor noted when it ran (``_compress``), with the mode served and why it failed, if it did
+        note = req.compression or CompressionNote(mode)
+        note.mode, note.reason = mode, failed or note.reason
+        req.compression = note
         self.counters[mode] = self.counters.get(mode, 0) + 1
         req.response_headers["X-PFlash-Mode"] = mode
         if prompt_tokens is not None:
             req.response_headers["X-PFlash-Prompt-Tokens"] = str(prompt_tokens)
             req.response_headers["X-PFlash-Kept-Tokens"] = str(kept_tokens)
         req.log_fields["pflash"] = mode
+        if note.reason is not None:
+            req.log_fields["pflash_reason"] = note.reason
 
     async def _process(self, req: ProxyRequest, ctx: SessionContext) -> tuple[str, int, int] | None:
         if not self.settings.pflash:
@@ -265,9 +269,11 @@ class CompressStage(Stage):
                   "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
+        req.compression = CompressionNote(outcome.mode, ms=round(total_ms, 1), scorer=self.scorer.name,
+                                          stage_ms=dict(outcome.stage_ms))
         if outcome.mode != "compressed":
             req.log_fields.update(fields)
-            req.log_fields["pflash_reason"] = outcome.reason
+            req.compression.reason = outcome.reason
             log.info("pflash %s: message %s (%d tokens) served whole: %s", outcome.mode, label, tt.total_tokens,
                      outcome.reason, extra={"fields": fields})
             return outcome.mode, prompt_tokens, prompt_tokens
@@ -279,7 +285,7 @@ class CompressStage(Stage):
         req.log_fields.update(fields)
         if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
             req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
-            req.log_fields["pflash_reason"] = outcome.reason
+            req.compression.reason = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             assert ctx.record is not None  # on_request admits only requests with a session record

@@ -307,7 +307,8 @@ class SavingsStage(Stage):
             raise ValueError("turn_trace of a request without a session's answered turn")
         n, result, at = noted.number, noted.answer.result, noted.answer.at
         timings = _timings(noted.answer.report)
-        mode = req.response_headers.get("X-PFlash-Mode")
+        compression = req.compression
+        mode = compression.mode if compression is not None else None
         messages = []
         avoided_compression = 0
         for t in ctx.traces.items:
@@ -318,16 +319,16 @@ class SavingsStage(Stage):
                 messages.append({"message": t.get("message"), "mode": t.get("mode"), "tokens": tokens,
                                  "served_tokens": served, "why": plain_reason(_text(t.get("mode")),
                                                                               _text(t.get("reason")))})
-        fields = req.log_fields
-        compression_ms = float(fields.get("pflash_ms") or 0.0)
-        prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - float(fields.get("queue_ms") or 0))
+        compression_ms = (compression.ms if compression is not None else None) or 0.0
+        reason = compression.reason if compression is not None else None
+        prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - (ctx.queue_ms or 0.0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
         turn: TurnTrace = {
             "v": VERSION, "kind": "turn", "turn": n, "at": at, "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
             "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
-            "why": plain_reason(mode, _text(fields.get("pflash_reason")), self.threshold) if not messages else None,
-            "messages": messages, "first_byte_ms": first, "queue_ms": fields.get("queue_ms"),
+            "why": plain_reason(mode, reason, self.threshold) if not messages else None,
+            "messages": messages, "first_byte_ms": first, "queue_ms": ctx.queue_ms,
             "prepare_ms": round(prepare_ms, 1), "compression_ms": round(compression_ms, 1),
             "cached_tokens": None, "prefilled_tokens": None, "prefill_ms": None, "generated_tokens": None,
             "generate_ms": None,

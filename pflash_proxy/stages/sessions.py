@@ -140,9 +140,11 @@ class SessionStage(Stage):
             req.response_headers[NODE_HEADER] = svc.node_id
             if taken_from is not None:
                 req.response_headers[TAKEOVER_HEADER] = taken_from
-        req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
+        queue_ms = round((time.monotonic() - t_wait) * 1000, 2)
+        req.log_fields["queue_ms"] = queue_ms
         served = [served_version(c, s) for c, s in zip(messages[:matched], record.served)] + messages[matched:]
-        ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0, traces=TurnTraces(record.turns + 1))
+        ctx = SessionContext(record, lease, matched, hashes, served, "miss", 0, traces=TurnTraces(record.turns + 1),
+                             queue_ms=queue_ms)
         req.session = ctx
         served_hashes = _hashes(served, messages, hashes)  # a message served as sent: the lookup's hash
         ctx.hashed = (served, served_hashes)  # on_response reuses them for the messages left unchanged
@@ -182,8 +184,9 @@ class SessionStage(Stage):
         t_wait = time.monotonic()
         req.progress = "waiting for a llama-server slot"
         lease = await svc.lease_anonymous()
-        req.log_fields["queue_ms"] = round((time.monotonic() - t_wait) * 1000, 2)
-        req.session = SessionContext(None, lease, 0, [], [], "miss", 0)
+        queue_ms = round((time.monotonic() - t_wait) * 1000, 2)
+        req.log_fields["queue_ms"] = queue_ms
+        req.session = SessionContext(None, lease, 0, [], [], "miss", 0, queue_ms=queue_ms)
         prepared = await svc.prepare_anonymous(lease, svc.owner(req.headers))
         if prepared.cold:
             req.set_field("cache_prompt", False)

@@ -61,3 +61,13 @@ async def test_the_app_serves_chat_turns_through_its_stages_on_the_fake_engine(a
     # the savings stage wrote both turn traces to the index through the session service
     detail = await (await client.get(f"/pflash/api/sessions/{sid}")).json()
     assert [t["turn"] for t in detail["turns"]] == [1, 2], detail
+    # what the compression and session stages noted on the request's typed fields reaches the turn traces and the
+    # metrics: the first turn compressed (its compressor's time), the second recalled the lines its question asks
+    # about (no compressor run)
+    first, second = detail["turns"]
+    assert first["pflash"] == "compressed" and first["compression_ms"] > 0 and first["why"] is None, first
+    assert second["pflash"] == "recall" and second["compression_ms"] == 0, second
+    assert first["queue_ms"] is not None and second["queue_ms"] is not None
+    metrics = await (await client.get("/pflash/metrics")).text()
+    assert 'pflash_compression_seconds_count{mode="compressed"} 1.0' in metrics, metrics
+    assert "pflash_queue_wait_seconds_count 2.0" in metrics

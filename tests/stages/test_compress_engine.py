@@ -42,6 +42,9 @@ async def test_a_long_tool_output_is_compressed_with_the_fake_engines_counts(tmp
     req = _request(LONG)
     await stage.on_request(req)
     assert req.response_headers["X-PFlash-Mode"] == "compressed", req.log_fields
+    note = req.compression  # what the savings stage and the metrics read
+    assert note is not None and note.mode == "compressed" and note.scorer == "lexical" and note.ms is not None
+    assert note.reason is None and {"segment", "score"} <= set(note.stage_ms)
     assert int(req.response_headers["X-PFlash-Kept-Tokens"]) < int(req.response_headers["X-PFlash-Prompt-Tokens"])
     assert engine.calls["count_prompt"] == 1 and engine.calls["pieces"] == 1 and engine.calls["count_text"] >= 1
 
@@ -56,7 +59,8 @@ async def test_an_engine_failure_serves_the_message_whole(tmp_path, op: str, err
     req = _request(LONG)
     await stage.on_request(req)  # never raises
     assert req.response_headers["X-PFlash-Mode"] == "full-error"
-    assert req.log_fields["pflash_reason"] == str(error)
+    assert req.compression is not None and req.compression.mode == "full-error"
+    assert req.compression.reason == req.log_fields["pflash_reason"] == str(error)
     assert req.messages[2]["content"] == LONG
 
 
@@ -65,7 +69,8 @@ async def test_a_refused_count_says_refused_not_unreachable(tmp_path):
     engine.fail("pieces", EngineRefused("/tokenize", 500, "tokenizer exploded"))
     req = _request(LONG)
     await _stage(tmp_path, engine).on_request(req)
-    reason = req.log_fields["pflash_reason"]
+    assert req.compression is not None and req.compression.reason is not None
+    reason = req.compression.reason
     assert "refused" in reason and "(500)" in reason and "tokenizer exploded" in reason
     assert "unreachable" not in reason
 
