@@ -175,6 +175,18 @@ def as_stored(rec: SessionRecord) -> SessionRecord:
     return out
 
 
+def begin_save(rec: SessionRecord, client_hashes: Sequence[str], served: Sequence[dict[str, object]]) -> list[str]:
+    """What every backend's ``save_session`` does first: the chain entries the save writes (``chain_to_write``, read
+    before ``rec`` changes), then ``rec`` stamped as saved now: its client hashes, its served history, its last use,
+    one more turn. Returns the entries."""
+    entries = chain_to_write(rec, client_hashes)
+    rec.client_hashes = list(client_hashes)
+    rec.served = list(served)
+    rec.last_use = time.time()
+    rec.turns += 1
+    return entries
+
+
 def chain_to_write(rec: SessionRecord, client_hashes: Sequence[str]) -> list[str]:
     """The chain entries a save of ``rec`` with ``client_hashes`` writes (before ``rec`` takes them): one per prefix,
     except the prefixes ``rec``'s previous save already wrote (a stored record, ``turns`` > 0, whose hashes begin

@@ -38,7 +38,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -539,3 +539,19 @@ def decode(kind: str, data: object, where: str = "") -> Any:
         log.warning("session index: %s is not a readable %s record (%s: %s); treated as absent",
                     where or "a value", kind, type(exc).__name__, str(exc)[:200])
         return None
+
+
+def snapshot_records(rows: Iterable[tuple[str, object]]) -> dict[str, SnapshotRecord]:
+    """The snapshot records of an index's ``(session id, stored value)`` rows, by session: a value that does not
+    decode is absent, and so is a record under another session's id (never written so by an index), logged."""
+    snaps: dict[str, SnapshotRecord] = {}
+    for sid, data in rows:
+        rec = decode("snapshot", data, f"snapshot {str(sid)[:40]}") if data else None
+        if rec is None:
+            continue
+        if rec.session == sid:
+            snaps[sid] = rec
+        else:
+            log.warning("session index: the snapshot record under %s names session %r; treated as absent",
+                        str(sid)[:40], str(rec.session)[:40])
+    return snaps

@@ -74,9 +74,10 @@ import diskcache
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
-from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, begin_save, prune_victims
 from pflash_proxy.sessions.index.base import WriteMarks, as_stored as _as_stored, fresh as _fresh
 from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
+from pflash_proxy.sessions.index.codec import snapshot_records
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
 
@@ -440,11 +441,7 @@ class SessionStore(WriteMarks):
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
-        entries = chain_to_write(rec, client_hashes)
-        rec.client_hashes = list(client_hashes)
-        rec.served = list(served)
-        rec.last_use = time.time()
-        rec.turns += 1
+        entries = begin_save(rec, client_hashes, served)
         self._writing(+1)
         try:
             with self.cache.transact():
@@ -623,16 +620,8 @@ class SessionStore(WriteMarks):
     def _snapshot_index(self) -> dict[str, SnapshotRecord]:
         with self._snaps_lock:
             if self._snaps is None:
-                snaps = {}
-                for key in list(self.cache.iterkeys()):
-                    if key[0] == "snapshot" and (data := self.cache.get(key)) and \
-                            (rec := decode("snapshot", data, f"snapshot {key[1][:40]}")) is not None:
-                        if rec.session == key[1]:
-                            snaps[key[1]] = rec
-                        else:  # never written so by this index: another session's record under this key
-                            log.warning("session index: the snapshot record under %s names session %r; treated "
-                                        "as absent", key[1][:40], str(rec.session)[:40])
-                self._snaps = snaps
+                self._snaps = snapshot_records((key[1], self.cache.get(key)) for key in list(self.cache.iterkeys())
+                                               if key[0] == "snapshot")
             return self._snaps
 
     @_guarded

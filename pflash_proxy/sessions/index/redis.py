@@ -36,7 +36,7 @@ from typing import Any, Callable, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from pflash_proxy.sessions.identity import chain, message_hash
-from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write, prune_victims
+from pflash_proxy.sessions.index.base import SessionRecord, SnapshotRecord, StoreError, TraceLog, begin_save, prune_victims
 from pflash_proxy.sessions.index.codec import PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
@@ -220,11 +220,7 @@ class RedisIndex:
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
-        written = chain_to_write(rec, client_hashes)
-        rec.client_hashes = list(client_hashes)
-        rec.served = list(served)
-        rec.last_use = time.time()
-        rec.turns += 1
+        written = begin_save(rec, client_hashes, served)
         pipe = self.r.pipeline(transaction=True)
         writes = self._put(pipe, rec)
         entries = {f"{self.p}chain:{h}": rec.id for h in written}

@@ -49,9 +49,10 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
 from pflash_proxy.sessions.lru import ValueCache, footprint
-from pflash_proxy.sessions.index.base import (SessionRecord, SnapshotRecord, StoreError, TraceLog, chain_to_write,
+from pflash_proxy.sessions.index.base import (SessionRecord, SnapshotRecord, StoreError, TraceLog, begin_save,
                                               WriteMarks, as_stored, fresh, prune_victims)
 from pflash_proxy.sessions.index.codec import Key, PartWrites, RecordError, RecordParts, TraceParts, decode, encode
+from pflash_proxy.sessions.index.codec import snapshot_records
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
 
 if TYPE_CHECKING:
@@ -414,11 +415,7 @@ class SqliteIndex(WriteMarks):
 
     @_guarded
     def save_session(self, rec: SessionRecord, client_hashes: list[str], served: Sequence[dict[str, object]]) -> None:
-        entries = chain_to_write(rec, client_hashes)
-        rec.client_hashes = list(client_hashes)
-        rec.served = list(served)
-        rec.last_use = time.time()
-        rec.turns += 1
+        entries = begin_save(rec, client_hashes, served)
         with self.writing():
             with self._tx() as c:
                 writes, data = self._put(c, rec)
@@ -552,17 +549,7 @@ class SqliteIndex(WriteMarks):
     def _snapshot_index(self) -> dict[str, SnapshotRecord]:
         with self._snaps_lock:
             if self._snaps is None:
-                snaps = {}
-                for sid, data in self._conn().execute("SELECT sid, data FROM snapshot").fetchall():
-                    rec = decode("snapshot", data, f"snapshot {str(sid)[:40]}")
-                    if rec is None:
-                        continue
-                    if rec.session == sid:
-                        snaps[sid] = rec
-                    else:  # never written so by this index: another session's record under this key
-                        log.warning("session index: the snapshot record under %s names session %r; treated "
-                                    "as absent", str(sid)[:40], str(rec.session)[:40])
-                self._snaps = snaps
+                self._snaps = snapshot_records(self._conn().execute("SELECT sid, data FROM snapshot").fetchall())
             return self._snaps
 
     @_guarded
