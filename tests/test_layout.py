@@ -206,6 +206,29 @@ def test_the_import_scan_resolves_relative_imports(tmp_path):
     assert _imports(init) == {"pflash_proxy.a.b", "pflash_proxy.a.b.f", "pflash_proxy.a", "pflash_proxy.a.c"}
 
 
+LAB = PACKAGE.parent / "evals"  # the relevance lab: in the repository, not in the wheel
+
+
+def test_the_package_never_imports_the_relevance_lab():
+    """``evals/`` (the evals, the code-reads bench, their cases, the every-X classifier's trainer and dev data) is
+    not installed: the lab imports the package, no module of the package imports the lab, lazily or not, and no
+    package data is left of it."""
+    assert (LAB / "__main__.py").is_file()
+    found = {str(p.relative_to(PACKAGE)): sorted(n for n in _imports(p) if n.split(".")[0] == LAB.name)
+             for p in sorted(PACKAGE.rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert not (PACKAGE / "bench" / "evals").exists() and not (PACKAGE / "bench" / "code_reads").exists()
+    assert [p.name for p in (PACKAGE / "bench").rglob("*.json")] == []
+    assert [p.name for p in (PACKAGE / "compress").glob("*.json")] == ["intent.json"]  # the weights, not their data
+
+
+def test_the_relevance_lab_scan_sees_lazy_imports(tmp_path):
+    sample = tmp_path / "pflash_proxy" / "m.py"
+    sample.parent.mkdir()
+    sample.write_text("def f():\n    import evals.common\n    from evals import code_tasks\n")
+    assert {"evals.common", "evals", "evals.code_tasks"} <= _imports(sample)
+
+
 def test_no_lower_package_imports_the_server():
     offenders = [f"{p.relative_to(PACKAGE)}: {m}" for pkg in LOWER for p in sorted((PACKAGE / pkg).rglob("*.py"))
                  for m in sorted(_imports(p)) if m == "pflash_proxy.server" or m.startswith("pflash_proxy.server.")]
@@ -623,7 +646,7 @@ def test_the_any_count_matches_git_grep_words(tmp_path):
 # Where ``ProxyRequest.log_fields`` may be read: the access log line (``server/routes.py``) and the bench's recorders,
 # which keep a copy of each request's log fields beside its messages. What a stage hands another, or the metrics
 # read, is a typed field of the request (``session``, ``compression``, ``turn``...).
-LOG_FIELD_READERS = {"server/routes.py", "bench/runner.py", "bench/code_reads/run.py", "bench/evals/common.py"}
+LOG_FIELD_READERS = {"server/routes.py", "bench/runner.py"}
 
 
 def log_field_reads(path: Path) -> list[int]:
