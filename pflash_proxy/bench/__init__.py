@@ -103,7 +103,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
     p.add_argument("--scorers", "--scorer", help="PFlash scorers to compare, comma-separated (default "
                                                  "lexical,attention,head)")
-    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x], help="case families")
+    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x],
+                   help="case families, comma-separated (default every family; --quick a subset)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
                                                   "--quick 1024)")
