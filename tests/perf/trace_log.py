@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sqlite3
 import statistics
 import tempfile
@@ -83,6 +84,7 @@ def measure(documents: int, doc_chars: int, writes: int) -> dict:
     texts = sum(1 for t in (kept.traces if kept else []) if isinstance(t.get("text"), str))
     db.close()
     store.close()
+    shutil.rmtree(home)
     return {"documents": documents, "doc_chars": doc_chars, "writes": writes,
             "cpu_ms_per_write_p50": statistics.median(cpu), "cpu_ms_per_write_max": max(cpu),
             "log_bytes": log_bytes, "bytes_stored_per_write_p50": statistics.median(written),
