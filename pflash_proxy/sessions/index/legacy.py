@@ -77,11 +77,15 @@ class DiskcacheReader:
     def as_cluster(self) -> None:
         return None
 
-    def _rows(self) -> Iterator[tuple[int, Key, object]]:
-        rows = self.conn.execute("SELECT rowid, key, mode, filename, value FROM Cache WHERE raw = 0").fetchall()
-        for rowid, key, mode, filename, value in rows:
+    def _rows(self, kind: str | None = None) -> Iterator[tuple[int, Key, object]]:
+        """(rowid, key, value) of every key, or of those whose first part is ``kind``."""
+        sql = "SELECT rowid, key, mode, filename, value FROM Cache WHERE raw = 0"
+        args: tuple[bytes, ...] = ()
+        if kind is not None:  # a key's bytes spell its parts: the rows that cannot be of ``kind`` are not read
+            sql, args = sql + " AND instr(key, ?) > 0", (kind.encode(),)
+        for rowid, key, mode, filename, value in self.conn.execute(sql, args).fetchall():
             parsed = parse_key(bytes(key)) if isinstance(key, bytes) else None
-            if parsed is not None:
+            if parsed is not None and (kind is None or parsed[0] == kind):
                 yield rowid, parsed, self._value(mode, filename, value)
 
     def items(self) -> dict[Key, object]:
@@ -104,12 +108,12 @@ class DiskcacheReader:
         return None
 
     def snapshots(self) -> list[SnapshotRecord]:
-        rows = ((key[1], value) for _, key, value in self._rows() if key[0] == "snapshot" and len(key) == 2)
+        rows = ((key[1], value) for _, key, value in self._rows("snapshot") if len(key) == 2)
         return list(snapshot_records(rows).values())
 
     def drop_snapshot(self, sid: str) -> SnapshotRecord | None:
         """Delete the session's snapshot record (its row, as diskcache does); returns it."""
-        for rowid, key, value in self._rows():
+        for rowid, key, value in self._rows("snapshot"):
             if key == ("snapshot", sid):
                 self.conn.execute("DELETE FROM Cache WHERE rowid = ?", (rowid,))
                 return snapshot_records([(sid, value)]).get(sid)
