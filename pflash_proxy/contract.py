@@ -309,6 +309,12 @@ class SessionsView(Protocol):
     def holder(self, sid: str) -> str | None: ...  # the node holding the session (a shared index), else None
 
 
+class StageStats(Protocol):
+    """A stage's counters (``Stage.stats``): ``as_json`` is its part of ``/pflash/stats``, under the stage's name."""
+
+    def as_json(self) -> JSONObject: ...
+
+
 @dataclass
 class StageHooks:
     """What the application hands every stage before start-up (``Stage.bind``)."""
@@ -353,8 +359,9 @@ class Stage:
         """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
         return 0
 
-    def stats(self) -> Mapping[str, object]:
-        return {}
+    def stats(self) -> StageStats | None:
+        """The stage's counters (a frozen dataclass of ``pflash_proxy.stats``); None: it keeps none."""
+        return None
 
     def slot_guard(self, slot_id: int) -> AbstractAsyncContextManager[None] | None:
         """The stage that owns the slots holds slot ``slot_id`` around a client's slot action; others: None."""

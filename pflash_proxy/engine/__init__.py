@@ -132,6 +132,12 @@ class SlotState:
     prompt_tokens: int | None
 
 
+class EngineStats(Protocol):
+    """An engine's own counters (a frozen dataclass of its implementation): ``as_json`` is their JSON."""
+
+    def as_json(self) -> dict[str, object]: ...
+
+
 # The protocols ---------------------------------------------------------------------------------------------------
 @runtime_checkable
 class Slots(Protocol):
@@ -267,8 +273,8 @@ class Engine(Protocol):
         """Stop it again (idempotent)."""
         ...
 
-    def stats(self) -> Mapping[str, object]:
-        """The engine's own counters for ``/pflash/stats``."""
+    def stats(self) -> EngineStats:
+        """The engine's own counters (``/pflash/stats`` beside the sessions')."""
         ...
 
 

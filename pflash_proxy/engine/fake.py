@@ -70,6 +70,18 @@ def render(chat_body: Mapping[str, object]) -> list[str]:
     return tokens
 
 
+@dataclass(frozen=True)
+class FakeEngineStats:
+    """The fake's counters: its epoch (it ends with each simulated restart) and how often each operation was
+    called."""
+
+    epoch: int
+    calls: dict[str, int]
+
+    def as_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "calls": dict(self.calls)}
+
+
 @dataclass
 class FakeSlot:
     tokens: list[str] = field(default_factory=list)
@@ -281,8 +293,8 @@ class FakeEngine:
     def stop_watching(self) -> None:
         self.watching = False
 
-    def stats(self) -> dict[str, object]:
-        return {"epoch": self._epoch, "calls": dict(self.calls)}
+    def stats(self) -> FakeEngineStats:
+        return FakeEngineStats(self._epoch, dict(self.calls))
 
     # A completion (step 2) ------------------------------------------------------------------------------------
     async def complete(self, body: Mapping[str, object]) -> dict[str, object]:

@@ -56,6 +56,7 @@ from pflash_proxy.models import message_text
 from pflash_proxy.contract import CompressionNote, ProxyRequest, SessionContext, Stage
 from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
 from pflash_proxy.stages.scorers import Scoring, default_spread
+from pflash_proxy.stats import CompressStats
 
 Message = dict[str, object]  # a message of the request, as the dialect parsed it
 log = logging.getLogger("pflash_proxy.compress")
@@ -366,16 +367,11 @@ class CompressStage(Stage):
         if self.resources is not None:
             self.resources.close()
 
-    def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
-               "threshold": self.settings.threshold, "scorer": self.scorer.name,
-               "segmenter": segmenter_name(self.compressor.segmenter)}
-        if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
-            desc = self.resources.describe()
-            out["drafter"] = desc.get("drafter")
-            if "attention_heads" in desc:
-                out["attention_heads"] = desc["attention_heads"]
-        return out
+    def stats(self) -> CompressStats:
+        scoring = self.resources.stats() if self.resources is not None and self.resources.drafter is not None \
+            else None
+        return CompressStats(dict(self.counters), self.tokens_in, self.tokens_kept, self.settings.threshold,
+                             self.scorer.name, segmenter_name(self.compressor.segmenter), scoring)
 
 
 def _serve_text(req: ProxyRequest, messages: list[Message], idx: int, text: str) -> None:

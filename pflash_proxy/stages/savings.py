@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import AnswerNote, ProxyRequest, RelayResult, Stage, TurnNote, TurnTraces
 from pflash_proxy.engine import CacheReport, Engine
-from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, VERSION, append, current, session_rate
+from pflash_proxy.stats import ByCause, SavingsStats
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.service import SessionService
@@ -367,12 +367,11 @@ class SavingsStage(Stage):
             self.avoided[cause] += turn["tokens_avoided"][cause]
             self.saved_s[cause] += turn["saved_s"][cause] or 0.0
 
-    def stats(self) -> JSONObject:
+    def stats(self) -> SavingsStats:
         c = self.counters
-        return {"turns": int(c["turns"]), "turns_timed": int(c["turns_timed"]),
-                "prompt_tokens": int(c["prompt_tokens"]), "prefilled_tokens": int(c["prefilled_tokens"]),
-                "cached_tokens": int(c["cached_tokens"]), "message_tokens": int(c["message_tokens"]),
-                "message_served_tokens": int(c["message_served_tokens"]), "prefill_s": round(c["prefill_ms"] / 1000, 3),
-                "tokens_avoided": dict(self.avoided),
-                "seconds_saved": {k: round(v, 3) for k, v in self.saved_s.items()},
-                "seconds_saved_note": ESTIMATE_NOTE}
+        return SavingsStats(int(c["turns"]), int(c["turns_timed"]), int(c["prompt_tokens"]),
+                            int(c["prefilled_tokens"]), int(c["cached_tokens"]), int(c["message_tokens"]),
+                            int(c["message_served_tokens"]), round(c["prefill_ms"] / 1000, 3),
+                            ByCause(self.avoided["compression"], self.avoided["cache"]),
+                            ByCause(round(self.saved_s["compression"], 3), round(self.saved_s["cache"], 3)),
+                            ESTIMATE_NOTE)

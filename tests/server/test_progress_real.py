@@ -35,7 +35,7 @@ class SlowStage:
         pass
 
     def stats(self):
-        return {}
+        return None
 
 
 async def _proxy(aiohttp_client, llama_server, tmp_path, stage):
