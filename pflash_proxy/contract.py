@@ -69,7 +69,8 @@ class RelayResult:
     final_json: dict[str, Any] | None = None  # last JSON object seen (final SSE chunk or whole body)
     chunks: int = 0
     first_chunk_at: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    resent: bool = False  # the upstream failed before the answer began and the request was sent again, once
+    upstream_ms: float | None = None  # from sending the request upstream to the answer's end (the access log)
 
 
 Message = dict[str, object]  # one message of a conversation, as the dialect parsed it

@@ -15,7 +15,7 @@
    once, and the role-only first chunk of a chat stream, which is held until the next event) are all it got. If
    upstream dies then and ``resend`` is given (the parsed routes), the request is sent again, once (``resend``
    waits for a restarting llama-server as any request does), and that answer is relayed into the same response
-   (``RelayResult.extra["resent"]``); an error answer to it becomes the stream's error event.
+   (``RelayResult.resent``); an error answer to it becomes the stream's error event.
 5. The last JSON event that carries the engine's cache report (one of ``Engine.report_markers`` in it), or the
    whole body when it is small JSON, is kept so later stages can read the report (``Engine.cache_report``)
    without buffering the stream; the other events are never parsed.
@@ -189,12 +189,12 @@ async def relay(
                     result.client_gone = True
                 else:
                     result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-            if not (result.upstream_failed and resend is not None and not answered and "resent" not in result.extra):
+            if not (result.upstream_failed and resend is not None and not answered and not result.resent):
                 break
             # step 4: nothing of the answer reached the client; send the request again, once
             log.warning("upstream failed on %s before the first event of its answer (%s); sending it again",
                         request.path, result.upstream_failed)
-            result.extra["resent"] = True
+            result.resent = True
             upstream.close()
             watcher.cancel()
             held, failed, result.upstream_failed = b"", result.upstream_failed, None

@@ -113,7 +113,7 @@ async def _passthrough(request: web.Request, translate: SlotsFilter | None = Non
         up = await upstream.open(request.method, _path_qs(request), headers, body or None,
                                  wait=request.path not in PROBE_PATHS)
         resp, result = await relay(request, up, style=stream_style_for(request.path), translate=translate)
-        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+        result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await send_whole(request, resp)
         return resp
@@ -282,7 +282,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
                                    translate=translate, on_answer=req.on_answer, markers=engine.report_markers,
                                    resend=send_again)
-        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+        result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
         await pipeline.finish(req)
@@ -347,7 +347,7 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Stream
     req.log_fields["forwarded_to"] = url
     resp, result = await relay(request, up, extra_headers={VIA_HEADER: via} if via else None, style=style,
                                prepared=prepared)
-    result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+    result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
     return resp, result
 
 
@@ -451,7 +451,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         "path": request.path,
         "status": status,
         "ms": round((time.monotonic() - started) * 1000, 2),
-        "upstream_ms": result.extra.get("upstream_ms") if result else None,
+        "upstream_ms": result.upstream_ms if result else None,
         "bytes": result.bytes_out if result else 0,
     }
     if request.get(DRAINED):
@@ -460,7 +460,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         fields["client_gone"] = True
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed
-    if result is not None and result.extra.get("resent"):
+    if result is not None and result.resent:
         fields["resent"] = True  # lost before its answer began, and sent again (relay.py, step 4)
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
