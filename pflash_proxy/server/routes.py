@@ -53,7 +53,7 @@ from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pfla
 from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SETTINGS,
                                      UPSTREAM, proof)
 from pflash_proxy.server.peers import PeerNode
-from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
+from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, Dialogue, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
 from pflash_proxy.sessions.slots import NO_CREDENTIAL
@@ -202,7 +202,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
         await pipeline.run_request(req)
         return None
     task = asyncio.ensure_future(pipeline.run_request(req))
-    resp: web.StreamResponse | None = req.progress_response  # a second run (a forward that failed)
+    resp: web.StreamResponse | None = req.relay.stream  # a second run (a forward that failed)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=min(2.0, interval) if resp is None else interval)
@@ -213,8 +213,8 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
                                                                "Cache-Control": "no-cache", **req.response_headers})
                 await resp.prepare(request)
                 request[SENT_STATUS] = resp.status
-                req.progress_response = resp
-            await resp.write(f": pflash {req.progress}\n\n".encode())
+                req.relay.stream = resp
+            await resp.write(f": pflash {req.relay.progress}\n\n".encode())
     except BaseException:
         task.cancel()  # the client left while waiting: stop the stages too (finish() releases the lease)
         raise
@@ -243,7 +243,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             req = parse_request(request, raw, dialect, app[SETTINGS], app[ENGINE])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
-            if req.forward_to is not None:  # another node holds the session (sessions/cluster.py)
+            if req.forward.to is not None:  # another node holds the session (sessions/cluster.py)
                 forwarded = await forward_to_node(request, req, style, prepared)
                 if forwarded is not None:
                     resp, result = forwarded
@@ -252,12 +252,12 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                 await pipeline.finish(req)  # that node is gone: the stages run again and serve it here
                 prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
         except ProxyError as exc:
-            if req.progress_response is None:
+            if req.relay.stream is None:
                 raise
             status = exc.status  # the stream already started: the error travels as an event of it
-            await write_stream_error(req.progress_response, error_body(exc.status, exc.message, exc.code),
+            await write_stream_error(req.relay.stream, error_body(exc.status, exc.message, exc.code),
                                      style)
-            return req.progress_response
+            return req.relay.stream
         upstream, engine = app[UPSTREAM], app[ENGINE]
         path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
@@ -280,7 +280,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay, step 4)
             return await upstream.open(request.method, path_qs, headers, payload)
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers,
+                                   translate=translate, on_answer=req.relay.on_answer, markers=engine.report_markers,
                                    resend=send_again)
         result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
@@ -290,7 +290,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         return resp
     except ProxyError as exc:
         status = exc.status
-        started_stream = req.progress_response if req is not None else None
+        started_stream = req.relay.stream if req is not None else None
         if started_stream is not None:  # e.g. the upstream went away after progress comments were sent
             await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code), style)
             return started_stream
@@ -320,10 +320,10 @@ async def send_whole(request: web.Request, resp: web.StreamResponse) -> None:
 
 async def forward_to_node(request: web.Request, req: ProxyRequest, style: StreamStyle, prepared: web.StreamResponse | None
                           ) -> tuple[web.StreamResponse, RelayResult] | None:
-    """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward_to`` and
-    relay its answer; None when that node could not be reached (``req.forward_failed`` says which, and
-    ``forward_to`` is cleared so that the stages serve the request here)."""
-    url = req.forward_to or ""
+    """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward.to`` and
+    relay its answer; None when that node could not be reached (``req.forward.failed`` says which, and
+    ``forward.to`` is cleared so that the stages serve the request here)."""
+    url = req.forward.to or ""
     peers = request.app[PEERS]
     peer = peers.get(url)
     if peer is None:
@@ -341,7 +341,7 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Stream
         up = await peer.open(request.method, req.path_qs, headers, req.raw_body)
     except (UpstreamUnavailable, UpstreamTimeout, UpstreamNotReady) as exc:
         log.warning("node %s unreachable for a forwarded turn (%s); serving it here", url, exc)
-        req.forward_failed, req.forward_to = url, None
+        req.forward.failed, req.forward.to = url, None
         req.response_headers.pop(VIA_HEADER, None)  # served here after all
         return None
     req.log_fields["forwarded_to"] = url
@@ -402,18 +402,17 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
     req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, cleaned or body, model)
     forwarded = request.headers.getall(FORWARDED_HEADER, [])
     if forwarded:  # another node's turn, when it is signed with the shared secret; a client's own is ignored
-        req.forwarded_by = verify_forward(settings.cluster.cluster_secret, forwarded, request.method, req.path_qs, raw,
-                                          time.time())
-        if req.forwarded_by is None:
+        req.forward.by = verify_forward(settings.cluster.cluster_secret, forwarded, request.method, req.path_qs, raw,
+                                        time.time())
+        if req.forward.by is None:
             log.warning("ignoring an %s header that is not signed by a cluster node", FORWARDED_HEADER)
     if cleaned is not None:
         req.changed = True  # forwarded without the volatile lines
         req.log_fields["volatile_dropped"] = True
     if dialect is not None:
-        req.dialect = dialect
-        req.conversation = dialect.parse(req.body)
-        check_tool_arguments(req.conversation.messages)  # JSON inside strings that the session identity parses
-        req.conversation_base = req.body
+        conversation = dialect.parse(req.body)
+        check_tool_arguments(conversation.messages)  # JSON inside strings that the session identity parses
+        req.dialogue = Dialogue(dialect, conversation, req.body)
     return req
 
 
@@ -438,10 +437,10 @@ def _observe(request: web.Request, status: int, started: float, result: RelayRes
              req: ProxyRequest | None) -> None:
     status = _final(request, status)
     first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
-    queue_ms = req.session.queue_ms if req is not None and req.session is not None else None
+    queue_ms = req.notes.session.queue_ms if req is not None and req.notes.session is not None else None
     request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
                                          first if first is not None and first >= 0 else None, queue_ms,
-                                         req.compression if req is not None else None)
+                                         req.notes.compression if req is not None else None)
 
 
 def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:

@@ -107,7 +107,7 @@ class CompressStage(Stage):
 
     # Pipeline hook ---------------------------------------------------------------------------------------
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         mode, prompt_tokens, kept_tokens, failed = "passthrough", None, None, None
@@ -124,9 +124,9 @@ class CompressStage(Stage):
             mode, failed = "full-error", f"{type(exc).__name__}: {exc}"
             log.exception("pflash: serving the message whole after an internal error")
         # what the compressor noted when it ran (``_compress``), with the mode served and why it failed, if it did
-        note = req.compression or CompressionNote(mode)
+        note = req.notes.compression or CompressionNote(mode)
         note.mode, note.reason = mode, failed or note.reason
-        req.compression = note
+        req.notes.compression = note
         self.counters[mode] = self.counters.get(mode, 0) + 1
         req.response_headers["X-PFlash-Mode"] = mode
         if prompt_tokens is not None:
@@ -253,7 +253,7 @@ class CompressStage(Stage):
         # agent's fixed preamble) with an earlier session is cold, so its flat ranking gets full prefill; in a
         # running one a flat ranking is served with markers, and recall brings lines back.
         in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
-        req.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
+        req.relay.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, functools.partial(
             self.compressor.compress, tt, request, uncached, in_conversation, source, label))
@@ -270,11 +270,11 @@ class CompressStage(Stage):
                   "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
-        req.compression = CompressionNote(outcome.mode, ms=round(total_ms, 1), scorer=self.scorer.name,
+        req.notes.compression = CompressionNote(outcome.mode, ms=round(total_ms, 1), scorer=self.scorer.name,
                                           stage_ms=dict(outcome.stage_ms))
         if outcome.mode != "compressed":
             req.log_fields.update(fields)
-            req.compression.reason = outcome.reason
+            req.notes.compression.reason = outcome.reason
             log.info("pflash %s: message %s (%d tokens) served whole: %s", outcome.mode, label, tt.total_tokens,
                      outcome.reason, extra={"fields": fields})
             return outcome.mode, prompt_tokens, prompt_tokens
@@ -286,7 +286,7 @@ class CompressStage(Stage):
         req.log_fields.update(fields)
         if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
             req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
-            req.compression.reason = outcome.reason
+            req.notes.compression.reason = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             assert ctx.record is not None  # on_request admits only requests with a session record

@@ -201,22 +201,22 @@ class SavingsStage(Stage):
         self._last: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write (waiting or running)
 
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        req.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
+        req.notes.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        ctx = req.session
-        if req.turn is None or ctx is None or ctx.record is None:
+        ctx = req.notes.session
+        if req.notes.turn is None or ctx is None or ctx.record is None:
             return
-        req.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
+        req.notes.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
 
     async def on_finish(self, req: ProxyRequest) -> None:
         """Step 5: the turn's traces join its session's next trace write, after the answer."""
-        ctx = req.session
-        answered = req if req.turn is not None and req.turn.answer is not None else None
+        ctx = req.notes.session
+        answered = req if req.notes.turn is not None and req.notes.turn.answer is not None else None
         if ctx is None or ctx.record is None or not ctx.forwarded:
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
@@ -302,12 +302,12 @@ class SavingsStage(Stage):
     def turn_trace(self, req: ProxyRequest) -> Built:
         """Steps 1, 2 and 4: the turn trace of an answered request (its ``session``, and its ``turn`` with the
         answer) and what it adds to the session's totals, before the session's rate prices its tokens (``price``)."""
-        ctx, noted = req.session, req.turn
+        ctx, noted = req.notes.session, req.notes.turn
         if ctx is None or noted is None or noted.answer is None:
             raise ValueError("turn_trace of a request without a session's answered turn")
         n, result, at = noted.number, noted.answer.result, noted.answer.at
         timings = _timings(noted.answer.report)
-        compression = req.compression
+        compression = req.notes.compression
         mode = compression.mode if compression is not None else None
         messages = []
         avoided_compression = 0

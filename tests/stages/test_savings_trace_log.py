@@ -228,7 +228,7 @@ async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(
     real = proxy.savings.turn_trace
 
     def spy(req):
-        built.append(req.turn.number)
+        built.append(req.notes.turn.number)
         return real(req)
 
     monkeypatch.setattr(proxy.savings, "turn_trace", spy)
