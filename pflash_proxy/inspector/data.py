@@ -1,18 +1,11 @@
 """The JSON behind the inspector's views, built from the read-only views it is handed (``InspectorViews``: the
-engine, the sessions and slots, the live counters of ``/pflash/stats``).
+engine, the sessions and slots, the typed counters of ``/pflash/stats``).
 
-1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
-   sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
-   saved by compression, what the turns saved (``stages.savings``), snapshot, and with a shared index the node
-   holding it), totals since start (the same counts as the table's) and the live counters of ``/pflash/stats``; with a shared index also this node, the
-   live nodes, its forwarded turns, takeovers and what they restored.
-   The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
-   kept until its last use changes, so the page can refresh every few seconds.
-2. ``session``: one session by its full id — every served message, and for each trace (``sessions.traces``) the
-   units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
-   the original lines; recall excerpts with the message and lines they came from; every turn's trace (what the
-   slot held, llama-server's timings, tokens avoided and time saved by cause, why messages were served whole).
-Store reads are blocking (SQLite): callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
+``overview`` is the upstream, every slot, the totals since start and the live counters; ``sessions`` the most
+recently used sessions' summaries (cached for ``LIST_TTL_S``: listing reads the whole index; each summary kept
+until the session's last use changes); ``session`` one session by its full id, with every served message and its
+traces (units, scores, kept and omitted lines, recall excerpts, each turn's cache result and savings). Index
+reads block: callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
 """
 
 from __future__ import annotations

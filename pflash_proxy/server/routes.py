@@ -1,29 +1,19 @@
 """HTTP handlers: the parsed completion routes, the transparent catch-all, and ``/pflash/*``.
 
-1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
-   end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
-2. ``parsed`` handles the completion routes and the conversation routes of every dialect (chat, Anthropic
-   Messages, Responses): the body as ``bodies.read_body`` reads it (413 too large, 429 bodies held at once
-   beyond their bound, 408 not in whole within ``--body-timeout-s``, 400 unreadable), JSON + typed model or the
-   dialect's conversation (400, in the client's dialect; a body of 1 MiB or more is parsed in a worker thread so
-   the event loop never stalls on it), the stage pipeline, then the same relay (a dialect
-   sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte.
-   For a base model the proxy spawned, a translated (Anthropic) request's ``max_tokens`` above the spawned
-   server's cap is lowered to it and a stop there is the end of the turn (``X-PFlash-Turn-Cap: N``;
-   ``llama/spawn.py``, step 3).
-   The slot pin the stages set (``Slots.pin_fields``) travels into a translated body as it is, and a pin a
-   client sent itself must be an integer (400). The answer's cache report is read with the engine's
-   ``report_markers`` / ``cache_report`` (``Engine``).
-3. ``slot_action``: a client's own slot action (``llama.api.CLIENT_SLOT_ROUTE``) is refused (403) unless
-   ``--allow-slot-actions``; then its slot must be a plain decimal integer (400 otherwise) and the action runs
-   under a lease of that slot. Only canonical paths get here (``gate.py`` refuses the spellings the server would
-   also route there with 400 before any route is chosen).
-   A turn another node holds is forwarded there through a transport of its own (``peers.PeerNode``).
-4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
-   whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
-   A whole (non-streamed) answer is written to the client once the stages' ``on_response`` and ``on_finish``
-   ran (``send_whole``: what the client may do next, such as its next turn, finds the slot released and the
-   table told what the slot holds); the metrics and the log line follow it.
+- ``passthrough`` forwards every method and path the proxy does not handle itself (query string, body and
+  end-to-end headers unchanged) and relays the answer as it arrives.
+- ``parsed`` handles the completion routes and every dialect's conversation routes: the body as
+  ``bodies.read_body`` reads it, JSON and the typed model or the dialect's conversation (400 in the client's
+  dialect; a body of 1 MiB or more is parsed in a worker thread), the stage pipeline, then the relay (a dialect
+  sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte; a
+  client's own slot pin must be an integer (400). A turn another node holds is forwarded there
+  (``peers.PeerNode``). For a base model the proxy spawned, a translated request's ``max_tokens`` above the
+  server's cap is lowered to it (``X-PFlash-Turn-Cap: N``).
+- ``slot_action``: a client's own slot action is refused (403) unless ``--allow-slot-actions``; then its slot must
+  be a decimal integer (400) and the action runs under a lease of that slot.
+- Every request ends with one access-log line (a client that left first is logged and counted as 499); a whole
+  answer is written once the stages' ``on_response`` and ``on_finish`` ran (``send_whole``), so the client's next
+  turn finds the slot released.
 """
 
 from __future__ import annotations
@@ -68,7 +58,7 @@ log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
 HOLDER_PATH = PROOF_PATH  # wrap's check of the URL a lock file names (cli/home.py)
-TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
+TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
@@ -263,7 +253,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
             body = dialect.to_upstream(req.body, req.messages)
             body.update(pin_of(engine, req.body))  # the slot the stages (or the client) pinned the request to
-            capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py, step 3)
+            capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py: its turn cap)
             if capped:
                 req.response_headers[TURN_CAP_HEADER] = str(upstream.turn_cap)
             path_qs, translate = dialect.upstream_path, dialect.translator(engine.cache_report, turn_capped=capped)
@@ -277,7 +267,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             up.release()
             raise
 
-        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay, step 4)
+        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay's resend)
             return await upstream.open(request.method, path_qs, headers, payload)
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
                                    translate=translate, on_answer=req.relay.on_answer, markers=engine.report_markers,
@@ -306,7 +296,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
 
 
 async def send_whole(request: web.Request, resp: web.StreamResponse) -> None:
-    """Write a whole answer the relay built but did not send (step 4: before the metrics and the log line).
+    """Write a whole answer the relay built but did not send (before the metrics and the log line).
     aiohttp sends nothing twice: the handler still returns ``resp``. A client that left meanwhile is the relay's
     case of a client gone after the answer was complete: nothing to do."""
     if resp.prepared:
@@ -460,7 +450,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed
     if result is not None and result.resent:
-        fields["resent"] = True  # lost before its answer began, and sent again (relay.py, step 4)
+        fields["resent"] = True  # lost before its answer began, and sent again (relay's resend)
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
 
@@ -481,7 +471,7 @@ def add_routes(app: web.Application) -> None:
 
 async def holder_proof(request: web.Request) -> web.StreamResponse:
     """``GET /pflash/holder?challenge=HEX``: this proxy's proof that it holds the state directory's lock, the
-    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``, step 5), so that ``wrap``
+    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``), so that ``wrap``
     uses the URL a lock file names only when the proxy that wrote it answers there. 404 when this process wrote
     no nonce (an app not started by ``serve``); 400 for a challenge that is not 16 to 128 hex digits."""
     nonce = request.app.get(HOLDER_NONCE)

@@ -1,36 +1,19 @@
-"""``CompressStage``: the I/O shell around the sans-IO ``compress`` package (PFlash for chat requests).
+"""``CompressStage``: the I/O shell around the sans-IO ``compress`` package (PFlash for chat requests). It runs
+after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage``.
 
-Runs after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage`` (which
-persists what was served):
-1. Admission (``_candidate``).  Only messages of this turn (after the last assistant message) that the session
-   has not been served are candidates, never a ``system``/``developer`` message (the agent's instructions, like its
-   tool definitions, are never shortened), and only the newest of them that is long (an agent's tool output may
-   be followed by a short message in the same request).  A message's UTF-8 byte length bounds its token count
-   from above, so short messages cost nothing; the whole prompt is counted exactly first
-   (``Engine.count_prompt``, one number): above ``--max-prompt-tokens`` → 400
-   ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
-   refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).
-   Before any of that the whole prompt is bounded, whatever turn carries its bulk (``_refuse_long_prompt``: its
-   bytes first, then pieces counted (``Engine.count_text``) until the count passes the limit), so history over the limit is refused
-   too, without tokenizing all of it.
-   Then each byte-long candidate, newest first, is tokenized with pieces (``Engine.pieces``: exact per-line
-   counts); the first of
-   at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
-2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
-   the tokens the upstream would prefill (the uncached part) → flat fallback (``--fallback-spread``, or the
-   scorer's own thresholds by prompt length: ``scorers.default_spread``) → rewrite.  The served message
-   is re-tokenized; if the note/marker estimate put it past the budget, or more than 1.5 % below it, a few
-   corrected runs (the budget is a ceiling: only the always-kept units pass it).
-3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
-   the question (``request.follow_up_query``: the turn without the client's reminders; of a long turn, its question
-   by form); at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
-4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
-   counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
-5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log): an engine
-   that is unreachable, not ready or refuses a count (``EngineError``) as much as an internal error.
+- Admission (``_candidate``): the candidates are this turn's messages (after the last assistant message) that the
+  session was not served, never a ``system``/``developer`` message; the newest of at least ``--threshold`` tokens
+  (exact per-line counts from ``Engine.pieces``) is compressed. Before that the whole prompt is bounded by
+  ``--max-prompt-tokens`` (``_refuse_long_prompt``, ``_refuse_oversized``: 400 ``context_length_exceeded``),
+  counting from bytes first so a long history is refused without tokenizing all of it.
+- Compression runs in an executor (numpy, never on the event loop) within a budget over the tokens the upstream
+  would prefill; the served message is re-tokenized and the budget corrected a few times if it missed.
+- Recall: on a short new user turn in a session with omitted lines, the omitted units are scored against its
+  question and the best excerpts prepended (and stored, so the turn replays).
+- A cold history (no slot, no snapshot) over the threshold is served as it is (``full-cold``).
+- Any failure serves the message whole (``full-error``, the reason in the log).
 Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``, and
-``X-PFlash-Budget-Note: insufficient_middle_budget`` when the pinned tail and the question left the ranked units
-too little of the budget and it was widened (``full-budget``: the widened budget is the whole message).
+``X-PFlash-Budget-Note: insufficient_middle_budget`` when the budget was widened (``full-budget``).
 """
 
 from __future__ import annotations
@@ -63,7 +46,7 @@ log = logging.getLogger("pflash_proxy.compress")
 
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
-_NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
+_NEVER_SHORTENED = ("system", "developer")  # the agent's instructions, like its tool definitions
 
 
 _COUNT_CHUNK_CHARS = 1 << 18  # the whole-prompt bound tokenizes long prompts in pieces of at most this many
@@ -155,7 +138,7 @@ class CompressStage(Stage):
 
     async def _candidate(self, req: ProxyRequest, ctx: SessionContext,
                          messages: list[Message]) -> tuple[int, int, TokenizedText] | None:
-        """Step 1: the newest long message of this turn that may be shortened, and the prompt's token count.
+        """The newest long message of this turn that may be shortened, and the prompt's token count.
 
         Candidates are the messages after the last assistant message that the session has not been served, newest
         first, whose role is not ``system``/``developer`` (instructions are the agent's program and are never
@@ -189,7 +172,7 @@ class CompressStage(Stage):
         return None
 
     async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[Message]) -> None:
-        """Step 1, first of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
+        """First of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
         (history, instructions, tool calls, tool definitions). No token is shorter than a byte, so a prompt whose
         text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of twice
         the limit in characters (16 K to 256 K), in order, until the count passes the limit plus the tokens the cuts between pieces

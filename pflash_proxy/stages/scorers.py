@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pflash_proxy.stats import DrafterStats, ScoringStats
-
 if TYPE_CHECKING:
     from pflash_proxy.jsontypes import JSONObject
+    from pflash_proxy.stats import ScoringStats
     from pflash_proxy.compress.scores import Scorer
     from pflash_proxy.compress.units import Segmenter
     from pflash_proxy.config import Settings
@@ -324,6 +323,8 @@ class Scoring:
 
     def stats(self) -> ScoringStats:
         """What scores: the segmenter, the scorer, the heads an attention scorer reads, the drafter's passes."""
+        from pflash_proxy.stats import DrafterStats, ScoringStats
+
         heads = getattr(self.scorer, "heads", getattr(getattr(self.scorer, "second", None), "heads", "n/a"))
         drafter = None
         if self.drafter is not None:
