@@ -115,6 +115,13 @@ class ByCause(Stats):
         """(cause, value) by cause name."""
         return ("cache", self.cache), ("compression", self.compression)
 
+    @classmethod
+    def from_json(cls, obj: object) -> ByCause:
+        """Read back from ``as_json`` (a missing or null cause is 0)."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        return cls(_number(obj.get("compression")), _number(obj.get("cache")))
+
 
 @dataclass(frozen=True)
 class SavingsStats(Stats):
@@ -134,6 +141,43 @@ class SavingsStats(Stats):
     tokens_avoided: ByCause
     seconds_saved: ByCause
     seconds_saved_note: str
+
+
+@dataclass(frozen=True)
+class SessionSavings(Stats):
+    """What one session's timed turns saved: the inspector's session summary (``savings``), which
+    ``pflash-proxy show`` reads back (``from_json``). Seconds are estimates (``note``)."""
+
+    turns_timed: int
+    prompt_tokens: int
+    prefilled_tokens: int
+    cached_tokens: int
+    prefill_s: float
+    rate_tps: float | None  # the session's prefill rate (tokens/s); None before a timed prefill
+    tokens_avoided: ByCause
+    saved_s: ByCause
+    note: str
+
+    @property
+    def saved_total(self) -> float:
+        """Seconds saved, both causes."""
+        return self.saved_s.compression + self.saved_s.cache
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> SessionSavings:
+        """Read back from ``as_json`` (missing counts are 0)."""
+        rate = obj.get("rate_tps")
+        note = obj.get("note")
+        return cls(int(_number(obj.get("turns_timed"))), int(_number(obj.get("prompt_tokens"))),
+                   int(_number(obj.get("prefilled_tokens"))), int(_number(obj.get("cached_tokens"))),
+                   _number(obj.get("prefill_s")), None if rate is None else _number(rate),
+                   ByCause.from_json(obj.get("tokens_avoided")), ByCause.from_json(obj.get("saved_s")),
+                   note if isinstance(note, str) else "")
+
+
+def _number(value: object) -> float:
+    """A count or a time read back from JSON: a number, else 0 (absent, null)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True)

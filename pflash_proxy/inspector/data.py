@@ -23,7 +23,7 @@ from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, current, log_of, session_rate
-from pflash_proxy.stats import ByCause, CompressStats, ProxyStats, SavingsStats
+from pflash_proxy.stats import ByCause, CompressStats, ProxyStats, SavingsStats, SessionSavings
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 LIST_LIMIT = 100
@@ -161,18 +161,14 @@ class InspectorData:
                 "recalls": totals.get("recalls", 0),
                 # the new long messages compression looked at (compressed or served whole), before and after
                 "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served,
-                "savings": {
-                    "turns_timed": totals.get("turns_timed", 0),
-                    "prompt_tokens": totals.get("prefilled_tokens", 0) + totals.get("cached_tokens", 0),
-                    "prefilled_tokens": totals.get("prefilled_tokens", 0),
-                    "cached_tokens": totals.get("cached_tokens", 0),
-                    "prefill_s": round(totals.get("prefill_ms", 0) / 1000, 3),
-                    "rate_tps": None if rate is None else round(rate, 1),
-                    "tokens_avoided": {"compression": totals.get("avoided_compression", 0),
-                                       "cache": totals.get("avoided_cache", 0)},
-                    "saved_s": {"compression": round(totals.get("saved_ms_compression", 0) / 1000, 3),
-                                "cache": round(totals.get("saved_ms_cache", 0) / 1000, 3)},
-                    "note": ESTIMATE_NOTE}}
+                "savings": SessionSavings(
+                    totals.get("turns_timed", 0), totals.get("prefilled_tokens", 0) + totals.get("cached_tokens", 0),
+                    totals.get("prefilled_tokens", 0), totals.get("cached_tokens", 0),
+                    round(totals.get("prefill_ms", 0) / 1000, 3), None if rate is None else round(rate, 1),
+                    ByCause(totals.get("avoided_compression", 0), totals.get("avoided_cache", 0)),
+                    ByCause(round(totals.get("saved_ms_compression", 0) / 1000, 3),
+                            round(totals.get("saved_ms_cache", 0) / 1000, 3)),
+                    ESTIMATE_NOTE).as_json()}
 
     # One session ----------------------------------------------------------------------------------------------
     def session_exists(self, sid: str) -> bool:
