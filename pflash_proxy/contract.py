@@ -46,7 +46,7 @@ FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to ano
 VIA_HEADER = "X-PFlash-Via"  # on the answer to a forwarded turn: the node that received it and forwarded it
 
 RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
-Body = dict[str, Any]  # a JSON object as parsed: a request's body, a message, an upstream answer
+Body = dict[str, Any]  # a JSON object, parsed or being built: a request's body, a message, an answer, log fields
 
 
 @dataclass
