@@ -239,7 +239,7 @@ class SessionService:
     def stats(self) -> dict[str, object]:
         return {**self._counters, **self._scheduler.stats(), **self._snapshots.stats(),
                 "store_available": not self._store_down, "model_identity": self._watch.model_identity,
-                **self._engine.stats(), **({"cluster": self._cluster.stats()} if self._cluster is not None else {})}
+                **self._engine.stats().as_json(), **({"cluster": self._cluster.stats()} if self._cluster is not None else {})}
 
     async def save_all(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""

@@ -29,6 +29,7 @@ from typing import Any
 from pflash_proxy.contract import ProxyRequest, RelayResult, ResponseChain, Stage
 from pflash_proxy.sessions.index import SessionIndex
 from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.stats import ChainStats
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -83,9 +84,8 @@ class ResponseChainStage(Stage):
             lambda index: record(index, rid, sid, pending.owner, all_items, pending.parent),
             "recording a response")
 
-    def stats(self) -> dict[str, object]:
-        return {"previous_response_expanded": self.counters["expanded"],
-                "previous_response_unknown": self.counters["unknown"]}
+    def stats(self) -> ChainStats:
+        return ChainStats(self.counters["expanded"], self.counters["unknown"])
 
 
 def expand(store: SessionIndex, rid: str, owner: str | None) -> list[Item] | None:

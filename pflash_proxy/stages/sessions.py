@@ -57,6 +57,7 @@ from pflash_proxy.sessions.index import StoreError
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.traces import record_cache
+from pflash_proxy.stats import JSONPart
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -245,8 +246,8 @@ class SessionStage(Stage):
     async def save_all(self) -> int:
         return await self.sessions.save_all()
 
-    def stats(self) -> dict[str, object]:
-        return self.sessions.stats()
+    def stats(self) -> JSONPart:
+        return JSONPart(self.sessions.stats())
 
 
 def is_batch(prompt: object) -> bool:

@@ -3,9 +3,17 @@ order, ``stop`` in reverse, ``save_all`` for ``POST /pflash/save``, ``stats`` un
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pflash_proxy.contract import Stage, StageHooks
 from pflash_proxy.server.app import create_app
+from pflash_proxy.stats import Stats
 from tests.conftest import make_settings
+
+
+@dataclass(frozen=True)
+class Saves(Stats):
+    saves: int
 
 
 class Hooked(Stage):
@@ -26,8 +34,8 @@ class Hooked(Stage):
     async def save_all(self) -> int:
         return self.saves
 
-    def stats(self) -> dict:
-        return {"saves": self.saves}
+    def stats(self) -> Saves:
+        return Saves(self.saves)
 
 
 async def test_the_app_calls_the_declared_hooks(aiohttp_client, tmp_path):

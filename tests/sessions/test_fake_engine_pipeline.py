@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pflash_proxy.config import Settings
-from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
+from pflash_proxy.contract import Dialogue, Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
@@ -75,7 +75,7 @@ class Proxy:
         dialect = dialect_for(path)
         assert dialect is not None
         req = ProxyRequest("chat", "POST", path, headers or {}, json.dumps(body).encode(), body, None,
-                           dialect=dialect, conversation=dialect.parse(body), conversation_base=body)
+                           dialogue=Dialogue(dialect, dialect.parse(body), body))
         await self.pipeline.run_request(req)
         if dialect.upstream_path:  # translated for another route, the pin carried over, as server/routes.py does
             sent = {**dialect.to_upstream(req.body, req.messages), **pin_of(self.engine, req.body)}
