@@ -39,8 +39,8 @@ _TOKENS = attrgetter("tokens")
 DEFAULT_CURVE = ("4096:0.52 8192:0.37 16384:0.315 32768:0.270 65536:0.270 120000:0.225 "
                  "message:4096:0.5 message:8192:0.35 message:14336:0.3")
 # From 14K tokens on a message keeps at most 0.3 of itself, and from 16K on the prompt follows the seed's curve.
-# Below (a lowered --threshold: an agent's reads of 4-14K tokens), a small read saves little and has little room
-# (issue 48): it keeps up to half of itself at 4K, 0.35 at 8K, linear between. Chosen on the users'-words code
+# Below (a lowered --threshold: an agent's reads of 4-14K tokens), a small read saves little and has little
+# room: it keeps up to half of itself at 4K, 0.35 at 8K, linear between. Chosen on the users'-words code
 # tasks, dev split (`bench code-tasks`, four shapes, the needed definition whole in the written tasks, median kept
 # at 4-8K / 8-16K): flat 0.3 76/77/77/75 of 84 (0.29 / 0.30); 4K 0.4, 8K 0.33: 77/77/77/79 (0.35 / 0.32); 4K 0.45,
 # 8K 0.35: 79/79/79/78 (0.38 / 0.33); 4K 0.5, 8K 0.35, 0.3 at 16K: 79/79/79/79 (0.39 / 0.33); this curve
