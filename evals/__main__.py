@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "warm,cold (code-tasks: warm)")
     p.add_argument("--no-mined", dest="mined", action="store_false",
                    help="code-tasks: only the hand-written tasks, no sentences mined from the packages' docs")
+    p.add_argument("--ids", default=None,
+                   help="code-tasks: only the cases whose id matches one of these, comma-separated, each an id or a "
+                        "glob (e.g. 'anyio-3,h11-*,*-mined-*'); applied before --limit")
     p.add_argument("--site", type=Path, help="code-reads, code-tasks, every-x: the site-packages to read from "
                                              "(default this interpreter's)")
     p.add_argument("--concurrency", type=int, default=4,

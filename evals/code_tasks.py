@@ -21,7 +21,7 @@
 5. Split by package (``common.split_of``, about 60/40 of the cases; ``held-out-2``: tasks written later over
    packages in neither split, each case saying so, and the mined sentences of those packages with them). Only
    ``--split``'s cases are sent, one package after the other in turn (``interleave``), so ``--limit N`` spans
-   packages.
+   packages; ``--ids`` keeps the cases whose id matches one of its ids or globs (``select_ids``), before the limit.
 6. Beside each read, ``bm25_keeps_gold``: whether an offline BM25 ranking of the file's definitions, filled
    greedily to 30 % of the file, would have kept the gold (the issue's diagnostic: what the pipeline loses that
    the ranking found).
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import fnmatch
 import json
 import random
 import re
@@ -345,6 +346,19 @@ def interleave(tasks: list[Task]) -> list[Task]:
     return out
 
 
+def select_ids(tasks: list[Task], ids: str | None) -> list[Task]:
+    """``--ids``: the tasks whose id matches one of the comma-separated ids or globs (``fnmatch``, case-sensitive);
+    all of them when ``ids`` is empty. A pattern that matches no task is an error (a typo would otherwise measure
+    nothing and say so only by a short table)."""
+    pats = [p.strip() for p in (ids or "").split(",") if p.strip()]
+    if not pats:
+        return tasks
+    unmatched = [p for p in pats if not any(fnmatch.fnmatchcase(t.id, p) for t in tasks)]
+    if unmatched:
+        raise ValueError(f"--ids: no case of this split matches {', '.join(unmatched)}")
+    return [t for t in tasks if any(fnmatch.fnmatchcase(t.id, p) for p in pats)]
+
+
 def bucket(tokens: int | None) -> str:
     for lo, hi, label in BUCKETS:
         if tokens is not None and lo <= tokens < hi:
@@ -382,6 +396,7 @@ async def run(opts: argparse.Namespace) -> JSONObject:
                                     if t.split == opts.split}), opts.seed, opts.split)
     if opts.families:
         tasks = [t for t in tasks if t.kind in opts.families]
+    tasks = select_ids(tasks, getattr(opts, "ids", None))
     tasks = interleave(tasks)
     if opts.limit:
         tasks = tasks[:opts.limit]
@@ -495,6 +510,8 @@ def main(opts: argparse.Namespace) -> tuple[str, list[Path]]:
         extra.append("--no-mined")
     if opts.families:
         extra += ["--families", ",".join(opts.families)]
+    if getattr(opts, "ids", None):
+        extra += ["--ids", opts.ids]
     data["command"] = common.command_of("code-tasks", opts, extra)
     return report(data, Path(opts.out))
 

@@ -328,7 +328,10 @@ async def _case(h: common.Harness, scorer: str, ds: Dataset, q: Question, partne
             got2 = reached(q2.evidence, sent2.text)
             rec["followup"] = {"qid": q2.qid, "mode": sent2.mode, "evidence_total": len(got2),
                                "evidence_whole": sum(got2), "all_evidence": all(got2),
-                               "missing_after_turn1": sum(not x for x in reached(q2.evidence, sent.text))}
+                               "missing_after_turn1": sum(not x for x in reached(q2.evidence, sent.text)),
+                               # why a follow-up missed: its question, the recall gate's share, what did not come back
+                               "query": q2.query, "recall_share": sent2.fields.get("recall_share"),
+                               "missing": [e for e, ok in zip(q2.evidence, got2) if not ok]}
     return rec
 
 

@@ -390,8 +390,8 @@ class CompressionOptions(Options):
     threshold: int = Field(_COMPRESSION.threshold, ge=1, description=(
         "act only on a new message of at least this many tokens"))
     prefill_curve: str = Field(DEFAULT_CURVE, description=(
-        "budget ratio curve 'TOKENS:RATIO ... [message:SHARE]': the share of the prompt kept by prompt size, and "
-        "the most of itself a message keeps"))
+        "budget ratio curve 'TOKENS:RATIO ... [message:SHARE | message:TOKENS:SHARE ...]': the share of the prompt "
+        "kept by prompt size, and the most of itself a message keeps (one share, or by the message's tokens)"))
     query_pin: int = Field(_COMPRESSION.query_pin, ge=0, description=(
         "tokens at the message's tail (the request) that are always kept"))
     # one flat threshold (compress.spread: (N_eff - k) / k); None: the scorer's own curve

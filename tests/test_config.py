@@ -70,7 +70,10 @@ def test_example_config_file_is_valid():
     from pathlib import Path
 
     s = load_settings({}, environ={}, config_file=Path(__file__).parent.parent / "configs" / "pflash-proxy.toml")
-    assert s.compression.threshold == 16384 and s.compression.prefill_curve.startswith("16384:0.315")
+    from pflash_proxy.compress.budget import DEFAULT_CURVE
+
+    assert s.compression.threshold == 16384 and s.compression.prefill_curve == DEFAULT_CURVE
+    assert " 16384:0.315 " in DEFAULT_CURVE and DEFAULT_CURVE.endswith(" message:14336:0.3")  # the seed's from 16K
 
 
 def test_attention_heads_accept_auto_all_and_layer_head_pairs():

@@ -103,6 +103,23 @@ def test_interleave_spans_packages_before_repeating_one():
     assert [t.id for t in code_tasks.interleave(ts)][:4] == ["a-0", "b-0", "a-1", "b-1"]
 
 
+def test_code_tasks_ids_pick_cases_by_id_or_glob_and_refuse_a_pattern_that_matches_none():
+    ts = [code_tasks.Task(f"{p}-{i}", p, "", "", "how", "dev", "") for p in ("anyio", "h11") for i in range(3)]
+    ts.append(code_tasks.Task("h11-mined-1", "h11", "", "", "mined", "dev", ""))
+    assert code_tasks.select_ids(ts, None) == ts and code_tasks.select_ids(ts, " , ") == ts
+    assert [t.id for t in code_tasks.select_ids(ts, "anyio-1, h11-*")] == ["anyio-1", "h11-0", "h11-1", "h11-2",
+                                                                          "h11-mined-1"]
+    assert [t.id for t in code_tasks.select_ids(ts, "*-mined-*")] == ["h11-mined-1"]
+    with pytest.raises(ValueError, match="anyio-9"):
+        code_tasks.select_ids(ts, "anyio-0,anyio-9")
+
+
+def test_code_tasks_ids_that_match_no_case_fail_before_anything_is_started(tmp_path, capsys):
+    assert main(["code-tasks", "--ids", "no-such-case-*", "--out", str(tmp_path)]) == 1
+    assert "--ids: no case of this split matches no-such-case-*" in capsys.readouterr().err
+    assert not (tmp_path / "code-tasks.json").exists()
+
+
 @needs_ruler
 def test_ruler_evidence_is_the_sentence_holding_the_answer():
     ds = ruler.load("squad")

@@ -26,6 +26,12 @@ PARAGRAPHS = [
     "payrolls and customer lists long after they had outgrown a single sheet.",
 ]
 
+# The seed's curve with a flat message share of 0.3: the default before the budget was shaped by read size (issue
+# 48). The mechanism tests (a pin that takes most of the budget, a definition of 0.7 of it, a gate that finds more
+# relevant units than the budget keeps) size their messages against this budget, so they pin it rather than
+# follow the default's numbers for small messages.
+FLAT_CURVE = "16384:0.315 32768:0.270 65536:0.270 120000:0.225 message:0.3"
+
 NEEDLE = ("The vault combination for the Zebulon archive is 7421-ORCHID, and only the night curator "
           "Margarethe Voss is allowed to open it.")
 

@@ -15,6 +15,8 @@ from pflash_proxy.compress.pipeline import CLOSE_BUDGET, MIDDLE_SHARE, Compressi
 from pflash_proxy.compress.request import RequestFinder, RequestSpec
 from pflash_proxy.compress.text import TokenizedText
 
+from .corpus import FLAT_CURVE
+
 PLANT = "# The launch code for the orbital relay is 7C-ALPHA-93."
 QUESTION = "What is the launch code for the orbital relay?"
 NAMES = ["parse_header", "load_config", "merge_ranges", "format_table", "read_chunks", "retry_call", "hash_file",
@@ -85,7 +87,7 @@ def test_top_ranked_unit_survives_a_pin_that_grew_into_a_large_unit():
     text = pasted_file()
     assert 13_000 <= len(text) <= 15_000
     tt = TokenizedText.from_text(text)
-    settings = CompressionSettings(threshold=1024)
+    settings = CompressionSettings(threshold=1024, curve=FLAT_CURVE)  # the budget the premise is sized at
     request = RequestFinder(settings.query_pin).find([{"role": "user", "content": text}], 0, tt)
     assert request.source == "question" and request.text == QUESTION + "\n"
     assert request.pinned_tail_tokens == 512

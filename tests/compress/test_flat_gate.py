@@ -15,6 +15,8 @@ from pflash_proxy.compress.spread import SpreadCurve, asks_for_every, flat_gate
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.stages.scorers import SCORERS, default_spread
 
+from .corpus import FLAT_CURVE
+
 
 def asyncio_paste(chars: int = 14_000) -> str:
     """asyncio's first modules, concatenated: a cold document of ~3.7K tokens."""
@@ -207,7 +209,8 @@ def test_the_gate_reads_bm25_of_the_every_clause_whatever_the_serving_scorer():
     tt = TokenizedText.from_text(msgs[0]["content"])
     request = RequestFinder().find(msgs, 0, tt)
     scorer = _Peaked(5)
-    comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=0.11), scorer=scorer)
+    # the flat curve's budget keeps 2 of the ~4.4 relevant units (the size-shaped default's keeps about 4: not flat)
+    comp = Compressor(CompressionSettings(threshold=1024, fallback_spread=0.11, curve=FLAT_CURVE), scorer=scorer)
     out = comp.compress(tt, request, tt.total_tokens, False, "paste", "1")
     assert out.mode == "full-flat" and out.spread is not None and out.spread > 1.0, out.reason
     assert scorer.asked == [request.text]

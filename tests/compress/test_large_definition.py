@@ -7,6 +7,8 @@ from __future__ import annotations
 from pflash_proxy.compress import Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.pipeline import CompressionSettings
 
+from .corpus import FLAT_CURVE
+
 
 def big_function() -> str:
     lines = ["def settle_ledger(entries, rates, *, rounding='half-even'):",
@@ -76,7 +78,8 @@ def long_def(name: str, marker: str, steps: int) -> str:
 def _served(parts: list[str]):
     text = "\n\n".join(parts)
     tt = TokenizedText.from_text(text)
-    out = Compressor(CompressionSettings(threshold=1024), scorer=ByMarker()).compress(
+    # the flat curve: the sizes below are fractions of its budget (0.3 of the read)
+    out = Compressor(CompressionSettings(threshold=1024, curve=FLAT_CURVE), scorer=ByMarker()).compress(
         tt, RequestFinder().find([{"role": "user", "content": "why?"}, {"role": "assistant", "content": "",
                                  "tool_calls": [{"id": "t", "type": "function", "function": {
                                      "name": "Read", "arguments": "{}"}}]},

@@ -15,7 +15,7 @@ from pflash_proxy.compress.scores import LexicalScorer
 from pflash_proxy.compress.text import TokenizedText
 from pflash_proxy.compress.units import Unit, UnitSegmenter
 
-from .corpus import NEEDLE, document_with_needle, prose_paragraphs
+from .corpus import FLAT_CURVE, NEEDLE, document_with_needle, prose_paragraphs
 
 QUESTION = "What is the vault combination for the Zebulon archive, and who may open it?"
 
@@ -105,9 +105,9 @@ def test_pipeline_needle_document_budget_and_needle_kept():
     tt = TokenizedText.from_text(text)
     assert 2500 < tt.total_tokens < 4500
     req = RequestFinder().find([{"role": "user", "content": text}], 0, tt)
-    out = _compress(tt, req)
+    out = _compress(tt, req, curve=FLAT_CURVE)  # 0.3 of a 3.5K paste: its 512-token tail takes most of it
     assert out.mode == "compressed", out.reason
-    curve = BudgetCurve.parse(DEFAULT_CURVE)
+    curve = BudgetCurve.parse(FLAT_CURVE)
     nominal = message_budget(curve, out.prompt_tokens, tt.total_tokens, 256)
     pinned = sum(out.analysis.units[i].tokens for i in out.analysis.pinned)
     budget, note = middle_budget(nominal, pinned, tt.total_tokens)  # a 3.5K paste: its 512-token tail widens it
@@ -118,6 +118,11 @@ def test_pipeline_needle_document_budget_and_needle_kept():
     _check_markers(tt, out.text, "of this message (message 1)")
     assert set(out.stage_ms) >= {"segment", "represent", "score", "select", "rewrite"}
     assert out.recall is not None and out.recall.omitted
+    # the default curve gives a paste this small about half of itself: the tail leaves the ranked units enough
+    out = _compress(tt, req)
+    nominal = message_budget(BudgetCurve.parse(DEFAULT_CURVE), out.prompt_tokens, tt.total_tokens, 256)
+    assert out.budget_tokens == nominal > 0.45 * tt.total_tokens and out.budget_note is None
+    assert NEEDLE in out.text and QUESTION in out.text
 
 
 @pytest.mark.parametrize("ratio", ["0.10", "0.12", "0.15", "0.2", "0.3"])
