@@ -45,9 +45,8 @@ if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.engine import CacheReport
     from pflash_proxy.jsontypes import JSONObject
-    from pflash_proxy.sessions.cluster import Turn
     from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
-    from pflash_proxy.sessions.slots import Lease
+    from pflash_proxy.sessions.service import Turn
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
@@ -94,18 +93,14 @@ class TurnTraces:
 class SessionContext:
     """What the session stage (``stages.sessions.SessionStage``) found and leased for a request
     (``ProxyRequest.session``): compression reads the served history and the slot's state, the commit writes the
-    history, the savings stage the traces."""
+    history, the savings stage the traces; ``turn`` is the session service's turn, which holds the slot."""
 
     record: SessionRecord | None  # None: an anonymous lease (completion routes, an unusable index, a batch)
-    lease: Lease
+    turn: Turn
     matched: int  # leading messages that continue the served history
-    client_hashes: list[str]
     served: list[Message]  # what the upstream receives, message by message
     cache: str  # hit | restored | miss
     expected_cached: int  # tokens the slot should already hold of this prompt
-    # the served messages and their hashes before compression (on_response reuses those left unchanged)
-    hashed: tuple[list[Message], list[str]] = field(default_factory=lambda: ([], []))
-    batch: list[Lease] | None = None  # a batch's leases of every slot
     forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
     settled: bool = False  # its answer ended whole, with the client still there
     # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
@@ -200,7 +195,6 @@ class ProxyRequest:
     chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
     turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
     compression: CompressionNote | None = None  # stages.compress.CompressStage (a session's chat turn)
-    turn_lease: Turn | None = None  # SessionStage: the session's turn lease in a shared index (sessions/cluster.py)
     forward_node: str | None = None  # SessionStage: the node ``forward_to`` reaches (taken over when it fails)
     progress_response: web.StreamResponse | None = None  # the server: the stream its keep-alives started
     ran: list[Stage] = field(default_factory=list)  # Pipeline: the stages whose on_request ran, for finish

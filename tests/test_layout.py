@@ -220,7 +220,7 @@ def test_the_contract_imports_nothing_of_the_project_at_run_time():
 # What the contract names in annotations only (``if TYPE_CHECKING:``): the types the stages hand each other. It may
 # only shrink.
 CONTRACT_ANNOTATIONS = {"pflash_proxy.dialects", "pflash_proxy.engine", "pflash_proxy.jsontypes",
-                        "pflash_proxy.sessions.cluster", "pflash_proxy.sessions.index", "pflash_proxy.sessions.slots"}
+                        "pflash_proxy.sessions.index", "pflash_proxy.sessions.service"}
 
 
 def test_the_contract_names_no_stage_server_or_inspector_type():

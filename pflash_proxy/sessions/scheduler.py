@@ -218,7 +218,7 @@ class SlotScheduler:
     def _idle(self, slot: Slot, idle_s: float, now: float) -> bool:
         """``slot`` holds a session idle for ``idle_s`` whose content changed since its last snapshot, and no idle
         save of this content wrote nothing for a reason that does not pass by itself (``_idle_tried``)."""
-        if not (slot.session and not slot.session.startswith("anon-") and slot.known and slot.tokens
+        if not (slot.session and not slot.anonymous and slot.known and slot.tokens
                 and not slot.busy and not slot.snapshot_current and now - slot.last_used >= idle_s):
             return False
         tried = self._idle_tried.get(slot.id)

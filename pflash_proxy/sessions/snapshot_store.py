@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, run
 from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
-from pflash_proxy.sessions.slots import is_prefix, Lease
+from pflash_proxy.sessions.slots import ANONYMOUS_KEY, Lease, is_prefix
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class SnapshotStore:
         """Save the session ``lease`` displaced from its slot (``Lease.evicted``), unless it is anonymous, holds
         nothing known, is current on disk, or the write budget is more than ``EVICTION_BURST_S`` behind."""
         ev = lease.evicted
-        if ev is None or ev.session.startswith("anon-") or not ev.known or not ev.tokens \
+        if ev is None or ev.session.startswith(ANONYMOUS_KEY) or not ev.known or not ev.tokens \
                 or (ev.snapshot_current and await self.read(self.files.on_disk, ev.session)):
             return
         owed = self.write_budget.owed_s()

@@ -20,7 +20,7 @@ from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
-from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.service import SessionService, TurnAsk
 from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 from tests.conftest import make_settings
@@ -49,16 +49,16 @@ class Proxy:
 
     @contextlib.asynccontextmanager
     async def holding(self, sid: str) -> AsyncIterator[None]:
-        """A lease of session ``sid``'s slot held meanwhile, as its next turn takes it: found by its served
-        history, leased, then released without a save."""
+        """Session ``sid``'s next turn begun (found by its served history, its slot leased and made ready) and held
+        meanwhile, then closed without an answer."""
         rec = self.service.view().session(sid)
         assert rec is not None
-        found = await self.service.find_and_lease(rec.seed, False, rec.owner, rec.served, 0)
-        assert found.record.id == sid and found.lease is not None
+        turn = await self.service.begin(TurnAsk("chat", {}, messages=rec.served))
+        assert turn.record is not None and turn.record.id == sid and turn.slot is not None
         try:
             yield
         finally:
-            self.service.finish(found.lease, None, False)
+            await turn.close()
 
     def write_rate(self, mb_s: float) -> None:
         """``--idle-save-mb-s`` changed on the running service (its settings, read at each save)."""
@@ -109,7 +109,7 @@ async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, 
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
     config = make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings)
     service = SessionService(config, engine, index=index)
-    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage(service)])
+    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage()])
     await service.start()
     try:
         yield Proxy(engine, service, pipeline, config)
