@@ -13,11 +13,11 @@ with hooks that the server calls, in the order the stage list gives (``stages.de
    the ``RelayResult`` (final timings, usage).
 4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
    slot, unlock a session).  Stage failures here are logged, never raised to the client.
-Besides the per-request hooks a stage declares what the application calls on it: ``bind`` (the app's hooks,
-before start-up), ``start``/``stop`` (its resources, in stage order / reverse order), ``settle`` (work it left
-running after answers, awaited before a reader of what that work writes: ``/pflash/stats``, the metrics, the
-inspector), ``save_all`` (``POST /pflash/save``), ``stats`` (``/pflash/stats`` under the stage's ``name``), ``slot_guard`` (a client's slot
-action) and ``sessions_view`` (the read-only view of sessions and slots the inspector is handed).
+Besides the per-request hooks a stage declares what the application calls on it: ``start``/``stop`` (its
+resources, in stage order / reverse order), ``settle`` (work it left running after answers, awaited before a reader
+of what that work writes: ``/pflash/stats``, the metrics, the inspector) and ``stats`` (``/pflash/stats`` under the
+stage's ``name``). What only the sessions offer (saving them, a client's slot action, their read-only view) the
+application asks the session service's admin face for, never a stage.
 
 Stages hand each other what they found through typed fields of the request (mitmproxy's typed hooks), each set by
 one stage and read by the later ones: ``session`` (``SessionContext``: the session stage's record, lease and served
@@ -33,7 +33,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -282,6 +281,10 @@ class SlotView(Protocol):
     def known(self) -> bool: ...
     @property
     def snapshot_current(self) -> bool: ...
+    @property
+    def anonymous(self) -> bool: ...  # what a request without a session left there
+    @property
+    def owner(self) -> str | None: ...  # whose requests put the content there (a credential's hash)
 
 
 class SessionsView(Protocol):
@@ -303,13 +306,6 @@ class SessionsView(Protocol):
     def holder(self, sid: str) -> str | None: ...  # the node holding the session (a shared index), else None
 
 
-@dataclass
-class StageHooks:
-    """What the application hands every stage before start-up (``Stage.bind``)."""
-
-    on_snapshot_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
-
-
 class Stage:
     """Base class: override what you need."""
 
@@ -326,10 +322,6 @@ class Stage:
         return None
 
     # What the application calls ------------------------------------------------------------------------------
-    def bind(self, hooks: StageHooks) -> None:
-        """Take the application's hooks (metrics), before ``start``."""
-        return None
-
     async def start(self) -> None:
         """Open what the stage owns (an index, a drafter, background tasks); stages start in order."""
         return None
@@ -343,20 +335,9 @@ class Stage:
         not wait for, so that a reader sees what it writes."""
         return None
 
-    async def save_all(self) -> int:
-        """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
-        return 0
-
     def stats(self) -> Mapping[str, object]:
+        """The stage's counters (``/pflash/stats`` under its ``name``; none: left out)."""
         return {}
-
-    def slot_guard(self, slot_id: int) -> AbstractAsyncContextManager[None] | None:
-        """The stage that owns the slots holds slot ``slot_id`` around a client's slot action; others: None."""
-        return None
-
-    def sessions_view(self) -> SessionsView | None:
-        """The stage that owns the sessions: its read-only view; others: None."""
-        return None
 
 
 class Pipeline:
@@ -364,9 +345,6 @@ class Pipeline:
 
     def __init__(self, stages: Sequence[Stage] | None = None):
         self.stages: list[Stage] = list(stages or [])
-
-    def sessions_view(self) -> SessionsView | None:
-        return next((v for s in self.stages if (v := s.sessions_view()) is not None), None)
 
     async def settled(self) -> None:
         """Every stage's ``settle``: what the stages write after their answers is readable."""

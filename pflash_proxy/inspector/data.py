@@ -82,8 +82,7 @@ class InspectorData:
             upstream["model"] = sessions.identity_info
             upstream["model_identity"] = sessions.model_identity
             out["queued"] = sessions.queued
-            out["slots"] = [{"id": s.id, "session": s.session if s.session and not s.session.startswith("anon-")
-                             else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
+            out["slots"] = [{"id": s.id, "session": None if s.anonymous else s.session, "anonymous": s.anonymous,
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
                              "snapshot_current": s.snapshot_current} for s in sessions.slots()]
         pflash = stats.get("pflash") or {}

@@ -47,17 +47,14 @@ SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affini
 
 
 class SessionStage(Stage):
+    """Begins each request's turn and applies it (module docstring); the application starts and stops the
+    service (``server/app.py``)."""
+
     name = "sessions"
 
     def __init__(self, sessions: SessionService, engine: Engine):
         self.sessions = sessions
         self.engine = engine  # an answer's cache report (``Engine.cache_report``)
-
-    async def start(self) -> None:
-        await self.sessions.start()
-
-    async def stop(self) -> None:
-        await self.sessions.stop()
 
     async def on_request(self, req: ProxyRequest) -> None:
         turn = await self.sessions.begin(self._ask(req), progress=lambda what: setattr(req, "progress", what))
