@@ -46,6 +46,7 @@ from typing import TypeVar
 from pflash_proxy.config import ClusterOptions
 from pflash_proxy.errors import QueueTimeout
 from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
+from pflash_proxy.sessions.stats import ClusterStats
 
 T = TypeVar("T")
 
@@ -269,6 +270,6 @@ class ClusterNode:
         """A turn taken over here was served as ``cache`` (``hit``/``restored``/``miss``)."""
         self.counters[f"takeover_{cache}"] += 1
 
-    def stats(self) -> dict[str, object]:
-        return {"node": self.node_id, "url": self.url, "index": self.index.describe(),
-                "nodes_alive": len(self.live), "nodes": dict(self.live), **self.counters}
+    def stats(self) -> ClusterStats:
+        return ClusterStats(node=self.node_id, url=self.url, index=self.index.describe(), nodes_alive=len(self.live),
+                            nodes=dict(self.live), **self.counters)

@@ -87,6 +87,7 @@ from pflash_proxy.sessions.scheduler import SlotScheduler
 from pflash_proxy.sessions.slots import (ANONYMOUS_KEY, NO_CREDENTIAL, SLOT_KEY, Lease, Slot, SlotReport,
                                          SlotsPrefetch)
 from pflash_proxy.sessions.snapshot_store import SnapshotStore
+from pflash_proxy.sessions.stats import SessionStats
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -341,10 +342,12 @@ class SessionService:
         """The read-only view of the sessions and slots (the inspector's)."""
         return ServiceView(self._scheduler, self._index, self._cluster)
 
-    def stats(self) -> dict[str, object]:
-        return {**self._counters, **self._scheduler.stats(), **self._snapshots.stats(),
-                "store_available": not self._store_down, "model_identity": self._watch.model_identity,
-                **self._engine.stats(), **({"cluster": self._cluster.stats()} if self._cluster is not None else {})}
+    def stats(self) -> SessionStats:
+        """Its counters and its collaborators' (``SessionStats.as_json``: the ``/pflash/stats`` object)."""
+        return SessionStats(**self._counters, store_available=not self._store_down,
+                            model_identity=self._watch.model_identity, scheduler=self._scheduler.stats(),
+                            snapshots=self._snapshots.stats(), engine=self._engine.stats(),
+                            cluster=self._cluster.stats() if self._cluster is not None else None)
 
     async def save_all(self) -> int:
         """Snapshot every resident session whose snapshot is not current; returns how many were written."""
@@ -768,7 +771,7 @@ class SessionAdmin(Protocol):
     async def prune(self) -> list[str]: ...
     def slot_guard(self, slot_id: int) -> contextlib.AbstractAsyncContextManager[None]: ...
     def on_snapshot_timing(self, callback: Callable[[str, float], None] | None) -> None: ...
-    def stats(self) -> dict[str, object]: ...
+    def stats(self) -> SessionStats: ...
     def view(self) -> SessionsView: ...
     def owner(self, headers: Mapping[str, str]) -> str | None: ...
 

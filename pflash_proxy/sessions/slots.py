@@ -300,10 +300,6 @@ class SlotTable:
             else:
                 slot.known = False
 
-    def describe(self) -> list[dict[str, object]]:
-        return [{"id": s.id, "session": s.session[:8] if s.session else None, "tokens": s.tokens, "busy": s.busy,
-                 "known": s.known, "snapshot_current": s.snapshot_current} for s in self.slots]
-
 
 class SlotsPrefetch:
     """The slots' states asked before the lease (``SlotScheduler.prefetch_slots``), with what the table was then:

@@ -36,6 +36,7 @@ from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnrea
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, run
 from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
 from pflash_proxy.sessions.slots import ANONYMOUS_KEY, Lease, is_prefix
+from pflash_proxy.sessions.stats import SnapshotStats
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 if TYPE_CHECKING:
@@ -263,8 +264,13 @@ class SnapshotStore:
             snaps = fut.result()
             self._totals = (len(snaps), sum(s.size for s in snaps))
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> SnapshotStats:
         n_snaps, snap_bytes = self.totals()
-        return {**self.counters, "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
-                "snapshot_bytes_written": self.write_budget.written,
-                **{f"snap_{k}": v for k, v in self.files.stats.items()}}
+        f = self.files.stats
+        return SnapshotStats(**self.counters, snapshots=n_snaps, snapshot_bytes=snap_bytes,
+                             snapshot_bytes_written=self.write_budget.written, snap_saves=int(f["saves"]),
+                             snap_restores=int(f["restores"]), snap_restore_failures=int(f["restore_failures"]),
+                             snap_damaged=int(f["damaged"]), snap_evictions=int(f["evictions"]),
+                             snap_stray_temp_removed=int(f["stray_temp_removed"]),
+                             snap_save_ms_total=f["save_ms_total"], snap_restore_ms_total=f["restore_ms_total"],
+                             snap_refused_records=int(f["refused_records"]))

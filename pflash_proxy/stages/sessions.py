@@ -145,7 +145,7 @@ class SessionStage(Stage):
             await ctx.turn.close(engine_may_be_busy=ctx.forwarded and not ctx.settled)
 
     def stats(self) -> dict[str, object]:
-        return self.sessions.stats()
+        return self.sessions.stats().as_json()
 
 
 def is_batch(prompt: object) -> bool:
