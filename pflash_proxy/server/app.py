@@ -154,7 +154,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
-    supervisor = LlamaServerSupervisor(app[SETTINGS], app[UPSTREAM])
+    settings = app[SETTINGS]
+    supervisor = LlamaServerSupervisor(settings.upstream, app[UPSTREAM], home=settings.proxy.home,
+                                       slot_dir=settings.effective_slot_save_path)
     app[SUPERVISOR] = supervisor
     try:
         await supervisor.start()
