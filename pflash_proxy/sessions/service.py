@@ -204,7 +204,7 @@ class Turn:
         self._hashed: tuple[list[Message], list[str]] = ([], [])  # the served messages hashed before later stages
         self.cache, self.expected, self.cold = "miss", 0, False  # what the slot was made ready as
         self.pin: dict[str, object] = {}  # the fields that send the request to its slot
-        self.node = service.node_id  # this node, when several share the index
+        self.node = service._node_id  # this node, when several share the index
         self.taken_from: str | None = None  # the node this one took the session over from
         self.queue_ms: float | None = None  # the wait for the slot (None: a batch)
         self.degraded = degraded  # why the turn has no session although it is a conversation's (the index failed)
@@ -572,7 +572,7 @@ class SessionService:
             await self._cluster.end_turn(turn)
 
     @property
-    def node_id(self) -> str | None:
+    def _node_id(self) -> str | None:
         """This node's id when several nodes share the index, else None."""
         return self._cluster.node_id if self._cluster is not None else None
 

@@ -53,9 +53,9 @@ SKIP_LOG_EVERY_S = 60.0  # a skipped eviction save is logged at most this often 
 
 
 class WriteBudget:
-    """The snapshot writes' I/O budget (``service.py`` step 9): bytes written, paid for at ``rate()`` bytes per
-    second (read at each call: the setting may change). ``owed_s`` says how long until everything written so far is
-    paid for."""
+    """The snapshot writes' I/O budget (``--idle-save-mb-s``, every save whatever made it): bytes written, paid
+    for at ``rate()`` bytes per second (read at each call: the setting may change). ``owed_s`` says how long until
+    everything written so far is paid for."""
 
     def __init__(self, rate: Callable[[], float]):
         self.rate = rate
@@ -164,7 +164,7 @@ class SnapshotStore:
 
     async def _unchanged(self, sid: str, served_hashes: list[str]) -> SnapshotRecord | None:
         """``sid``'s snapshot when it already holds what a save would write: the same served messages, of the
-        running model, its file in the folder (``service.py`` step 9); None when a save must write."""
+        running model, its file in the folder: it is not written again); None when a save must write."""
         try:
             rec = await self.read(self.files.store.snapshot, sid)
         except StoreError:
