@@ -30,7 +30,7 @@ A turn, from ``begin``:
 - Several nodes (``cluster.py``): a session another live node holds is not leased here (``Turn.forward`` names that
   node); otherwise the session's turn lease in the shared index is taken with the slot's, and this node becomes its
   holder (``Turn.taken_from``: the node it took the session over from, if any).
-- Ready the slot (``_prepare``): a displaced session is saved (unless its snapshot is current), then this session
+- Ready the slot (``_ready_slot``): a displaced session is saved (unless its snapshot is current), then this session
   is a ``hit`` (the slot still holds a prefix of its history: ``SlotScheduler.resident_hit``), ``restored`` (its
   snapshot, after any save of it still running) or a ``miss``, with the tokens expected from cache; then
   credentials are isolated (``--cache-isolation``) and the request's slot pin given (``Turn.pin``).
@@ -117,7 +117,7 @@ class Found:
     lease: Lease | None
     turn: TurnLease | None = None
     forward: tuple[str, str] | None = None  # (node, URL)
-    prefetched: SlotsPrefetch | None = None  # the slots' states asked beside the lookup (``_prepare`` takes them)
+    prefetched: SlotsPrefetch | None = None  # the slots' states asked beside the lookup (the turn readies its slot with them)
 
 
 @dataclass(frozen=True)
@@ -355,6 +355,16 @@ class SessionService:
             return 0
         sessions = [s.session for s in self._scheduler.table.slots if s.session and not s.anonymous]
         return sum([await self._snapshot_now(sid) for sid in sessions])
+
+    @contextlib.asynccontextmanager
+    async def slot_guard(self, slot_id: int) -> AsyncIterator[None]:
+        """A client's slot action runs under a lease of that very slot, after which the table no longer claims to
+        know its content."""
+        lease = await self._lease_slot(slot_id)
+        try:
+            yield
+        finally:
+            self._scheduler.release_unknown(lease)
 
     def on_snapshot_timing(self, callback: Callable[[str, float], None] | None) -> None:
         """``callback(save|restore, seconds)`` after every snapshot save and restore (the metrics)."""
@@ -601,16 +611,6 @@ class SessionService:
             return "restored", restored
         self._counters["misses"] += 1
         return "miss", 0
-
-    @contextlib.asynccontextmanager
-    async def slot_guard(self, slot_id: int) -> AsyncIterator[None]:
-        """A client's slot action runs under a lease of that very slot, after which the table no longer claims to
-        know its content."""
-        lease = await self._lease_slot(slot_id)
-        try:
-            yield
-        finally:
-            self._scheduler.release_unknown(lease)
 
     async def _lease_slot(self, slot_id: int) -> Lease:
         """Lease slot ``slot_id`` itself; its session is saved first if it must be."""
