@@ -15,7 +15,7 @@ turn.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
 
 from pflash_proxy.contract import ProxyRequest, RelayResult, ResponseChain, Stage
 from pflash_proxy.sessions.chains import Item
@@ -57,16 +57,15 @@ class ResponseChainStage(Stage):
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         pending, ctx = req.chain, req.session
-        final = result.final_json or {}
+        final: Mapping[str, object] = result.final_json or {}
         inner = final.get("response")
-        response: dict[str, Any] = inner if isinstance(inner, dict) else final
+        response = inner if isinstance(inner, dict) else final
+        rid, output = response.get("id"), response.get("output")
         if pending is None or ctx is None or ctx.record is None or result.status != 200 or \
-                req.body.get("store") is False or \
-                not isinstance(response.get("id"), str) or not isinstance(response.get("output"), list):
+                req.body.get("store") is False or not isinstance(rid, str) or not isinstance(output, list):
             return
-        rid, sid = response["id"], ctx.record.id
-        all_items = pending.items + [o for o in response["output"] if isinstance(o, dict)]
-        await self.sessions.record_response(rid, sid, pending.owner, all_items, pending.parent)
+        all_items = pending.items + [o for o in output if isinstance(o, dict)]
+        await self.sessions.record_response(rid, ctx.record.id, pending.owner, all_items, pending.parent)
 
     def stats(self) -> dict[str, object]:
         return {"previous_response_expanded": self.counters["expanded"],
