@@ -57,7 +57,9 @@ class SessionStage(Stage):
         self.engine = engine  # an answer's cache report (``Engine.cache_report``)
 
     async def on_request(self, req: ProxyRequest) -> None:
-        turn = await self.sessions.begin(self._ask(req), progress=lambda what: setattr(req, "progress", what))
+        ask = self._ask(req)
+        req.forward_node = None  # a node a forward of this turn did not reach: its sessions are taken over here
+        turn = await self.sessions.begin(ask, progress=lambda what: setattr(req, "progress", what))
         if turn.forward is not None:  # another live node holds the session (its slot is warm): the turn goes there
             assert turn.record is not None and turn.node is not None
             req.forward_node, req.forward_to = turn.forward
@@ -107,7 +109,6 @@ class SessionStage(Stage):
         name = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None) \
             or (req.dialect.session_name(req.body) if req.dialect is not None else None)
         unreachable = (req.forward_node or req.forward_failed) if req.forward_failed is not None else None
-        req.forward_node = None
         return TurnAsk("chat", req.headers, name, req.messages, len(req.raw_body), req.forwarded_by, unreachable)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
