@@ -26,7 +26,7 @@ test-fast: static
 # The static checks on the venv as it is (`lint` sets it up first)
 static:
 	@test -x $(VENV)/bin/python || { echo "no $(VENV): run 'make setup' once (or 'make test')"; exit 1; }
-	$(VENV)/bin/ruff check pflash_proxy tests benchmarks scripts
+	$(VENV)/bin/ruff check pflash_proxy evals tests benchmarks scripts
 	$(VENV)/bin/mypy
 
 # The proxy's added latency against llama-server direct (tests/perf/proxy_overhead.py; docs/results.md has the rest)

@@ -303,15 +303,15 @@ class LimitOptions(Options):
         return int(self.max_body_mb * 1024 * 1024)
 
 
-EMBEDDED_INDEXES = ("embedded", "diskcache", "sqlite")  # --index values naming this proxy's own index
+EMBEDDED_INDEXES = ("embedded", "sqlite")  # --index values naming this proxy's own index
 
 
 class ClusterOptions(Options):
     """Several proxies sharing one session index (docs/scale-out.md)."""
 
     index: str = Field("embedded", description=(
-        "the session index: 'embedded' (this proxy's own, in --home), 'diskcache' or 'sqlite' "
-        "(an embedded backend by name; sqlite reads a diskcache index it finds once), or redis://HOST:PORT/DB "
+        "the session index: 'embedded' (this proxy's own SQLite index in --home; 'sqlite' names it too; a diskcache "
+        "index of an older version found there is read into it once), or redis://HOST:PORT/DB "
         "shared by several nodes, which then forward a session's turns to the node that holds it and take over the "
         "sessions of a node whose heartbeat expired (docs/scale-out.md)"))
     node_id: str | None = Field(None, description="this node's name in a shared --index",
@@ -336,8 +336,11 @@ class ClusterOptions(Options):
     @classmethod
     def _index(cls, v: str) -> str:
         v = v.strip()
+        if v == "diskcache":
+            raise ValueError("'diskcache' was removed: use 'embedded' (the default), whose SQLite index reads a "
+                             "diskcache index it finds in --home once")
         if v not in EMBEDDED_INDEXES and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected 'embedded', 'diskcache', 'sqlite' or a redis://HOST:PORT/DB URL")
+            raise ValueError("expected 'embedded', 'sqlite' or a redis://HOST:PORT/DB URL")
         return v
 
     @property

@@ -1,30 +1,26 @@
 """The contract between the HTTP server and the stages: ``ProxyRequest``, ``RelayResult``, ``Stage``, ``Pipeline``.
 
-This module is the bottom of the proxy: it imports nothing of the project's upper layers (``server``, ``stages``,
-``sessions``, ``compress``, ``inspector``); they all import it.  A stage is an addon (mitmproxy's word): an object
-with hooks that the server calls, in the order the stage list gives (``stages.default_stages``).
+The bottom of the proxy: it imports nothing of the project at run time, and the upper layers (``server``,
+``stages``, ``sessions``, ``compress``, ``inspector``) all import it. A stage is an addon (mitmproxy's word): an
+object with hooks that the server calls, in the order the stage list gives (``stages.default_stages``).
 
-1. The route handler parses the body into a typed model and builds a ``ProxyRequest``.
-2. Each stage's ``on_request`` runs in order; a stage may rewrite the body (``set_body``), add response headers,
-   short-circuit with an error, or hand the request to another proxy node (``forward_to``: the later stages
-   do not run here).  When no stage changes the body the client's original bytes are forwarded.
-3. The upstream request is sent; work a stage started beside it (``beside_upstream``: the history commit) is
-   awaited before the answer's headers go out; the response is relayed; then each stage's ``on_response`` sees
-   the ``RelayResult`` (final timings, usage).
-4. ``on_finish`` runs for every stage whose ``on_request`` ran, in reverse order, whatever happened (release a
-   slot, unlock a session).  Stage failures here are logged, never raised to the client.
+Per request, the server parses the body into a ``ProxyRequest`` and runs every stage's ``on_request`` in order (a
+stage may rewrite the body, add response headers, raise a client error, or hand the request to another proxy node
+through ``forward.to``, which ends the run); it sends the body upstream (the client's own bytes when no stage
+changed it), awaits the work stages started beside the upstream (``relay.beside_upstream``) before the answer's
+headers, relays the answer and runs each stage's ``on_response`` with the ``RelayResult``; ``on_finish`` runs in
+reverse order for every stage whose ``on_request`` ran, whatever happened. Failures in ``on_response`` and
+``on_finish`` are logged, never raised to the client.
 Besides the per-request hooks a stage declares what the application calls on it: ``start``/``stop`` (its
 resources, in stage order / reverse order), ``settle`` (work it left running after answers, awaited before a reader
 of what that work writes: ``/pflash/stats``, the metrics, the inspector) and ``stats`` (``/pflash/stats`` under the
 stage's ``name``). What only the sessions offer (saving them, a client's slot action, their read-only view) the
 application asks the session service's admin face for, never a stage.
 
-Stages hand each other what they found through typed fields of the request (mitmproxy's typed hooks), each set by
-one stage and read by the later ones: ``session`` (``SessionContext``: the session stage's record, lease and served
-history, the turn's inspector traces and its wait for a slot), ``chain`` (``ResponseChain``: a Responses chain to
-record after the answer), ``compression`` (``CompressionNote``: the compression stage's mode, reason and timings),
-``turn`` (``TurnNote``: the savings stage's note of a session's turn and of its answer). A stage imports this module,
-never another stage. ``log_fields`` is the access log's bag: written by anyone, read by the log line alone.
+Stages hand each other what they found through the request's typed parts, never a dict of names: ``notes``
+(``StageNotes``: each field set by one stage, read by later ones), ``dialogue`` (the conversation the server
+parsed), ``forward`` and ``relay`` (the server's). A stage imports this module, never another stage.
+``log_fields`` is the access log's bag: written by anyone, read by the log line alone.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -53,6 +49,7 @@ FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to ano
 VIA_HEADER = "X-PFlash-Via"  # on the answer to a forwarded turn: the node that received it and forwarded it
 
 RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
+Body = dict[str, Any]  # a JSON object, parsed or being built: a request's body, a message, an answer, log fields
 
 
 @dataclass
@@ -64,10 +61,11 @@ class RelayResult:
     completed: bool = False  # upstream body fully relayed
     client_gone: bool = False
     upstream_failed: str | None = None
-    final_json: dict[str, Any] | None = None  # last JSON object seen (final SSE chunk or whole body)
+    final_json: Body | None = None  # last JSON object seen (final SSE chunk or whole body)
     chunks: int = 0
     first_chunk_at: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    resent: bool = False  # the upstream failed before the answer began and the request was sent again, once
+    upstream_ms: float | None = None  # from sending the request upstream to the answer's end (the access log)
 
 
 Message = dict[str, object]  # one message of a conversation, as the dialect parsed it
@@ -152,64 +150,127 @@ class TurnNote:
 
 
 @dataclass
+class Dialogue:
+    """A conversation route's request (chat, Anthropic Messages, Responses), set by the server: the dialect that
+    translates the body, the conversation parsed from it (``pflash_proxy.dialects``), the body it was parsed from,
+    and what ``ProxyRequest.set_messages`` last served (None: the client's own messages). The chain stage re-parses
+    a Responses body it expanded."""
+
+    dialect: Dialect | None = None
+    conversation: Conversation | None = None
+    base: Body = field(default_factory=dict)
+    served: list[Body] | None = None
+
+
+@dataclass
+class StageNotes:
+    """What the stages hand each other, each set by the stage named and read by the later ones."""
+
+    session: SessionContext | None = None  # stages.sessions.SessionStage
+    chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
+    compression: CompressionNote | None = None  # stages.compress.CompressStage (a session's chat turn)
+    turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
+
+
+@dataclass
+class Forwarding:
+    """Another proxy node serving this request (several nodes sharing one index, ``sessions/cluster.py``)."""
+
+    # SessionStage: the node's URL; it ends the stage run, and the server sends the client's own request there,
+    # untouched, and relays its answer
+    to: str | None = None
+    node: str | None = None  # SessionStage: the node ``to`` reaches (taken over when it fails)
+    failed: str | None = None  # the server: the URL that could not be reached, before it runs the stages again
+    # the server: the node that forwarded this request here, when its signed ``FORWARDED_HEADER`` verified (a
+    # header that does not verify, a client's own, leaves it None)
+    by: str | None = None
+
+
+@dataclass
+class Relay:
+    """What the server keeps around the upstream call (``server.routes``)."""
+
+    progress: str = "preparing the request"  # what the stages do now (they write it), for the keep-alives
+    stream: web.StreamResponse | None = None  # the stream the keep-alives started (the answer goes into it)
+    # work a stage started that runs while the upstream works (the history commit): awaited before the answer's
+    # headers go out (``ProxyRequest.settle``), and by ``Pipeline.finish`` before any ``on_finish``
+    beside_upstream: list[Awaitable[None]] = field(default_factory=list)
+    # called with the upstream's parsed answer (None: not JSON) before the headers of a whole, non-streamed answer
+    # are written: a stage sets there what only the answer tells (how much of llama-server's cache was reused)
+    on_answer: list[Callable[[Body | None], None]] = field(default_factory=list)
+
+
+T = TypeVar("T")
+
+
+class _Alias(Generic[T]):
+    """A field of one of the request's parts under its former name on the request."""
+
+    def __init__(self, part: str, name: str):
+        self.part, self.name = part, name
+
+    def __get__(self, req: object, owner: type | None = None) -> T:
+        value: T = getattr(getattr(req, self.part), self.name)
+        return value
+
+    def __set__(self, req: object, value: T) -> None:
+        setattr(getattr(req, self.part), self.name, value)
+
+
+@dataclass
 class ProxyRequest:
+    """One client request as the stages see it: the request as received, the body as it will be forwarded,
+    the parts (``dialogue``: the conversation; ``notes``: what the stages hand each other; ``forward``: another
+    node serving it; ``relay``: the server's plumbing around the upstream call) and the access log's bag."""
+
     kind: RouteKind
     method: str
     path_qs: str
     headers: Mapping[str, str]
     raw_body: bytes
-    body: dict[str, Any]
+    body: Body
     model: BaseModel | None  # the typed body (``models.ChatCompletionRequest`` / ``CompletionRequest``), if any
     received_at: float = field(default_factory=time.monotonic)
-    changed: bool = False
-    response_headers: dict[str, str] = field(default_factory=dict)
-    # the access log's extra fields: written by the stages and the server, read by the log line only (what a stage
-    # hands another, or the metrics read, is a typed field below)
-    log_fields: dict[str, Any] = field(default_factory=dict)
-    progress: str = "preparing the request"  # what the pipeline is doing now, for streaming clients' keep-alives
-    # Fields added to an otherwise untouched body (e.g. ``id_slot``): spliced into the client's bytes.
-    added_fields: dict[str, object] = field(default_factory=dict)
-    # The conversation routes (chat, Anthropic Messages, Responses): the dialect that translates the body, and
-    # the internal conversation the stages work on (see ``pflash_proxy.dialects``).
-    dialect: Dialect | None = None
-    conversation: Conversation | None = None
-    conversation_base: dict[str, Any] = field(default_factory=dict)  # the body the conversation was parsed from
-    served_messages: list[dict[str, Any]] | None = None  # what set_messages last served (None: the client's own)
-    # Another proxy node that serves this request (several nodes, ``sessions/cluster.py``): a stage that sets it
-    # ends the stage run; the server sends the client's own request there, untouched, and relays its answer.
-    # ``forward_failed``: the URL that could not be reached, set by the server before it runs the stages again.
-    forward_to: str | None = None
-    forward_failed: str | None = None
-    # The node that forwarded this request to this one, when its signed ``FORWARDED_HEADER`` verified (set by the
-    # server; a header that does not verify, a client's own, leaves it None)
-    forwarded_by: str | None = None
-    # Work a stage started that runs while the upstream works (the history commit): ``settle`` awaits it before
-    # the answer's headers go out, and ``Pipeline.finish`` before any ``on_finish`` (a lease is released after it).
-    beside_upstream: list[Awaitable[None]] = field(default_factory=list)
-    # Called with the upstream's parsed answer (None: not JSON) before the headers of a whole, non-streamed answer
-    # are written: a stage sets there what only the answer tells (how much of llama-server's cache was reused).
-    on_answer: list[Callable[[dict[str, Any] | None], None]] = field(default_factory=list)
-    # What the stages hand each other (module docstring), each set by the stage named
-    session: SessionContext | None = None  # stages.sessions.SessionStage
-    chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
-    turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
-    compression: CompressionNote | None = None  # stages.compress.CompressStage (a session's chat turn)
-    forward_node: str | None = None  # SessionStage: the node ``forward_to`` reaches (taken over when it fails)
-    progress_response: web.StreamResponse | None = None  # the server: the stream its keep-alives started
+    changed: bool = False  # the body was rewritten: forwarded as ``body``, not the client's bytes
+    added_fields: dict[str, object] = field(default_factory=dict)  # keys added to an untouched body (``id_slot``)
+    response_headers: dict[str, str] = field(default_factory=dict)  # the stages' headers on the answer
+    # the access log's extra fields: written by the stages and the server, read by the log line only
+    log_fields: Body = field(default_factory=dict)
+    dialogue: Dialogue = field(default_factory=Dialogue)
+    notes: StageNotes = field(default_factory=StageNotes)
+    forward: Forwarding = field(default_factory=Forwarding)
+    relay: Relay = field(default_factory=Relay)
     ran: list[Stage] = field(default_factory=list)  # Pipeline: the stages whose on_request ran, for finish
 
+    # Former names of the parts' fields, read and written by stages/sessions.py, stages/chains.py and their tests
+    # until those move to the parts (not fields: the constructor does not take them)
+    dialect = _Alias["Dialect | None"]("dialogue", "dialect")
+    conversation = _Alias["Conversation | None"]("dialogue", "conversation")
+    conversation_base = _Alias["Body"]("dialogue", "base")
+    served_messages = _Alias["list[Body] | None"]("dialogue", "served")
+    session = _Alias["SessionContext | None"]("notes", "session")
+    chain = _Alias["ResponseChain | None"]("notes", "chain")
+    forward_to = _Alias["str | None"]("forward", "to")
+    forward_node = _Alias["str | None"]("forward", "node")
+    forward_failed = _Alias["str | None"]("forward", "failed")
+    forwarded_by = _Alias["str | None"]("forward", "by")
+    progress = _Alias["str"]("relay", "progress")
+    beside_upstream = _Alias["list[Awaitable[None]]"]("relay", "beside_upstream")
+    on_answer = _Alias["list[Callable[[Body | None], None]]"]("relay", "on_answer")
+
     async def settle(self) -> None:
-        """Await the work started beside the upstream request (``beside_upstream``), each piece once."""
-        while self.beside_upstream:
-            await self.beside_upstream.pop(0)
+        """Await the work started beside the upstream request (``relay.beside_upstream``), each piece once."""
+        while self.relay.beside_upstream:
+            await self.relay.beside_upstream.pop(0)
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
-        if self.served_messages is not None:
-            return self.served_messages
-        return self.conversation.messages if self.conversation is not None else []
+    def messages(self) -> list[Body]:
+        d = self.dialogue
+        if d.served is not None:
+            return d.served
+        return d.conversation.messages if d.conversation is not None else []
 
-    def set_messages(self, messages: list[dict[str, Any]]) -> None:
+    def set_messages(self, messages: list[Body]) -> None:
         """Serve ``messages`` (only their content may differ), written back into the client's own dialect.
 
         Always from the body as parsed, with the whole list: a write-back that merges text blocks shifts the
@@ -217,25 +278,26 @@ class ProxyRequest:
         Keys other stages set meanwhile (``id_slot``) are kept."""
         if messages == self.messages:
             return
-        if self.dialect is None or self.conversation is None:
+        d = self.dialogue
+        if d.dialect is None or d.conversation is None:
             raise ValueError("set_messages on a request without a conversation")
-        rewritten = self.dialect.write_back(self.conversation_base, self.conversation, messages)
+        rewritten = d.dialect.write_back(d.base, d.conversation, messages)
         body = dict(self.body)
-        body.update({k: v for k, v in rewritten.items() if self.conversation_base.get(k) is not v})
+        body.update({k: v for k, v in rewritten.items() if d.base.get(k) is not v})
         self.set_body(body)
-        self.served_messages = list(messages)
+        d.served = list(messages)
 
-    def chat_body(self) -> dict[str, Any]:
+    def chat_body(self) -> Body:
         """The conversation as a chat-completions body (exact token counts for any dialect)."""
-        if self.dialect is None:
+        if self.dialogue.dialect is None:
             raise ValueError("chat_body on a request without a conversation")
-        return self.dialect.chat_body(self.body, self.messages)
+        return self.dialogue.dialect.chat_body(self.body, self.messages)
 
     @property
     def stream(self) -> bool:
         return bool(self.body.get("stream"))
 
-    def set_body(self, body: dict[str, Any]) -> None:
+    def set_body(self, body: Body) -> None:
         self.body = body
         self.changed = True
 
@@ -294,7 +356,7 @@ class SessionsView(Protocol):
     @property
     def model_identity(self) -> str: ...
     @property
-    def identity_info(self) -> dict[str, Any]: ...
+    def identity_info(self) -> Body: ...
     @property
     def queued(self) -> int: ...
     def slots(self) -> Sequence[SlotView]: ...
@@ -304,6 +366,12 @@ class SessionsView(Protocol):
     def trace_log(self, sid: str) -> TraceLog | None: ...  # the inspector's traces of the session
     def snapshot(self, sid: str) -> SnapshotRecord | None: ...
     def holder(self, sid: str) -> str | None: ...  # the node holding the session (a shared index), else None
+
+
+class StageStats(Protocol):
+    """A stage's counters (``Stage.stats``): ``as_json`` is its part of ``/pflash/stats``, under the stage's name."""
+
+    def as_json(self) -> JSONObject: ...
 
 
 class Stage:
@@ -335,9 +403,9 @@ class Stage:
         not wait for, so that a reader sees what it writes."""
         return None
 
-    def stats(self) -> Mapping[str, object]:
-        """The stage's counters (``/pflash/stats`` under its ``name``; none: left out)."""
-        return {}
+    def stats(self) -> StageStats | None:
+        """The stage's counters (a frozen dataclass of ``pflash_proxy.stats``); None: it keeps none."""
+        return None
 
 
 class Pipeline:
@@ -361,7 +429,7 @@ class Pipeline:
         for stage in self.stages:
             ran.append(stage)
             await stage.on_request(req)
-            if req.forward_to is not None:  # served by another node: the later stages run there
+            if req.forward.to is not None:  # served by another node: the later stages run there
                 break
         return ran
 

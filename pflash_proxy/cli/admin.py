@@ -1,7 +1,8 @@
 """Admin commands: ``ls``, ``rm``, ``stats``, ``warm``.
 
-``ls``/``rm`` read the snapshot index directly (diskcache is safe to share with a running proxy; a shared
-``--index redis://`` is read the same way, and ``ls`` then names each session's node and the live nodes);
+``ls``/``rm`` read the snapshot index directly (SQLite is safe to share with a running proxy, and so is the diskcache
+index an older proxy may still serve from; a shared ``--index redis://`` is read the same way, and ``ls`` then
+names each session's node and the live nodes);
 ``stats`` (a summary table; ``--json``: all of ``/pflash/stats``) and ``warm`` talk to the running proxy over HTTP;
 a proxy that does not answer is one line naming ``--url``.
 """
@@ -15,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import cast
 
 from pflash_proxy.config import Settings
 
@@ -34,21 +36,28 @@ class _Refused(Exception):
 def _store_and_snapshots(settings: Settings):
     """The index and a delete-only snapshot manager, from a state directory ``check_home`` trusts (an index in a
     directory others can write into could name any file for ``rm`` to delete, or show planted sessions)."""
+    import sqlite3
+
     from pflash_proxy.cli.home import Untrusted, check_home
-    from pflash_proxy.sessions.index import open_index
-    from pflash_proxy.sessions.index.sqlite import DISKCACHE_FILE
+    from pflash_proxy.sessions.index import SessionIndex, open_index
+    from pflash_proxy.sessions.index.legacy import FILE as OLD_FILE, DiskcacheReader
     from pflash_proxy.sessions.snapshots import SnapshotManager
 
     try:
         check_home(settings.proxy.home)
     except Untrusted as exc:
         raise _Refused(str(exc)) from None
-    index = settings.cluster.index
-    if index in (None, "", "embedded", "sqlite") and (settings.proxy.home / "sessions" / DISKCACHE_FILE).exists():
-        # a home an older proxy (diskcache) still serves from: read its index where it is; only ``serve`` moves it
-        # into SQLite, never a command that takes no lock beside a proxy that may still be writing it
-        index = "diskcache"
-    store = open_index(settings.proxy.home, index)
+    directory = settings.proxy.home / "sessions"
+    if not settings.cluster.shared and (directory / OLD_FILE).exists():
+        # a home an older proxy (diskcache) may still serve from: read its index where it is; only ``serve`` moves
+        # it into SQLite, never a command that takes no lock beside a proxy that may still be writing it
+        try:
+            # ls and rm call what the reader has: snapshots, drop_snapshot (SnapshotManager.delete), as_cluster, close
+            store = cast("SessionIndex", DiskcacheReader(directory))
+        except sqlite3.Error as exc:
+            raise _Refused(f"cannot read the diskcache index in {directory} ({exc})") from None
+    else:
+        store = open_index(settings.proxy.home, settings.cluster.index)
     return store, SnapshotManager(store, None, settings.effective_slot_save_path, 0)  # deletes, never saves
 
 

@@ -19,7 +19,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
+
+from pflash_proxy.stats import SessionSavings
 
 if TYPE_CHECKING:
     from pflash_proxy.config import Settings
@@ -139,8 +142,14 @@ def _secs(s: float | None) -> str:
     return f"{s:.1f}s" if s >= 10 else f"{s:.2f}s" if s >= 1 else f"{s * 1000:.0f}ms"
 
 
+def _savings(summary: Mapping[str, object]) -> SessionSavings | None:
+    """A session summary's savings, typed (None: an older proxy's summary without them)."""
+    v = summary.get("savings")
+    return SessionSavings.from_json(v) if isinstance(v, Mapping) else None
+
+
 def _saved(savings: dict[str, Any] | None) -> float | None:
-    """A session's (or a turn's) estimated seconds saved, both causes."""
+    """A turn's estimated seconds saved, both causes (None: the engine did not time it)."""
     if not savings:
         return None
     values = [v for v in (savings.get("saved_s") or {}).values() if v is not None]
@@ -155,12 +164,12 @@ def print_sessions(data: dict[str, Any], out: TextIO) -> None:
     for s in sessions:
         snap = f"{s['snapshot']['bytes'] / 1e6:.1f}MB" if s.get("snapshot") else "–"
         slot = "–" if s.get("slot") is None else str(s["slot"])
-        v = s.get("savings") or {}
-        saved = _saved(v) if v.get("turns_timed") else None
+        v = _savings(s)
+        saved = v.saved_total if v is not None and v.turns_timed else None
         words = s.get("first_words") or ""
         out.write(f"{s['id']:<34} {(s.get('client') or '–')[:12]:<12} {_ago(s['last_use']):>9} {s['turns']:>5} "
                   f"{s.get('last_cache') or '–':>8} {s['compressed']:>5} {_n(s['tokens_in']):>10} "
-                  f"{_n(s['tokens_saved']):>8} {_n(v.get('cached_tokens')):>9} "
+                  f"{_n(s['tokens_saved']):>8} {_n(v.cached_tokens if v is not None else None):>9} "
                   f"{('≈' + _secs(saved)) if saved is not None else '–':>10} {slot:>4} {snap:>9}  "
                   f"{words[:40]}{'…' if len(words) > 40 else ''}\n")
     total = data.get("total", len(sessions))
@@ -179,14 +188,14 @@ def print_session(data: dict[str, Any], out: TextIO) -> None:
               f"last use {_ago(s['last_use'])}; {s['compressed']} compressed, tokens {_n(s['tokens_in'])} → "
               f"{_n(s['tokens_served'])} ({_n(s['tokens_saved'])} saved by compression), {s['recalls']} "
               f"recall(s){snap}\n")
-    v = s.get("savings") or {}
-    if v.get("turns_timed"):
-        avoided, saved = v.get("tokens_avoided") or {}, v.get("saved_s") or {}
-        rate = f" at {v['rate_tps']:,.0f} tokens/s" if v.get("rate_tps") else ""
-        out.write(f"prefill: {_n(v.get('prefilled_tokens'))} tokens prefilled in {_secs(v.get('prefill_s'))}, "
-                  f"{_n(v.get('cached_tokens'))} reused from the slot; time saved ≈ {_secs(_saved(v))} "
-                  f"(compression {_secs(saved.get('compression'))} for {_n(avoided.get('compression'))} tokens, "
-                  f"cache {_secs(saved.get('cache'))} for {_n(avoided.get('cache'))} tokens; an estimate{rate})\n")
+    v = _savings(s)
+    if v is not None and v.turns_timed:
+        avoided, saved = v.tokens_avoided, v.saved_s
+        rate = f" at {v.rate_tps:,.0f} tokens/s" if v.rate_tps else ""
+        out.write(f"prefill: {_n(v.prefilled_tokens)} tokens prefilled in {_secs(v.prefill_s)}, "
+                  f"{_n(v.cached_tokens)} reused from the slot; time saved ≈ {_secs(v.saved_total)} "
+                  f"(compression {_secs(saved.compression)} for {_n(int(avoided.compression))} tokens, "
+                  f"cache {_secs(saved.cache)} for {_n(int(avoided.cache))} tokens; an estimate{rate})\n")
     turns = data.get("turns") or []
     if turns:
         out.write("\n── turns " + "─" * 40 + "\n")

@@ -6,23 +6,23 @@ clients' own requests stays with the transport (``llama.upstream.Upstream``). ``
 implements both protocols for llama-server; ``engine.fake.FakeEngine`` implements them in memory for sans-IO tests
 and fault injection. Nothing in this package knows a server's wire format: the names here are the proxy's.
 
-1. ``Engine``: count a prompt (a chat-completions body → its input tokens, as the server's chat template renders
-   it), count a text, tokenize a text with each token's bytes (``pieces``; ``counts_per_line`` turns them into
-   per-line counts), read what the prefix cache served from an answer (``cache_report``), describe the loaded model
-   (``describe``: slot count, per-slot context, an identity that changes with the model), readiness
-   (``not_ready_reason``, ``wait_ready``, ``healthy``) and restarts (``on_restart`` listeners, ``note_restart``;
-   ``epoch``/``vouches``: whether the engine provably kept its state since a point in time, from what
-   ``start_watching`` starts); ``reachable`` (whether the engine is there at all, for a shutdown that must not
-   wait on one that is gone); ``setup_warning`` (what the proxy relies on that the engine cannot show, said once
-   at start-up); ``address`` and ``stats`` for logs, ``report_markers`` for the relay.
-2. ``Slots`` (``Engine.slots``; None when the engine has no addressable slots): pin a request body to a slot,
-   save a slot's state under a file name and restore it (the tokens written or loaded; None when the engine does
-   not say), erase a slot, and what each slot holds and whether it is busy (``states``; None when the engine
-   does not say).
-3. Errors: one hierarchy, each also the ``ProxyError`` the server answers with, so a caller that does not catch
-   them still gives the client a correct status: ``EngineUnreachable`` (502: refused, reset, DNS;
-   ``EngineTimeout``, 504, no answer in time), ``EngineRefused`` (502: the server answered, with an error status;
-   carries that status and its message), ``EngineNotReady`` (503: starting, restarting, loading its model).
+- ``Engine``: count a prompt (a chat-completions body → its input tokens, as the server's chat template renders
+  it), count a text, tokenize a text with each token's bytes (``pieces``; ``counts_per_line`` turns them into
+  per-line counts), read what the prefix cache served from an answer (``cache_report``), describe the loaded model
+  (``describe``: slot count, per-slot context, an identity that changes with the model), readiness
+  (``not_ready_reason``, ``wait_ready``, ``healthy``) and restarts (``on_restart`` listeners, ``note_restart``;
+  ``epoch``/``vouches``: whether the engine provably kept its state since a point in time, from what
+  ``start_watching`` starts); ``reachable`` (whether the engine is there at all, for a shutdown that must not
+  wait on one that is gone); ``setup_warning`` (what the proxy relies on that the engine cannot show, said once
+  at start-up); ``address`` and ``stats`` for logs, ``report_markers`` for the relay.
+- ``Slots`` (``Engine.slots``; None when the engine has no addressable slots): pin a request body to a slot,
+  save a slot's state under a file name and restore it (the tokens written or loaded; None when the engine does
+  not say), erase a slot, and what each slot holds and whether it is busy (``states``; None when the engine
+  does not say).
+- Errors: one hierarchy, each also the ``ProxyError`` the server answers with, so a caller that does not catch
+  them still gives the client a correct status: ``EngineUnreachable`` (502: refused, reset, DNS;
+  ``EngineTimeout``, 504, no answer in time), ``EngineRefused`` (502: the server answered, with an error status;
+  carries that status and its message), ``EngineNotReady`` (503: starting, restarting, loading its model).
 
 This package imports nothing of the project but ``errors`` (tests/test_layout.py).
 """
@@ -130,6 +130,12 @@ class SlotState:
     busy: bool
     task: int | None
     prompt_tokens: int | None
+
+
+class EngineStats(Protocol):
+    """An engine's own counters (a frozen dataclass of its implementation): ``as_json`` is their JSON."""
+
+    def as_json(self) -> dict[str, object]: ...
 
 
 # The protocols ---------------------------------------------------------------------------------------------------
@@ -267,8 +273,8 @@ class Engine(Protocol):
         """Stop it again (idempotent)."""
         ...
 
-    def stats(self) -> Mapping[str, object]:
-        """The engine's own counters for ``/pflash/stats``."""
+    def stats(self) -> EngineStats:
+        """The engine's own counters (``/pflash/stats`` beside the sessions')."""
         ...
 
 

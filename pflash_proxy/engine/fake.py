@@ -2,24 +2,24 @@
 
 It behaves like a server with a prefix cache per slot, at no cost and with no sockets:
 
-1. Tokens: a whitespace tokenizer (leading blanks are one token, then each word with the blanks after it), so a
-   text's pieces joined are the text; ``add_special`` adds one BOS token. A chat body renders as
-   ``<role>\\n<text>\\n`` per message after a BOS token; its tools count one token per word of their JSON.
-2. ``complete(body)`` stands in for a completion: the prompt goes to the slot the body is pinned to (``pin``)
-   or slot 0, the tokens shared with what the slot holds come from the cache (all but the last when the whole prompt
-   matches, as llama.cpp does), one token is generated, and the answer carries the report ``cache_report`` reads
-   (under ``fake_report``: the fake's own wire format, no real server's). A body with ``cache_prompt: false``
-   reuses nothing of the slot, as llama-server does (what cache isolation sends when it cannot erase a slot).
-3. Slots are token lists; ``save``/``restore`` copy them to and from named files, in memory (``files``) or, with
-   ``save_dir``, as files of JSON in that directory (what a proxy that checks, renames and
-   checksums its snapshot files needs), refused
-   like a real server would: saving disabled (``can_save=False``: 501), an invalid name (``/`` or ``..``: 400),
-   a missing or too long file (400; the slot is then empty, as a failed restore leaves it).
-4. Faults: ``fail(op, error, times=1)`` makes the next ``times`` calls of ``op`` (a method name) raise ``error``;
-   ``set_ready(False, reason)`` makes calls raise ``EngineNotReady`` (after waiting ``wait_s`` for readiness;
-   ``healthy`` answers False instead);
-   ``restart(reason)`` empties every slot, ends the epoch and tells the ``on_restart`` listeners; ``busy`` holds
-   the ids of slots that report themselves busy; ``report_states=False`` answers ``states()`` with None.
+- Tokens: a whitespace tokenizer (leading blanks are one token, then each word with the blanks after it), so a
+  text's pieces joined are the text; ``add_special`` adds one BOS token. A chat body renders as
+  ``<role>\\n<text>\\n`` per message after a BOS token; its tools count one token per word of their JSON.
+- ``complete(body)`` stands in for a completion: the prompt goes to the slot the body is pinned to (``pin``)
+  or slot 0, the tokens shared with what the slot holds come from the cache (all but the last when the whole prompt
+  matches, as llama.cpp does), one token is generated, and the answer carries the report ``cache_report`` reads
+  (under ``fake_report``: the fake's own wire format, no real server's). A body with ``cache_prompt: false``
+  reuses nothing of the slot, as llama-server does (what cache isolation sends when it cannot erase a slot).
+- Slots are token lists; ``save``/``restore`` copy them to and from named files, in memory (``files``) or, with
+  ``save_dir``, as files of JSON in that directory (what a proxy that checks, renames and
+  checksums its snapshot files needs), refused
+  like a real server would: saving disabled (``can_save=False``: 501), an invalid name (``/`` or ``..``: 400),
+  a missing or too long file (400; the slot is then empty, as a failed restore leaves it).
+- Faults: ``fail(op, error, times=1)`` makes the next ``times`` calls of ``op`` (a method name) raise ``error``;
+  ``set_ready(False, reason)`` makes calls raise ``EngineNotReady`` (after waiting ``wait_s`` for readiness;
+  ``healthy`` answers False instead);
+  ``restart(reason)`` empties every slot, ends the epoch and tells the ``on_restart`` listeners; ``busy`` holds
+  the ids of slots that report themselves busy; ``report_states=False`` answers ``states()`` with None.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _TOKEN = re.compile(r"^\s+|\S+\s*")
 
 
 def words(text: str) -> list[str]:
-    """Step 1: the tokens of ``text``; joined, they are ``text``."""
+    """The tokens of ``text``; joined, they are ``text``."""
     return _TOKEN.findall(text)
 
 
@@ -55,7 +55,7 @@ def _text(content: object) -> str:
 
 
 def render(chat_body: Mapping[str, object]) -> list[str]:
-    """Step 1: the prompt tokens of a chat body."""
+    """The prompt tokens of a chat body."""
     messages = chat_body.get("messages")
     if not isinstance(messages, list):
         raise EngineRefused("counting the prompt's tokens", 400, "'messages' must be a list")
@@ -70,6 +70,18 @@ def render(chat_body: Mapping[str, object]) -> list[str]:
     return tokens
 
 
+@dataclass(frozen=True)
+class FakeEngineStats:
+    """The fake's counters: its epoch (it ends with each simulated restart) and how often each operation was
+    called."""
+
+    epoch: int
+    calls: dict[str, int]
+
+    def as_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "calls": dict(self.calls)}
+
+
 @dataclass
 class FakeSlot:
     tokens: list[str] = field(default_factory=list)
@@ -78,7 +90,7 @@ class FakeSlot:
 
 
 class FakeSlots:
-    """Step 3: the fake's slots (``Slots``)."""
+    """The fake's slots (``Slots``)."""
 
     def __init__(self, engine: FakeEngine, n_slots: int, save_dir: Path | None = None):
         self.engine = engine
@@ -174,7 +186,7 @@ class FakeEngine:
         self.calls: dict[str, int] = {}  # how often each operation was called
         self.watching = False  # vouches only while watching, like llama-server's sentinel connection
 
-    # Faults (step 4) ------------------------------------------------------------------------------------------
+    # Faults -------------------------------------------------------------------------------------------------
     def fail(self, op: str, error: EngineError, times: int = 1) -> None:
         self._faults.setdefault(op, []).extend([error] * times)
 
@@ -281,10 +293,10 @@ class FakeEngine:
     def stop_watching(self) -> None:
         self.watching = False
 
-    def stats(self) -> dict[str, object]:
-        return {"epoch": self._epoch, "calls": dict(self.calls)}
+    def stats(self) -> FakeEngineStats:
+        return FakeEngineStats(self._epoch, dict(self.calls))
 
-    # A completion (step 2) ------------------------------------------------------------------------------------
+    # A completion -------------------------------------------------------------------------------------------
     async def complete(self, body: Mapping[str, object]) -> dict[str, object]:
         """Serve a chat body on its slot: the answer's ``fake_report`` says what came from the slot's cache."""
         await self._enter("complete")

@@ -1,18 +1,11 @@
 """The JSON behind the inspector's views, built from the read-only views it is handed (``InspectorViews``: the
-engine, the sessions and slots, the live counters of ``/pflash/stats``).
+engine, the sessions and slots, the typed counters of ``/pflash/stats``).
 
-1. ``overview`` and ``sessions``: the upstream, every slot (who holds it, tokens, busy), the most recently used
-   sessions (the client, the first words, last use, turns, the last turn's cache result, tokens in / served /
-   saved by compression, what the turns saved (``stages.savings``), snapshot, and with a shared index the node
-   holding it), totals since start (the same counts as the table's) and the live counters of ``/pflash/stats``; with a shared index also this node, the
-   live nodes, its forwarded turns, takeovers and what they restored.
-   The session list is cached for ``LIST_TTL_S`` (listing reads the whole index) and each session's summary is
-   kept until its last use changes, so the page can refresh every few seconds.
-2. ``session``: one session by its full id — every served message, and for each trace (``sessions.traces``) the
-   units with their line ranges, scores and kept/omitted/pinned flags, the request span, the budget, the mode and
-   the original lines; recall excerpts with the message and lines they came from; every turn's trace (what the
-   slot held, llama-server's timings, tokens avoided and time saved by cause, why messages were served whole).
-Store reads are blocking (SQLite): callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
+``overview`` is the upstream, every slot, the totals since start and the live counters; ``sessions`` the most
+recently used sessions' summaries (cached for ``LIST_TTL_S``: listing reads the whole index; each summary kept
+until the session's last use changes); ``session`` one session by its full id, with every served message and its
+traces (units, scores, kept and omitted lines, recall excerpts, each turn's cache result and savings). Index
+reads block: callers run ``sessions``, ``session`` and ``session_exists`` in an executor.
 """
 
 from __future__ import annotations
@@ -30,6 +23,7 @@ from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, current, log_of, session_rate
+from pflash_proxy.stats import ByCause, CompressStats, ProxyStats, SavingsStats, SessionSavings
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 LIST_LIMIT = 100
@@ -51,7 +45,7 @@ class InspectorViews:
 
     engine: EngineView  # the engine seam (``engine.Engine``), not the transport
     sessions: Callable[[], SessionsView | None]  # None: the proxy runs without sessions
-    stats: Callable[[], dict[str, Any]]  # what /pflash/stats shows (``server.metrics.collect_stats``)
+    stats: Callable[[], ProxyStats]  # what /pflash/stats shows (``server.control.collect_stats``)
     # awaited before a page is built: the trace writes of the turns answered so far have ended
     settled: Callable[[], Awaitable[None]] | None = None
 
@@ -85,32 +79,33 @@ class InspectorData:
             out["slots"] = [{"id": s.id, "session": None if s.anonymous else s.session, "anonymous": s.anonymous,
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
                              "snapshot_current": s.snapshot_current} for s in sessions.slots()]
-        pflash = stats.get("pflash") or {}
-        saved = stats.get("savings") or {}
-        avoided, seconds = saved.get("tokens_avoided") or {}, saved.get("seconds_saved") or {}
+        comp, saved = stats.stage(CompressStats), stats.stage(SavingsStats)
+        sess = stats.part("sessions") or {}  # the session service's counters, as JSON
+        avoided, seconds = (saved.tokens_avoided, saved.seconds_saved) if saved is not None else (ByCause(), ByCause())
         out["totals"] = {
-            "requests": stats["requests"].get("total", 0),
-            "compressed": (pflash.get("modes") or {}).get("compressed", 0),
-            "served_whole": sum(n for m, n in (pflash.get("modes") or {}).items() if m.startswith("full-")),
+            "requests": stats.requests.total,
+            "compressed": comp.compressed if comp is not None else 0,
+            "served_whole": comp.served_whole if comp is not None else 0,
             # the new long messages compression looked at, compressed or served whole: what the session table's
             # "tokens in" counts per session
-            "tokens_in": saved.get("message_tokens", 0), "tokens_served": saved.get("message_served_tokens", 0),
-            "tokens_saved": avoided.get("compression", 0),
-            "turns": saved.get("turns_timed", 0), "prompt_tokens": saved.get("prompt_tokens", 0),
-            "prefilled_tokens": saved.get("prefilled_tokens", 0), "cached_tokens": saved.get("cached_tokens", 0),
-            "prefill_s": saved.get("prefill_s", 0.0),
-            "tokens_avoided": {"compression": avoided.get("compression", 0), "cache": avoided.get("cache", 0)},
-            "saved_s": {"compression": seconds.get("compression", 0.0), "cache": seconds.get("cache", 0.0)},
-            "saved_note": saved.get("seconds_saved_note"),
-            "snapshots": (stats.get("sessions") or {}).get("snapshots", 0),
-            "snapshot_bytes": (stats.get("sessions") or {}).get("snapshot_bytes", 0),
+            "tokens_in": saved.message_tokens if saved else 0,
+            "tokens_served": saved.message_served_tokens if saved else 0,
+            "tokens_saved": avoided.compression,
+            "turns": saved.turns_timed if saved else 0, "prompt_tokens": saved.prompt_tokens if saved else 0,
+            "prefilled_tokens": saved.prefilled_tokens if saved else 0,
+            "cached_tokens": saved.cached_tokens if saved else 0, "prefill_s": saved.prefill_s if saved else 0.0,
+            "tokens_avoided": {"compression": avoided.compression, "cache": avoided.cache},
+            "saved_s": {"compression": seconds.compression, "cache": seconds.cache},
+            "saved_note": saved.seconds_saved_note if saved else None,
+            "snapshots": sess.get("snapshots", 0),
+            "snapshot_bytes": sess.get("snapshot_bytes", 0),
         }
-        cluster = (stats.get("sessions") or {}).get("cluster")
-        if cluster:  # one node of several sharing an index (sessions/cluster.py)
+        cluster = sess.get("cluster")
+        if isinstance(cluster, Mapping) and cluster:  # one node of several sharing an index (sessions/cluster.py)
             out["node"] = {k: cluster.get(k) for k in ("node", "url", "index", "nodes", "nodes_alive", "forwarded_out",
                                                        "forwarded_in", "forward_failures", "takeovers",
                                                        "takeover_hit", "takeover_restored", "takeover_miss")}
-        out["counters"] = stats
+        out["counters"] = stats.as_json()
         return out
 
     def sessions(self, limit: int = LIST_LIMIT) -> tuple[list[JSONObject], int]:
@@ -165,18 +160,14 @@ class InspectorData:
                 "recalls": totals.get("recalls", 0),
                 # the new long messages compression looked at (compressed or served whole), before and after
                 "tokens_in": tokens_in, "tokens_served": served, "tokens_saved": tokens_in - served,
-                "savings": {
-                    "turns_timed": totals.get("turns_timed", 0),
-                    "prompt_tokens": totals.get("prefilled_tokens", 0) + totals.get("cached_tokens", 0),
-                    "prefilled_tokens": totals.get("prefilled_tokens", 0),
-                    "cached_tokens": totals.get("cached_tokens", 0),
-                    "prefill_s": round(totals.get("prefill_ms", 0) / 1000, 3),
-                    "rate_tps": None if rate is None else round(rate, 1),
-                    "tokens_avoided": {"compression": totals.get("avoided_compression", 0),
-                                       "cache": totals.get("avoided_cache", 0)},
-                    "saved_s": {"compression": round(totals.get("saved_ms_compression", 0) / 1000, 3),
-                                "cache": round(totals.get("saved_ms_cache", 0) / 1000, 3)},
-                    "note": ESTIMATE_NOTE}}
+                "savings": SessionSavings(
+                    totals.get("turns_timed", 0), totals.get("prefilled_tokens", 0) + totals.get("cached_tokens", 0),
+                    totals.get("prefilled_tokens", 0), totals.get("cached_tokens", 0),
+                    round(totals.get("prefill_ms", 0) / 1000, 3), None if rate is None else round(rate, 1),
+                    ByCause(totals.get("avoided_compression", 0), totals.get("avoided_cache", 0)),
+                    ByCause(round(totals.get("saved_ms_compression", 0) / 1000, 3),
+                            round(totals.get("saved_ms_cache", 0) / 1000, 3)),
+                    ESTIMATE_NOTE).as_json()}
 
     # One session ----------------------------------------------------------------------------------------------
     def session_exists(self, sid: str) -> bool:

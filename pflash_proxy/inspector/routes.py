@@ -2,17 +2,12 @@
 ``/pflash/api`` (their JSON), behind ``allowed``. It is handed read-only views (``data.InspectorViews``) and
 reaches nothing else of the running proxy.
 
-1. Access (``allowed``): a loopback peer (``127.0.0.0/8``, ``::1``, IPv4-mapped loopback) always; any other peer
-   only with ``Authorization: Bearer <--api-key>`` when the proxy has a key; else 403 (JSON). The peer is the
-   socket's, never a forwarding header: behind a reverse proxy on the same host every client looks local, so
-   such a set-up must restrict ``/pflash/`` itself. ``/pflash/stats`` and ``POST /pflash/save`` follow the same
-   rule (``server/routes.py``); before any of them, ``server/gate.py`` refuses a Host that is not a loopback name,
-   a listening address or a ``--public-host`` (DNS rebinding) and cross-site writes.
-2. Pages are static files of this package (``static/``: HTML, CSS, JS; no build step, nothing from a CDN), sent
-   with a Content-Security-Policy that allows only this origin's scripts and styles; the scripts render message
-   text as text, never as HTML.
-3. A session is reached only by its full id: ``/pflash/ui/session/{id}`` and ``/pflash/api/sessions/{id}``
-   answer 404 (JSON) for an unknown or malformed id, and no other URL shows a session's text.
+Access (``allowed``): a loopback peer always; another peer only with ``Authorization: Bearer <--api-key>`` when the
+proxy has a key; else 403. The peer is the socket's, never a forwarding header (behind a reverse proxy on the same
+host every client looks local, so such a set-up must restrict ``/pflash/`` itself); ``server/gate.py`` refuses
+foreign Hosts and cross-site writes before. Pages are this package's static files under a Content-Security-Policy
+that allows only this origin's scripts and styles; the scripts render message text as text. A session is reached
+only by its full id (404 for an unknown or malformed one).
 """
 
 from __future__ import annotations

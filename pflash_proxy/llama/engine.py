@@ -44,11 +44,13 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pflash_proxy.engine import (CacheReport, EngineInfo, EngineNotReady, EngineRefused, EngineTimeout,
                                  EngineUnreachable, Piece, SlotState)
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.llama.sentinel import SentinelStats
 from pflash_proxy.llama.upstream import Upstream
 
 SLOT_FIELD = "id_slot"
@@ -152,6 +154,27 @@ def _piece(token: object) -> Piece:
         raise EngineRefused("/tokenize with pieces", 200, f"a token without its piece: {str(token)[:80]}")
     tid = token.get("id") if isinstance(token, dict) else None
     return Piece(tid if isinstance(tid, int) else -1, raw)
+
+
+@dataclass(frozen=True)
+class SlotActionStats:
+    """One slot action's successes (save or restore): how many, their time on llama-server's main loop, the bytes
+    written or read."""
+
+    n: int
+    server_ms: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class LlamaEngineStats:
+    """The engine's counters: the sentinel's connection and the slot actions by action."""
+
+    sentinel: SentinelStats
+    slot_actions: dict[str, SlotActionStats]
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
 
 
 class LlamaServerSlots:
@@ -356,9 +379,10 @@ class LlamaServerEngine:
     def stop_watching(self) -> None:
         self.upstream.sentinel.cancel()
 
-    def stats(self) -> dict[str, object]:
-        return {"sentinel": self.upstream.sentinel.stats(),
-                "slot_actions": {a: dict(t) for a, t in self._slots.actions.items()}}
+    def stats(self) -> LlamaEngineStats:
+        return LlamaEngineStats(self.upstream.sentinel.stats(),
+                                {a: SlotActionStats(int(t["n"]), t["server_ms"], int(t["bytes"]))
+                                 for a, t in self._slots.actions.items()})
 
 
 def _sliding_window(model_path: object) -> bool | None:

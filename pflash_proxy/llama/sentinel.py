@@ -30,6 +30,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 log = logging.getLogger("pflash_proxy.llama.sentinel")
@@ -63,6 +64,20 @@ class _Conn:
             self.writer.close()
 
 
+@dataclass(frozen=True)
+class SentinelStats:
+    """The sentinel's connection: open now, its epoch, connections lost (restarts, keep-alive ends not caught by
+    rotation) and rotations."""
+
+    alive: bool
+    epoch: int
+    breaks: int
+    rotations: int
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
 class Sentinel:
     def __init__(self, base_url: Callable[[], str], headers: dict[str, str] | None = None):
         self._base_url = base_url  # read at each connection: a spawned server's address is known only once started
@@ -89,8 +104,8 @@ class Sentinel:
         """Step 5: the process that served ``epoch`` is still the one behind the open connection."""
         return epoch is not None and self._conn is not None and epoch == self.epoch
 
-    def stats(self) -> dict[str, int | bool]:
-        return {"alive": self.alive, "epoch": self.epoch, "breaks": self.breaks, "rotations": self.rotations}
+    def stats(self) -> SentinelStats:
+        return SentinelStats(self.alive, self.epoch, self.breaks, self.rotations)
 
     def end_epoch(self) -> None:
         """What was learnt so far is not vouched for any more (the proxy learnt the server's state was lost)."""

@@ -65,7 +65,8 @@ class BodyBudget:
 
 
 async def read_body(request: web.Request, budget: BodyBudget, limit: int, timeout_s: float) -> bytes:
-    """The request's body (module docstring, steps 1-4); ``request[BODY_HELD]`` says what it counts."""
+    """The request's body, read within the bounds the module docstring lists; ``request[BODY_HELD]`` says what it
+    counts."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds --max-body-mb ({limit} bytes)")
     if not request.body_exists:

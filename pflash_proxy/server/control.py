@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from pflash_proxy.llama.api import ROUTE_EXAMPLES, serves_root
 from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PIPELINE, SESSIONS, UPSTREAM
+from pflash_proxy.stats import BodyStats, ProxyStats, UpstreamStats
 
 if TYPE_CHECKING:
     from pflash_proxy.llama.upstream import Upstream
@@ -53,7 +54,7 @@ async def index(request: web.Request) -> web.Response:
 
 async def pflash_stats(request: web.Request) -> web.Response:
     await request.app[PIPELINE].settled()  # the turns answered so far are counted
-    return web.json_response(collect_stats(request.app))
+    return web.json_response(collect_stats(request.app).as_json())
 
 
 async def pflash_metrics(request: web.Request) -> web.Response:
@@ -69,15 +70,10 @@ async def pflash_save(request: web.Request) -> web.Response:
     return web.json_response({"saved": await sessions.save_all() if sessions is not None else 0})
 
 
-def collect_stats(app: web.Application) -> dict[str, Any]:
-    stats: dict[str, Any] = {"requests": app[METRICS].snapshot()}
-    engine = app[ENGINE]
-    stats["upstream"] = {"url": engine.address, "ready": engine.not_ready_reason is None,
-                         "not_ready_reason": engine.not_ready_reason}
-    bodies = app[BODIES]
-    stats["bodies"] = {"held_bytes": bodies.used, "limit_bytes": bodies.limit, "refused": bodies.refused}
-    for stage in app[PIPELINE].stages:
-        s = stage.stats()
-        if s:
-            stats[stage.name] = s
-    return stats
+def collect_stats(app: web.Application) -> ProxyStats:
+    """What ``/pflash/stats`` shows (``as_json``), the metrics expose and the inspector's overview reads."""
+    engine, bodies = app[ENGINE], app[BODIES]
+    stages = {stage.name: s for stage in app[PIPELINE].stages if (s := stage.stats()) is not None}
+    return ProxyStats(app[METRICS].snapshot(),
+                      UpstreamStats(engine.address, engine.not_ready_reason is None, engine.not_ready_reason),
+                      BodyStats(bodies.used, bodies.limit, bodies.refused), stages)

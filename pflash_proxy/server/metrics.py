@@ -1,12 +1,9 @@
-"""Metrics: ``/pflash/stats`` (JSON) and ``/pflash/metrics`` (Prometheus, via ``prometheus_client``).
+"""``/pflash/metrics`` (Prometheus, via ``prometheus_client``): one ``CollectorRegistry`` per app, every name
+prefixed ``pflash_``, counters ending in ``_total``, every metric with HELP.
 
-1. One ``CollectorRegistry`` per app (tests run several apps in one process), every name prefixed ``pflash_``.
-2. Latency histograms observed as requests end (``observe_request``): the whole request, the upstream's first
-   byte, the wait for a slot lease, compression (by mode) and the drafter's share of it; snapshot save and
-   restore durations are observed by the snapshot manager through ``observe_snapshot``.
-3. Counters and gauges that the stages already keep (session cache results, restarts, failures, compression
-   modes, bytes on disk, queue length, prefill tokens avoided and seconds saved by cause) are read at scrape time
-   by ``StatsCollector`` from the same numbers ``/pflash/stats`` shows, so the two views never disagree. Counters end in ``_total``; every metric has HELP.
+Latency histograms are observed as requests end (``observe_request``) and as snapshots are saved or restored
+(``observe_snapshot``). The counters and gauges the stages keep are read at scrape time by ``StatsCollector``
+from the same typed stats ``/pflash/stats`` shows (``stats.ProxyStats``), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from pflash_proxy.contract import CompressionNote
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.llama.api import KNOWN_ROUTES as ENGINE_ROUTES
+from pflash_proxy.stats import CompressStats, ProxyStats, RequestStats, SavingsStats
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 KNOWN_ROUTES = {*dialect_paths(), *ENGINE_ROUTES}
@@ -50,9 +48,9 @@ def route_label(path: str) -> str:
 
 
 class StatsCollector:
-    """Exposes the stages' own counters and gauges at scrape time (module docstring, step 3)."""
+    """Exposes the stages' own counters and gauges at scrape time, read from ``/pflash/stats``'s typed stats."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, stats: Callable[[], ProxyStats]) -> None:
         self.stats = stats
 
     def describe(self) -> list[Metric]:
@@ -60,11 +58,10 @@ class StatsCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
-        up = s.get("upstream", {})
         g = GaugeMetricFamily("pflash_upstream_ready", "1 when llama-server is reachable and ready")
-        g.add_metric([], 1.0 if up.get("ready") else 0.0)
+        g.add_metric([], 1.0 if s.upstream.ready else 0.0)
         yield g
-        sess = s.get("sessions")
+        sess: dict[str, Any] | None = s.part("sessions")  # the session service's counters, as JSON
         if sess:
             c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held (hit-prefix: a new "
                                     "session whose opening llama-server found in the slot)", labels=["cache"])
@@ -89,37 +86,34 @@ class StatsCollector:
             cluster = sess.get("cluster")
             if cluster:
                 yield from _cluster_metrics(cluster)
-        comp = s.get("pflash")
-        if comp:
+        comp = s.stage(CompressStats)
+        if comp is not None:
             c = CounterMetricFamily("pflash_messages", "New messages by what compression did", labels=["mode"])
-            for mode, n in sorted(comp.get("modes", {}).items()):
+            for mode, n in sorted(comp.modes.items()):
                 c.add_metric([mode], float(n))
             yield c
-            yield _counter("compressed_tokens_in", "Tokens of the messages that were compressed",
-                           comp.get("tokens_in", 0))
-            yield _counter("compressed_tokens_kept", "Tokens kept of those messages", comp.get("tokens_kept", 0))
-        saved = s.get("savings")
-        if saved:
+            yield _counter("compressed_tokens_in", "Tokens of the messages that were compressed", comp.tokens_in)
+            yield _counter("compressed_tokens_kept", "Tokens kept of those messages", comp.tokens_kept)
+        saved = s.stage(SavingsStats)
+        if saved is not None:
             yield from _savings_metrics(saved)
 
 
-def _savings_metrics(saved: dict[str, Any]) -> Iterator[Metric]:
+def _savings_metrics(saved: SavingsStats) -> Iterator[Metric]:
     """What the turns saved (``stages.savings.SavingsStage``): prompt tokens not prefilled and the prefill time
     that cost, estimated from the prefill rate llama-server reported on each session, by cause."""
     tokens = CounterMetricFamily("pflash_prefill_tokens_avoided", "Prompt tokens llama-server did not prefill: "
                                  "cut by compression, or reused from the slot (cache)", labels=["cause"])
     seconds = CounterMetricFamily("pflash_prefill_seconds_saved", "Prefill seconds saved (an estimate: tokens "
                                   "avoided / the session's reported prefill rate), by cause", labels=["cause"])
-    for cause, n in sorted((saved.get("tokens_avoided") or {}).items()):
+    for cause, n in saved.tokens_avoided.items():
         tokens.add_metric([cause], float(n))
-    for cause, v in sorted((saved.get("seconds_saved") or {}).items()):
+    for cause, v in saved.seconds_saved.items():
         seconds.add_metric([cause], float(v))
     yield tokens
     yield seconds
-    yield _counter("prefill_tokens", "Prompt tokens the engine prefilled",
-                   saved.get("prefilled_tokens", 0))
-    yield _counter("prefill_seconds", "Seconds llama-server reported prefilling (its prompt_ms)",
-                   saved.get("prefill_s", 0))
+    yield _counter("prefill_tokens", "Prompt tokens the engine prefilled", saved.prefilled_tokens)
+    yield _counter("prefill_seconds", "Seconds llama-server reported prefilling (its prompt_ms)", saved.prefill_s)
 
 
 CLUSTER_COUNTERS = {
@@ -159,7 +153,6 @@ def _counter(name: str, help_: str, value: float | None) -> CounterMetricFamily:
 class Metrics:
     def __init__(self) -> None:
         self.by_status: Counter[int] = Counter()  # for the JSON view
-        self.counters: Counter[str] = Counter()
         # the labelled metrics of a route+status
         self._children: dict[tuple[str, int], tuple[PromCounter, Histogram, Histogram]] = {}
         r = self.registry = CollectorRegistry()
@@ -179,7 +172,7 @@ class Metrics:
         self.snapshot_seconds = Histogram("pflash_snapshot_seconds", "Slot snapshot save or restore", ["action"],
                                           buckets=LATENCY, registry=r)
 
-    def bind(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def bind(self, stats: Callable[[], ProxyStats]) -> None:
         self.registry.register(StatsCollector(stats))
 
     def count_request(self, status: int) -> None:
@@ -213,12 +206,8 @@ class Metrics:
     def observe_snapshot(self, action: str, seconds: float) -> None:
         self.snapshot_seconds.labels(action).observe(seconds)
 
-    def inc(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
-
-    def snapshot(self) -> dict[str, object]:
-        return {"total": sum(self.by_status.values()), "by_status": {str(k): v for k, v in self.by_status.items()},
-                **dict(self.counters)}
+    def snapshot(self) -> RequestStats:
+        return RequestStats(sum(self.by_status.values()), {str(k): v for k, v in self.by_status.items()})
 
     def prometheus(self) -> bytes:
         return generate_latest(self.registry)

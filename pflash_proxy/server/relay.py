@@ -1,24 +1,19 @@
 """Relay an upstream response to the client as it arrives.
 
-1. Status and end-to-end headers are copied (hop-by-hop ones dropped); extra ``X-PFlash-*`` headers added.
-2. Each chunk read from upstream is written to the client at once (``iter_any``: no line or size buffering),
-   so SSE events reach the client the moment llama-server emits them.
-3. While relaying, a watcher polls the client's transport every 100 ms: when the client has gone, the upstream
-   response is *closed* (not released to the pool), so llama-server sees the disconnect within its 1 s poll
-   and stops generating.  A pooled keep-alive connection would never signal it.
-4. SSE is relayed event by event as it arrives (bytes after the last blank line wait for the rest of their
-   event). If upstream dies mid-stream, the unfinished event is dropped and an SSE client gets a final
-   ``data: {"error": ...}`` event (and ``[DONE]`` on OpenAI routes) and a clean end of stream; other clients
-   get the stream cut, as a direct client would.
-   Until the first event of the answer itself, nothing of it has reached the client: llama-server's headers
-   (sent as the prefill starts) and what carries no answer (comments, ``prompt_progress`` events, which pass at
-   once, and the role-only first chunk of a chat stream, which is held until the next event) are all it got. If
-   upstream dies then and ``resend`` is given (the parsed routes), the request is sent again, once (``resend``
-   waits for a restarting llama-server as any request does), and that answer is relayed into the same response
-   (``RelayResult.extra["resent"]``); an error answer to it becomes the stream's error event.
-5. The last JSON event that carries the engine's cache report (one of ``Engine.report_markers`` in it), or the
-   whole body when it is small JSON, is kept so later stages can read the report (``Engine.cache_report``)
-   without buffering the stream; the other events are never parsed.
+Status and end-to-end headers are copied (hop-by-hop ones dropped), the stages' ``X-PFlash-*`` headers added.
+Each chunk is written to the client as it is read (``iter_any``), so SSE events reach the client when llama-server
+emits them. A watcher polls the client's transport every 100 ms: when the client has gone, the upstream response
+is closed, not released to the pool, so llama-server sees the disconnect and stops generating.
+
+SSE is relayed event by event. If the upstream dies mid-stream the unfinished event is dropped and an SSE client
+gets a final ``data: {"error": ...}`` event (and ``[DONE]`` on OpenAI routes); other clients get the stream cut,
+as a direct client would. The resend: until the first event of the answer itself (headers, comments,
+``prompt_progress`` events and a chat stream's role-only first chunk carry none), nothing of the answer has reached
+the client, so when the upstream dies then and ``resend`` is given, the request is sent again, once, into the same
+response (``RelayResult.resent``); an error answer to it becomes the stream's error event.
+
+The last JSON event that carries the engine's cache report (``Engine.report_markers``), or the whole body when it
+is small JSON, is kept for the stages (``Engine.cache_report``) without buffering the stream.
 """
 
 from __future__ import annotations
@@ -109,7 +104,7 @@ async def relay(
     ``final_json`` before its headers (``extra_headers``, which they may change) are written. ``markers``: the
     engine's ``report_markers``; a stream's last event with one is its ``final_json`` (none, as on the transparent
     routes, whose answers no stage reads: nothing is parsed, ``final_json`` stays None). ``resend``: sends the
-    request again, for a stream whose upstream died before the first event of its answer (step 4)."""
+    request again, for a stream whose upstream died before the first event of its answer (the resend)."""
     result = RelayResult(status=upstream.status)
     ctype = upstream.headers.get("Content-Type", "")
     is_sse = ctype.startswith("text/event-stream")
@@ -141,7 +136,7 @@ async def relay(
     task = asyncio.current_task()
     if streams is not None and task is not None:
         streams.add(task)
-    answered = not is_sse  # SSE: whether an event of the answer itself was relayed (step 4)
+    answered = not is_sse  # SSE: whether an event of the answer itself was relayed (the resend)
     pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
     try:
         await resp.prepare(request)
@@ -189,12 +184,12 @@ async def relay(
                     result.client_gone = True
                 else:
                     result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-            if not (result.upstream_failed and resend is not None and not answered and "resent" not in result.extra):
+            if not (result.upstream_failed and resend is not None and not answered and not result.resent):
                 break
-            # step 4: nothing of the answer reached the client; send the request again, once
+            # the resend: nothing of the answer reached the client; send the request again, once
             log.warning("upstream failed on %s before the first event of its answer (%s); sending it again",
                         request.path, result.upstream_failed)
-            result.extra["resent"] = True
+            result.resent = True
             upstream.close()
             watcher.cancel()
             held, failed, result.upstream_failed = b"", result.upstream_failed, None
@@ -318,7 +313,7 @@ _SILENT_DELTA = {"role", "content", "reasoning_content", "tool_calls"}  # keys o
 
 
 def _until_answer(chunk: bytes, pending: list[bytes]) -> tuple[bytes, bool]:
-    """Complete events before the first one of the answer (step 4): what to write now (comments and progress,
+    """Complete events before the first one of the answer (the resend): what to write now (comments and progress,
     then, once an event of the answer came, everything held and the rest), and whether the answer began. Events
     that carry nothing else are appended to ``pending``."""
     out: list[bytes] = []

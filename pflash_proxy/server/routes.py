@@ -1,29 +1,19 @@
 """HTTP handlers: the parsed completion routes, the transparent catch-all, and ``/pflash/*``.
 
-1. ``passthrough`` forwards every method and path the proxy does not handle itself: query string, body and
-   end-to-end headers (``Authorization`` included) unchanged, and relays the answer as it arrives.
-2. ``parsed`` handles the completion routes and the conversation routes of every dialect (chat, Anthropic
-   Messages, Responses): the body as ``bodies.read_body`` reads it (413 too large, 429 bodies held at once
-   beyond their bound, 408 not in whole within ``--body-timeout-s``, 400 unreadable), JSON + typed model or the
-   dialect's conversation (400, in the client's dialect; a body of 1 MiB or more is parsed in a worker thread so
-   the event loop never stalls on it), the stage pipeline, then the same relay (a dialect
-   sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte.
-   For a base model the proxy spawned, a translated (Anthropic) request's ``max_tokens`` above the spawned
-   server's cap is lowered to it and a stop there is the end of the turn (``X-PFlash-Turn-Cap: N``;
-   ``llama/spawn.py``, step 3).
-   The slot pin the stages set (``Slots.pin_fields``) travels into a translated body as it is, and a pin a
-   client sent itself must be an integer (400). The answer's cache report is read with the engine's
-   ``report_markers`` / ``cache_report`` (``Engine``).
-3. ``slot_action``: a client's own slot action (``llama.api.CLIENT_SLOT_ROUTE``) is refused (403) unless
-   ``--allow-slot-actions``; then its slot must be a plain decimal integer (400 otherwise) and the action runs
-   under a lease of that slot. Only canonical paths get here (``gate.py`` refuses the spellings the server would
-   also route there with 400 before any route is chosen).
-   A turn another node holds is forwarded there through a transport of its own (``peers.PeerNode``).
-4. Every request ends with one log line: method, path, status, upstream ms, bytes (and stage fields); a request
-   whose client left before it was answered is logged and counted as 499 (nginx's "client closed request").
-   A whole (non-streamed) answer is written to the client once the stages' ``on_response`` and ``on_finish``
-   ran (``send_whole``: what the client may do next, such as its next turn, finds the slot released and the
-   table told what the slot holds); the metrics and the log line follow it.
+- ``passthrough`` forwards every method and path the proxy does not handle itself (query string, body and
+  end-to-end headers unchanged) and relays the answer as it arrives.
+- ``parsed`` handles the completion routes and every dialect's conversation routes: the body as
+  ``bodies.read_body`` reads it, JSON and the typed model or the dialect's conversation (400 in the client's
+  dialect; a body of 1 MiB or more is parsed in a worker thread), the stage pipeline, then the relay (a dialect
+  sent to another route is translated back as it streams). Untouched bodies are forwarded byte for byte; a
+  client's own slot pin must be an integer (400). A turn another node holds is forwarded there
+  (``peers.PeerNode``). For a base model the proxy spawned, a translated request's ``max_tokens`` above the
+  server's cap is lowered to it (``X-PFlash-Turn-Cap: N``).
+- ``slot_action``: a client's own slot action is refused (403) unless ``--allow-slot-actions``; then its slot must
+  be a decimal integer (400) and the action runs under a lease of that slot.
+- Every request ends with one access-log line (a client that left first is logged and counted as 499); a whole
+  answer is written once the stages' ``on_response`` and ``on_finish`` ran (``send_whole``), so the client's next
+  turn finds the slot released.
 """
 
 from __future__ import annotations
@@ -53,7 +43,7 @@ from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pfla
 from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SESSIONS,
                                      SETTINGS, UPSTREAM, proof)
 from pflash_proxy.server.peers import PeerNode
-from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, ProxyRequest, RelayResult, RouteKind
+from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, Dialogue, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
 from pflash_proxy.sessions.slots import NO_CREDENTIAL
@@ -68,7 +58,7 @@ log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
 HOLDER_PATH = PROOF_PATH  # wrap's check of the URL a lock file names (cli/home.py)
-TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens (step 2)
+TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
@@ -113,7 +103,7 @@ async def _passthrough(request: web.Request, translate: SlotsFilter | None = Non
         up = await upstream.open(request.method, _path_qs(request), headers, body or None,
                                  wait=request.path not in PROBE_PATHS)
         resp, result = await relay(request, up, style=stream_style_for(request.path), translate=translate)
-        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+        result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await send_whole(request, resp)
         return resp
@@ -200,7 +190,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
         await pipeline.run_request(req)
         return None
     task = asyncio.ensure_future(pipeline.run_request(req))
-    resp: web.StreamResponse | None = req.progress_response  # a second run (a forward that failed)
+    resp: web.StreamResponse | None = req.relay.stream  # a second run (a forward that failed)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=min(2.0, interval) if resp is None else interval)
@@ -211,8 +201,8 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
                                                                "Cache-Control": "no-cache", **req.response_headers})
                 await resp.prepare(request)
                 request[SENT_STATUS] = resp.status
-                req.progress_response = resp
-            await resp.write(f": pflash {req.progress}\n\n".encode())
+                req.relay.stream = resp
+            await resp.write(f": pflash {req.relay.progress}\n\n".encode())
     except BaseException:
         task.cancel()  # the client left while waiting: stop the stages too (finish() releases the lease)
         raise
@@ -241,7 +231,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             req = parse_request(request, raw, dialect, app[SETTINGS], app[ENGINE])
         try:
             prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
-            if req.forward_to is not None:  # another node holds the session (sessions/cluster.py)
+            if req.forward.to is not None:  # another node holds the session (sessions/cluster.py)
                 forwarded = await forward_to_node(request, req, style, prepared)
                 if forwarded is not None:
                     resp, result = forwarded
@@ -250,18 +240,18 @@ async def parsed(request: web.Request) -> web.StreamResponse:
                 await pipeline.finish(req)  # that node is gone: the stages run again and serve it here
                 prepared = await run_with_progress(request, req, pipeline, app[SETTINGS].limits.progress_interval_s)
         except ProxyError as exc:
-            if req.progress_response is None:
+            if req.relay.stream is None:
                 raise
             status = exc.status  # the stream already started: the error travels as an event of it
-            await write_stream_error(req.progress_response, error_body(exc.status, exc.message, exc.code),
+            await write_stream_error(req.relay.stream, error_body(exc.status, exc.message, exc.code),
                                      style)
-            return req.progress_response
+            return req.relay.stream
         upstream, engine = app[UPSTREAM], app[ENGINE]
         path_qs, payload, translate = req.path_qs, req.forward_bytes(), None
         if dialect is not None and dialect.upstream_path:  # sent as another route, answered in the client's dialect
             body = dialect.to_upstream(req.body, req.messages)
             body.update(pin_of(engine, req.body))  # the slot the stages (or the client) pinned the request to
-            capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py, step 3)
+            capped = cap_turn(body, upstream.turn_cap)  # a spawned base model (llama/spawn.py: its turn cap)
             if capped:
                 req.response_headers[TURN_CAP_HEADER] = str(upstream.turn_cap)
             path_qs, translate = dialect.upstream_path, dialect.translator(engine.cache_report, turn_capped=capped)
@@ -275,12 +265,12 @@ async def parsed(request: web.Request) -> web.StreamResponse:
             up.release()
             raise
 
-        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay, step 4)
+        async def send_again() -> aiohttp.ClientResponse:  # a stream lost before its answer began (relay's resend)
             return await upstream.open(request.method, path_qs, headers, payload)
         resp, result = await relay(request, up, extra_headers=req.response_headers, style=style, prepared=prepared,
-                                   translate=translate, on_answer=req.on_answer, markers=engine.report_markers,
+                                   translate=translate, on_answer=req.relay.on_answer, markers=engine.report_markers,
                                    resend=send_again)
-        result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+        result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
         status = result.status
         await pipeline.run_response(req, result)
         await pipeline.finish(req)
@@ -288,7 +278,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
         return resp
     except ProxyError as exc:
         status = exc.status
-        started_stream = req.progress_response if req is not None else None
+        started_stream = req.relay.stream if req is not None else None
         if started_stream is not None:  # e.g. the upstream went away after progress comments were sent
             await write_stream_error(started_stream, error_body(exc.status, exc.message, exc.code), style)
             return started_stream
@@ -304,7 +294,7 @@ async def parsed(request: web.Request) -> web.StreamResponse:
 
 
 async def send_whole(request: web.Request, resp: web.StreamResponse) -> None:
-    """Write a whole answer the relay built but did not send (step 4: before the metrics and the log line).
+    """Write a whole answer the relay built but did not send (before the metrics and the log line).
     aiohttp sends nothing twice: the handler still returns ``resp``. A client that left meanwhile is the relay's
     case of a client gone after the answer was complete: nothing to do."""
     if resp.prepared:
@@ -318,10 +308,10 @@ async def send_whole(request: web.Request, resp: web.StreamResponse) -> None:
 
 async def forward_to_node(request: web.Request, req: ProxyRequest, style: StreamStyle, prepared: web.StreamResponse | None
                           ) -> tuple[web.StreamResponse, RelayResult] | None:
-    """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward_to`` and
-    relay its answer; None when that node could not be reached (``req.forward_failed`` says which, and
-    ``forward_to`` is cleared so that the stages serve the request here)."""
-    url = req.forward_to or ""
+    """Send the client's own request (its bytes, path and headers) to the node named by ``req.forward.to`` and
+    relay its answer; None when that node could not be reached (``req.forward.failed`` says which, and
+    ``forward.to`` is cleared so that the stages serve the request here)."""
+    url = req.forward.to or ""
     peers = request.app[PEERS]
     peer = peers.get(url)
     if peer is None:
@@ -339,13 +329,13 @@ async def forward_to_node(request: web.Request, req: ProxyRequest, style: Stream
         up = await peer.open(request.method, req.path_qs, headers, req.raw_body)
     except (UpstreamUnavailable, UpstreamTimeout, UpstreamNotReady) as exc:
         log.warning("node %s unreachable for a forwarded turn (%s); serving it here", url, exc)
-        req.forward_failed, req.forward_to = url, None
+        req.forward.failed, req.forward.to = url, None
         req.response_headers.pop(VIA_HEADER, None)  # served here after all
         return None
     req.log_fields["forwarded_to"] = url
     resp, result = await relay(request, up, extra_headers={VIA_HEADER: via} if via else None, style=style,
                                prepared=prepared)
-    result.extra["upstream_ms"] = round((time.monotonic() - t0) * 1000, 2)
+    result.upstream_ms = round((time.monotonic() - t0) * 1000, 2)
     return resp, result
 
 
@@ -400,18 +390,17 @@ def parse_request(request: web.Request, raw: bytes, dialect: Dialect | None, set
     req = ProxyRequest(kind, request.method, _path_qs(request), request.headers, raw, cleaned or body, model)
     forwarded = request.headers.getall(FORWARDED_HEADER, [])
     if forwarded:  # another node's turn, when it is signed with the shared secret; a client's own is ignored
-        req.forwarded_by = verify_forward(settings.cluster.cluster_secret, forwarded, request.method, req.path_qs, raw,
-                                          time.time())
-        if req.forwarded_by is None:
+        req.forward.by = verify_forward(settings.cluster.cluster_secret, forwarded, request.method, req.path_qs, raw,
+                                        time.time())
+        if req.forward.by is None:
             log.warning("ignoring an %s header that is not signed by a cluster node", FORWARDED_HEADER)
     if cleaned is not None:
         req.changed = True  # forwarded without the volatile lines
         req.log_fields["volatile_dropped"] = True
     if dialect is not None:
-        req.dialect = dialect
-        req.conversation = dialect.parse(req.body)
-        check_tool_arguments(req.conversation.messages)  # JSON inside strings that the session identity parses
-        req.conversation_base = req.body
+        conversation = dialect.parse(req.body)
+        check_tool_arguments(conversation.messages)  # JSON inside strings that the session identity parses
+        req.dialogue = Dialogue(dialect, conversation, req.body)
     return req
 
 
@@ -436,10 +425,10 @@ def _observe(request: web.Request, status: int, started: float, result: RelayRes
              req: ProxyRequest | None) -> None:
     status = _final(request, status)
     first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
-    queue_ms = req.session.queue_ms if req is not None and req.session is not None else None
+    queue_ms = req.notes.session.queue_ms if req is not None and req.notes.session is not None else None
     request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
                                          first if first is not None and first >= 0 else None, queue_ms,
-                                         req.compression if req is not None else None)
+                                         req.notes.compression if req is not None else None)
 
 
 def _access_log(request: web.Request, status: int, started: float, result: RelayResult | None, extra: dict) -> None:
@@ -449,7 +438,7 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         "path": request.path,
         "status": status,
         "ms": round((time.monotonic() - started) * 1000, 2),
-        "upstream_ms": result.extra.get("upstream_ms") if result else None,
+        "upstream_ms": result.upstream_ms if result else None,
         "bytes": result.bytes_out if result else 0,
     }
     if request.get(DRAINED):
@@ -458,8 +447,8 @@ def _access_log(request: web.Request, status: int, started: float, result: Relay
         fields["client_gone"] = True
     if result is not None and result.upstream_failed:
         fields["upstream_failed"] = result.upstream_failed
-    if result is not None and result.extra.get("resent"):
-        fields["resent"] = True  # lost before its answer began, and sent again (relay.py, step 4)
+    if result is not None and result.resent:
+        fields["resent"] = True  # lost before its answer began, and sent again (relay's resend)
     fields.update(extra)
     log.info("%s %s %s", request.method, request.path, status, extra={"fields": fields})
 
@@ -480,7 +469,7 @@ def add_routes(app: web.Application) -> None:
 
 async def holder_proof(request: web.Request) -> web.StreamResponse:
     """``GET /pflash/holder?challenge=HEX``: this proxy's proof that it holds the state directory's lock, the
-    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``, step 5), so that ``wrap``
+    HMAC of the challenge under the nonce it wrote into ``serve.lock`` (``cli/home.py``), so that ``wrap``
     uses the URL a lock file names only when the proxy that wrote it answers there. 404 when this process wrote
     no nonce (an app not started by ``serve``); 400 for a challenge that is not 16 to 128 hex digits."""
     nonce = request.app.get(HOLDER_NONCE)

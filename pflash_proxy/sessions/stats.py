@@ -6,12 +6,19 @@ parts' keys always were (the cluster's under ``cluster``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pflash_proxy.stats import Stats, to_json
+
+if TYPE_CHECKING:
+    from pflash_proxy.engine import EngineStats
+    from pflash_proxy.jsontypes import JSONObject
 
 
 
 @dataclass(frozen=True)
-class SlotRow:
+class SlotRow(Stats):
     """One slot of the table (``SlotTable.describe``): its session's id, shortened, and its state."""
 
     id: int
@@ -23,7 +30,7 @@ class SlotRow:
 
 
 @dataclass(frozen=True)
-class SchedulerStats:
+class SchedulerStats(Stats):
     """The slot scheduler's (``scheduler.SlotScheduler``): hits and what it kept true against the engine, credential
     isolation, the slot table and its queue."""
 
@@ -50,7 +57,7 @@ class SchedulerStats:
 
 
 @dataclass(frozen=True)
-class SnapshotStats:
+class SnapshotStats(Stats):
     """The snapshot store's (``snapshot_store.SnapshotStore``): its saves and restores, the snapshots on disk, the
     bytes written, and the snapshot files' own counters (``snap_``)."""
 
@@ -76,7 +83,7 @@ class SnapshotStats:
 
 
 @dataclass(frozen=True)
-class ClusterStats:
+class ClusterStats(Stats):
     """This node's, when several nodes share the index (``cluster.ClusterNode``)."""
 
     node: str
@@ -109,17 +116,16 @@ class SessionStats:
     model_identity: str
     scheduler: SchedulerStats
     snapshots: SnapshotStats
-    engine: Mapping[str, object]
+    engine: EngineStats
     cluster: ClusterStats | None = None
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> JSONObject:
         """The ``/pflash/stats`` object: the counters, then each part's keys (the cluster's under ``cluster``)."""
-        own = {k: v for k, v in asdict(self).items() if k not in ("scheduler", "snapshots", "engine", "cluster",
-                                                                   "store_available", "model_identity")}
-        out: dict[str, object] = {**own, **asdict(self.scheduler), **asdict(self.snapshots),
+        out: JSONObject = {"misses": self.misses, "cache_mismatches": self.cache_mismatches,
+                           "sessions_pruned": self.sessions_pruned, "store_failures": self.store_failures,
+                           "prefix_hits": self.prefix_hits, **self.scheduler.as_json(), **self.snapshots.as_json(),
                            "store_available": self.store_available, "model_identity": self.model_identity,
-                           **self.engine}
-        out["table"] = [asdict(row) for row in self.scheduler.table]
+                           **{k: to_json(v) for k, v in self.engine.as_json().items()}}
         if self.cluster is not None:
-            out["cluster"] = {**asdict(self.cluster), "nodes": dict(self.cluster.nodes)}
+            out["cluster"] = self.cluster.as_json()
         return out

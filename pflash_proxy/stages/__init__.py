@@ -13,8 +13,8 @@ stage gets its own group of the settings (``CompressStage`` the ``compression`` 
 the list is only ``extra``: requests are forwarded as they are, without compression either (it needs the
 session's served history to know which message is new and to keep what a slot holds consistent).
 Imports are lazy: the command line imports the scorer registry from this package for ``--help``.
-The stages hand each other what they found through the request's typed fields (``contract.ProxyRequest.session``,
-``.chain``, ``.turn``): a stage module imports the contract, never another stage module.
+The stages hand each other what they found through the request's typed notes (``contract.StageNotes``): a stage
+module imports the contract, never another stage module.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pflash_proxy.contract import ProxyRequest, RelayResult, ResponseChain, Stage
 from pflash_proxy.sessions.chains import Item
 from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.stats import ChainStats
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -67,9 +68,8 @@ class ResponseChainStage(Stage):
         all_items = pending.items + [o for o in output if isinstance(o, dict)]
         await self.sessions.record_response(rid, ctx.record.id, pending.owner, all_items, pending.parent)
 
-    def stats(self) -> dict[str, object]:
-        return {"previous_response_expanded": self.counters["expanded"],
-                "previous_response_unknown": self.counters["unknown"]}
+    def stats(self) -> ChainStats:
+        return ChainStats(self.counters["expanded"], self.counters["unknown"])
 
 
 def _items(value: object) -> list[Item]:

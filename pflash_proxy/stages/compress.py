@@ -1,36 +1,19 @@
-"""``CompressStage``: the I/O shell around the sans-IO ``compress`` package (PFlash for chat requests).
+"""``CompressStage``: the I/O shell around the sans-IO ``compress`` package (PFlash for chat requests). It runs
+after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage``.
 
-Runs after ``SessionStage`` (which knows what the slot already holds) and before ``SessionCommitStage`` (which
-persists what was served):
-1. Admission (``_candidate``).  Only messages of this turn (after the last assistant message) that the session
-   has not been served are candidates, never a ``system``/``developer`` message (the agent's instructions, like its
-   tool definitions, are never shortened), and only the newest of them that is long (an agent's tool output may
-   be followed by a short message in the same request).  A message's UTF-8 byte length bounds its token count
-   from above, so short messages cost nothing; the whole prompt is counted exactly first
-   (``Engine.count_prompt``, one number): above ``--max-prompt-tokens`` → 400
-   ``context_length_exceeded`` before any per-token pieces are requested; a message far over that limit is
-   refused earlier still, from a prefix of about 1.25x the limit's worth of its text (``_refuse_oversized``).
-   Before any of that the whole prompt is bounded, whatever turn carries its bulk (``_refuse_long_prompt``: its
-   bytes first, then pieces counted (``Engine.count_text``) until the count passes the limit), so history over the limit is refused
-   too, without tokenizing all of it.
-   Then each byte-long candidate, newest first, is tokenized with pieces (``Engine.pieces``: exact per-line
-   counts); the first of
-   at least ``--threshold`` tokens is the one compressed.  None → the request passes through.
-2. Compression (in an executor: numpy, never on the event loop): units → request → scores → budget over
-   the tokens the upstream would prefill (the uncached part) → flat fallback (``--fallback-spread``, or the
-   scorer's own thresholds by prompt length: ``scorers.default_spread``) → rewrite.  The served message
-   is re-tokenized; if the note/marker estimate put it past the budget, or more than 1.5 % below it, a few
-   corrected runs (the budget is a ceiling: only the always-kept units pass it).
-3. Recall.  On a short new user turn in a session with omitted lines, the omitted units are scored against
-   the question (``request.follow_up_query``: the turn without the client's reminders; of a long turn, its question
-   by form); at or above θ the best excerpts are prepended to the turn (and stored, so it replays).
-4. A cold earlier history (no slot, no snapshot) is never compressed: when its messages (instructions not
-   counted) reach the threshold the request is marked ``full-cold`` and prefilled as it is.
-5. Any failure in 1–4 serves the message whole (``X-PFlash-Mode: full-error``, reason in the log): an engine
-   that is unreachable, not ready or refuses a count (``EngineError``) as much as an internal error.
+- Admission (``_candidate``): the candidates are this turn's messages (after the last assistant message) that the
+  session was not served, never a ``system``/``developer`` message; the newest of at least ``--threshold`` tokens
+  (exact per-line counts from ``Engine.pieces``) is compressed. Before that the whole prompt is bounded by
+  ``--max-prompt-tokens`` (``_refuse_long_prompt``, ``_refuse_oversized``: 400 ``context_length_exceeded``),
+  counting from bytes first so a long history is refused without tokenizing all of it.
+- Compression runs in an executor (numpy, never on the event loop) within a budget over the tokens the upstream
+  would prefill; the served message is re-tokenized and the budget corrected a few times if it missed.
+- Recall: on a short new user turn in a session with omitted lines, the omitted units are scored against its
+  question and the best excerpts prepended (and stored, so the turn replays).
+- A cold history (no slot, no snapshot) over the threshold is served as it is (``full-cold``).
+- Any failure serves the message whole (``full-error``, the reason in the log).
 Headers: ``X-PFlash-Mode``, ``X-PFlash-Prompt-Tokens``, ``X-PFlash-Kept-Tokens``, and
-``X-PFlash-Budget-Note: insufficient_middle_budget`` when the pinned tail and the question left the ranked units
-too little of the budget and it was widened (``full-budget``: the widened budget is the whole message).
+``X-PFlash-Budget-Note: insufficient_middle_budget`` when the budget was widened (``full-budget``).
 """
 
 from __future__ import annotations
@@ -56,13 +39,14 @@ from pflash_proxy.models import message_text
 from pflash_proxy.contract import CompressionNote, ProxyRequest, SessionContext, Stage
 from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
 from pflash_proxy.stages.scorers import Scoring, default_spread
+from pflash_proxy.stats import CompressStats
 
 Message = dict[str, object]  # a message of the request, as the dialect parsed it
 log = logging.getLogger("pflash_proxy.compress")
 
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
-_NEVER_SHORTENED = ("system", "developer")  # the agent's instructions (step 1)
+_NEVER_SHORTENED = ("system", "developer")  # the agent's instructions, like its tool definitions
 
 
 _COUNT_CHUNK_CHARS = 1 << 18  # the whole-prompt bound tokenizes long prompts in pieces of at most this many
@@ -106,7 +90,7 @@ class CompressStage(Stage):
 
     # Pipeline hook ---------------------------------------------------------------------------------------
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         mode, prompt_tokens, kept_tokens, failed = "passthrough", None, None, None
@@ -123,9 +107,9 @@ class CompressStage(Stage):
             mode, failed = "full-error", f"{type(exc).__name__}: {exc}"
             log.exception("pflash: serving the message whole after an internal error")
         # what the compressor noted when it ran (``_compress``), with the mode served and why it failed, if it did
-        note = req.compression or CompressionNote(mode)
+        note = req.notes.compression or CompressionNote(mode)
         note.mode, note.reason = mode, failed or note.reason
-        req.compression = note
+        req.notes.compression = note
         self.counters[mode] = self.counters.get(mode, 0) + 1
         req.response_headers["X-PFlash-Mode"] = mode
         if prompt_tokens is not None:
@@ -154,7 +138,7 @@ class CompressStage(Stage):
 
     async def _candidate(self, req: ProxyRequest, ctx: SessionContext,
                          messages: list[Message]) -> tuple[int, int, TokenizedText] | None:
-        """Step 1: the newest long message of this turn that may be shortened, and the prompt's token count.
+        """The newest long message of this turn that may be shortened, and the prompt's token count.
 
         Candidates are the messages after the last assistant message that the session has not been served, newest
         first, whose role is not ``system``/``developer`` (instructions are the agent's program and are never
@@ -188,7 +172,7 @@ class CompressStage(Stage):
         return None
 
     async def _refuse_long_prompt(self, req: ProxyRequest, messages: list[Message]) -> None:
-        """Step 1, first of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
+        """First of all: ``--max-prompt-tokens`` bounds the whole prompt, whichever messages carry it
         (history, instructions, tool calls, tool definitions). No token is shorter than a byte, so a prompt whose
         text is at most the limit in UTF-8 bytes costs nothing. Beyond, its text is tokenized in pieces of twice
         the limit in characters (16 K to 256 K), in order, until the count passes the limit plus the tokens the cuts between pieces
@@ -252,7 +236,7 @@ class CompressStage(Stage):
         # agent's fixed preamble) with an earlier session is cold, so its flat ranking gets full prefill; in a
         # running one a flat ranking is served with markers, and recall brings lines back.
         in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
-        req.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
+        req.relay.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, functools.partial(
             self.compressor.compress, tt, request, uncached, in_conversation, source, label))
@@ -269,11 +253,11 @@ class CompressStage(Stage):
                   "budget_tokens": budget, "scorer": self.scorer.name, "pflash_ms": round(total_ms, 1),
                   **({"gutter": outcome.gutter} if outcome.gutter else {}),
                   **{f"ms_{k}": round(v, 2) for k, v in outcome.stage_ms.items()}}
-        req.compression = CompressionNote(outcome.mode, ms=round(total_ms, 1), scorer=self.scorer.name,
+        req.notes.compression = CompressionNote(outcome.mode, ms=round(total_ms, 1), scorer=self.scorer.name,
                                           stage_ms=dict(outcome.stage_ms))
         if outcome.mode != "compressed":
             req.log_fields.update(fields)
-            req.compression.reason = outcome.reason
+            req.notes.compression.reason = outcome.reason
             log.info("pflash %s: message %s (%d tokens) served whole: %s", outcome.mode, label, tt.total_tokens,
                      outcome.reason, extra={"fields": fields})
             return outcome.mode, prompt_tokens, prompt_tokens
@@ -285,7 +269,7 @@ class CompressStage(Stage):
         req.log_fields.update(fields)
         if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
             req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
-            req.compression.reason = outcome.reason
+            req.notes.compression.reason = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:
             assert ctx.record is not None  # on_request admits only requests with a session record
@@ -366,16 +350,11 @@ class CompressStage(Stage):
         if self.resources is not None:
             self.resources.close()
 
-    def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"modes": dict(self.counters), "tokens_in": self.tokens_in, "tokens_kept": self.tokens_kept,
-               "threshold": self.settings.threshold, "scorer": self.scorer.name,
-               "segmenter": segmenter_name(self.compressor.segmenter)}
-        if self.resources is not None and getattr(self.resources, "drafter", None) is not None:
-            desc = self.resources.describe()
-            out["drafter"] = desc.get("drafter")
-            if "attention_heads" in desc:
-                out["attention_heads"] = desc["attention_heads"]
-        return out
+    def stats(self) -> CompressStats:
+        scoring = self.resources.stats() if self.resources is not None and self.resources.drafter is not None \
+            else None
+        return CompressStats(dict(self.counters), self.tokens_in, self.tokens_kept, self.settings.threshold,
+                             self.scorer.name, segmenter_name(self.compressor.segmenter), scoring)
 
 
 def _serve_text(req: ProxyRequest, messages: list[Message], idx: int, text: str) -> None:

@@ -1,40 +1,21 @@
-"""What each turn saved: ``SavingsStage`` records, after the answer, one ``turn`` trace per chat turn of a session
-(beside the compression, recall and cache traces ``sessions.traces`` builds) and keeps the proxy's totals since start (``/pflash/stats`` under ``savings``, the
-Prometheus counters ``pflash_prefill_tokens_avoided_total`` / ``pflash_prefill_seconds_saved_total``).
+"""What each turn saved: ``SavingsStage`` records one ``turn`` trace per chat turn of a session, after the answer,
+and keeps the totals since start (``/pflash/stats`` under ``savings``, the ``pflash_prefill_*`` metrics).
 
-1. What the engine reported: the answer's cache report (``Engine.cache_report``: ``cached_tokens``, prompt tokens
-   the slot already held, ``prefilled_tokens``, ``prefill_ms``: the prefill's time, ``generated_tokens`` /
-   ``generate_ms``); an answer that reports counts and no times (llama-server's dialect ``usage`` without
-   ``timings``) gives the counts alone. What the proxy
-   decided: the slot's state before the turn (``hit``: the slot held the session, ``restored``: its snapshot was
-   read back, ``miss``), the compression of the turn's new long message (its traces: tokens before and after,
-   the mode) and, for every message served whole, why, in plain words (``plain_reason``).
-2. Tokens avoided, by cause: ``compression`` = the tokens of the turn's compressed messages minus what was served
-   of them; ``cache`` = ``cached_tokens`` (prompt tokens reused from the slot, whether it held the session or its
-   snapshot was restored).
-3. Time saved is an estimate: tokens avoided ÷ the prefill rate the engine reported on this session (its
-   ``prefilled_tokens`` ÷ ``prefill_ms`` summed over the session's turns that prefilled at least ``MIN_TIMED_PROMPT``
-   tokens; the turn's own when none did). The real cost of a prefill grows with the context, so a rate measured on
-   shorter prefills under-estimates what a long one costs. The proxy's own costs are shown beside it, not taken
-   off: the compression's milliseconds, and on a restored turn the preparation before forwarding (the restore,
-   the look-up; ``prepare_ms``, the slot-queue wait excluded).
-4. The turn trace also names the client (``client_name``: ``originator``, else the ``User-Agent`` product, with
-   ``x-app``), the status and the time to the first byte.
-5. Writing: when the turn ends (``on_finish``), its traces (compression, recall, cache: ``SessionContext.traces``)
-   and its turn trace (built from what ``on_response`` noted in ``ProxyRequest.turn`` (``contract.TurnNote``) when
-   that write begins, not while the client waits
-   for the answer) join the session's next write to its trace log (``SessionService.update_trace_log``, a
-   worker thread), a task the answer does not wait for: it gathers the session's turns for ``FLUSH_AFTER_S``
-   and writes them at once, in one pass over the log (a write decodes and encodes the whole log, up to
-   ``sessions.traces.MAX_TURNS`` turns: an agent's quick tool turns cost one read and one write of it, not one each, and
-   the write runs while the session is idle rather than beside its next turn; a process killed loses at most
-   that wait's traces, never a turn or its history); a session's writes run one after another, in turn order.
-   The session's prefill rate (step 3) is read from the log's totals in that write, so the time saved and the
-   savings counters are complete when it ends; ``settle`` (awaited by
-   ``/pflash/stats``, the metrics and the inspector before they read) writes what is gathered at once and waits
-   for it, and ``stop`` does the same.
-Recording never fails a request: an error is logged and the turn's traces are lost (its savings are counted,
-at the turn's own rate).
+A turn trace holds what the engine reported of the answer (``Engine.cache_report``: cached and prefilled tokens,
+the prefill and generation times), what the proxy decided (the slot's state before the turn, each new long
+message's mode and tokens, why one was served whole in plain words: ``plain_reason``), the client
+(``client_name``), the status and the time to the first byte.
+
+Tokens avoided, by cause: ``compression`` is a compressed message's tokens minus what was served of it; ``cache``
+is the prompt tokens reused from the slot. Time saved is an estimate (``price``): tokens avoided divided by the
+prefill rate the engine reported on this session (turns that prefilled at least ``MIN_TIMED_PROMPT`` tokens; the
+turn's own when none did). The proxy's own costs are shown beside it, never taken off.
+
+Writing: when a turn ends its traces join the session's next write to its trace log, a task the answer does not
+wait for; it gathers the session's turns for ``FLUSH_AFTER_S`` and writes them in one pass, the session's writes in
+turn order. The counters are complete when that write ends; ``settle`` (awaited before ``/pflash/stats``, the
+metrics and the inspector read) and ``stop`` write what is gathered at once. Recording never fails a request: an
+error is logged and the turn's traces are lost.
 """
 
 from __future__ import annotations
@@ -50,9 +31,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pflash_proxy.contract import AnswerNote, ProxyRequest, RelayResult, Stage, TurnNote, TurnTraces
 from pflash_proxy.engine import CacheReport, Engine
-from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, VERSION, append, current, session_rate
+from pflash_proxy.stats import ByCause, SavingsStats
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.service import SessionService
@@ -61,7 +42,7 @@ __all__ = ["SavingsStage", "ESTIMATE_NOTE", "client_name", "plain_reason", "pric
 
 log = logging.getLogger("pflash_proxy.inspector")
 
-TurnTrace = dict[str, Any]  # a turn trace (plain data: module docstring, steps 1-4)
+TurnTrace = dict[str, Any]  # a turn trace (plain data: the module docstring says what it holds)
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
 
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
@@ -138,7 +119,7 @@ def _text(value: object) -> str | None:
 
 
 def _timings(report: CacheReport | None) -> Timings | None:
-    """Step 1: the turn trace's counts and times from the engine's cache report of the answer (times None when
+    """The turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
     if report is None:
         return None
@@ -158,7 +139,7 @@ def estimate(tokens: int, rate_tps: float | None) -> float | None:
 
 @dataclass
 class _Batch:
-    """The turns one trace write of a session gathers (``SavingsStage``, step 5)."""
+    """The turns one trace write of a session gathers (``SavingsStage.on_finish``)."""
 
     turns: list[tuple[TurnTraces, ProxyRequest | None]] = field(default_factory=list)  # a request: it was answered
     now: asyncio.Event = field(default_factory=asyncio.Event)  # set by ``settle``: write without waiting more
@@ -166,7 +147,7 @@ class _Batch:
 
 def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
           ) -> Built:
-    """Step 3: copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
+    """Copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
     totals ``before`` the turn and the turn's own (a turn the engine did not time is returned as it is)."""
     out, added = dict(turn), dict(totals)
     if out.get("prefilled_tokens") is None:
@@ -201,22 +182,22 @@ class SavingsStage(Stage):
         self._last: dict[str, asyncio.Task[None]] = {}  # session id -> its newest trace write (waiting or running)
 
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if req.kind != "chat" or ctx is None or ctx.record is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        req.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
+        req.notes.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        ctx = req.session
-        if req.turn is None or ctx is None or ctx.record is None:
+        ctx = req.notes.session
+        if req.notes.turn is None or ctx is None or ctx.record is None:
             return
-        req.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
+        req.notes.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
 
     async def on_finish(self, req: ProxyRequest) -> None:
-        """Step 5: the turn's traces join its session's next trace write, after the answer."""
-        ctx = req.session
-        answered = req if req.turn is not None and req.turn.answer is not None else None
+        """The turn's traces join its session's next trace write, after the answer."""
+        ctx = req.notes.session
+        answered = req if req.notes.turn is not None and req.notes.turn.answer is not None else None
         if ctx is None or ctx.record is None or not ctx.forwarded:
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
@@ -300,14 +281,14 @@ class SavingsStage(Stage):
             return None
 
     def turn_trace(self, req: ProxyRequest) -> Built:
-        """Steps 1, 2 and 4: the turn trace of an answered request (its ``session``, and its ``turn`` with the
+        """The turn trace of an answered request (its ``session``, and its ``turn`` with the
         answer) and what it adds to the session's totals, before the session's rate prices its tokens (``price``)."""
-        ctx, noted = req.session, req.turn
+        ctx, noted = req.notes.session, req.notes.turn
         if ctx is None or noted is None or noted.answer is None:
             raise ValueError("turn_trace of a request without a session's answered turn")
         n, result, at = noted.number, noted.answer.result, noted.answer.at
         timings = _timings(noted.answer.report)
-        compression = req.compression
+        compression = req.notes.compression
         mode = compression.mode if compression is not None else None
         messages = []
         avoided_compression = 0
@@ -367,12 +348,11 @@ class SavingsStage(Stage):
             self.avoided[cause] += turn["tokens_avoided"][cause]
             self.saved_s[cause] += turn["saved_s"][cause] or 0.0
 
-    def stats(self) -> JSONObject:
+    def stats(self) -> SavingsStats:
         c = self.counters
-        return {"turns": int(c["turns"]), "turns_timed": int(c["turns_timed"]),
-                "prompt_tokens": int(c["prompt_tokens"]), "prefilled_tokens": int(c["prefilled_tokens"]),
-                "cached_tokens": int(c["cached_tokens"]), "message_tokens": int(c["message_tokens"]),
-                "message_served_tokens": int(c["message_served_tokens"]), "prefill_s": round(c["prefill_ms"] / 1000, 3),
-                "tokens_avoided": dict(self.avoided),
-                "seconds_saved": {k: round(v, 3) for k, v in self.saved_s.items()},
-                "seconds_saved_note": ESTIMATE_NOTE}
+        return SavingsStats(int(c["turns"]), int(c["turns_timed"]), int(c["prompt_tokens"]),
+                            int(c["prefilled_tokens"]), int(c["cached_tokens"]), int(c["message_tokens"]),
+                            int(c["message_served_tokens"]), round(c["prefill_ms"] / 1000, 3),
+                            ByCause(self.avoided["compression"], self.avoided["cache"]),
+                            ByCause(round(self.saved_s["compression"], 3), round(self.saved_s["cache"], 3)),
+                            ESTIMATE_NOTE)

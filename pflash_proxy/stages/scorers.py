@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pflash_proxy.jsontypes import JSONObject
+    from pflash_proxy.stats import ScoringStats
     from pflash_proxy.compress.scores import Scorer
     from pflash_proxy.compress.units import Segmenter
     from pflash_proxy.config import Settings
@@ -319,15 +321,24 @@ class Scoring:
         if self.drafter is not None:
             self.drafter.close()
 
-    def describe(self) -> dict[str, object]:
-        out: dict[str, object] = {"segmenter": getattr(self.segmenter, "name", "heuristic"),
-                                  "scorer": getattr(self.scorer, "name", "lexical")}
+    def stats(self) -> ScoringStats:
+        """What scores: the segmenter, the scorer, the heads an attention scorer reads, the drafter's passes."""
+        from pflash_proxy.stats import DrafterStats, ScoringStats
+
         heads = getattr(self.scorer, "heads", getattr(getattr(self.scorer, "second", None), "heads", "n/a"))
-        if heads != "n/a":  # the attention scorer, alone or fused: which heads it reads (None = all)
-            out["attention_heads"] = None if heads is None else [f"{L}.{h}" for L, h in sorted(heads)]
+        drafter = None
         if self.drafter is not None:
-            out["drafter"] = {"path": self.drafter.path, **self.drafter.stats}
-        return out
+            d = self.drafter.stats
+            drafter = DrafterStats(self.drafter.path, int(d["passes"]), int(d["tokens"]), d["seconds"],
+                                   int(d["cache_hits"]), int(d["aborts"]))
+        return ScoringStats(getattr(self.segmenter, "name", "heuristic"), getattr(self.scorer, "name", "lexical"),
+                            # the attention scorer, alone or fused: which heads it reads (None = all)
+                            None if heads in ("n/a", None) else [f"{L}.{h}" for L, h in sorted(heads)],
+                            reads_heads=heads != "n/a", drafter=drafter)
+
+    def describe(self) -> JSONObject:
+        """``stats`` as JSON, for the start-up log."""
+        return self.stats().as_json()
 
 
 def build_scorer(settings: Settings) -> Scoring:

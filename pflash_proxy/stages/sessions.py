@@ -35,6 +35,7 @@ from pflash_proxy.engine import Engine
 from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
 from pflash_proxy.sessions.service import SessionService, Turn, TurnAsk
 from pflash_proxy.sessions.slots import SlotReport
+from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.sessions.traces import record_cache
 
 log = logging.getLogger("pflash_proxy.sessions")
@@ -145,8 +146,8 @@ class SessionStage(Stage):
         if ctx is not None:  # the client left, or the upstream broke: the engine may still work on the slot
             await ctx.turn.close(engine_may_be_busy=ctx.forwarded and not ctx.settled)
 
-    def stats(self) -> dict[str, object]:
-        return self.sessions.stats().as_json()
+    def stats(self) -> SessionStats:
+        return self.sessions.stats()
 
 
 def is_batch(prompt: object) -> bool:

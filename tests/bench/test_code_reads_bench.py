@@ -1,4 +1,4 @@
-"""``pflash-proxy bench code-reads`` end to end on a tiny ``--limit``: generated cases from a fixture
+"""``python -m evals code-reads`` end to end on a tiny ``--limit``: generated cases from a fixture
 site-packages, each read in three shapes, warm and cold, through the real proxy routes against a real
 llama-server (its tokenizer), nothing prefilled."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pflash_proxy.cli import main
+from evals.__main__ import main
 
 from .code_reads_site import make_site
 
@@ -19,13 +19,13 @@ pytestmark = pytest.mark.llama
 def test_bench_code_reads_end_to_end(llama_server, tmp_path, capsys):
     site = make_site(tmp_path)
     out = tmp_path / "out"
-    assert main(["bench", "code-reads", "--site", str(site), "--limit", "3", "--upstream", llama_server.url,
+    assert main(["code-reads", "--site", str(site), "--limit", "3", "--upstream", llama_server.url,
                  "--out", str(out), "--seed", "1"]) == 0
     md = (out / "report.md").read_text()
     assert md.strip() in capsys.readouterr().out
     assert "(headline)" in md and "| lexical | warm | named |" in md
     command = (out / "command.txt").read_text()
-    assert command.startswith("pflash-proxy bench code-reads --split all --seed 1 --threshold 2048")
+    assert command.startswith("python -m evals code-reads --split all --seed 1 --threshold 2048")
     data = json.loads((out / "results.json").read_text())
     recs = data["records"]
     assert [c["kind"] for c in data["cases"]] == ["named", "qualified", "described"]

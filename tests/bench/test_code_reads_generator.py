@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pflash_proxy.bench.code_reads import generator as g
-from pflash_proxy.bench.code_reads.run import OPENCODE_FOOT, OPENCODE_HEAD, gold_block, render
+from evals.code_reads import generator as g
+from evals.code_reads.run import OPENCODE_FOOT, OPENCODE_HEAD, gold_block, render
 from pflash_proxy.compress.gutter import find_gutter
 from pflash_proxy.compress.text import split_lines
 

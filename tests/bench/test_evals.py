@@ -1,5 +1,5 @@
-"""The evals on text people wrote (``bench ruler-qa|code-tasks|planted|every-x``): their cases and their checks
-offline, then each subcommand end to end on a few dev cases through the real proxy in front of a real
+"""The evals on text people wrote (``python -m evals ruler-qa|code-tasks|planted|every-x``): their cases and their
+checks offline, then each subcommand end to end on a few dev cases through the real proxy in front of a real
 llama-server (tiny thresholds). Only dev cases are used here: held-out phrasing stays in the data files."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pflash_proxy.bench.code_reads.generator import site_packages
-from pflash_proxy.bench.evals import code_tasks, common, every_x, planted, ruler
-from pflash_proxy.cli import main
+from evals.code_reads.generator import site_packages
+from evals import code_tasks, common, every_x, planted, ruler
+from evals.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
 needs_ruler = pytest.mark.skipif(not ruler.importlib.util.find_spec("long_context_eval"),
@@ -35,11 +35,14 @@ def test_code_tasks_are_split_by_package_and_written_without_the_gold_name():
     cases = code_tasks.load_cases()
     assert len(cases) >= 100 and len({c.package for c in cases}) >= 20
     assert len({c.id for c in cases}) == len(cases)
-    first = {c.package for c in cases if c.split != "held-out-2"}
-    later = [c for c in cases if c.split == "held-out-2"]  # written later, over packages in neither split
-    assert len(later) >= 40 and len({c.package for c in later}) >= 8 and not first & {c.package for c in later}
+    first = {c.package for c in cases if c.split in ("dev", "held-out")}
+    later = [c for c in cases if c.split not in ("dev", "held-out")]  # written later, over packages in no other split
+    for split, at_least in (("held-out-2", 40), ("held-out-3", 70)):
+        mine = {c.package for c in later if c.split == split}
+        others = first | {c.package for c in later if c.split != split}
+        assert sum(c.split == split for c in later) >= at_least and len(mine) >= 8 and not mine & others, split
     for c in cases:
-        assert c.split == common.split_of(c.package) or c.split == "held-out-2", c.id
+        assert c.split == common.split_of(c.package) or c.split in ("held-out-2", "held-out-3"), c.id
         assert c.kind in ("bug", "how", "why", "change")
         for name in c.gold.split("."):  # no identifier of the gold in the user's words (plain words may occur)
             if "_" in name.strip("_") or re.search(r"[a-z][A-Z]", name) or name[0].isupper():
@@ -49,7 +52,7 @@ def test_code_tasks_are_split_by_package_and_written_without_the_gold_name():
 
 
 def test_held_out_phrasing_appears_only_in_the_data_files():
-    held = [c.task for c in code_tasks.load_cases() if c.split in ("held-out", "held-out-2")]
+    held = [c.task for c in code_tasks.load_cases() if c.split != "dev"]  # held-out, -2 and -3 when present
     held += [w["wording"] for kind in ("every", "pointed")
              for w in json.loads(every_x.WORDINGS.read_text())[kind] if w["split"] != "dev"]
     held += [f["statement"] for f in json.loads(planted.FACTS.read_text())["facts"] if f["split"] == "held-out"]
@@ -57,7 +60,7 @@ def test_held_out_phrasing_appears_only_in_the_data_files():
     # a wording's longest stretch without its {name} slot (a fragment under 20 characters says too little)
     probes = [p for h in held if len(p := max(h.split("{name}"), key=len).strip()[:40]) >= 20]
     assert len(probes) > 0.8 * len(held)
-    for path in sorted((REPO / "pflash_proxy").rglob("*.py")) + sorted((REPO / "tests").rglob("*.py")):
+    for path in [p for top in ("pflash_proxy", "evals", "tests") for p in sorted((REPO / top).rglob("*.py"))]:
         text = path.read_text(encoding="utf-8", errors="replace")
         leaked = [p for p in probes if p in text]
         assert not leaked, (path, leaked[:3])
@@ -148,7 +151,7 @@ def test_every_x_matches_every_line_naming_the_name():
 # ----------------------------------------------------------------------------------------------- end to end
 
 def _run(kind: str, url: str, out: Path, *extra: str) -> dict:
-    assert main(["bench", kind, "--upstream", url, "--out", str(out), *extra]) == 0
+    assert main([kind, "--upstream", url, "--out", str(out), *extra]) == 0
     return json.loads((out / f"{kind}.json").read_text())
 
 
@@ -166,7 +169,7 @@ def test_bench_ruler_qa_measures_evidence_and_recall(llama_server, tmp_path, cap
     assert r["evidence_total"] == 1 and r["all_evidence"] == bool(r["evidence_whole"])
     if r["followup"] is not None:  # its evidence was missing from turn 1 by construction
         assert r["followup"]["missing_after_turn1"] >= 1 and r["followup"]["mode"] in ("recall", "passthrough")
-    assert "command: `pflash-proxy bench ruler-qa --split dev" in (tmp_path / "ruler-qa.md").read_text()
+    assert "command: `python -m evals ruler-qa --split dev" in (tmp_path / "ruler-qa.md").read_text()
 
 
 @pytest.mark.llama
@@ -227,13 +230,13 @@ def test_bench_every_x_scores_both_kinds(llama_server, tmp_path):
         elif r["mode"] == "compressed" and r["scope"] == "file":
             assert not r["ok"]
     again = tmp_path / "again"
-    assert main(["bench", "every-x", "--render", str(tmp_path / "every-x.json"), "--out", str(again)]) == 0
+    assert main(["every-x", "--render", str(tmp_path / "every-x.json"), "--out", str(again)]) == 0
     assert (again / "every-x.md").read_text() == (tmp_path / "every-x.md").read_text()
-    assert main(["bench", "planted", "--render", str(tmp_path / "every-x.json")]) == 2
+    assert main(["planted", "--render", str(tmp_path / "every-x.json")]) == 2
 
 
 def test_the_evals_refuse_code_reads_splits(capsys):
-    assert main(["bench", "planted", "--split", "test"]) == 2
+    assert main(["planted", "--split", "test"]) == 2
     assert "dev (the default) or held-out" in capsys.readouterr().err
 
 
@@ -277,5 +280,39 @@ def test_the_second_held_out_wordings_are_every_x_only(capsys):
     evals refuse it."""
     ws = every_x.load_wordings("held-out-2")
     assert sum(w["kind"] == "every" for w in ws) >= 15 and sum(w["kind"] == "pointed" for w in ws) >= 15
-    assert main(["bench", "planted", "--split", "held-out-2"]) == 2
+    assert main(["planted", "--split", "held-out-2"]) == 2
     assert "(got held-out-2)" in capsys.readouterr().err
+
+
+def test_the_third_held_out_tasks_are_read_from_their_own_file_and_code_tasks_only(tmp_path, monkeypatch, capsys):
+    """``held-out-3``: code-tasks' tasks in ``cases/code_tasks_held_out_3.json``, read with the others when the file
+    is there (and without it, the other splits as before); the other evals refuse the split."""
+    everything = code_tasks.load_cases()
+    extra = tmp_path / "code_tasks_held_out_3.json"
+    monkeypatch.setattr(code_tasks, "HELD_OUT_3", extra)
+    before = code_tasks.load_cases()
+    assert before == [t for t in everything if t.split != "held-out-3"]
+    case = {"id": "h3-1", "package": "pkg", "path": "pkg/mod.py", "gold": "f", "kind": "bug", "split": "held-out-3",
+            "task": "f fails on empty input."}
+    extra.write_text(json.dumps({"cases": [case]}))
+    loaded = code_tasks.load_cases()
+    assert loaded[:len(before)] == before and [(t.id, t.split) for t in loaded[len(before):]] == [("h3-1", "held-out-3")]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"cases": []}))
+    assert code_tasks.load_cases(other) == []  # a cases file given by path is read alone
+    for kind in ("every-x", "planted", "ruler-qa"):
+        assert main([kind, "--split", "held-out-3"]) == 2
+        assert "(got held-out-3)" in capsys.readouterr().err
+
+
+def test_pflash_proxy_bench_says_in_one_line_where_the_lab_went(capsys):
+    """The lab's kinds left ``pflash-proxy bench``: asked for one, with the lab's options, it says where it went in one
+    line (exit 2); its own kinds are the product's benches."""
+    from pflash_proxy.cli import main as cli
+
+    for kind in ("code-tasks", "ruler-qa", "planted", "every-x", "code-reads"):
+        with pytest.raises(SystemExit) as exc:
+            cli(["bench", kind, "--split", "held-out", "--limit", "3"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"python -m evals {kind}" in err, err

@@ -15,13 +15,15 @@ from pflash_proxy.compress import Compressor, RequestFinder, TokenizedText, inte
 from pflash_proxy.compress.pipeline import CompressionSettings
 from pflash_proxy.compress.spread import asks_for_every, every_clause, flat_gate
 
+from evals import every_x, train_intent
+
 from .every_dev import DOCUMENT_QUESTIONS, EVERY, POINTED
 
 SOURCE = inspect.getsource(subprocess)
 
 
 def test_the_shipped_weights_are_what_the_train_command_makes_of_the_dev_phrasings(tmp_path):
-    data = intent.train(out=tmp_path / "intent.json")
+    data = train_intent.train(out=tmp_path / "intent.json")
     shipped = json.loads(intent.WEIGHTS.read_text())
     assert data["weights"] == shipped["weights"] and data["bias"] == shipped["bias"]
     assert shipped["crossval_5fold"]["every"] >= 0.9 and shipped["crossval_5fold"]["pointed"] >= 0.9
@@ -29,16 +31,14 @@ def test_the_shipped_weights_are_what_the_train_command_makes_of_the_dev_phrasin
 
 
 def test_no_held_out_wording_is_trained_on():
-    from pflash_proxy.bench.evals import every_x
-
     held = [str(w["wording"]) for kind in ("every", "pointed")
             for w in json.loads(every_x.WORDINGS.read_text())[kind] if w["split"] != "dev"]
-    dev = json.loads(intent.DEV.read_text())
+    dev = json.loads(train_intent.DEV.read_text())
     trained = {t.lower() for k in ("every", "pointed", "pointed_documents") for t in dev[k]}
     for h in held:
         probe = max(h.split("{name}"), key=len).strip().lower()[:40]
         assert len(probe) < 20 or not any(probe in t for t in trained), h  # (under 20 characters says too little)
-    assert all(t in dict(intent.examples()) for t in EVERY + POINTED + DOCUMENT_QUESTIONS)
+    assert all(t in dict(train_intent.examples()) for t in EVERY + POINTED + DOCUMENT_QUESTIONS)
 
 
 def test_a_factual_how_many_about_a_document_is_pointed_a_count_of_its_parts_is_not():

@@ -203,7 +203,7 @@ async def test_a_restart_tells_the_listeners_and_ends_the_epoch(harness):
     assert not e.vouches(before) and not e.vouches(None)
     e.stop_watching()
     assert e.epoch() is None and not e.vouches(e.epoch())
-    assert isinstance(e.stats(), dict) and e.address
+    assert isinstance(e.stats().as_json(), dict) and e.address
 
 
 async def test_the_answer_that_carries_the_report_is_marked(harness):

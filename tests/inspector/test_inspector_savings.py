@@ -18,6 +18,7 @@ from pflash_proxy.stages.savings import client_name, plain_reason, session_rate
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
+from pflash_proxy.stats import BodyStats, ByCause, ProxyStats, RequestStats, SavingsStats, UpstreamStats
 from tests.conftest import make_settings, start_llama_server
 from tests.inspector.test_inspector_browser import CHROMIUM, KEEP, REPORTED
 from tests.inspector.test_inspector_real import show
@@ -237,9 +238,12 @@ def test_a_session_of_trace_version_1_is_read_under_the_new_names():
 
 
 def test_savings_metrics_by_cause():
-    stats = {"upstream": {"ready": True}, "savings": {"tokens_avoided": {"compression": 700, "cache": 1200},
-                                                      "seconds_saved": {"compression": 0.5, "cache": 0.9},
-                                                      "prefilled_tokens": 300, "prefill_s": 0.2}}
+    savings = SavingsStats(turns=2, turns_timed=2, prompt_tokens=1500, prefilled_tokens=300, cached_tokens=1200,
+                           message_tokens=1000, message_served_tokens=300, prefill_s=0.2,
+                           tokens_avoided=ByCause(compression=700, cache=1200),
+                           seconds_saved=ByCause(compression=0.5, cache=0.9), seconds_saved_note="estimate")
+    stats = ProxyStats(RequestStats(0, {}), UpstreamStats("http://127.0.0.1:9", True, None), BodyStats(0, 0, 0),
+                       {"savings": savings})
     m = Metrics()
     m.bind(lambda: stats)
     text = m.prometheus().decode()

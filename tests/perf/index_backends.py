@@ -1,8 +1,6 @@
-"""The embedded session index's two backends side by side: diskcache (``local.SessionStore``) against plain SQLite
-tables (``sqlite.SqliteIndex``), on the calls a turn makes, in one run.
-
-For each backend, in a fresh directory of its own (the backends alternate in every step, so both see the same
-machine load):
+"""The embedded session index (``sqlite.SqliteIndex``) on the calls a turn makes, and on opening, crashing and
+pruning. ``BACKENDS`` names each index it runs, side by side, in a fresh directory of its own (the backends
+alternate in every step, so all see the same machine load); the diskcache backend it was compared with is gone.
 
 1. ``save``/``lookup``: ``--sessions`` conversations advance ``--turns`` turns each, round-robin (a turn: the
    request's ``lookup`` of its history plus a new user message, then ``save_session`` of the history plus that
@@ -40,11 +38,10 @@ from typing import TypeVar
 
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord
-from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 T = TypeVar("T")
-BACKENDS: dict[str, Callable[[Path], SessionIndex]] = {"diskcache": SessionStore, "sqlite": SqliteIndex}
+BACKENDS: dict[str, Callable[[Path], SessionIndex]] = {"sqlite": SqliteIndex}
 ROOT = Path(__file__).resolve().parents[2]
 
 

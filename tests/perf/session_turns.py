@@ -3,11 +3,10 @@
 1. Compress a synthetic document of ``--doc-lines`` lines (lexical scorer, the product's pipeline) ``--sources``
    times, as a session whose turns each pasted one such document: every compression leaves a recall source.
 2. Store the session (its served history of ``--messages`` messages of ``--message-chars`` characters, and those
-   sources) in a fresh embedded index
-   (``SessionStore``), then run ``--turns`` turns of what every request does: ``lookup`` of its history plus one
+   sources) in a fresh embedded index (``open_index``: SQLite), then run ``--turns`` turns of what every request does: ``lookup`` of its history plus one
    new message (parsed anew from JSON each turn, as a request's body is), ``save_session`` of it.
-3. Print the median milliseconds of a turn's lookup and save, the bytes of the session's record and of all its
-   stored values, as JSON.
+3. Print the median milliseconds of a turn's lookup and save, the bytes of the session's record (``codec.encode``)
+   and of the whole index (``volume``), as JSON.
 
     .venv/bin/python -m tests.perf.session_turns [--sources 3] [--turns 20]
 
@@ -25,22 +24,14 @@ from pathlib import Path
 
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.scores import LexicalScorer
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index import open_index
+from pflash_proxy.sessions.index.codec import encode
 
 
 def document(i: int, lines: int) -> str:
     return "\n".join(f"Entry {n} of ledger {i}: {n * 7} crates of {('tea', 'wool', 'salt', 'tin')[n % 4]} "
                      f"left dock {n % 13} for the {('north', 'east', 'south')[n % 3]} line on day {n % 31}."
                      for n in range(lines)) + "\n"
-
-
-def _size(value: object) -> int:
-    """Stored bytes of a value (an older tree's index held pickled objects: their pickle's size)."""
-    if isinstance(value, (bytes, str)):
-        return len(value)
-    import pickle  # only to size what an older tree stored
-
-    return len(pickle.dumps(value))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -65,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
                for n in range(args.messages)]
     lookups, saves = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        store = SessionStore(Path(tmp) / "idx")
+        store = open_index(Path(tmp))
         rec = store.new_session("seed", False)
         rec.recall_sources = list(sources)
         store.save_session(rec, store.lookup("seed", history)[2], history)
@@ -80,15 +71,13 @@ def main(argv: list[str] | None = None) -> dict:
             t2 = time.perf_counter()
             lookups.append((t1 - t0) * 1000)
             saves.append((t2 - t1) * 1000)
-        keys = list(store.cache.iterkeys())
-        sizes = {":".join(map(str, k)): _size(store.cache.get(k)) for k in keys}
+        record_bytes, stored_bytes = len(encode("session", found)), store.volume()
         store.close()
     report = {"sources": args.sources, "doc_lines": args.doc_lines, "messages": args.messages,
               "message_chars": args.message_chars,
               "turns": args.turns, "lookup_ms_p50": round(statistics.median(lookups), 2),
               "save_ms_p50": round(statistics.median(saves), 2),
-              "record_bytes": max(v for k, v in sizes.items() if k.startswith("session:")),
-              "stored_bytes": sum(sizes.values())}
+              "record_bytes": record_bytes, "stored_bytes": stored_bytes}
     print(json.dumps(report))
     return report
 

@@ -4,7 +4,7 @@
 - ``ab_overhead``: two trees' proxies side by side, their turns interleaved, with bootstrap intervals;
 - ``session_turns``: a session's index lookup and save per turn as its history grows;
 - ``trace_log``: a session's trace write once it compressed documents;
-- ``index_backends``: the embedded index's backends (diskcache, SQLite tables) side by side on a turn's calls.
+- ``index_backends``: the embedded (SQLite) index on a turn's calls, opening, a crash and pruning.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_a_turn_only_trace_write_stores_the_log_without_the_documents_texts():
 
 
 @pytest.mark.timeout(900)
-def test_the_embedded_index_backends_side_by_side(tmp_path, capsys):
+def test_the_embedded_index_on_a_turns_calls(tmp_path, capsys):
     """Tiny in ``make test``; ``PFLASH_INDEX_BENCH=full`` runs the default sizes (200 sessions x 20 turns)."""
     full = os.environ.get("PFLASH_INDEX_BENCH") == "full"
     argv = [] if full else ["--sessions", "4", "--turns", "3", "--doc-lines", "200", "--recall-every", "2",
@@ -88,7 +88,7 @@ def test_the_embedded_index_backends_side_by_side(tmp_path, capsys):
         assert set(call) == set(index_backends.BACKENDS)
         assert all(r["ops_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] for r in call.values())
     sessions, turns = (200, 20) if full else (4, 3)
-    assert calls["lookup"]["sqlite"]["n"] == calls["save"]["diskcache"]["n"] == sessions * turns
+    assert calls["lookup"]["sqlite"]["n"] == calls["save"]["sqlite"]["n"] == sessions * turns
     # every save a killed writer reported committed was read back (the run asserts it, and counts them)
     assert report["crash_saves_read_back"] == {b: 600 if full else 10 for b in index_backends.BACKENDS}
     assert json.loads((tmp_path / "index.json").read_text()) == report

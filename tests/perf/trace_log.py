@@ -1,13 +1,14 @@
 """What a session's trace write costs once the session has compressed documents: CPU and bytes per write.
 
-1. Open an embedded index (``SessionStore``) in a temporary directory and save one session.
+1. Open an embedded index (``open_index``: SQLite) in a temporary directory and save one session.
 2. Compress ``--documents`` synthetic source files of ``--doc-chars`` characters each (``Compressor`` with the
    lexical scorer, a question at each file's end) and add each outcome's compression trace, with a turn trace,
    in one trace write per document (``sessions.traces.record_compression``, ``append``,
    ``update_trace_log``): the log the inspector keeps for such a session.
 3. Time ``--writes`` more trace writes that add one turn trace each (a follow-up question that compressed
    nothing): the loop thread's CPU per write (``time.thread_time``: this thread only), the stored log's size, and
-   the bytes each write stores (the log, and any text or unit table it writes under a key of its own).
+   the bytes each write stores (the log, and any text or unit table it writes under a key of its own), read from
+   the index's ``traces`` and ``trace_part`` tables on a connection of its own.
 4. Print one markdown row and write the JSON to ``--out``.
 
     .venv/bin/python -m tests.perf.trace_log [--documents 16] [--doc-chars 66000] [--writes 20]
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from pflash_proxy.compress import CompressionSettings, Compressor, RequestFinder, TokenizedText
 from pflash_proxy.compress.scores import LexicalScorer
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index import open_index
 from pflash_proxy.sessions.traces import TurnTraces, append, record_compression
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +44,17 @@ def document(i: int, chars: int) -> str:
     return "".join(lines)
 
 
-def stored_bytes(store: SessionStore) -> int:
-    return sum(len(v) for k in store.cache.iterkeys() if k[0] in ("traces", "trace-part")
-               and isinstance(v := store.cache.get(k), (bytes, str)))
+def stored_bytes(db: sqlite3.Connection, sid: str) -> tuple[int, int]:
+    """The bytes of the session's stored trace log, and of the log with its parts."""
+    (log,) = db.execute("SELECT coalesce(sum(length(data)), 0) FROM traces WHERE sid = ?", (sid,)).fetchone()
+    (parts,) = db.execute("SELECT coalesce(sum(length(data)), 0) FROM trace_part WHERE sid = ?", (sid,)).fetchone()
+    return log, log + parts
 
 
 def measure(documents: int, doc_chars: int, writes: int) -> dict:
-    store = SessionStore(Path(tempfile.mkdtemp(prefix="pflash-trace-bench-")))
+    home = Path(tempfile.mkdtemp(prefix="pflash-trace-bench-"))
+    store = open_index(home)
+    db = sqlite3.connect(home / "sessions" / "index.db")
     rec = store.new_session("seed", False)
     store.save_session(rec, ["h"], [{"role": "user", "content": "hello"}])
     compressor = Compressor(CompressionSettings(threshold=100), scorer=LexicalScorer())
@@ -66,16 +73,18 @@ def measure(documents: int, doc_chars: int, writes: int) -> dict:
     for n in range(writes):
         traces = TurnTraces(documents + n + 1)
         traces.add({"v": 2, "kind": "turn", "turn": documents + n + 1})
-        before = stored_bytes(store)
+        before = stored_bytes(db, rec.id)[1]
         t0 = time.thread_time()
         store.update_trace_log(rec.id, lambda kept, t=traces: append(kept, t))
         cpu.append((time.thread_time() - t0) * 1000)
-        log_bytes = len(store.cache.get(("traces", rec.id)))
-        written.append(log_bytes + max(0, stored_bytes(store) - before))
-    log_bytes = len(store.cache.get(("traces", rec.id)))
+        log_bytes, total = stored_bytes(db, rec.id)
+        written.append(log_bytes + max(0, total - before))
+    log_bytes = stored_bytes(db, rec.id)[0]
     kept = store.trace_log(rec.id)
     texts = sum(1 for t in (kept.traces if kept else []) if isinstance(t.get("text"), str))
+    db.close()
     store.close()
+    shutil.rmtree(home)
     return {"documents": documents, "doc_chars": doc_chars, "writes": writes,
             "cpu_ms_per_write_p50": statistics.median(cpu), "cpu_ms_per_write_max": max(cpu),
             "log_bytes": log_bytes, "bytes_stored_per_write_p50": statistics.median(written),

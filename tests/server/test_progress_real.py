@@ -23,7 +23,7 @@ class SlowStage:
         self.seconds, self.fail = seconds, fail
 
     async def on_request(self, req):
-        req.progress = "compressing 12,345 tokens"
+        req.relay.progress = "compressing 12,345 tokens"
         await asyncio.sleep(self.seconds)
         if self.fail:
             raise BadRequest("too long after all", code="context_too_long")
@@ -35,7 +35,7 @@ class SlowStage:
         pass
 
     def stats(self):
-        return {}
+        return None
 
 
 async def _proxy(aiohttp_client, llama_server, tmp_path, stage):

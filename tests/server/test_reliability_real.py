@@ -113,8 +113,7 @@ async def test_a_full_disk_under_the_index_never_fails_a_chat_and_saving_recover
 
     store = open_index(tmp_path / "home")  # the proxy's index (the default embedded one), its disk filled below
     proxy = await make_proxy(index=store)
-    # the write under the history's record: diskcache's set, or the SQLite index's record write
-    target, name = (store.cache, "set") if hasattr(store, "cache") else (store, "_put")
+    target, name = store, "_put"  # the write under the history's record
     real_set = getattr(target, name)
     full = {"on": True}
 

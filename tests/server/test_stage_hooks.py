@@ -4,10 +4,18 @@ service's admin face, which the app holds (``keys.SESSIONS``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pflash_proxy.contract import Stage
 from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import SESSIONS
+from pflash_proxy.stats import Stats
 from tests.conftest import make_settings, session_service
+
+
+@dataclass(frozen=True)
+class Count(Stats):
+    n: int
 
 
 class Hooked(Stage):
@@ -20,8 +28,8 @@ class Hooked(Stage):
     async def stop(self) -> None:
         self.log.append(f"stop {self.name}")
 
-    def stats(self) -> dict:
-        return {"n": self.n}
+    def stats(self) -> Count:
+        return Count(self.n)
 
 
 async def test_the_app_calls_the_declared_hooks(aiohttp_client, tmp_path):

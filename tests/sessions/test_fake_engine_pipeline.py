@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from pflash_proxy.config import Settings
-from pflash_proxy.contract import Pipeline, ProxyRequest, RelayResult
+from pflash_proxy.contract import Dialogue, Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
 from pflash_proxy.sessions.service import SessionService, TurnAsk
 from pflash_proxy.sessions.stats import SessionStats
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 from tests.conftest import make_settings
 
@@ -76,7 +76,7 @@ class Proxy:
         dialect = dialect_for(path)
         assert dialect is not None
         req = ProxyRequest("chat", "POST", path, headers or {}, json.dumps(body).encode(), body, None,
-                           dialect=dialect, conversation=dialect.parse(body), conversation_base=body)
+                           dialogue=Dialogue(dialect, dialect.parse(body), body))
         await self.pipeline.run_request(req)
         if dialect.upstream_path:  # translated for another route, the pin carried over, as server/routes.py does
             sent = {**dialect.to_upstream(req.body, req.messages), **pin_of(self.engine, req.body)}
@@ -103,7 +103,7 @@ def chat(doc: str, *questions: str) -> list[dict[str, object]]:
     return messages
 
 
-async def _proxy(tmp_path, index: SessionStore | None = None, n_slots: int = 1, **settings: object
+async def _proxy(tmp_path, index: SqliteIndex | None = None, n_slots: int = 1, **settings: object
                  ) -> AsyncIterator[Proxy]:
     slots = tmp_path / "slots"
     slots.mkdir()
@@ -174,13 +174,13 @@ async def test_an_unvouched_hit_is_checked_against_the_slots_state_and_a_lost_on
     assert proxy.stats().scheduler.slots_lost == 1 and proxy.stats().scheduler.upstream_restarts == 1
 
 
-class RemoteStore(SessionStore):
+class RemoteStore(SqliteIndex):
     """The embedded index declared remote, as a single-node index over a network would be."""
 
     remote = True
 
 
-def _lookup_threads(store: SessionStore) -> list[bool]:
+def _lookup_threads(store: SqliteIndex) -> list[bool]:
     on_loop: list[bool] = []
     lookup = store.lookup
 
@@ -193,7 +193,7 @@ def _lookup_threads(store: SessionStore) -> list[bool]:
 
 @pytest.mark.parametrize("remote", [False, True])
 async def test_where_a_lookup_runs_is_decided_by_the_index_declaring_itself_remote(tmp_path, remote):
-    store = (RemoteStore if remote else SessionStore)(tmp_path / "index")
+    store = (RemoteStore if remote else SqliteIndex)(tmp_path / "index")
     assert store.as_cluster() is None  # one node either way
     async for p in _proxy(tmp_path, index=store):
         on_loop = _lookup_threads(store)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.sessions.slots import Slot
 from tests.sessions.test_fake_engine_pipeline import DOC_A, DOC_B, Proxy, RemoteStore, _proxy, chat
 
@@ -105,7 +105,7 @@ async def test_a_leased_slot_is_not_due(one):
 async def test_the_mb_s_budget_spaces_the_saves(tmp_path, remote):
     """Three due sessions, a budget at which each snapshot takes ~0.3 s: the saves start that far apart, whatever
     the index (a remote one, where the snapshot's record is not read back on the loop, paced nothing)."""
-    store = (RemoteStore if remote else SessionStore)(tmp_path / "index")
+    store = (RemoteStore if remote else SqliteIndex)(tmp_path / "index")
     async for p in _proxy(tmp_path, index=store, n_slots=3):
         for doc in (DOC_A, DOC_B, DOC_C):
             await p.turn(chat(doc, "Which rows?"))

@@ -4,15 +4,14 @@ them (one ``extra`` dict) still read, and the read-only view the inspector is ha
 from __future__ import annotations
 
 import json
+import pickle
 
-import diskcache
 import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.service import SessionService, TurnAsk
 from pflash_proxy.sessions.slots import SlotReport
-from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.conftest import make_settings
 
@@ -26,27 +25,27 @@ def test_a_record_written_with_extra_reads_into_the_typed_fields(tmp_path):
     assert rec.served == old["served"] and rec.turns == 1
     assert rec.recall_sources == ["a source"] and rec.traces == [{"kind": "recall"}]
     assert rec.trace_totals == {"recalls": 1}
-    store = SessionStore(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     rec.recall_sources = []
     rec.trace_totals["recalls"] = 2
     store.update_record(rec)
-    stored = json.loads(store.cache.get(("session", rec.id)))  # schema-versioned JSON (sessions/index/codec.py)
+    data = store._conn().execute("SELECT data FROM session WHERE sid = ?", (rec.id,)).fetchone()[0]
+    stored = json.loads(data)  # schema-versioned JSON (sessions/index/codec.py)
     assert "extra" not in stored["value"] and stored["value"]["trace_totals"] == {"recalls": 2}
     again = store.get(rec.id)
     assert again == rec
+    # what older versions stored: a pickled dict, never read now
+    store._conn().execute("UPDATE session SET data = ? WHERE sid = ?", (pickle.dumps(old), rec.id))
     store.close()
-    plain = diskcache.Cache(str(tmp_path / "idx"))  # what older versions stored: a pickled dict, never read now
-    plain.set(("session", old["id"]), old)
-    plain.close()
-    store = SessionStore(tmp_path / "idx")
-    assert store.get(old["id"]) is None
+    store = SqliteIndex(tmp_path / "idx")
+    assert store.get(rec.id) is None
     store.close()
 
 
-@pytest.mark.parametrize("name", ["embedded", "sqlite", "diskcache"])
+@pytest.mark.parametrize("name", ["embedded", "sqlite"])
 def test_the_embedded_index_is_a_session_index(tmp_path, name):
     index: SessionIndex = open_index(tmp_path, name)
-    assert isinstance(index, SessionStore if name == "diskcache" else SqliteIndex) and (tmp_path / "sessions").is_dir()
+    assert isinstance(index, SqliteIndex) and (tmp_path / "sessions").is_dir()
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h1"], [{"role": "user", "content": "hi"}])
     assert index.get(rec.id) == SessionRecord.from_stored(rec.stored())

@@ -1,6 +1,6 @@
 """Every in-memory cache of the session layer is bounded by the bytes it keeps alive, however the client's JSON is
 typed: the message-hash memo (``identity.MEMO``), the served-message and recall caches (``codec.RecordParts``),
-the embedded index's lookup mirror and decoded records (``local.Mirror``, ``SessionStore._decodes``).
+the embedded index's decoded records (``SqliteIndex._decodes``).
 
 The hostile shapes are the ones a client can send for free: tool-call arguments of numbers (a float is 24 bytes
 in Python for its 4 bytes of JSON, and counted zero by a bound on characters), deep nesting, and many small items.
@@ -21,7 +21,6 @@ from pflash_proxy.sessions.identity import MEMO_MIN_CHARS, message_hash
 from pflash_proxy.sessions.index import SessionRecord
 from pflash_proxy.sessions.lru import ENTRY_BYTES, ValueCache, footprint
 from pflash_proxy.sessions.index.codec import RecordParts
-from pflash_proxy.sessions.index.local import Mirror, SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 TEXT = "lorem ipsum dolor sit amet " * (MEMO_MIN_CHARS // 20)  # enough characters to be memoised
@@ -155,7 +154,7 @@ def test_the_served_message_cache_keeps_no_more_bytes_than_its_bound(shape):
 
 def test_the_served_message_cache_counts_messages_read_back_as_they_take(tmp_path):
     """A message read back from the index (``load_served``) is counted by what its decoded objects take."""
-    store = SessionStore(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     try:
         rng = random.Random(5)
         rec = store.new_session("seed", False)
@@ -169,25 +168,10 @@ def test_the_served_message_cache_counts_messages_read_back_as_they_take(tmp_pat
         store.close()
 
 
-def test_the_lookup_mirror_is_bounded_by_bytes():
-    mirror = Mirror(size=1000, max_bytes=200_000)
-    for i in range(100):
-        mirror.put(("session", f"s{i}"), b"x" * 10_000)  # a record whose history is long
-    assert mirror.bytes <= 200_000 and 10 <= len(mirror) < 20
-    assert mirror.get(("session", "s99")) is not None and mirror.get(("session", "s0")) is None
-    mirror.update([("session", "s99")], b"y" * 150_000)
-    assert mirror.bytes <= 200_000 and mirror.get(("session", "s99")) == b"y" * 150_000
-    mirror.put(("session", "big"), b"z" * 300_000)  # over the bound alone: not kept
-    assert mirror.get(("session", "big")) is None
-    mirror.drop([("session", "s99")])
-    assert mirror.bytes == sum(Mirror._cost(k, v) for k, (v, _) in mirror._items.items())
-
-
-@pytest.mark.parametrize("backend", [SessionStore, SqliteIndex])
-def test_the_decoded_records_are_bounded_by_bytes(tmp_path, backend):
+def test_the_decoded_records_are_bounded_by_bytes(tmp_path):
     """Sessions with long histories (many small messages: a record lists every message's hash): the records the
     embedded index keeps decoded stay within their byte bound."""
-    store = backend(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     store._decodes = ValueCache(512 << 10, 1024)
     try:
         for s in range(12):

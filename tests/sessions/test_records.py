@@ -7,22 +7,14 @@ unpickled, and every value that is not a record read as absent.
 2. Values that are not records decode to None (logged): a pickle, JSON of another kind or schema, a record of the
    wrong shape, a number, bytes that are not UTF-8, an unknown class in a recall source (that source alone is
    dropped).
-3. The embedded index: a value an older version (or anyone) stored pickled under a session, snapshot, response or
-   responses key is never unpickled: a pickle whose ``__reduce__`` would create a file is written under each
-   key by a plain diskcache, and the index's lookups, listings and pruning run without creating it; the records
-   read as absent. Keys are parsed, not unpickled: a key written by diskcache's own pickling reads back as the
-   same tuple, and one crafted to run code reads as ``UNREADABLE_KEY``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
-import pickletools
 
-import diskcache
 import numpy as np
 import pytest
 
@@ -32,7 +24,6 @@ from pflash_proxy.compress.links import Linked
 from pflash_proxy.compress.routed import RoutedScorer
 from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord
 from pflash_proxy.sessions.index.codec import SCHEMA, decode, encode
-from pflash_proxy.sessions.index.local import UNREADABLE_KEY, SessionStore, _parse_key
 
 
 class CreatesFile:
@@ -126,44 +117,6 @@ def test_an_unknown_class_in_a_recall_source_drops_that_source_only():
     value = {"id": "x", "seed": "s", "recall_sources": [{"$dc": "os.system", "f": {"command": "touch /tmp/x"}}]}
     rec = decode("session", json.dumps({"schema": SCHEMA, "kind": "session", "value": value}))
     assert rec is not None and rec.id == "x" and rec.recall_sources == []
-
-
-def test_the_embedded_index_never_unpickles_what_it_finds(tmp_path):
-    marker = tmp_path / "ran"
-    store = SessionStore(tmp_path / "idx")
-    rec = store.new_session("seed", False)
-    store.save_session(rec, ["h1"], [{"role": "user", "content": "hi"}])
-    assert store.get(rec.id) is not None
-    store.close()
-    plain = diskcache.Cache(str(tmp_path / "idx"))  # diskcache's own Disk: pickles values, as older versions did
-    evil = CreatesFile(str(marker))
-    for key in (("session", rec.id), ("snapshot", rec.id), ("response", "r1"), ("responses", rec.id)):
-        plain.set(key, evil)
-    plain.close()
-    store = SessionStore(tmp_path / "idx")
-    assert store.lookup("seed", [{"role": "user", "content": "hi"}])[0] is None
-    assert store.get(rec.id) is None and store.sessions() == [] and store.snapshots() == []
-    assert store.response("r1") is None and store.last_response(rec.id) is None
-    assert store.count_sessions() == 1 and store.prune(older_than=None, max_sessions=0) == [rec.id]
-    store.close()
-    assert not marker.exists()
-
-
-def test_keys_are_parsed_not_unpickled(tmp_path):
-    for key in [("chain", "c" * 64), ("salt",), ("session", "é" * 300), ("a", "b", "c")]:
-        assert _parse_key(pickle.dumps(key, protocol=5)) == key
-        assert _parse_key(pickletools.optimize(pickle.dumps(key, protocol=5))) == key
-    assert _parse_key(pickle.dumps(CreatesFile("/tmp/never"), protocol=5)) is None
-    assert _parse_key(b"") is None and _parse_key(b"\x80\x05garbage") is None
-    marker = tmp_path / "ran"
-    store = SessionStore(tmp_path / "idx")
-    store.cache._sql("INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size, "
-                     "mode, filename, value) VALUES (?, 0, 0, NULL, 0, 0, NULL, 0, 1, NULL, 5)",
-                     (pickle.dumps(CreatesFile(str(marker)), protocol=5),))
-    assert UNREADABLE_KEY in list(store.cache.iterkeys())
-    assert store.count_sessions() == 0 and store.prune(older_than=None, max_sessions=0) == []
-    store.close()
-    assert not marker.exists() and not os.path.exists("/tmp/never")
 
 
 def test_a_recall_source_that_cannot_be_stored_is_dropped_not_the_record(caplog):

@@ -1,7 +1,7 @@
-"""The ``SessionIndex`` contract on every backend: the embedded diskcache one (``local.py``), the embedded SQLite one
-(``sqlite.py``) and the shared one (``redis.py``) against a real ``redis-server`` the test starts itself.
+"""The ``SessionIndex`` contract on both backends: the embedded one (``sqlite.py``) and the shared one (``redis.py``)
+against a real ``redis-server`` the test starts itself.
 
-1. The same ``SessionIndex`` contract on each (each test runs on all three): records with their chain entries,
+1. The same ``SessionIndex`` contract on each (each test runs on both): records with their chain entries,
    the longest-prefix lookup, forks, pruning, responses, snapshot records.
 2. Two nodes (two clients) see each other's writes and share one salt.
 3. What only a cluster has: the turn lease is atomic (of many concurrent takers exactly one wins), only its
@@ -20,12 +20,10 @@ import pytest
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, TraceLog, open_index
 from pflash_proxy.sessions.index.codec import encode
 from pflash_proxy.sessions.index.redis import RedisIndex
-from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.redis_server import RedisServer, binary
 
 needs_redis = pytest.mark.skipif(binary() is None, reason="redis-server not installed (scripts/setup.sh)")
-EMBEDDED = (SessionStore, SqliteIndex)
 
 
 @pytest.fixture
@@ -37,11 +35,11 @@ def redis_server(tmp_path):
     server.stop()
 
 
-@pytest.fixture(params=["diskcache", "sqlite", pytest.param("redis", marks=needs_redis)])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=needs_redis)])
 def index(request, tmp_path):
-    if request.param in ("diskcache", "sqlite"):
+    if request.param == "sqlite":
         idx: SessionIndex = open_index(tmp_path, request.param)
-        assert isinstance(idx, EMBEDDED[request.param == "sqlite"]) and idx.as_cluster() is None and not idx.remote
+        assert isinstance(idx, SqliteIndex) and idx.as_cluster() is None and not idx.remote
     else:
         server = RedisServer.start(tmp_path / "redis")
         request.addfinalizer(server.stop)
@@ -78,17 +76,9 @@ def test_lookup_finds_the_longest_served_prefix_and_forks_keep_their_parent(inde
 
 
 def _chain_writes(index) -> list[str]:
-    """Count the chain entries the index writes from now on (diskcache ``set`` / Redis ``MSET`` keys)."""
+    """Count the chain entries the index writes from now on (SQLite rows / Redis ``MSET`` keys)."""
     written: list[str] = []
-    if isinstance(index, SessionStore):
-        inner = index.cache.set
-
-        def cache_set(key, value, *args, **kwargs):
-            if key[0] == "chain":
-                written.append(key[1])
-            return inner(key, value, *args, **kwargs)
-        index.cache.set = cache_set
-    elif isinstance(index, SqliteIndex):
+    if isinstance(index, SqliteIndex):
         inner_conn = index._conn
 
         class Counted:
@@ -168,8 +158,6 @@ def _recall_source(word: str):
 
 def _stored_values(index) -> dict[str, bytes]:
     """Every stored value by key name (``session:<id>``, ``recall:<key>`` ...), whatever the backend."""
-    if isinstance(index, SessionStore):
-        return {":".join(k): index.cache.get(k) for k in index.cache.iterkeys()}
     if isinstance(index, SqliteIndex):
         c = index._conn()
         out = {f"session:{sid}": data for sid, data in c.execute("SELECT sid, data FROM session")}
@@ -185,10 +173,7 @@ def _stored_values(index) -> dict[str, bytes]:
 def _store_record(index, sid: str, data: bytes) -> None:
     """Put a record's bytes in the index as they are (one an older version, or damage, wrote), as a process
     other than this one would: the embedded index's lookup mirror does not hold what it did not write or read."""
-    if isinstance(index, SessionStore):
-        index.cache.set(("session", sid), data)
-        index.mirror.drop([("session", sid)])
-    elif isinstance(index, SqliteIndex):
+    if isinstance(index, SqliteIndex):
         index._conn().execute("INSERT OR REPLACE INTO session VALUES (?, ?, ?)", (sid, time.time(), data))
     else:
         index.r.set(f"{index.p}session:{sid}", data)
@@ -196,7 +181,7 @@ def _store_record(index, sid: str, data: bytes) -> None:
 
 def _reopen(index) -> str:
     """What ``open_index`` takes to open another client of ``index``'s store (a restart, another process)."""
-    return index.url if isinstance(index, RedisIndex) else "sqlite" if isinstance(index, SqliteIndex) else "diskcache"
+    return index.url if isinstance(index, RedisIndex) else "sqlite"
 
 
 def test_recall_sources_are_written_once_under_their_own_keys(index, tmp_path):
@@ -272,9 +257,7 @@ def test_served_messages_are_written_once_under_their_session_and_position(index
         back = fresh.get(rec.id)
         assert back is not None and back.served == longer and back.turns == 2
         # a message gone: the history cannot be replayed, the session reads as absent
-        if isinstance(fresh, SessionStore):
-            fresh.cache.delete(("served", rec.id, "7"))
-        elif isinstance(fresh, SqliteIndex):
+        if isinstance(fresh, SqliteIndex):
             fresh._conn().execute("DELETE FROM served WHERE sid = ? AND pos = 7", (rec.id,))
         else:
             fresh.r.delete(f"{fresh.p}served:{rec.id}:7")
@@ -422,9 +405,7 @@ def test_a_traces_text_and_units_are_written_once_under_keys_of_their_own(index,
     rec = index.new_session("other seed", False)
     index.save_session(rec, ["h2"], msgs("hi"))
     old = TraceLog([{"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": documents[4]}], {})
-    if isinstance(index, SessionStore):
-        index.cache.set(("traces", rec.id), encode("traces", old))
-    elif isinstance(index, SqliteIndex):
+    if isinstance(index, SqliteIndex):
         index._conn().execute("INSERT OR REPLACE INTO traces VALUES (?, ?)", (rec.id, encode("traces", old)))
     else:
         index.r.set(f"{index.p}traces:{rec.id}", encode("traces", old))
@@ -456,7 +437,7 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
     """A prune lists what a session's keys are, then deletes them; a trace write that lands in between (it runs
     after the answer, in a worker thread or on another node) adds parts the prune did not list: they must go too,
     never stay behind without a log that names them."""
-    from pflash_proxy.sessions.index import local as store, redis as redis_index, sqlite as sqlite_index
+    from pflash_proxy.sessions.index import redis as redis_index, sqlite as sqlite_index
 
     rec = index.new_session("seed", False)
     index.save_session(rec, ["h"], msgs("hello"))
@@ -469,10 +450,7 @@ def test_a_trace_write_landing_inside_a_prune_leaves_no_part_behind(index, monke
             landed.append(None)  # before the write: the write reads the log too
             landed[0] = _add_document_trace(index, rec.id, 2)
 
-    if isinstance(index, SessionStore):  # between the listing of the keys and the victim's transaction
-        victims = store.prune_victims
-        monkeypatch.setattr(store, "prune_victims", lambda *a: (victims(*a), write_once())[0])
-    elif isinstance(index, SqliteIndex):  # between the ranking and the victim's transaction
+    if isinstance(index, SqliteIndex):  # between the ranking and the victim's transaction
         victims = sqlite_index.prune_victims
         monkeypatch.setattr(sqlite_index, "prune_victims", lambda *a: (victims(*a), write_once())[0])
     else:  # between the read of the log and the transaction that deletes
@@ -526,10 +504,7 @@ def test_a_trace_text_gone_or_damaged_reads_as_dropped(index, caplog):
     keys = sorted(k for k in _stored_values(index) if k.startswith("trace-part:"))
     by_message = {json.loads(_stored_values(index)[k])["value"]: k for k in keys}
     gone, damaged = by_message["text 0"], by_message["text 1"]
-    if isinstance(index, SessionStore):
-        index.cache.delete(tuple(gone.split(":")))
-        index.cache.set(tuple(damaged.split(":")), b"\x80\x04not json")
-    elif isinstance(index, SqliteIndex):
+    if isinstance(index, SqliteIndex):
         c = index._conn()
         c.execute("DELETE FROM trace_part WHERE sid = ? AND key = ?", gone.split(":")[1:])
         c.execute("UPDATE trace_part SET data = ? WHERE sid = ? AND key = ?", (b"\x80\x04not json", *damaged.split(":")[1:]))

@@ -22,7 +22,7 @@ from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import ENGINE, UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.slots import SlotsPrefetch, SlotTable
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.sessions.service import SessionService, TurnAsk, message_hashes
 from tests.conftest import make_settings, serve_fake_engine, session_service
 
@@ -37,7 +37,7 @@ def follow_up(body: dict) -> dict:
 
 
 def test_a_write_mark_holds_until_a_write_that_changes_lookups_begins_or_ends(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     rec = store.new_session("seed", False)
     mark = store.write_mark()
     assert store.unchanged_since(mark)
@@ -54,15 +54,15 @@ def test_a_write_mark_holds_until_a_write_that_changes_lookups_begins_or_ends(tm
 
 
 def test_no_mark_is_given_while_a_write_runs_and_it_ends_changed(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     rec = store.new_session("seed", False)
     inside, go_on = threading.Event(), threading.Event()
     put = store._put
 
-    def slow_put(r):  # the write is held inside its transaction
+    def slow_put(c, r):  # the write is held inside its transaction
         inside.set()
         go_on.wait(10)
-        return put(r)
+        return put(c, r)
     store._put = slow_put
     t = threading.Thread(target=store.save_session, args=(rec, [message_hash(MSGS[0])], MSGS))
     t.start()
@@ -118,7 +118,7 @@ class Turned:
 
     proxy: TestClient
     service: SessionService
-    index: SessionStore
+    index: SqliteIndex
     engine: Engine
 
 
@@ -144,7 +144,7 @@ def _spy(t: Turned, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return events
 
 
-def _save_threads(index: SessionStore) -> list[str]:
+def _save_threads(index: SqliteIndex) -> list[str]:
     """The names of the threads the session index's ``save_session`` runs in, from now on."""
     threads: list[str] = []
     save = index.save_session
@@ -169,7 +169,7 @@ async def after_one_turn(request, engine_kind, aiohttp_client, aiohttp_server, t
     """A proxy that served ``SAY_HELLO`` once (a miss), with an index of the test's (it spies on it): on the real
     llama-server, or on a ``FakeEngine`` (two slots, like the real one) handed to ``create_app``, its chat route
     answered by the same fake."""
-    index = SessionStore(tmp_path / "index")
+    index = SqliteIndex(tmp_path / "index")
     if engine_kind == "llama-server":
         server = request.getfixturevalue("llama_server")
         app = create_app(make_settings(server.url, tmp_path, slot_save_path=server.slot_dir), index=index)
@@ -183,7 +183,7 @@ async def after_one_turn(request, engine_kind, aiohttp_client, aiohttp_server, t
     return await _proxy_after_one_turn(aiohttp_client, app, index, SAY_HELLO)
 
 
-async def _proxy_after_one_turn(aiohttp_client, app, index: SessionStore, body) -> Turned:
+async def _proxy_after_one_turn(aiohttp_client, app, index: SqliteIndex, body) -> Turned:
     proxy = await aiohttp_client(app)
     service, engine = session_service(proxy.app), proxy.app[ENGINE]
     await service.ensure_ready()
@@ -291,11 +291,8 @@ async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds
     worker thread instead."""
     proxy, index = after_one_turn.proxy, after_one_turn.index
     threads = _save_threads(index)
-    index._writing(+1)  # a prune or a long history's save runs in a worker thread meanwhile
-    try:
+    with index.writing():  # a prune or a long history's save runs in a worker thread meanwhile
         r = await proxy.post("/v1/chat/completions", json={**follow_up(SAY_HELLO), "max_tokens": 1})
-    finally:
-        index._writing(-1)
     assert r.status == 200
     assert threads and threads[0] != threading.main_thread().name, threads
 
@@ -358,7 +355,7 @@ async def test_a_short_history_is_written_once_the_request_has_reached_the_engin
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Chat)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     try:
-        index = SessionStore(tmp_path / "index")
+        index = SqliteIndex(tmp_path / "index")
         app = create_app(make_settings(f"http://127.0.0.1:{upstream.server_address[1]}", tmp_path,
                                        slot_save_path=slots), engine=lambda _transport: fake, index=index)
         proxy = (await _proxy_after_one_turn(aiohttp_client, app, index, SAY_HELLO)).proxy

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import diskcache
-
 from pflash_proxy.sessions.chains import expand, record
 from pflash_proxy.sessions.identity import credential, message_hash, namespace_seed
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 
 def user(text: str) -> dict:
@@ -17,14 +15,14 @@ def answer(text: str) -> dict:
     return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
 
 
-def saved_session(store: SessionStore, owner: str | None = None):
+def saved_session(store: SqliteIndex, owner: str | None = None):
     rec = store.new_session(namespace_seed("m", owner=owner), False, owner=owner)
     store.save_session(rec, [message_hash(user("hello"))], [user("hello")])
     return rec
 
 
 def test_two_chains_in_one_session_expand_to_their_own_items(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     sid = saved_session(store).id
     record(store, "rA1", sid, None, [user("hello"), answer("a1")], None)
     record(store, "rB1", sid, None, [user("hello"), user("B-PRIVATE"), answer("b1")], None)
@@ -37,7 +35,7 @@ def test_two_chains_in_one_session_expand_to_their_own_items(tmp_path):
 
 
 def test_a_client_that_resends_its_history_is_stored_as_a_delta(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     sid = saved_session(store).id
     items = [user("hello"), answer("a1")]
     record(store, "r1", sid, None, items, None)
@@ -53,7 +51,7 @@ def test_a_client_that_resends_its_history_is_stored_as_a_delta(tmp_path):
 
 
 def test_an_id_is_unknown_to_another_credential(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     alice = credential({"Authorization": "Bearer sk-alice"}, store.salt)
     assert alice == credential({"x-api-key": "sk-alice"}, store.salt) != credential({"x-api-key": "sk-bob"},
                                                                                     store.salt)
@@ -65,25 +63,21 @@ def test_an_id_is_unknown_to_another_credential(tmp_path):
     store.close()
 
 
-def test_responses_go_with_their_session_and_old_per_session_items_are_swept(tmp_path):
-    store = SessionStore(tmp_path / "s")
+def test_responses_go_with_their_session(tmp_path):
+    store = SqliteIndex(tmp_path / "s")
     sessions = [saved_session(store).id for _ in range(4)]
     for n, sid in enumerate(sessions):
         record(store, f"r{n}a", sid, None, [user("hello"), answer(f"{n}")], None)
         record(store, f"r{n}b", sid, None, [user("hello"), answer(f"{n}"), user("more"), answer("b")], (f"r{n}a", 2))
-    plain = diskcache.Cache(str(tmp_path / "s"))  # an index of the old layout, written pickled as it was
-    plain.set(("response-items", "gone"), {"items": [], "ids": {"old": 1}})
-    plain.set(("response", "old"), ("gone",))
-    plain.close()
     assert store.prune(older_than=None, max_sessions=1, keep=frozenset()) == sessions[:3]
-    keys = sorted(k for k in store.cache.iterkeys() if k[0] in ("response", "responses", "response-items"))
-    assert keys == [("response", "r3a"), ("response", "r3b"), ("responses", sessions[3])]
+    rows = store._conn().execute("SELECT rid, sid FROM response ORDER BY rid").fetchall()
+    assert rows == [("r3a", sessions[3]), ("r3b", sessions[3])]
     assert expand(store, "r3b", None) is not None
     store.close()
 
 
 def test_an_entry_without_its_items_is_an_unknown_id_not_a_crash(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     sid = saved_session(store).id
     store.put_response("r1", {"session": sid, "owner": None, "parent": None, "n": 1, "digest": "x"})
     assert expand(store, "r1", None) is None  # llama-server answers the id then (400), as for any unknown one

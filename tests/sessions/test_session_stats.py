@@ -36,7 +36,7 @@ async def test_the_stats_are_typed_and_their_json_is_the_one_served_before(tmp_p
         assert list(data) == KEYS
         assert data["table"][0] == {"id": 0, "session": turn_session(service), "tokens": 10, "busy": True,
                                     "known": True, "snapshot_current": False}
-        assert data["slots"] == stats.scheduler.slots and data["calls"] == engine.stats()["calls"]
+        assert data["slots"] == stats.scheduler.slots and data["calls"] == engine.stats().as_json()["calls"]
         await turn.close()
         assert service.stats().scheduler.busy == 0
     finally:

@@ -8,7 +8,7 @@ import pytest
 
 from pflash_proxy.sessions.identity import chain, message_hash, namespace_seed
 from pflash_proxy.sessions.slots import SlotTable
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 
 def test_message_hash_canonicalises_content_forms():
@@ -33,7 +33,7 @@ def test_explicit_names_never_share_a_chain():
 
 
 def test_store_finds_longest_served_prefix(tmp_path):
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     seed = namespace_seed("m")
     turn1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]
     rec = store.new_session(seed, False)
@@ -112,7 +112,7 @@ async def test_restart_empties_idle_slots_and_marks_busy_unknown():
 def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_path):
     import time as _time
 
-    store = SessionStore(tmp_path / "s")
+    store = SqliteIndex(tmp_path / "s")
     seed = namespace_seed("m")
     doc = {"role": "system", "content": "a long shared document"}
 
@@ -135,9 +135,8 @@ def test_prune_forgets_stale_and_surplus_sessions_but_keeps_forks_and_busy(tmp_p
     assert store.lookup(seed, old_msgs)[0].id == recent.id
     assert store.lookup(seed, fork_msgs)[0].id == fork.id and store.lookup(seed, busy_msgs)[1] == 2
     # over the count limit the least recently used go first; a kept one does not count as removable
-    store.cache.delete(("used", fork.id))  # a record written before last use had its own key is still ranked
     assert store.prune(older_than=None, max_sessions=2, keep={busy.id}) == [fork.id]
-    assert store.cache.get(("used", fork.id)) is None and store.cache.get(("used", recent.id)) is not None
+    assert set(store.last_uses()) == {busy.id, recent.id}
     assert {r.id for r in store.sessions()} == {busy.id, recent.id}
     store.close()
 

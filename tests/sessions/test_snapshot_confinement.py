@@ -26,7 +26,7 @@ SID = "a" * 32
 OTHER = "b" * 32
 
 
-@pytest.fixture(params=["embedded", "diskcache", "redis"])
+@pytest.fixture(params=["embedded", "redis"])
 def index(request, tmp_path):
     if request.param == "redis":
         if binary() is None:
@@ -49,12 +49,9 @@ def plant(index, sid: str, file: str, **fields) -> None:
     if hasattr(index, "r"):  # Redis
         index.r.set(f"{index.p}snapshot:{sid}", data)
         index.r.sadd(f"{index.p}snapshots", sid)
-    elif hasattr(index, "cache"):  # the diskcache index
-        index.cache.set(("snapshot", sid), data)
-        index._snaps = None  # the embedded index reads its snapshot records once: as after a restart
     else:  # the SQLite index
         index._conn().execute("INSERT OR REPLACE INTO snapshot VALUES (?, ?)", (sid, data))
-        index._snaps = None
+        index._snaps = None  # it reads its snapshot records once: as after a restart
 
 
 @pytest.fixture

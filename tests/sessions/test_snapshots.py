@@ -12,7 +12,7 @@ import pytest
 from pflash_proxy.engine import EngineRefused, Slots
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.sessions.snapshots import SnapshotManager
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 
 class SizedSlots:
@@ -55,7 +55,7 @@ def slots_kind(request) -> str:
 def mgr(tmp_path, slots_kind):
     slots = tmp_path / "slots"
     slots.mkdir()
-    store = SessionStore(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     m = SnapshotManager(store, SizedSlots(slots) if slots_kind == "stand-in" else fake_slots(slots), slots,
                         max_bytes=2500)
     yield m
@@ -117,7 +117,7 @@ async def test_a_shared_directory_keeps_the_previous_snapshot_until_the_new_one_
     leave the previous snapshot whole for the node that takes the session over (same-name files were replaced)."""
     slots = tmp_path / "slots"
     slots.mkdir()
-    store = SessionStore(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     mgr = SnapshotManager(store, SizedSlots(slots), slots, max_bytes=10_000, temp_tag="node0")
     sid = "f" * 32
     first = await mgr.save(0, sid, 10, ["h1"], "m")
@@ -147,7 +147,7 @@ async def test_a_restore_waits_for_a_save_of_the_same_session(tmp_path):
 
     slots = tmp_path / "slots"
     slots.mkdir()
-    store = SessionStore(tmp_path / "idx")
+    store = SqliteIndex(tmp_path / "idx")
     up = SizedSlots(slots)
     mgr = SnapshotManager(store, up, slots, max_bytes=10_000, temp_tag="n")
     sid = "g" * 32

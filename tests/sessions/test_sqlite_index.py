@@ -5,16 +5,13 @@
    of the wrong type, bytes that are no record, text that is not UTF-8, a last use that is no number, a salt that is
    no text: each reads as absent (or is replaced), never as a failed call; nothing is ever unpickled.
 2. A file that is no database, or whose tables are shaped otherwise, is moved aside and a fresh index started.
-3. A diskcache index (``local.SessionStore``) in its directory is read once: every session, its served history,
-   recall sources, traces, responses, snapshot records and the salt, then its file is moved aside.
-4. A process killed mid-stream (SIGKILL) loses no save it reported committed.
-5. A save keeps what decoding its bytes gives; a lookup reads the bytes and decodes them only when they changed.
-6. A prune gives its pages back (``volume`` shrinks), and takes everything that carries the session's id.
+3. A process killed mid-stream (SIGKILL) loses no save it reported committed.
+4. A save keeps what decoding its bytes gives; a lookup reads the bytes and decodes them only when they changed.
+5. A prune gives its pages back (``volume`` shrinks), and takes everything that carries the session's id.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
@@ -27,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from pflash_proxy.sessions.identity import message_hash
-from pflash_proxy.sessions.index import SnapshotRecord, TraceLog, open_index
+from pflash_proxy.sessions.index import SnapshotRecord, TraceLog
 from pflash_proxy.sessions.index import sqlite as sqlite_module
 from pflash_proxy.sessions.index.base import as_stored
 from pflash_proxy.sessions.index.codec import decode, encode
-from pflash_proxy.sessions.index.local import SessionStore
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 
 BAD = b"\xff\xfe\x80 not utf-8 \xc3"
@@ -142,77 +138,6 @@ def _recall_source():
     from tests.sessions.test_redis_index import _recall_source as make
 
     return make("amber")
-
-
-def test_a_diskcache_index_is_read_once_and_moved_aside(tmp_path):
-    from pflash_proxy.sessions.traces import TurnTraces, append
-
-    home = tmp_path / "home"
-    old = open_index(home, "diskcache")
-    assert isinstance(old, SessionStore)
-    source = _recall_source()
-    recs = []
-    for i in range(5):
-        rec = old.new_session(f"seed{i}", False, owner=f"o{i}")
-        rec.recall_sources = [source] if i == 0 else []
-        history = msgs(*(f"session {i} message {n}" for n in range(2 * i + 1)))
-        old.save_session(rec, old.lookup(f"seed{i}", history)[2], history)
-        recs.append((rec.id, history))
-    sid0 = recs[0][0]
-    traces = TurnTraces(1)
-    traces.add({"v": 2, "kind": "compression", "turn": 1, "message": 0, "text": "a document", "units": {"a": [1]}})
-    old.update_trace_log(sid0, lambda kept: append(kept, traces))
-    old.put_response("ra", {"session": sid0, "items": [1]})
-    old.put_response("rb", {"session": sid0, "items": [2]})
-    old.put_snapshot(SnapshotRecord(session=sid0, file=f"pf-{sid0}.bin", tokens=9, served_hashes=["h"],
-                                    model_identity="m", size=100))
-    salt, uses, log_before = old.salt, old.last_uses(), old.trace_log(sid0)
-    old.close()
-
-    new = open_index(home, "sqlite")
-    try:
-        assert isinstance(new, SqliteIndex) and new.salt == salt
-        assert new.last_uses() == pytest.approx(uses)
-        for i, (sid, history) in enumerate(recs):
-            found, matched, _ = new.lookup(f"seed{i}", history + msgs("next"))
-            assert found is not None and found.id == sid and matched == len(history) and found.served == history
-            assert found.owner == f"o{i}"
-        first = new.lookup("seed0", recs[0][1] + msgs("next"))[0]
-        assert [s.omitted_texts for s in first.recall_sources] == [source.omitted_texts]
-        assert new.trace_log(sid0) == log_before and log_before.traces[0]["text"] == "a document"
-        assert new.response("ra") == {"session": sid0, "items": [1]} and new.last_response(sid0) == "rb"
-        assert new.snapshot(sid0).tokens == 9
-        assert not (home / "sessions" / "cache.db").exists()
-        assert len(list((home / "sessions").glob("cache.db.migrated-*"))) == 1
-        # and it goes on as an index of its own: a turn, a prune with everything it had
-        save(new, "seed1", recs[1][1] + msgs("more", "answer"))
-        assert new.prune(older_than=None, max_sessions=0)
-        assert new.count_sessions() == 0 and new.response("ra") is None
-    finally:
-        new.close()
-    again = open_index(home, "sqlite")  # nothing read twice
-    assert again.count_sessions() == 0
-    again.close()
-
-
-def test_a_migration_cut_short_is_done_again(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    old = open_index(home, "diskcache")
-    rec = save(old, "seed", msgs("hello", "hi"))
-    old.close()
-
-    def cut_short(directory, db):
-        raise sqlite3.OperationalError("disk I/O error")
-    monkeypatch.setattr(sqlite_module, "migrate", cut_short)
-    first = open_index(home, "sqlite")  # serves, without the old sessions this once
-    assert first.get(rec.id) is None and (home / "sessions" / "cache.db").exists()
-    first.close()
-    monkeypatch.undo()
-    second = open_index(home, "sqlite")
-    try:
-        assert second.get(rec.id) is not None and second.get(rec.id).served == msgs("hello", "hi")
-    finally:
-        second.close()
 
 
 _WRITER = """
@@ -327,60 +252,6 @@ def test_writes_wait_for_each_other_and_reads_never_wait(tmp_path):
     writer.join()
     assert index.trace_log(rec.id).traces == [{"kind": "turn"}]
     index.close()
-
-
-def test_the_default_index_of_a_home_kept_by_diskcache_keeps_its_sessions(tmp_path, caplog):
-    """Upgrading a proxy whose --home holds the diskcache index: ``--index embedded`` (the default) opens the SQLite
-    one, which reads the old one, so the next turn of every stored session continues it."""
-    import logging
-
-    caplog.set_level(logging.INFO, "pflash_proxy.sessions")
-    home = tmp_path / "home"
-    old = open_index(home, "diskcache")
-    history = msgs("hello", "hi")
-    rec = save(old, "seed", history)
-    old.close()
-    new = open_index(home)
-    try:
-        assert isinstance(new, SqliteIndex)
-        found, matched, _ = new.lookup("seed", history + msgs("next"))
-        assert found is not None and found.id == rec.id and matched == 2
-    finally:
-        new.close()
-    assert "1 sessions read from the diskcache index" in caplog.text
-
-
-def test_a_damaged_diskcache_index_costs_its_sessions_not_the_start(tmp_path, caplog):
-    d = tmp_path / "home" / "sessions"
-    d.mkdir(parents=True)
-    (d / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
-    index = open_index(tmp_path / "home")
-    try:
-        assert isinstance(index, SqliteIndex) and index.count_sessions() == 0
-        save(index, "seed", msgs("hello"))
-        assert index.count_sessions() == 1
-    finally:
-        index.close()
-    assert list(d.glob("cache.db.corrupt-*")) and not (d / "cache.db").exists()
-
-
-def test_ls_beside_an_older_proxy_reads_its_diskcache_index_and_moves_nothing(tmp_path):
-    """``ls``/``rm`` take no lock: run beside an older proxy that still serves from diskcache, they read its index
-    where it is and never migrate it (sessions that proxy saved after a move would be lost to the new index)."""
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    old = open_index(home, "diskcache")
-    rec = old.new_session("seed", False)
-    old.save_session(rec, old.lookup("seed", msgs("a"))[2], msgs("a"))
-    old.put_snapshot(SnapshotRecord(session=rec.id, file=f"pf-{rec.id}.bin", tokens=9, served_hashes=["h"],
-                                    model_identity="m", size=100))
-    old.close()
-    env = {**os.environ, "PFLASH_HOME": str(home)}
-    r = subprocess.run([sys.executable, "-m", "pflash_proxy", "ls", "--json"], capture_output=True, text=True,
-                       env=env, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert [s["session"] for s in json.loads(r.stdout)] == [rec.id]
-    assert (home / "sessions" / "cache.db").exists() and not (home / "sessions" / "index.db").exists()
 
 
 CLOSE_RACE = '''

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pflash_proxy.contract import ProxyRequest, SessionContext
+from pflash_proxy.contract import Dialogue, ProxyRequest, SessionContext
 from pflash_proxy.dialects.chat import ChatDialect
 from pflash_proxy.engine import EngineError, EngineNotReady, EngineRefused, EngineUnreachable
 from pflash_proxy.engine.fake import FakeEngine
@@ -25,10 +25,10 @@ def _request(text: str) -> ProxyRequest:
                          {"role": "user", "content": text}]}
     dialect = ChatDialect()
     req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None)
-    req.dialect, req.conversation, req.conversation_base = dialect, dialect.parse(body), body
+    req.dialogue = Dialogue(dialect, dialect.parse(body), body)
     record = SimpleNamespace(turns=0, traces=[], trace_totals={}, recall_sources=[])
-    req.session = SessionContext(record=record, turn=None, matched=0,  # type: ignore[arg-type]
-                                 served=[], cache="miss", expected_cached=0)
+    req.notes.session = SessionContext(record=record, turn=None, matched=0,  # type: ignore[arg-type]
+                                       served=[], cache="miss", expected_cached=0)
     return req
 
 
@@ -42,7 +42,7 @@ async def test_a_long_tool_output_is_compressed_with_the_fake_engines_counts(tmp
     req = _request(LONG)
     await stage.on_request(req)
     assert req.response_headers["X-PFlash-Mode"] == "compressed", req.log_fields
-    note = req.compression  # what the savings stage and the metrics read
+    note = req.notes.compression  # what the savings stage and the metrics read
     assert note is not None and note.mode == "compressed" and note.scorer == "lexical" and note.ms is not None
     assert note.reason is None and {"segment", "score"} <= set(note.stage_ms)
     assert int(req.response_headers["X-PFlash-Kept-Tokens"]) < int(req.response_headers["X-PFlash-Prompt-Tokens"])
@@ -59,8 +59,8 @@ async def test_an_engine_failure_serves_the_message_whole(tmp_path, op: str, err
     req = _request(LONG)
     await stage.on_request(req)  # never raises
     assert req.response_headers["X-PFlash-Mode"] == "full-error"
-    assert req.compression is not None and req.compression.mode == "full-error"
-    assert req.compression.reason == req.log_fields["pflash_reason"] == str(error)
+    assert req.notes.compression is not None and req.notes.compression.mode == "full-error"
+    assert req.notes.compression.reason == req.log_fields["pflash_reason"] == str(error)
     assert req.messages[2]["content"] == LONG
 
 
@@ -69,8 +69,8 @@ async def test_a_refused_count_says_refused_not_unreachable(tmp_path):
     engine.fail("pieces", EngineRefused("/tokenize", 500, "tokenizer exploded"))
     req = _request(LONG)
     await _stage(tmp_path, engine).on_request(req)
-    assert req.compression is not None and req.compression.reason is not None
-    reason = req.compression.reason
+    assert req.notes.compression is not None and req.notes.compression.reason is not None
+    reason = req.notes.compression.reason
     assert "refused" in reason and "(500)" in reason and "tokenizer exploded" in reason
     assert "unreachable" not in reason
 

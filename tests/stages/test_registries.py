@@ -11,7 +11,7 @@ from pflash_proxy.contract import Stage
 from pflash_proxy.engine.fake import FakeEngine
 from pflash_proxy.llama.engine import LlamaServerEngine
 from pflash_proxy.llama.upstream import Upstream
-from pflash_proxy.sessions.index.local import SessionStore
+from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.stages import default_stages
 from pflash_proxy.stages.scorers import (DRAFTER_SCORERS, SCORER_NAMES, SCORERS, DrafterSetupError, build_scorer,
                                          drafter_scorer)
@@ -64,7 +64,7 @@ def test_default_stages_writes_the_order_once(tmp_path):
     engine = LlamaServerEngine(Upstream("http://127.0.0.1:9"))
     names = [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path), engine)]
     assert names == ["response-chains", "sessions", "pflash", "savings", "sessions-commit"]
-    off_index = SessionStore(tmp_path / "b" / "index")
+    off_index = SqliteIndex(tmp_path / "b" / "index")
     off = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "b", pflash=False), engine,
                          extra=[Marker()], index=off_index)
     assert [s.name for s in off] == ["response-chains", "sessions", "savings", "sessions-commit", "marker"]
@@ -72,7 +72,7 @@ def test_default_stages_writes_the_order_once(tmp_path):
                                            engine, extra=[Marker()])] == ["marker"]
     # the stages of one list share one session service (one index: the one it is handed here, closed below); the
     # commit stage calls the turn the session stage began, not the service
-    index = SessionStore(tmp_path / "d" / "index")
+    index = SqliteIndex(tmp_path / "d" / "index")
     stages = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "d"), engine, index=index)
     assert [s.name for s in stages if hasattr(s, "sessions")] == ["response-chains", "sessions", "savings"]
     assert len({id(s.sessions) for s in stages if hasattr(s, "sessions")}) == 1

@@ -79,20 +79,20 @@ async def test_the_record_carries_no_traces_and_the_log_holds_every_turn(proxy):
     assert kept is not None and [t["turn"] for t in kept.traces] == [1, 2, 3, 4, 5, 6]
     assert kept.totals["turns_recorded"] == 6 and kept.totals["turns_timed"] == 6
     assert all(t["prefilled_tokens"] is not None for t in kept.traces)
-    assert proxy.savings.stats()["turns"] == 6
+    assert proxy.savings.stats().turns == 6
 
 
 async def test_the_answer_does_not_wait_for_the_trace_write_and_settle_does(proxy):
     gate, written = _gate(proxy)
     req, _ = await asyncio.wait_for(proxy.turn(chat(DOC_A, QUESTIONS[0])), 5)  # finished with the write held
     assert req.response_headers["X-PFlash-Cache"] == "miss" and written == []
-    assert proxy.savings.stats()["turns"] == 0  # counted once written, with the session's rate
+    assert proxy.savings.stats().turns == 0  # counted once written, with the session's rate
     settling = asyncio.ensure_future(proxy.pipeline.settled())
     await asyncio.sleep(0.1)
     assert not settling.done()  # a reader waits for it
     gate.set()
     await asyncio.wait_for(settling, 5)
-    assert written == [1] and proxy.savings.stats()["turns"] == 1
+    assert written == [1] and proxy.savings.stats().turns == 1
 
 
 async def test_a_sessions_quick_turns_go_in_one_write_in_turn_order(proxy):
@@ -179,7 +179,7 @@ async def test_turns_apart_go_in_writes_of_their_own(proxy, monkeypatch):
     gate.set()
     await proxy.turn(chat(DOC_A, *QUESTIONS[:1]))
     await asyncio.sleep(0.3)  # written on its own, without a reader asking
-    assert written == [1] and proxy.savings.stats()["turns"] == 1
+    assert written == [1] and proxy.savings.stats().turns == 1
     await proxy.turn(chat(DOC_A, *QUESTIONS[:2]))
     await proxy.pipeline.settled()
     assert written == [1, 2]
@@ -205,7 +205,7 @@ async def test_a_failed_write_costs_the_traces_not_the_turn(proxy, caplog):
     assert answer and req.response_headers["X-PFlash-Session"]
     await proxy.pipeline.settled()
     assert "could not save the traces of turns 1 of session" in caplog.text
-    assert proxy.savings.stats()["turns"] == 1 and proxy.savings.stats()["turns_timed"] == 1  # its own rate
+    assert proxy.savings.stats().turns == 1 and proxy.savings.stats().turns_timed == 1  # its own rate
 
 
 def test_a_turn_is_priced_at_the_rate_of_the_sessions_totals_before_it_and_its_own():
@@ -228,7 +228,7 @@ async def test_the_turn_trace_is_built_by_the_trace_write_not_before_the_answer(
     real = proxy.savings.turn_trace
 
     def spy(req):
-        built.append(req.turn.number)
+        built.append(req.notes.turn.number)
         return real(req)
 
     monkeypatch.setattr(proxy.savings, "turn_trace", spy)

@@ -1,29 +1,15 @@
-"""The session index seam: the records it keeps and the ``SessionIndex`` protocol every backend implements.
+"""The session index seam: the records it keeps, the ``SessionIndex`` protocol every backend implements, and ``run``.
 
-The embedded backend is ``sqlite.SqliteIndex`` (SQLite tables in one file per proxy; ``local.SessionStore``, on
-diskcache, before it); a shared backend (for
-several proxies in front of one pool of llama-servers) implements the same protocol. Callers never see the layer
-below: every backend raises ``StoreError`` for a failure of it (disk full, a damaged file, a lock timeout, a
-lost connection), which callers treat as "serve without the index", never as a failed request. Calls block; an
-index declares whether it is ``remote`` (every call may wait on a network round trip), and ``run`` alone decides
-from that where a call made from the event loop runs: a remote index's always in a worker thread, a local one's
-on the loop when the caller marks it small (a few in-memory or SQLite reads, one short write) and in a worker
-thread otherwise. An index several nodes share says so with ``as_cluster`` (``ClusterIndex``: holders, turn
-leases, heartbeats).
+Backends: ``sqlite.SqliteIndex`` (this proxy's own) and ``redis.RedisIndex`` (several nodes': ``ClusterIndex``).
+Every backend raises ``StoreError`` for a failure below it (disk full, a damaged file, a lost connection); callers
+then serve without the index, never fail the request. Calls block: ``run`` makes a call from the event loop on the
+loop when it is small and the index local, in a worker thread otherwise (always for a ``remote`` index).
 
-A session record is typed per feature: the served history (``sessions``) and the recall sources compression
-keeps for later turns (``recall_sources``, ``stages/compress.py``). It is read at every turn's lookup and written
-at its commit, so what only the inspector reads is kept apart, under the session's own ``TraceLog``
-(``trace_log`` / ``update_trace_log``; ``sessions/traces.py``): the traces and their running totals, written
-after the answer. Records written before the trace log kept them in the record (``traces``, ``trace_totals``;
-earlier still in one ``extra`` dict, which ``SessionRecord.from_stored`` reads too); they are read, never written.
-For the same reason each recall source (a compressed document's every unit, with the scorer's representation:
-hundreds of kilobytes) is stored once under a key of its own (``recall_keys``; ``new_recall_sources`` at a save,
-``codec.RecordParts.load_recall`` at a lookup, through a ``lru.ValueCache`` of the sources read or written), not in
-the record every later turn reads and writes; records that held them inline are read as they were and store them
-under keys at their next save. The served history is kept the same way: each message once, under its session and
-position (``served_keyed``, ``new_served``, ``RecordParts.load_served``), so a turn of a long conversation writes its
-new messages, not the whole history again.
+A ``SessionRecord`` is read at every turn's lookup and written at its commit, so what is large or read only by
+the inspector lives apart: each served message and each recall source under a key of its own, written once
+(``served_keyed``, ``recall_keys``; ``codec.RecordParts``), and the inspector's traces in a ``TraceLog``
+(``trace_log``/``update_trace_log``). Records of older versions (inline messages and sources, ``traces`` in the
+record, an ``extra`` dict) are still read.
 """
 
 from __future__ import annotations
@@ -233,9 +219,9 @@ class SnapshotRecord:
 
 
 class WriteMarks:
-    """``write_mark``/``unchanged_since`` of an embedded index, whose writes that can change a ``lookup``'s answer or
-    the record it returns (``save_session``, ``update_record``, ``prune``) all run in this process (``pflash-proxy
-    rm`` touches snapshots alone): each is counted while it runs (``_writing(+1)``, then ``-1``; ``writing()``)."""
+    """``write_mark``/``unchanged_since`` of an index only this process writes: each write that can change a
+    ``lookup``'s answer or the record it returns (``save_session``, ``update_record``, ``prune``) runs inside
+    ``writing()``."""
 
     def __init__(self) -> None:
         self._writes_lock = threading.Lock()
@@ -252,19 +238,16 @@ class WriteMarks:
         with self._writes_lock:
             return mark is not None and not self._writes_running and self._writes_done == mark
 
-    def _writing(self, delta: int) -> None:
-        with self._writes_lock:
-            self._writes_running += delta
-            if delta < 0:
-                self._writes_done += 1
-
     @contextmanager
     def writing(self) -> Iterator[None]:
-        self._writing(+1)
+        with self._writes_lock:
+            self._writes_running += 1
         try:
             yield
         finally:
-            self._writing(-1)
+            with self._writes_lock:
+                self._writes_running -= 1
+                self._writes_done += 1
 
 
 class SessionIndex(Protocol):

@@ -1,34 +1,11 @@
-"""The one stored format of the session indexes' values: JSON with a schema version, validated when read.
+"""The stored format of every index value: UTF-8 JSON ``{"schema", "kind", "value"}``, validated when read.
 
-Nothing an index reads back runs code: there is no pickle, and a value that does not decode to a record of the
-expected kind is logged and read as absent (``decode`` returns None), so a damaged or foreign value costs at
-most that record (a cold prefill, a lost recall), never a request, a listing or a process.
-
-1. ``encode(kind, value)`` → UTF-8 JSON bytes ``{"schema": SCHEMA, "kind": kind, "value": ...}`` (a
-   ``RecordError`` for a value it cannot hold, which the indexes raise as ``StoreError``). Kinds:
-   ``session`` (a ``SessionRecord``), ``snapshot`` (a ``SnapshotRecord``), ``response`` (one Responses answer:
-   an object with a string ``session``), ``ids`` (a list of strings: the responses a session recorded),
-   ``traces`` (a ``TraceLog``: the inspector's traces of a session, objects, and its totals, integers),
-   ``recall`` (one ``RecallSource``, under its own key: a session record names its sources' keys in
-   ``recall_keys`` and holds inline only the sources not stored under one, as records before the keys did),
-   ``message`` (one served message, an object, under its session and position: a session record counts its
-   messages stored so in ``served_keyed`` and holds the others inline, as records before did all of them),
-   ``trace-part`` (one field of an inspector trace, its original text or its units, under its session and a key
-   of its own: ``TraceParts``).
-2. A session's served history, hashes and traces are plain JSON (``json`` writes a tuple as a list). Its
-   ``recall_sources`` hold the compressor's typed objects (frozen dataclasses, numpy arrays, tuples, sets,
-   maps with integer keys); those are written with tags (``{"$t": [...]}`` a tuple, ``{"$nd": ...}`` an array of
-   a numeric dtype, ``{"$dc": name, "f": {...}}`` a dataclass ...). A tagged dataclass is rebuilt only when its
-   name is one of ``_DATACLASSES`` (the compressor's own plain-data classes, constructed with their fields and
-   nothing else); an unknown name makes that recall source unreadable, and it alone is dropped.
-3. ``decode(kind, data)`` checks the envelope (schema, kind) and validates the value with pydantic: a session
-   record's fields by type, a snapshot record as its dataclass. Values written by older versions (pickles) are
-   never unpickled: they read as absent, and the sessions they held are prefilled again (a snapshot record that
-   an older version wrote as plain JSON, without the envelope, is still read).
-4. Versions: values are written as schema ``SCHEMA`` (2: a session record's messages and recall sources may be
-   stored under keys of their own) and read in any of ``READABLE`` (1: everything inline, which schema 2 still
-   reads). A version that reads schema 1 only reads a schema-2 value as absent (a cold prefill) rather than as a
-   record whose served history looks empty, which it would replay without the messages it holds.
+``encode(kind, value)`` writes one (``RecordError`` for a value it cannot hold); ``decode(kind, data)`` returns the
+record, or None (logged) for anything else: not JSON, another schema or kind, a wrong shape, a pickle. Nothing read
+runs code: a recall source's typed objects (tuples, sets, numeric arrays, the compressor's dataclasses) are written
+with tags (``{"$t": [...]}``, ``{"$nd": ...}``, ``{"$dc": name, "f": {...}}`` ...), and a dataclass is rebuilt only
+when its name is one of ``_dataclasses()``. Schema 2 keeps a session's messages and recall sources under keys of
+their own (``RecordParts``), and a trace's text and units (``TraceParts``); schema 1 (all inline) is still read.
 """
 
 from __future__ import annotations
@@ -291,21 +268,14 @@ class PartWrites:
 
 
 class RecordParts:
-    """A session record's parts stored under keys of their own, for both indexes (module docstring, 1): its
-    served messages (``("served", id, "<position>")``) and recall sources (``("recall", key)``). Values under these
-    keys never change, so this process keeps the ones it read or wrote in two ``ValueCache``s, each bounded by
-    the bytes its entries keep alive (``lru.footprint`` of the key and the decoded value, not the length of the
-    stored JSON: a list of numbers takes many times its text in memory):
+    """A session record's served messages (``("served", id, "<position>")``) and recall sources (``("recall", key)``)
+    under keys of their own, for every backend. They never change once written, so the ones read or written are
+    kept in two ``lru.ValueCache``s bounded by the bytes they keep alive.
 
-    1. ``new(rec)``: the record's new messages and sources encoded under their keys (a source this format cannot
-       hold is lost alone, logged); the index writes them in the record's transaction and calls ``committed``
-       after it, when the served-message cache takes the messages (a position is written again when its save
-       failed; a recall key is new at every write, so a source is cached at once).
-    2. ``load_served(rec, read)`` / ``load_recall(rec, read)``: put the stored parts in front of the record's
-       inline ones, from the caches, else with ``read`` (the stored values of the keys it is given, None for one
-       that is gone). A message gone makes the record absent (False: it cannot be replayed, a cold prefill); a
-       source gone costs that source (logged).
-    3. ``keys(rec)`` / ``forget(rec)``: the keys a prune deletes, and the cache entries it drops.
+    ``new(rec)`` encodes a save's new parts (the backend writes them in the record's transaction, then calls
+    ``committed``); ``load_served``/``load_recall`` put the stored parts in front of a record's inline ones (a
+    message gone makes the record absent: False; a source gone costs that source); ``keys``/``forget``: what a prune
+    deletes and drops.
     """
 
     def __init__(self, served_bytes: int = 128 << 20, recall_bytes: int = 64 << 20):
@@ -423,22 +393,12 @@ class TraceWrite:
 
 
 class TraceParts:
-    """The bulk of a trace log under keys of their own, for both indexes: ``("trace-part", sid, key)`` → one
-    trace's original text or its units (the line ranges, tokens and scores of every unit; kind ``trace-part``),
-    written once, by the trace write that added the trace (neither changes after). The stored trace names each
-    (``text_key``, ``units_key``) in its place, and keeps its text's length (``text_chars``: what
-    ``inspector.trace.append`` bounds), so a session's trace write carries its log's small fields and the new
-    parts, not every text and unit table the log keeps.
+    """A trace's original text and units under keys of their own (``("trace-part", sid, key)``), written once, for
+    every backend; the stored trace names them (``text_key``, ``units_key``) and keeps ``text_chars``.
 
-    1. ``update(sid, kept, change)``: a trace write, for both indexes to carry out in one transaction
-       (``TraceWrite``): the log ``change`` makes of the stored one, that log as stored (each text and unit table
-       not under a key yet gets a new one; the trace is copied, the caller's untouched), the parts to write, and
-       the part keys to delete: those the stored log named and the new one does not (a trace dropped, or its
-       text dropped).
-    2. ``keys(sid, kept)``: the part keys a stored log names (a prune deletes them all).
-    3. ``joined(sid, kept, read)``: the log as readers see it, each part in its field (read with ``read``: the
-       stored values of the keys it is given, None for one that is gone); a text gone or unreadable reads as
-       dropped, units as None (a trace without units), logged.
+    ``update(sid, kept, change)``: one trace write (``TraceWrite``) for the backend to run in one transaction;
+    ``keys(sid, kept)``: the part keys a stored log names; ``joined(sid, kept, read)``: the log with each part in
+    its field (a part gone or unreadable reads as a dropped text, or no units).
     """
 
     @staticmethod

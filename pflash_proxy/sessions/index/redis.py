@@ -1,29 +1,21 @@
-"""The shared ``SessionIndex``: one Redis database that several proxy nodes read and write (``--index redis://``).
+"""``RedisIndex``: the ``SessionIndex`` (and ``ClusterIndex``) several proxy nodes share in one Redis database.
 
-Keys (all under ``pflash:``; records are schema-versioned JSON, ``codec.py``, validated when read: a value
-that is not a record of its kind is logged and read as absent, so whoever writes this Redis cannot run code in a
-node; nothing is ever unpickled):
-1. ``chain:<h_i>`` → session id, for every prefix of every served request (``identity.chain``);
-2. ``session:<sid>`` → the ``SessionRecord`` (client hashes, how many served messages are stored, the keys of its
-   recall sources); ``served:<sid>:<i>`` → its served message ``i``, written once, by the save that added it;
-   ``recall:<key>`` → one recall source, written once with the turn that made it (a node keeps those it read or
-   wrote in memory, by key: they never change); ``traces:<sid>`` → its ``TraceLog`` (the inspector's, written
-   after each answer in a ``WATCH``ed transaction), each trace's original text and units under
-   ``trace-part:<sid>:<key>``, written once (``codec.TraceParts``);
-   ``used`` (a sorted set) → every session's last use, so pruning ranks sessions without reading records;
-3. ``snapshot:<sid>`` → the ``SnapshotRecord`` (file, tokens, covered hashes, model identity, size,
-   checksum); ``snapshots`` (a set) → the sessions that have one. The files are in the snapshot directory every
-   node shares (``--slot-save-path``);
+Keys, all under ``pflash:``; every value a ``codec`` record, validated when read (one that is not reads as absent:
+whoever writes this Redis cannot run code in a node):
+
+1. ``chain:<h>`` → session id, for each prefix of each served request (``identity.chain``);
+2. ``session:<sid>`` → the ``SessionRecord``; ``served:<sid>:<i>`` → one served message; ``recall:<key>`` → one
+   recall source (both written once); ``traces:<sid>`` → its ``TraceLog``, ``trace-part:<sid>:<key>`` → one trace's
+   text or units; ``used`` (a sorted set) → each session's last use, so pruning reads no record;
+3. ``snapshot:<sid>`` → the ``SnapshotRecord``; ``snapshots`` (a set) → the sessions that have one;
 4. ``response:<rid>`` → one Responses answer; ``responses:<sid>`` (a list) → the ids a session recorded;
-5. ``salt`` → the salt credentials are hashed with (``SET NX``: the first node writes it, all read it);
-6. what only a cluster has (``ClusterIndex``): ``holder:<sid>`` → the node whose slot holds the session;
-   ``turn:<sid>`` → the node running the session's turn now, a lease with expiry (``SET NX PX``, renewed and
-   released by compare-and-set Lua scripts, so a node never renews or frees another node's lease);
-   ``node:<id>`` → a node's advertised URL, with expiry: its heartbeat (absent = the node is gone).
+5. ``salt`` → the salt credentials are hashed with (``SET NX``: the first node writes it);
+6. ``holder:<sid>`` → the node whose slot holds the session; ``turn:<sid>`` → the node running its turn (a lease
+   with expiry, renewed and freed by compare-and-set scripts); ``node:<id>`` → a node's URL, with expiry (its
+   heartbeat).
 
-Every write that must stay consistent (a record with its chain entries and last use; a session and its
-responses) is one ``MULTI``/``EXEC`` transaction or one Lua script. A failure of Redis (refused connection,
-timeout) is raised as ``StoreError``, which callers treat as "serve without the index".
+A write that must stay consistent is one ``MULTI``/``EXEC`` transaction (``WATCH``ed where it reads first) or one
+Lua script. Redis's failures raise ``StoreError``.
 """
 
 from __future__ import annotations
@@ -279,7 +271,7 @@ class RedisIndex:
     @_guarded
     def prune(self, *, older_than: float | None, max_sessions: int,
               keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
-        """As ``SessionStore.prune``: sessions last used before ``older_than``, then the least recently used beyond
+        """As ``SqliteIndex.prune``: sessions last used before ``older_than``, then the least recently used beyond
         ``max_sessions``, never one in ``keep``; with their chain entries, responses, holder and turn lease."""
         ranked = _scored(self.r.zrange(f"{self.p}used", 0, -1, withscores=True))
         victims = prune_victims(ranked, older_than, max_sessions, keep)

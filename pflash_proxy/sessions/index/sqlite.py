@@ -1,36 +1,22 @@
-"""The embedded ``SessionIndex`` on plain SQLite tables (the standard library's ``sqlite3``, WAL): ``SqliteIndex``.
+"""``SqliteIndex``: this proxy's ``SessionIndex``, SQLite tables (``sqlite3``, WAL) in one file, ``index.db``.
 
-One file, ``index.db``, in the index directory; every value a record (schema-versioned JSON, ``codec.py``,
-validated when read: a value that is not a record of its kind is logged and read as absent, nothing is ever
-unpickled), every key a typed column:
+Every value is a ``codec`` record (validated when read; one that is not reads as absent, nothing is unpickled);
+every key a column:
 
-1. ``chain(h, sid)``: every prefix of every served request → its session (``identity.chain``);
-2. ``session(sid, last_use, data)``: the ``SessionRecord`` (client hashes, how many served messages are stored,
-   its recall sources' keys) and its last use, a column of its own so pruning ranks sessions without reading
-   records; ``served(sid, pos, data)``: the served version of message ``pos``, and ``recall(key, sid, data)``: one
-   recall source, each written once, by the save that added it (``codec.RecordParts`` keeps those read or
-   written in memory, byte-bounded: they never change);
-3. ``traces(sid, data)``: the session's ``TraceLog`` (the inspector's), each trace's original text and units in
-   ``trace_part(sid, key, data)``, written once (``codec.TraceParts``);
-4. ``snapshot(sid, data)``: the ``SnapshotRecord`` (also kept in memory: the stats, eviction and restores read
-   it on the event loop without touching SQLite);
-5. ``response(seq, rid, sid, data)``: one Responses answer (``stages/chains.py``), in the order recorded;
-6. ``meta(name, value)``: the random ``salt`` credentials are hashed with (``identity.credential``).
+1. ``chain(h, sid)``: each prefix of each served request → its session (``identity.chain``);
+2. ``session(sid, last_use, data)``: the ``SessionRecord``, its last use apart so pruning reads no record;
+   ``served(sid, pos, data)``: one served message; ``recall(key, sid, data)``: one recall source (both written
+   once, by the save that added them);
+3. ``traces(sid, data)``: the session's ``TraceLog``; ``trace_part(sid, key, data)``: one trace's text or units;
+4. ``snapshot(sid, data)``: the ``SnapshotRecord`` (also held in memory, read on the event loop);
+5. ``response(seq, rid, sid, data)``: one Responses answer, in the order recorded;
+6. ``meta(name, value)``: the ``salt`` credentials are hashed with.
 
-Every part of a session carries its id, so a ``prune`` deletes a session with everything it has in one
-transaction, whatever a concurrent trace write added meanwhile. Each thread has its own connection (WAL: readers
-never wait for the writer); a write that must read first (a trace write, a response) is one ``BEGIN IMMEDIATE``
-transaction; a lookup reads in one read transaction (one consistent view).
-
-Hostile or damaged content reads as absent, never as an error of the request: a value of the wrong type or
-bytes that are not a record (``codec.decode``), text that is not UTF-8 (read with replacement characters, so
-it names no real key), a last use that is not a number (ranked oldest, so it is pruned first). A database that
-cannot be opened, or whose tables are not this module's, is moved aside (``index.db.corrupt-<time>``) and a
-fresh one started. Failures of SQLite (disk full, lock timeout) are raised as ``StoreError``.
-
-``open`` reads an index the diskcache backend (``local.py``) wrote in the same directory once, into a fresh
-``index.db``, and moves its ``cache.db`` aside (``cache.db.migrated-<time>``): no session is lost when the
-default backend changes.
+Each thread has its own connection. A lookup is one read transaction; a write one ``BEGIN IMMEDIATE``
+transaction; a prune deletes everything that carries the session's id in one. Text that is not UTF-8 reads with
+replacement characters; a last use that is not a number ranks oldest. A file that is no database of these tables
+is moved aside (``index.db.corrupt-<time>``) and a fresh one started; SQLite's failures raise ``StoreError``.
+Opening reads a diskcache index of older versions in the same directory once (``migrate``).
 """
 
 from __future__ import annotations
@@ -44,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from pflash_proxy.config import private_dir
 from pflash_proxy.sessions.identity import chain, message_hash
@@ -53,17 +39,15 @@ from pflash_proxy.sessions.index.base import (SessionRecord, SnapshotRecord, Sto
                                               WriteMarks, as_stored, fresh, prune_victims)
 from pflash_proxy.sessions.index.codec import Key, PartWrites, RecordError, RecordParts, TraceParts, decode, encode
 from pflash_proxy.sessions.index.codec import snapshot_records
+from pflash_proxy.sessions.index.legacy import FILE as OLD_FILE, DiskcacheReader
 from pflash_proxy.sessions.index.codec import trace_log as stored_trace_log
-
-if TYPE_CHECKING:
-    from pflash_proxy.sessions.index.local import SessionStore
 
 log = logging.getLogger("pflash_proxy.sessions")
 T = TypeVar("T")
 P = ParamSpec("P")
 
 FILE = "index.db"
-BUSY_TIMEOUT_S = 60  # a writer waits this long for another's transaction (diskcache's default too)
+BUSY_TIMEOUT_S = 60  # a writer waits this long for another's transaction
 DECODED_BYTES = 32 << 20  # the records kept decoded beside their bytes (``SqliteIndex._record``), at most
 DECODED_RECORDS = 1024  # and how many
 _PROBES = 4  # the longest prefixes a lookup reads one by one (``_entries``)
@@ -114,8 +98,7 @@ def _connect(db: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     conn.text_factory = _text
     conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process (not of the OS)
-    # diskcache's own settings, so the memory a connection may take is what the diskcache index took: 8192 pages
-    # cached, and up to 64 MiB of the file read through a shared mapping (recall sources are large rows)
+    # 8192 pages cached, and up to 64 MiB of the file read through a shared mapping (recall sources are large rows)
     conn.execute("PRAGMA cache_size=8192")
     conn.execute("PRAGMA mmap_size=67108864")
     return conn
@@ -124,12 +107,27 @@ def _connect(db: Path) -> sqlite3.Connection:
 def _check(conn: sqlite3.Connection) -> None:
     """Create the tables (a new index), or read each table's columns: a file that is not a database, or one whose
     tables are shaped otherwise, raises ``sqlite3.DatabaseError``."""
-    conn.execute("PRAGMA auto_vacuum=FULL")  # a new file only: each commit gives freed pages back (diskcache's too)
+    conn.execute("PRAGMA auto_vacuum=FULL")  # a new file only: each commit gives freed pages back
     if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
         raise sqlite3.DatabaseError("journal mode is not WAL")
     conn.executescript(_SCHEMA)
     for name, cols in _COLUMNS.items():
         conn.execute(f"SELECT {', '.join(cols)} FROM {name} LIMIT 0").fetchall()
+
+
+def _move_aside(db: Path, tag: str) -> str:
+    """Rename ``db`` and its ``-wal``/``-shm`` files to ``<name>.<tag>-<time>``; returns that name."""
+    aside = f"{db.name}.{tag}-{int(time.time())}"
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(str(db) + suffix)
+        if p.exists():
+            p.replace(db.with_name(aside + suffix))
+    return aside
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """``exc`` says the file is damaged or foreign, not merely in use."""
+    return getattr(exc, "sqlite_errorcode", None) not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _open(directory: Path) -> Path:
@@ -142,14 +140,10 @@ def _open(directory: Path) -> Path:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        if getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-            raise StoreError(f"session index {db}: {exc}") from exc  # in use, not damaged
-        aside = db.with_name(f"{FILE}.corrupt-{int(time.time())}")
-        log.error("session index %s is damaged (%s); moved aside to %s, starting a fresh index", db, exc, aside.name)
-        for suffix in ("", "-wal", "-shm"):
-            p = Path(str(db) + suffix)
-            if p.exists():
-                p.replace(Path(str(aside) + suffix))
+        if not _damaged(exc):
+            raise StoreError(f"session index {db}: {exc}") from exc
+        aside = _move_aside(db, "corrupt")
+        log.error("session index %s is damaged (%s); moved aside to %s, starting a fresh index", db, exc, aside)
         conn = _connect(db)
         try:
             _check(conn)
@@ -158,25 +152,29 @@ def _open(directory: Path) -> Path:
     return db
 
 
-DISKCACHE_FILE = "cache.db"  # what the diskcache backend (``local.py``) keeps in the same directory
-
-
 def migrate(directory: Path, db: Path) -> int:
-    """Copy the index the diskcache backend kept in ``directory`` into ``db`` (one transaction; the values are
-    the same records, copied as stored and validated when read), then move its ``cache.db`` aside
-    (``cache.db.migrated-<time>``). Idempotent: a migration cut short is done again at the next open. Returns the
+    """Copy the diskcache index older proxies kept in ``directory`` (``OLD_FILE``) into ``db`` in one
+    transaction (values copied as stored, validated when read), then move its file aside (``.migrated-<time>``;
+    ``.corrupt-<time>`` when it is no readable index). Done again at the next open if cut short. Returns the
     sessions copied."""
-    from pflash_proxy.sessions.index.local import SessionStore
-
-    old = SessionStore(directory)
     try:
-        salt, rows = old.salt, _diskcache_rows(old)
+        old = DiskcacheReader(directory)
+    except sqlite3.DatabaseError as exc:
+        if not _damaged(exc):
+            raise
+        aside = _move_aside(directory / OLD_FILE, "corrupt")
+        log.error("session index: the diskcache index in %s is damaged (%s); moved aside to %s", directory, exc, aside)
+        return 0
+    try:
+        values = old.items()
     finally:
         old.close()
+    salt, rows = values.get(("salt",)), _old_rows(values)
     conn = _connect(db)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('salt', ?)", (salt,))
+        if isinstance(salt, str) and salt:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('salt', ?)", (salt,))
         for table, found in rows.items():
             columns = _COLUMNS[table][1:] if table == "response" else _COLUMNS[table]  # ``seq``: the order inserted
             conn.executemany(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) "
@@ -184,32 +182,28 @@ def migrate(directory: Path, db: Path) -> int:
         conn.execute("COMMIT")
     finally:
         conn.close()
-    aside = f"{DISKCACHE_FILE}.migrated-{int(time.time())}"
-    for suffix in ("", "-wal", "-shm"):
-        p = directory / (DISKCACHE_FILE + suffix)
-        if p.exists():
-            p.replace(directory / (aside + suffix))
+    aside = _move_aside(directory / OLD_FILE, "migrated")
     log.info("session index: %d sessions read from the diskcache index in %s; its file moved aside to %s",
              len(rows["session"]), directory, aside)
     return len(rows["session"])
 
 
-def _diskcache_rows(old: SessionStore) -> dict[str, list[tuple[object, ...]]]:
-    """The rows of each table that hold what the diskcache index ``old`` keeps (``local.py``'s keys), its values
-    as stored. A session whose record does not read is left out (with its parts), as are recall sources no record
-    names and responses no session lists."""
+def _old_rows(values: dict[Key, object]) -> dict[str, list[tuple[object, ...]]]:
+    """The rows of each table that hold the diskcache index's ``values`` (by key), as stored. A session whose
+    record does not read is left out with its parts, as are recall sources no record names and responses no
+    session lists."""
     rows: dict[str, list[tuple[object, ...]]] = {name: [] for name in _TABLES if name != "meta"}
-    keys = list(old.cache.iterkeys())
-    records = {k[1]: rec for k in keys if k[0] == "session" and len(k) == 2 and (rec := old._record(k[1]))}
+    records = {k[1]: rec for k, v in values.items() if k[0] == "session" and len(k) == 2 and v
+               and (rec := decode("session", v, f"session {k[1][:40]}")) is not None and rec.id == k[1]}
     recall_owner = {key: sid for sid, rec in records.items() for key in rec.recall_keys}
-    for key in keys:
-        kind, rest, value = key[0], key[1:], old.read(key)
+    for key, value in values.items():
+        kind, rest = key[0], key[1:]
         if value is None or (len(rest) > 1 and kind not in ("served", "trace-part")):
             continue
         if kind == "chain" and isinstance(value, str):
             rows["chain"].append((rest[0], value))
         elif kind == "session" and rest[0] in records:
-            used = old.read(("used", rest[0]))
+            used = values.get(("used", rest[0]))
             rows["session"].append((rest[0], used if isinstance(used, (int, float)) else records[rest[0]].last_use,
                                     value))
         elif kind == "served" and len(rest) == 2 and rest[1].isdigit() and rest[0] in records:
@@ -220,7 +214,7 @@ def _diskcache_rows(old: SessionStore) -> dict[str, list[tuple[object, ...]]]:
             rows[kind.replace("-", "_")].append((*rest, value))
         elif kind == "responses" and isinstance(ids := decode("ids", value, f"responses of {rest[0][:40]}"), list):
             rows["response"].extend((rid, rest[0], data) for rid in ids
-                                    if (data := old.read(("response", rid))) is not None)
+                                    if (data := values.get(("response", rid))) is not None)
     return rows
 
 
@@ -233,7 +227,7 @@ class SqliteIndex(WriteMarks):
         super().__init__()
         private_dir(directory)
         self.db = _open(directory)
-        if (directory / DISKCACHE_FILE).exists():
+        if (directory / OLD_FILE).exists():
             try:
                 migrate(directory, self.db)
             except (StoreError, sqlite3.Error, OSError) as exc:  # the old file stays: tried again at the next open

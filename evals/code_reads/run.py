@@ -42,7 +42,7 @@ import aiohttp
 
 from pflash_proxy.bench.report import Table, markdown_table
 from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, bench_settings, new_id
-from pflash_proxy.bench.code_reads.generator import KINDS, CodeCase, generate, read_source, site_packages
+from evals.code_reads.generator import KINDS, CodeCase, generate, read_source, site_packages
 from pflash_proxy.progress import Progress
 from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.jsontypes import JSONObject, JSONValue
@@ -462,7 +462,7 @@ DEFAULT_OUT = "benchmarks/results"
 
 def command_of(args: argparse.Namespace) -> str:
     """The command line that repeats this run (every option that matters, defaults spelled out)."""
-    argv = ["pflash-proxy", "bench", "code-reads", "--split", args.split, "--seed", str(args.seed),
+    argv = ["python", "-m", "evals", "code-reads", "--split", args.split, "--seed", str(args.seed),
             "--threshold", str(args.threshold), "--scorers", ",".join(args.scorers),
             "--shapes", ",".join(args.shapes), "--variants", ",".join(args.variants)]
     if args.limit:
@@ -493,7 +493,7 @@ def main(args: argparse.Namespace) -> int:
     args.variants = [s for s in args.variants.split(",") if s] if isinstance(args.variants, str) else args.variants
     bad = [s for s in args.shapes if s not in SHAPES] + [v for v in args.variants if v not in VARIANTS]
     if bad:
-        print(f"pflash-proxy bench: unknown shape or variant {', '.join(bad)} (shapes: {', '.join(SHAPES)}; "
+        print(f"evals: unknown shape or variant {', '.join(bad)} (shapes: {', '.join(SHAPES)}; "
               f"variants: {', '.join(VARIANTS)})", file=sys.stderr)
         return 2
     if str(args.out) == DEFAULT_OUT:
@@ -504,7 +504,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         data = asyncio.run(run(args))
     except (BenchError, SpawnError) as exc:
-        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        print(f"evals: {exc}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:

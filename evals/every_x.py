@@ -24,14 +24,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pflash_proxy.bench.code_reads.generator import site_packages
-from pflash_proxy.bench.code_reads.run import lines_of
-from pflash_proxy.bench.evals import code_tasks, common
+from evals.code_reads.generator import site_packages
+from evals.code_reads.run import lines_of
+from evals import code_tasks, common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
-WORDINGS = Path(__file__).resolve().parent.parent / "cases" / "every_x.json"
+WORDINGS = Path(__file__).resolve().parent / "cases" / "every_x.json"
 VARIANTS = ("paste", "read")
 
 

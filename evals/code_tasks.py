@@ -41,14 +41,16 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from pflash_proxy.bench.code_reads.generator import site_packages
-from pflash_proxy.bench.code_reads.run import lines_of
-from pflash_proxy.bench.evals import common
+from evals.code_reads.generator import site_packages
+from evals.code_reads.run import lines_of
+from evals import common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
-CASES = Path(__file__).resolve().parent.parent / "cases" / "code_tasks.json"
+CASES = Path(__file__).resolve().parent / "cases" / "code_tasks.json"
+# the held-out-3 tasks (split "held-out-3"), in a file of their own; read with CASES when present
+HELD_OUT_3 = CASES.with_name("code_tasks_held_out_3.json")
 SHAPES = ("claude", "claude-arrow", "opencode", "codex")
 VARIANTS = ("warm", "cold")
 BUCKETS = ((0, 4096, "<4K"), (4096, 8192, "4-8K"), (8192, 16384, "8-16K"), (16384, 1 << 40, ">=16K"))
@@ -79,9 +81,10 @@ class Task:
 
 
 def load_cases(path: Path = CASES) -> list[Task]:
-    data = json.loads(Path(path).read_text())
+    """The tasks of ``path``; for ``CASES``, with those of ``HELD_OUT_3`` when that file is there."""
+    paths = [Path(path)] + ([HELD_OUT_3] if Path(path) == CASES and HELD_OUT_3.is_file() else [])
     return [Task(**{k: c[k] for k in ("id", "package", "path", "gold", "kind", "split", "task")},
-                 version=c.get("version", "")) for c in data["cases"]]
+                 version=c.get("version", "")) for p in paths for c in json.loads(p.read_text())["cases"]]
 
 
 def definitions(text: str) -> dict[str, list[tuple[int, int]]]:

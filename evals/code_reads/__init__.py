@@ -1,4 +1,4 @@
-"""``pflash-proxy bench code-reads``: agent file reads of real third-party code, questions generated, split by
+"""``python -m evals code-reads``: agent file reads of real third-party code, questions generated, split by
 package.
 
 ``generator`` picks functions and methods from the installed packages and writes the questions

@@ -39,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TypedDict
 
-from pflash_proxy.bench.evals import common
+from evals import common
 from pflash_proxy.bench.report import Table
 from pflash_proxy.bench.runner import BenchError
 from pflash_proxy.progress import Progress

@@ -1,4 +1,4 @@
-"""``pflash-proxy bench ruler-qa|code-tasks|planted|every-x``: evals on text people wrote, split dev / held-out.
+"""``python -m evals ruler-qa|code-tasks|planted|every-x``: evals on text people wrote, split dev / held-out.
 
 Each eval sends its cases through the real proxy (the product's stages, the embedded default scorer, and the
 drafter with ``--drafter``) in front of a real llama-server that counts the tokens, stops each request before
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pflash_proxy.bench.evals import common
+from evals import common
 
 EVALS = ("ruler-qa", "code-tasks", "planted", "every-x")
 # what a run without --lengths / --limit / --threshold does (each a few minutes on 2 cores at 16K)
@@ -31,14 +31,16 @@ DEFAULT_LIMIT = {"ruler-qa": 30}
 # fixed per eval, so runs at different lengths compare: half the shortest default length (ruler-qa 16K, planted
 # 4K); 2048 for agent reads, the proxy's agent-read setting the code-reads bench uses
 DEFAULT_THRESHOLD = {"ruler-qa": 8192, "planted": 2048, "code-tasks": 2048, "every-x": 2048}
+# held-out splits written after the first (every-x's held-out-2 wordings; code-tasks' held-out-2 and held-out-3 tasks,
+# held-out-3 in cases/code_tasks_held_out_3.json)
+LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3")}
 
 
 def apply_defaults(args: argparse.Namespace) -> None:
     args.split = args.split or "dev"
-    second = ("every-x", "code-tasks")  # the evals with a second held-out split, written later
-    if args.split not in common.SPLITS or (args.split == "held-out-2" and args.kind not in second):
-        raise ValueError(f"{args.kind} splits are dev (the default) or held-out"
-                         f"{', or held-out-2' if args.kind in second else ''} (got {args.split})")
+    splits = ("dev", "held-out", *LATER_SPLITS.get(args.kind, ()))
+    if args.split not in splits:
+        raise ValueError(f"{args.kind} splits are dev (the default) or {' or '.join(splits[1:])} (got {args.split})")
     args.scorers = common.scorers_of(args)
     if not args.lengths:
         args.lengths = list(DEFAULT_LENGTHS.get(args.kind, []))
@@ -59,32 +61,32 @@ def main(args: argparse.Namespace) -> int:
     try:
         apply_defaults(args)
     except ValueError as exc:
-        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        print(f"evals: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args.workdir = Path(tempfile.mkdtemp(prefix=f"pflash-bench-{args.kind}-"))
     try:
         if args.kind == "ruler-qa":
-            from pflash_proxy.bench.evals import ruler as mod
+            from evals import ruler as mod
             args.datasets = args.families or list(mod.DATASETS)
             bad = [d for d in args.datasets if d not in mod.DATASETS]
             if bad:
-                print(f"pflash-proxy bench: unknown dataset {', '.join(bad)} (one of {', '.join(mod.DATASETS)})",
+                print(f"evals: unknown dataset {', '.join(bad)} (one of {', '.join(mod.DATASETS)})",
                       file=sys.stderr)
                 return 2
             md, paths = mod.main(args)
         elif args.kind == "code-tasks":
-            from pflash_proxy.bench.evals import code_tasks as ct
+            from evals import code_tasks as ct
             md, paths = ct.main(args)
         elif args.kind == "planted":
-            from pflash_proxy.bench.evals import planted as pl
+            from evals import planted as pl
             md, paths = pl.main(args)
         else:
-            from pflash_proxy.bench.evals import every_x as ex
+            from evals import every_x as ex
             md, paths = ex.main(args)
     except (BenchError, SpawnError, ValueError) as exc:
-        print(f"pflash-proxy bench: {exc}", file=sys.stderr)
+        print(f"evals: {exc}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
@@ -99,20 +101,20 @@ def render(args: argparse.Namespace) -> int:
     """``--render KIND.json``: the report of a run already made, with this version's tables (nothing is sent)."""
     import json
 
-    from pflash_proxy.bench.evals import code_tasks, every_x, planted, ruler
+    from evals import code_tasks, every_x, planted, ruler
 
     report = {"ruler-qa": ruler.report, "code-tasks": code_tasks.report, "planted": planted.report,
               "every-x": every_x.report}[args.kind]
     if len(args.render) != 1:
-        print("pflash-proxy bench: the evals render one run at a time", file=sys.stderr)
+        print("evals: the evals render one run at a time", file=sys.stderr)
         return 2
     try:
         data = json.loads(Path(args.render[0]).read_text())
     except (OSError, ValueError) as exc:
-        print(f"pflash-proxy bench: cannot read {args.render[0]}: {exc}", file=sys.stderr)
+        print(f"evals: cannot read {args.render[0]}: {exc}", file=sys.stderr)
         return 2
     if data.get("bench") != args.kind:
-        print(f"pflash-proxy bench: {args.render[0]} holds a {data.get('bench')!r} run, not {args.kind!r}",
+        print(f"evals: {args.render[0]} holds a {data.get('bench')!r} run, not {args.kind!r}",
               file=sys.stderr)
         return 2
     out = Path(args.out) if str(args.out) != "benchmarks/results" else Path(args.render[0]).parent

@@ -36,7 +36,7 @@ import aiohttp
 
 from aiohttp import web
 
-from pflash_proxy.bench.code_reads.run import commit as commit  # the checkout's HEAD, named in each report
+from evals.code_reads.run import commit as commit  # the checkout's HEAD, named in each report
 from pflash_proxy.bench.report import Table, markdown_table
 from pflash_proxy.bench.runner import BENCH_HEADER, DryRun, LlamaProc, Proxy, new_id
 from pflash_proxy.contract import ProxyRequest, Stage
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.stages.scorers import Scoring
 
-SPLITS = ("dev", "held-out", "held-out-2")  # held-out-2: every-x and code-tasks only, written later
+SPLITS = ("dev", "held-out", "held-out-2", "held-out-3")  # held-out-2: every-x and code-tasks; held-out-3: code-tasks
 HELD_OUT_BELOW = 102  # of 256: about 40 % held out
 
 
@@ -215,7 +215,7 @@ class Harness:
         return self.llama.url
 
     async def __aenter__(self) -> "Harness":
-        from pflash_proxy.bench.code_reads.run import build
+        from evals.code_reads.run import build
 
         await self.llama.start()
         try:
@@ -304,7 +304,7 @@ def scorers_of(opts: argparse.Namespace) -> list[str]:
 
 def command_of(kind: str, opts: argparse.Namespace, extra: Sequence[str] = ()) -> str:
     """The command line that repeats this run (the options that matter, defaults spelled out)."""
-    argv = ["pflash-proxy", "bench", kind, "--split", opts.split, "--seed", str(opts.seed), "--threshold",
+    argv = ["python", "-m", "evals", kind, "--split", opts.split, "--seed", str(opts.seed), "--threshold",
             str(opts.threshold), "--scorers", ",".join(opts.scorers), *extra]
     if getattr(opts, "limit", 0):
         argv += ["--limit", str(opts.limit)]

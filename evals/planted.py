@@ -23,13 +23,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pflash_proxy.bench.evals import common
-from pflash_proxy.bench.evals.ruler import data_dir
+from evals import common
+from evals.ruler import data_dir
 from pflash_proxy.bench.report import Table
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONObject
 
-FACTS = Path(__file__).resolve().parent.parent / "cases" / "planted.json"
+FACTS = Path(__file__).resolve().parent / "cases" / "planted.json"
 KINDS = ("code", "prose")
 POSITIONS = {"start": 0.1, "middle": 0.5, "end": 0.9}
 ORDERS = ("paste-question", "question-paste")
