@@ -11,6 +11,11 @@ changed it), awaits the work stages started beside the upstream (``relay.beside_
 headers, relays the answer and runs each stage's ``on_response`` with the ``RelayResult``; ``on_finish`` runs in
 reverse order for every stage whose ``on_request`` ran, whatever happened. Failures in ``on_response`` and
 ``on_finish`` are logged, never raised to the client.
+Besides the per-request hooks a stage declares what the application calls on it: ``start``/``stop`` (its
+resources, in stage order / reverse order), ``settle`` (work it left running after answers, awaited before a reader
+of what that work writes: ``/pflash/stats``, the metrics, the inspector) and ``stats`` (``/pflash/stats`` under the
+stage's ``name``). What only the sessions offer (saving them, a client's slot action, their read-only view) the
+application asks the session service's admin face for, never a stage.
 
 Stages hand each other what they found through the request's typed parts, never a dict of names: ``notes``
 (``StageNotes``: each field set by one stage, read by later ones), ``dialogue`` (the conversation the server
@@ -24,7 +29,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
@@ -36,9 +40,8 @@ if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.engine import CacheReport
     from pflash_proxy.jsontypes import JSONObject
-    from pflash_proxy.sessions.cluster import Turn
     from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
-    from pflash_proxy.sessions.slots import Lease
+    from pflash_proxy.sessions.service import Turn
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
@@ -87,18 +90,14 @@ class TurnTraces:
 class SessionContext:
     """What the session stage (``stages.sessions.SessionStage``) found and leased for a request
     (``ProxyRequest.session``): compression reads the served history and the slot's state, the commit writes the
-    history, the savings stage the traces."""
+    history, the savings stage the traces; ``turn`` is the session service's turn, which holds the slot."""
 
     record: SessionRecord | None  # None: an anonymous lease (completion routes, an unusable index, a batch)
-    lease: Lease
+    turn: Turn
     matched: int  # leading messages that continue the served history
-    client_hashes: list[str]
     served: list[Message]  # what the upstream receives, message by message
     cache: str  # hit | restored | miss
     expected_cached: int  # tokens the slot should already hold of this prompt
-    # the served messages and their hashes before compression (on_response reuses those left unchanged)
-    hashed: tuple[list[Message], list[str]] = field(default_factory=lambda: ([], []))
-    batch: list[Lease] | None = None  # a batch's leases of every slot
     forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
     settled: bool = False  # its answer ended whole, with the client still there
     # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
@@ -168,7 +167,6 @@ class StageNotes:
     """What the stages hand each other, each set by the stage named and read by the later ones."""
 
     session: SessionContext | None = None  # stages.sessions.SessionStage
-    turn_lease: Turn | None = None  # SessionStage: the session's turn lease in a shared index (sessions/cluster.py)
     chain: ResponseChain | None = None  # stages.chains.ResponseChainStage (a Responses request)
     compression: CompressionNote | None = None  # stages.compress.CompressStage (a session's chat turn)
     turn: TurnNote | None = None  # stages.savings.SavingsStage (a session's chat turn)
@@ -251,7 +249,6 @@ class ProxyRequest:
     conversation_base = _Alias["Body"]("dialogue", "base")
     served_messages = _Alias["list[Body] | None"]("dialogue", "served")
     session = _Alias["SessionContext | None"]("notes", "session")
-    turn_lease = _Alias["Turn | None"]("notes", "turn_lease")
     chain = _Alias["ResponseChain | None"]("notes", "chain")
     forward_to = _Alias["str | None"]("forward", "to")
     forward_node = _Alias["str | None"]("forward", "node")
@@ -346,6 +343,10 @@ class SlotView(Protocol):
     def known(self) -> bool: ...
     @property
     def snapshot_current(self) -> bool: ...
+    @property
+    def anonymous(self) -> bool: ...  # what a request without a session left there
+    @property
+    def owner(self) -> str | None: ...  # whose requests put the content there (a credential's hash)
 
 
 class SessionsView(Protocol):
@@ -373,13 +374,6 @@ class StageStats(Protocol):
     def as_json(self) -> JSONObject: ...
 
 
-@dataclass
-class StageHooks:
-    """What the application hands every stage before start-up (``Stage.bind``)."""
-
-    on_snapshot_timing: Callable[[str, float], None] | None = None  # (save|restore, seconds) -> metrics
-
-
 class Stage:
     """Base class: override what you need."""
 
@@ -396,10 +390,6 @@ class Stage:
         return None
 
     # What the application calls ------------------------------------------------------------------------------
-    def bind(self, hooks: StageHooks) -> None:
-        """Take the application's hooks (metrics), before ``start``."""
-        return None
-
     async def start(self) -> None:
         """Open what the stage owns (an index, a drafter, background tasks); stages start in order."""
         return None
@@ -413,20 +403,8 @@ class Stage:
         not wait for, so that a reader sees what it writes."""
         return None
 
-    async def save_all(self) -> int:
-        """Persist what is resident now (``POST /pflash/save``); returns how many things were written."""
-        return 0
-
     def stats(self) -> StageStats | None:
         """The stage's counters (a frozen dataclass of ``pflash_proxy.stats``); None: it keeps none."""
-        return None
-
-    def slot_guard(self, slot_id: int) -> AbstractAsyncContextManager[None] | None:
-        """The stage that owns the slots holds slot ``slot_id`` around a client's slot action; others: None."""
-        return None
-
-    def sessions_view(self) -> SessionsView | None:
-        """The stage that owns the sessions: its read-only view; others: None."""
         return None
 
 
@@ -435,9 +413,6 @@ class Pipeline:
 
     def __init__(self, stages: Sequence[Stage] | None = None):
         self.stages: list[Stage] = list(stages or [])
-
-    def sessions_view(self) -> SessionsView | None:
-        return next((v for s in self.stages if (v := s.sessions_view()) is not None), None)
 
     async def settled(self) -> None:
         """Every stage's ``settle``: what the stages write after their answers is readable."""

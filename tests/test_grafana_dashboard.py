@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 
-from pflash_proxy.server.metrics import SESSION_COUNTERS, SNAPSHOT_COUNTERS, Metrics
+from pflash_proxy.engine.fake import FakeEngine
+from pflash_proxy.server.metrics import Metrics
+from pflash_proxy.sessions.stats import SchedulerStats, SessionStats, SnapshotStats
+from pflash_proxy.stats import BodyStats, CompressStats, ProxyStats, RequestStats, UpstreamStats
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _zeros(kind: type, **given: object) -> object:
+    """A stats dataclass of ``kind`` with every field 0 but those ``given``."""
+    return kind(**{**{f.name: 0 for f in fields(kind)}, **given})
+
+
 def _exported() -> set[str]:
-    sessions = {**{k: 0 for k in SESSION_COUNTERS}, **{k: 0 for k in SNAPSHOT_COUNTERS}, "hits": 1, "restored": 0,
-                "misses": 0, "slots": 2, "queued": 0, "snapshots": 0, "snapshot_bytes": 0, "store_available": True,
-                "table": []}
-    stats = {"upstream": {"ready": True}, "sessions": sessions,
-             "pflash": {"modes": {"compressed": 1}, "tokens_in": 10, "tokens_kept": 3}}
+    sessions = _zeros(SessionStats, store_available=True, model_identity="m", cluster=None,
+                      scheduler=_zeros(SchedulerStats, hits=1, slots=2, cache_isolation="off", table=()),
+                      snapshots=_zeros(SnapshotStats), engine=FakeEngine().stats())
+    compress = CompressStats({"compressed": 1}, 10, 3, 1000, "lexical", "heuristic")
+    stats = ProxyStats(RequestStats(0, {}), UpstreamStats("http://127.0.0.1:9", True, None), BodyStats(0, 0, 0),
+                       {"sessions": sessions, "pflash": compress})  # type: ignore[dict-item]
     m = Metrics()
     m.bind(lambda: stats)
     return {f.name for f in m.registry.collect()}

@@ -243,7 +243,7 @@ def test_the_contract_imports_nothing_of_the_project_at_run_time():
 # What the contract names in annotations only (``if TYPE_CHECKING:``): the types the stages hand each other. It may
 # only shrink.
 CONTRACT_ANNOTATIONS = {"pflash_proxy.dialects", "pflash_proxy.engine", "pflash_proxy.jsontypes",
-                        "pflash_proxy.sessions.cluster", "pflash_proxy.sessions.index", "pflash_proxy.sessions.slots"}
+                        "pflash_proxy.sessions.index", "pflash_proxy.sessions.service"}
 
 
 def test_the_contract_names_no_stage_server_or_inspector_type():
@@ -261,7 +261,8 @@ def test_the_request_carries_typed_fields_not_a_dict_of_names():
 
     names = {f.name for f in fields(ProxyRequest)}
     assert "state" not in names and {"dialogue", "notes", "forward", "relay"} <= names
-    assert {f.name for f in fields(StageNotes)} == {"session", "turn_lease", "chain", "compression", "turn"}
+    # the session's turn lease in a shared index: the session service's Turn holds it
+    assert {f.name for f in fields(StageNotes)} == {"session", "chain", "compression", "turn"}
     assert len(names) <= 17, sorted(names)
 
 

@@ -83,7 +83,8 @@ class LlamaProc:
                             spawn_threads=self.threads)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.args = server_args(settings, binary, Path(model), port, bool(gguf_sliding_window(Path(model))))
+        self.args = server_args(settings.upstream, settings.effective_slot_save_path, binary, Path(model), port,
+                                bool(gguf_sliding_window(Path(model))))
         await self._launch()
 
     async def _launch(self) -> None:

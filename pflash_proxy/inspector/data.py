@@ -23,6 +23,7 @@ from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, current, log_of, session_rate
+from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.stats import ByCause, CompressStats, ProxyStats, SavingsStats, SessionSavings
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -76,12 +77,11 @@ class InspectorData:
             upstream["model"] = sessions.identity_info
             upstream["model_identity"] = sessions.model_identity
             out["queued"] = sessions.queued
-            out["slots"] = [{"id": s.id, "session": s.session if s.session and not s.session.startswith("anon-")
-                             else None, "anonymous": bool(s.session and s.session.startswith("anon-")),
+            out["slots"] = [{"id": s.id, "session": None if s.anonymous else s.session, "anonymous": s.anonymous,
                              "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "busy": s.busy, "known": s.known,
                              "snapshot_current": s.snapshot_current} for s in sessions.slots()]
         comp, saved = stats.stage(CompressStats), stats.stage(SavingsStats)
-        sess = stats.part("sessions") or {}  # the session service's counters, as JSON
+        sess = stats.stage(SessionStats)
         avoided, seconds = (saved.tokens_avoided, saved.seconds_saved) if saved is not None else (ByCause(), ByCause())
         out["totals"] = {
             "requests": stats.requests.total,
@@ -98,14 +98,17 @@ class InspectorData:
             "tokens_avoided": {"compression": avoided.compression, "cache": avoided.cache},
             "saved_s": {"compression": seconds.compression, "cache": seconds.cache},
             "saved_note": saved.seconds_saved_note if saved else None,
-            "snapshots": sess.get("snapshots", 0),
-            "snapshot_bytes": sess.get("snapshot_bytes", 0),
+            "snapshots": sess.snapshots.snapshots if sess is not None else 0,
+            "snapshot_bytes": sess.snapshots.snapshot_bytes if sess is not None else 0,
         }
-        cluster = sess.get("cluster")
-        if isinstance(cluster, Mapping) and cluster:  # one node of several sharing an index (sessions/cluster.py)
-            out["node"] = {k: cluster.get(k) for k in ("node", "url", "index", "nodes", "nodes_alive", "forwarded_out",
-                                                       "forwarded_in", "forward_failures", "takeovers",
-                                                       "takeover_hit", "takeover_restored", "takeover_miss")}
+        cluster = sess.cluster if sess is not None else None
+        if cluster is not None:  # one node of several sharing an index (sessions/cluster.py)
+            out["node"] = {"node": cluster.node, "url": cluster.url, "index": cluster.index,
+                           "nodes": dict(cluster.nodes), "nodes_alive": cluster.nodes_alive,
+                           "forwarded_out": cluster.forwarded_out, "forwarded_in": cluster.forwarded_in,
+                           "forward_failures": cluster.forward_failures, "takeovers": cluster.takeovers,
+                           "takeover_hit": cluster.takeover_hit, "takeover_restored": cluster.takeover_restored,
+                           "takeover_miss": cluster.takeover_miss}
         out["counters"] = stats.as_json()
         return out
 

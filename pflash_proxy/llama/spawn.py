@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pflash_proxy.config import Settings, private_dir
+from pflash_proxy.config import UpstreamOptions, private_dir
 from pflash_proxy.llama.extras import bundled_model, install_hint
 from pflash_proxy.llama.upstream import Upstream
 
@@ -154,32 +154,32 @@ def _gives(args: Sequence[str], *flags: str) -> bool:
     return any(a in flags or any(a.startswith(f + "=") for f in flags) for a in args)
 
 
-def turn_flags(settings: Settings, facts: ModelFacts) -> list[str]:
+def turn_flags(options: UpstreamOptions, facts: ModelFacts) -> list[str]:
     """The end-of-turn stops and the generation cap for this model (module docstring, steps 2 and 3)."""
     args: list[str] = []
-    user = settings.upstream.llama_server_args
+    user = options.llama_server_args
     if not facts.chat_template and not facts.chatml_end_token and \
             not _gives(user, "--chat-template", "--chat-template-file"):
         for stop in CHATML_STOPS:
             args += ["-r", stop]
-    cap = generation_cap(settings, facts)
+    cap = generation_cap(options, facts)
     if cap > 0:
         args += ["-n", str(cap)]
     return args
 
 
-def generation_cap(settings: Settings, facts: ModelFacts) -> int:
+def generation_cap(options: UpstreamOptions, facts: ModelFacts) -> int:
     """The spawned server's ``-n`` (module docstring, step 3); 0 = none."""
-    cap = settings.upstream.spawn_max_tokens
+    cap = options.spawn_max_tokens
     if cap is None:
         cap = BASE_MODEL_MAX_TOKENS if not facts.chat_template else 0
     return cap
 
 
-def turn_cap(settings: Settings, facts: ModelFacts) -> int:
+def turn_cap(options: UpstreamOptions, facts: ModelFacts) -> int:
     """The cap at which an Anthropic answer of a spawned base model ends its turn (module docstring, step 3);
     0 for a model with a chat template of its own."""
-    return 0 if facts.chat_template else generation_cap(settings, facts)
+    return 0 if facts.chat_template else generation_cap(options, facts)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -200,21 +200,28 @@ def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
         return False
 
 
-def server_args(settings: Settings, binary: Path, model: Path, port: int, swa: bool,
+def server_args(options: UpstreamOptions, slot_dir: Path, binary: Path, model: Path, port: int, swa: bool,
                 turn: Sequence[str] = ()) -> list[str]:
+    """The spawned server's command line: ``options`` (the upstream group: slots, context, threads, the user's own
+    arguments last), its slot folder, binary, model and port, ``--swa-full`` for a sliding-window model, and the
+    end-of-turn flags (``turn_flags``)."""
     args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(settings.upstream.parallel), "-c", str(settings.upstream.ctx_size), *SAFE_FLAGS,
-            "--slot-save-path", str(settings.effective_slot_save_path)]
+            "-np", str(options.parallel), "-c", str(options.ctx_size), *SAFE_FLAGS, "--slot-save-path", str(slot_dir)]
     if swa:
         args.append("--swa-full")
-    if settings.upstream.spawn_threads:
-        args += ["-t", str(settings.upstream.spawn_threads)]
-    return args + list(turn) + list(settings.upstream.llama_server_args)
+    if options.spawn_threads:
+        args += ["-t", str(options.spawn_threads)]
+    return args + list(turn) + list(options.llama_server_args)
 
 
 class LlamaServerSupervisor:
-    def __init__(self, settings: Settings, upstream: Upstream):
-        self.settings = settings
+    """Starts llama-server (``--spawn``), restarts it when it exits, stops it. ``options``: the upstream settings
+    group (binary, model, slots, context, start-up timeout, the user's arguments); ``home``: the state directory
+    (its log, the bundled model's default place); ``slot_dir``: the folder its slots are saved to; ``upstream``:
+    the transport it points at the server and opens once the server is healthy."""
+
+    def __init__(self, options: UpstreamOptions, upstream: Upstream, *, home: Path, slot_dir: Path):
+        self.options, self.home, self.slot_dir = options, home, slot_dir
         self.upstream = upstream
         self.proc: asyncio.subprocess.Process | None = None
         self.args: list[str] = []
@@ -222,27 +229,27 @@ class LlamaServerSupervisor:
         self.restarts = 0
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None
-        self.log_path = settings.proxy.home / "llama-server.log"
+        self.log_path = home / "llama-server.log"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        binary = find_llama_server(self.settings.upstream.llama_server)
-        model = self.settings.upstream.model
+        binary = find_llama_server(self.options.llama_server)
+        model = self.options.model
         if model is None:
-            model = await loop.run_in_executor(None, default_model, self.settings.proxy.home)
+            model = await loop.run_in_executor(None, default_model, self.home)
         if not Path(model).is_file():
             raise SpawnError(f"model: {model} does not exist")
         self.model = Path(model)
         facts = await loop.run_in_executor(None, gguf_facts, self.model)
-        private_dir(self.settings.effective_slot_save_path)
+        private_dir(self.slot_dir)
         port = free_port()
         self.upstream.base_url = f"http://127.0.0.1:{port}"
-        self.args = server_args(self.settings, binary, self.model, port, bool(facts.sliding_window),
-                                turn_flags(self.settings, facts))
-        self.upstream.turn_cap = turn_cap(self.settings, facts)
+        self.args = server_args(self.options, self.slot_dir, binary, self.model, port, bool(facts.sliding_window),
+                                turn_flags(self.options, facts))
+        self.upstream.turn_cap = turn_cap(self.options, facts)
         self.upstream.set_ready(False, "llama-server is starting")
         await self._launch()
-        await self._wait_healthy(self.settings.upstream.startup_timeout_s)
+        await self._wait_healthy(self.options.startup_timeout_s)
         self._monitor = asyncio.create_task(self._supervise())
 
     async def _launch(self) -> None:
@@ -284,7 +291,7 @@ class LlamaServerSupervisor:
             await asyncio.sleep(backoff)
             try:
                 await self._launch()
-                await self._wait_healthy(self.settings.upstream.startup_timeout_s)
+                await self._wait_healthy(self.options.startup_timeout_s)
                 backoff = 1.0
             except (SpawnError, OSError) as exc:
                 log.error("llama-server restart failed: %s", exc)

@@ -4,12 +4,14 @@
    clients' requests, the ``Engine`` the proxy's own calls go through (``create_app``'s ``engine``, a factory
    handed that transport: ``llama.engine.LlamaServerEngine`` unless a caller gives another), the body budget.
 2. Routes (``routes.py``) and the inspector, an aiohttp sub-app mounted at ``/pflash`` that is handed read-only
-   views (the upstream, the sessions view of the pipeline, the stats) and nothing else.
+   views (the engine, the session service's view, the stats) and nothing else.
 Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
 3. the ``Upstream`` client session;
 4. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
-5. the stages (``stages.default_stages``, or the list a caller gives): each is bound to the app's hooks
-   (``Stage.bind``), then started in order (``Stage.start``) and stopped in reverse (``Stage.stop``);
+5. the stages (``stages.default_stages``, or the list a caller gives) and the session service their session stage
+   calls, held as its admin face (``SESSIONS``: saves, slot actions, stats, the view; snapshot timings feed the
+   metrics): the service starts first and stops last, the stages start in order (``Stage.start``) and stop in
+   reverse (``Stage.stop``);
 6. in the server process (``serve``): the garbage collector tuned (``tune_garbage_collector``).
 """
 
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, TypeAlias
 from aiohttp import web
 
 from pflash_proxy.config import Settings
-from pflash_proxy.contract import Pipeline, Stage, StageHooks
+from pflash_proxy.contract import Pipeline, SessionsView, Stage
 from pflash_proxy.engine import Engine
 from pflash_proxy.inspector.data import InspectorViews
 from pflash_proxy.inspector.routes import API_KEY, PREFIX, create_inspector
@@ -35,14 +37,15 @@ from pflash_proxy.llama.upstream import Upstream
 from pflash_proxy.server.bodies import BodyBudget
 from pflash_proxy.server.control import collect_stats
 from pflash_proxy.server.gate import gate_middleware_factory
-from pflash_proxy.server.keys import (BODIES, ENGINE, METRICS, PEERS, PIPELINE, SETTINGS, STREAMS, SUPERVISOR,
-                                      UPSTREAM)
+from pflash_proxy.server.keys import (BODIES, ENGINE, METRICS, PEERS, PIPELINE, SESSIONS, SETTINGS, STREAMS,
+                                      SUPERVISOR, UPSTREAM)
 from pflash_proxy.server.metrics import Metrics
 from pflash_proxy.server.routes import add_routes, close_peers, error_middleware_factory
 from pflash_proxy.stages import default_stages
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.index import SessionIndex
+    from pflash_proxy.sessions.service import SessionAdmin
 
 log = logging.getLogger("pflash_proxy.app")
 
@@ -99,17 +102,22 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     app.on_cleanup.append(close_peers)
     app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
+    app[SESSIONS] = None  # the session service's admin face, once the stages are built
     steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages, index)]
     app.cleanup_ctx.append(_in_order(steps))
     if tune_collector:
         app.on_startup.append(tune_garbage_collector)  # after the cleanup_ctx start-up, which aiohttp runs first
     add_routes(app)
     app[API_KEY] = settings.inspector.api_key
-    pipeline = app[PIPELINE]
     app.add_subapp(PREFIX, create_inspector(InspectorViews(  # /pflash/ui and /pflash/api (loopback or --api-key)
-        engine=app[ENGINE], sessions=pipeline.sessions_view, stats=lambda: collect_stats(app),
-        settled=pipeline.settled)))
+        engine=app[ENGINE], sessions=functools.partial(_sessions_view, app), stats=lambda: collect_stats(app),
+        settled=app[PIPELINE].settled)))
     return app
+
+
+def _sessions_view(app: web.Application) -> SessionsView | None:
+    admin = app[SESSIONS]
+    return admin.view() if admin is not None else None
 
 
 def _in_order(steps: list[Callable[[web.Application], AsyncIterator[None]]]):
@@ -146,13 +154,22 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
-    supervisor = LlamaServerSupervisor(app[SETTINGS], app[UPSTREAM])
+    settings = app[SETTINGS]
+    supervisor = LlamaServerSupervisor(settings.upstream, app[UPSTREAM], home=settings.proxy.home,
+                                       slot_dir=settings.effective_slot_save_path)
     app[SUPERVISOR] = supervisor
     try:
         await supervisor.start()
         yield
     finally:
         await supervisor.stop()
+
+
+def _session_service(stages: list[Stage]) -> SessionAdmin | None:
+    """The admin face of the session service the stages' session stage calls (None: no sessions)."""
+    from pflash_proxy.stages.sessions import SessionStage
+
+    return next((s.sessions for s in stages if isinstance(s, SessionStage)), None)
 
 
 def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
@@ -162,9 +179,10 @@ def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
         else:  # may load a drafter model: keep the event loop free
             app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(default_stages, app[SETTINGS], app[ENGINE], index=index))
-        hooks = StageHooks(on_snapshot_timing=app[METRICS].observe_snapshot)  # snapshot timings: histograms
-        for stage in app[PIPELINE].stages:
-            stage.bind(hooks)
+        admin = app[SESSIONS] = _session_service(app[PIPELINE].stages)
+        if admin is not None:
+            admin.on_snapshot_timing(app[METRICS].observe_snapshot)  # snapshot timings: histograms
+            await admin.start()
         started: list[Stage] = []
         try:
             for stage in app[PIPELINE].stages:
@@ -177,5 +195,10 @@ def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
                     await stage.stop()
                 except Exception:
                     log.exception("stage %s failed to stop", stage.name)
+            if admin is not None:
+                try:
+                    await admin.stop()
+                except Exception:
+                    log.exception("the session service failed to stop")
 
     return ctx

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from pflash_proxy.llama.api import ROUTE_EXAMPLES, serves_root
-from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PIPELINE, UPSTREAM
+from pflash_proxy.server.keys import BODIES, ENGINE, METRICS, PIPELINE, SESSIONS, UPSTREAM
 from pflash_proxy.stats import BodyStats, ProxyStats, UpstreamStats
 
 if TYPE_CHECKING:
@@ -66,10 +66,8 @@ async def pflash_metrics(request: web.Request) -> web.Response:
 
 async def pflash_save(request: web.Request) -> web.Response:
     """Snapshot every resident session now (used by ``pflash-proxy warm`` and before maintenance)."""
-    saved = 0
-    for stage in request.app[PIPELINE].stages:
-        saved += await stage.save_all()
-    return web.json_response({"saved": saved})
+    sessions = request.app[SESSIONS]
+    return web.json_response({"saved": await sessions.save_all() if sessions is not None else 0})
 
 
 def collect_stats(app: web.Application) -> ProxyStats:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pflash_proxy.engine import Engine
     from pflash_proxy.llama.upstream import Upstream
     from pflash_proxy.server.peers import PeerNode
+    from pflash_proxy.sessions.service import SessionAdmin
 
 SETTINGS: web.AppKey["Settings"] = web.AppKey("settings")
 UPSTREAM: web.AppKey["Upstream"] = web.AppKey("upstream")  # the transport that relays clients' requests
@@ -28,6 +29,8 @@ SUPERVISOR: web.AppKey["LlamaServerSupervisor | None"] = web.AppKey("supervisor"
 BODIES: web.AppKey["BodyBudget"] = web.AppKey("bodies")
 STREAMS: web.AppKey["set[asyncio.Task]"] = web.AppKey("streams")  # handlers relaying a stream now
 PEERS: web.AppKey["dict[str, PeerNode]"] = web.AppKey("peers")  # other proxy nodes, by URL (forwarded turns)
+# the session service's admin face (saves, slot actions, its stats and read-only view); None: no sessions
+SESSIONS: web.AppKey["SessionAdmin | None"] = web.AppKey("sessions")
 # the nonce ``serve`` wrote into its state directory's lock file (cli/home.py); absent when none was written
 HOLDER_NONCE: web.AppKey[str] = web.AppKey("holder_nonce")
 PROOF_PATH = "/pflash/holder"  # ?challenge=HEX -> {"proof": proof(nonce, challenge)} (server/routes.py)

@@ -9,7 +9,7 @@ from the same typed stats ``/pflash/stats`` shows (``stats.ProxyStats``), so the
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from pflash_proxy.contract import CompressionNote
 from pflash_proxy.dialects.registry import dialect_paths
 from pflash_proxy.llama.api import KNOWN_ROUTES as ENGINE_ROUTES
+from pflash_proxy.sessions.stats import ClusterStats, SessionStats
 from pflash_proxy.stats import CompressStats, ProxyStats, RequestStats, SavingsStats
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -61,31 +62,9 @@ class StatsCollector:
         g = GaugeMetricFamily("pflash_upstream_ready", "1 when llama-server is reachable and ready")
         g.add_metric([], 1.0 if s.upstream.ready else 0.0)
         yield g
-        sess: dict[str, Any] | None = s.part("sessions")  # the session service's counters, as JSON
-        if sess:
-            c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held (hit-prefix: a new "
-                                    "session whose opening llama-server found in the slot)", labels=["cache"])
-            prefix = sess.get("prefix_hits", 0)  # misses that llama-server answered reusing a prefix: not twice
-            for label, n in (("hit", sess.get("hits", 0)), ("restored", sess.get("restored", 0)),
-                             ("hit-prefix", prefix), ("miss", max(0, sess.get("misses", 0) - prefix))):
-                c.add_metric([label], float(n))
-            yield c
-            for key, help_ in {**SESSION_COUNTERS, **SNAPSHOT_COUNTERS}.items():
-                if key in sess:
-                    yield _counter(key.replace("snap_", "snapshot_"), help_, sess[key])
-            for key, help_ in (("slots", "llama-server slots"), ("queued", "Requests waiting for a slot lease"),
-                               ("snapshots", "Snapshots on disk"), ("snapshot_bytes", "Bytes of snapshots on disk"),
-                               ("store_available", "1 while the session index can be written")):
-                if key in sess:
-                    gm = GaugeMetricFamily(f"pflash_{key}", help_)
-                    gm.add_metric([], float(sess[key]))
-                    yield gm
-            busy = GaugeMetricFamily("pflash_slots_busy", "Slots leased to a running request")
-            busy.add_metric([], float(sum(1 for t in sess.get("table", []) if t.get("busy"))))
-            yield busy
-            cluster = sess.get("cluster")
-            if cluster:
-                yield from _cluster_metrics(cluster)
+        sess = s.stage(SessionStats)
+        if sess is not None:
+            yield from _session_metrics(sess)
         comp = s.stage(CompressStats)
         if comp is not None:
             c = CounterMetricFamily("pflash_messages", "New messages by what compression did", labels=["mode"])
@@ -126,21 +105,59 @@ CLUSTER_COUNTERS = {
 }
 
 
-def _cluster_metrics(cluster: dict[str, Any]) -> Iterator[Metric]:
+def _session_metrics(sess: SessionStats) -> Iterator[Metric]:
+    """The session service's (``sessions.stats.SessionStats``): turns by what the slot held, its counters, the
+    slots, the queue, the snapshots on disk and the index's state; a node's cluster part when it has one."""
+    sch, snap = sess.scheduler, sess.snapshots
+    c = CounterMetricFamily("pflash_session_turns", "Chat turns by what the slot held (hit-prefix: a new "
+                            "session whose opening llama-server found in the slot)", labels=["cache"])
+    prefix = sess.prefix_hits  # misses that llama-server answered reusing a prefix: not counted twice
+    for label, n in (("hit", sch.hits), ("restored", snap.restored), ("hit-prefix", prefix),
+                     ("miss", max(0, sess.misses - prefix))):
+        c.add_metric([label], float(n))
+    yield c
+    counters = {"cache_mismatches": sess.cache_mismatches, "upstream_restarts": sch.upstream_restarts,
+                "slots_lost": sch.slots_lost, "hits_vouched": sch.hits_vouched, "evicted_saves": snap.evicted_saves,
+                "save_failures": snap.save_failures, "sessions_pruned": sess.sessions_pruned,
+                "store_failures": sess.store_failures, "refused_queue_full": sch.refused_queue_full,
+                "refused_queue_timeout": sch.refused_queue_timeout, "snap_saves": snap.snap_saves,
+                "snap_restores": snap.snap_restores, "snap_restore_failures": snap.snap_restore_failures,
+                "snap_damaged": snap.snap_damaged, "snap_evictions": snap.snap_evictions,
+                "snap_stray_temp_removed": snap.snap_stray_temp_removed}
+    for key, help_ in {**SESSION_COUNTERS, **SNAPSHOT_COUNTERS}.items():
+        yield _counter(key.replace("snap_", "snapshot_"), help_, counters[key])
+    for key, help_, value in (("slots", "llama-server slots", sch.slots),
+                              ("queued", "Requests waiting for a slot lease", sch.queued),
+                              ("snapshots", "Snapshots on disk", snap.snapshots),
+                              ("snapshot_bytes", "Bytes of snapshots on disk", snap.snapshot_bytes),
+                              ("store_available", "1 while the session index can be written", sess.store_available),
+                              ("slots_busy", "Slots leased to a running request", sch.busy)):
+        gm = GaugeMetricFamily(f"pflash_{key}", help_)
+        gm.add_metric([], float(value))
+        yield gm
+    if sess.cluster is not None:
+        yield from _cluster_metrics(sess.cluster)
+
+
+def _cluster_metrics(cluster: ClusterStats) -> Iterator[Metric]:
     """A node of several sharing one index (``sessions/cluster.py``): its name, the live nodes, its forwards and
     takeovers, and what the slot held on a takeover turn (restored from the shared directory, or cold)."""
     info = GaugeMetricFamily("pflash_node_info", "This proxy's node name in the shared session index",
                              labels=["node"])
-    info.add_metric([str(cluster.get("node", ""))], 1.0)
+    info.add_metric([cluster.node], 1.0)
     yield info
     alive = GaugeMetricFamily("pflash_nodes_alive", "Nodes whose heartbeat lasted at this node's last beat")
-    alive.add_metric([], float(cluster.get("nodes_alive", 0)))
+    alive.add_metric([], float(cluster.nodes_alive))
     yield alive
+    counters = {"forwarded_out": cluster.forwarded_out, "forwarded_in": cluster.forwarded_in,
+                "forward_failures": cluster.forward_failures, "takeovers": cluster.takeovers,
+                "turn_waits": cluster.turn_waits, "heartbeat_failures": cluster.heartbeat_failures}
     for key, help_ in CLUSTER_COUNTERS.items():
-        yield _counter(key, help_, cluster.get(key, 0))
+        yield _counter(key, help_, counters[key])
     c = CounterMetricFamily("pflash_takeover_turns", "Takeover turns by what the slot held", labels=["cache"])
-    for key, label in (("takeover_hit", "hit"), ("takeover_restored", "restored"), ("takeover_miss", "miss")):
-        c.add_metric([label], float(cluster.get(key, 0)))
+    for label, n in (("hit", cluster.takeover_hit), ("restored", cluster.takeover_restored),
+                     ("miss", cluster.takeover_miss)):
+        c.add_metric([label], float(n))
     yield c
 
 

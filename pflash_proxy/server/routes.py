@@ -40,8 +40,8 @@ from pflash_proxy.inspector.routes import guarded
 from pflash_proxy.models import ChatCompletionRequest, CompletionRequest, ValidationError
 from pflash_proxy.server.bodies import BODY_HELD, read_body as read_bounded
 from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pflash_stats, upstream_serves_root
-from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SETTINGS,
-                                     UPSTREAM, proof)
+from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SESSIONS,
+                                     SETTINGS, UPSTREAM, proof)
 from pflash_proxy.server.peers import PeerNode
 from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, Dialogue, ProxyRequest, RelayResult, RouteKind
 from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
@@ -148,16 +148,14 @@ class SlotsFilter:
 async def slots_listing(request: web.Request) -> web.StreamResponse:
     """``GET /slots``: llama-server's answer, filtered by ``SlotsFilter`` when credentials are isolated (the
     sessions stage knows whose content each slot holds); as it is otherwise."""
-    from pflash_proxy.stages.sessions import SessionStage
-
     if request.app[SETTINGS].sessions.cache_isolation != "credential":
         return await _passthrough(request)
-    stage = next((s for s in request.app[PIPELINE].stages if isinstance(s, SessionStage)), None)
-    if stage is None:  # no sessions: the proxy knows no slot's owner, and shows none's details
+    sessions = request.app[SESSIONS]
+    if sessions is None:  # no sessions: the proxy knows no slot's owner, and shows none's details
         return await _passthrough(request, SlotsFilter(set()))
-    owner = stage.sessions.owner(request.headers)
+    owner = sessions.owner(request.headers)
     key = owner if owner is not None else NO_CREDENTIAL
-    own = {slot.id for slot in stage.sessions.view().slots() if getattr(slot, "owner", None) == key}
+    own = {slot.id for slot in sessions.view().slots() if slot.owner == key}
     return await _passthrough(request, SlotsFilter(own))
 
 
@@ -494,10 +492,10 @@ async def slot_action(request: web.Request) -> web.StreamResponse:
     if not (slot.isascii() and slot.isdigit()):  # int() would take " 1", "1_0", "+1" or "١"; llama-server's stoi
         return error_response(400, f"slot id {slot[:40]!r} is not a plain integer", "invalid_slot_id")
     slot_id = int(slot)
-    guard = next((g for s in request.app[PIPELINE].stages if (g := s.slot_guard(slot_id)) is not None), None)
-    if guard is None:
+    sessions = request.app[SESSIONS]
+    if sessions is None:
         return await passthrough(request)
-    async with guard:
+    async with sessions.slot_guard(slot_id):
         return await passthrough(request)
 
 

@@ -46,6 +46,7 @@ from typing import TypeVar
 from pflash_proxy.config import ClusterOptions
 from pflash_proxy.errors import QueueTimeout
 from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
+from pflash_proxy.sessions.stats import ClusterStats
 
 T = TypeVar("T")
 
@@ -97,7 +98,7 @@ def verify_forward(secret: str | None, values: list[str], method: str, path_qs: 
 
 
 @dataclass
-class Turn:
+class TurnLease:
     sid: str
     token: str
     renew: asyncio.Task[None] | None = None
@@ -215,7 +216,7 @@ class ClusterNode:
         log.warning("node %s did not take a forwarded turn; its sessions are taken over here", node)
 
     # 3. Turns -----------------------------------------------------------------------------------------------
-    async def begin_turn(self, sid: str) -> Turn:
+    async def begin_turn(self, sid: str) -> TurnLease:
         """Hold the session's turn lease (waiting while another node holds it), renewed until ``end_turn``."""
         token = f"{self.node_id}/{uuid.uuid4().hex[:12]}"
         timeout = self.queue_timeout_s or float("inf")
@@ -228,11 +229,11 @@ class ClusterNode:
             if time.monotonic() > deadline:
                 raise QueueTimeout(f"session {sid[:8]}'s turn is held by another node; retry later", retry_after=2)
             await asyncio.sleep(TURN_POLL_S)
-        turn = Turn(sid, token)
+        turn = TurnLease(sid, token)
         turn.renew = asyncio.create_task(self._renew(turn))
         return turn
 
-    async def _renew(self, turn: Turn) -> None:
+    async def _renew(self, turn: TurnLease) -> None:
         while True:
             await asyncio.sleep(self.period)
             try:
@@ -242,7 +243,7 @@ class ClusterNode:
             except StoreError as exc:
                 log.warning("could not renew session %s's turn lease: %s", turn.sid[:8], exc)
 
-    async def end_turn(self, turn: Turn) -> None:
+    async def end_turn(self, turn: TurnLease) -> None:
         if turn.renew is not None:
             turn.renew.cancel()
         try:
@@ -269,6 +270,6 @@ class ClusterNode:
         """A turn taken over here was served as ``cache`` (``hit``/``restored``/``miss``)."""
         self.counters[f"takeover_{cache}"] += 1
 
-    def stats(self) -> dict[str, object]:
-        return {"node": self.node_id, "url": self.url, "index": self.index.describe(),
-                "nodes_alive": len(self.live), "nodes": dict(self.live), **self.counters}
+    def stats(self) -> ClusterStats:
+        return ClusterStats(node=self.node_id, url=self.url, index=self.index.describe(), nodes_alive=len(self.live),
+                            nodes=dict(self.live), **self.counters)

@@ -32,6 +32,7 @@ from pflash_proxy.engine import Engine, Slots
 from pflash_proxy.sessions.background import Background
 from pflash_proxy.sessions.isolation import CacheIsolation
 from pflash_proxy.sessions.liveness import UpstreamWatch
+from pflash_proxy.sessions.stats import SchedulerStats, SlotRow
 from pflash_proxy.sessions.slots import UNKNOWN_OWNER, Lease, Slot, SlotsPrefetch, SlotTable, is_prefix
 
 if TYPE_CHECKING:
@@ -95,12 +96,14 @@ class SlotScheduler:
             cold = await self._isolation.prepare(lease, owner, replaced=replaced) or cold
         return cold
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> SchedulerStats:
         """The scheduler's counters, the isolation's, and the table's state."""
         table, iso = self.table, self._isolation
-        return {**self.counters, **iso.counters, "cache_isolation": iso.mode, "cache_isolation_active": iso.active,
-                "slots": len(table.slots), "queued": table.queued,
-                **{f"refused_{k}": v for k, v in table.refused.items()}, "table": table.describe()}
+        return SchedulerStats(**self.counters, **iso.counters, cache_isolation=iso.mode,
+                              cache_isolation_active=iso.active, slots=len(table.slots), queued=table.queued,
+                              **{f"refused_{k}": v for k, v in table.refused.items()},
+                              table=tuple(SlotRow(s.id, s.session[:8] if s.session else None, s.tokens, s.busy,
+                                                  s.known, s.snapshot_current) for s in table.slots))
 
     def on_ready(self, n_slots: int) -> None:
         self._idle_tried.clear()
@@ -218,7 +221,7 @@ class SlotScheduler:
     def _idle(self, slot: Slot, idle_s: float, now: float) -> bool:
         """``slot`` holds a session idle for ``idle_s`` whose content changed since its last snapshot, and no idle
         save of this content wrote nothing for a reason that does not pass by itself (``_idle_tried``)."""
-        if not (slot.session and not slot.session.startswith("anon-") and slot.known and slot.tokens
+        if not (slot.session and not slot.anonymous and slot.known and slot.tokens
                 and not slot.busy and not slot.snapshot_current and now - slot.last_used >= idle_s):
             return False
         tried = self._idle_tried.get(slot.id)

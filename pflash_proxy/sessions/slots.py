@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from pflash_proxy.engine import CacheReport, SlotState
 
 
-SLOT_KEY = "anon-slot-"  # + slot id: lease that very slot; "anon-" so nothing is ever saved under it
+ANONYMOUS_KEY = "anon-"  # the session key of a lease without a session (``Slot.anonymous``): nothing is saved under it
+SLOT_KEY = ANONYMOUS_KEY + "slot-"  # + slot id: lease that very slot (anonymous)
 # ``Slot.owner`` of content the proxy did not put there, and the owner key of requests without a credential
 # (``isolation.py``)
 UNKNOWN_OWNER = "?"
@@ -59,6 +60,11 @@ class Slot:
     notices: int = 0  # restart notices heard when the request (or restore) that put the content there was prepared
     # (``Lease.notices``): a check that finds the content gone counts a restart only if none was noticed since
     owner: str | None = UNKNOWN_OWNER  # whose requests put the content there (``isolation.py``); None: empty
+
+    @property
+    def anonymous(self) -> bool:
+        """The slot holds what a request without a session left (an anonymous lease, a batch, a slot action)."""
+        return self.session is not None and self.session.startswith(ANONYMOUS_KEY)
 
 
 @dataclass
@@ -100,7 +106,7 @@ def _sharing(idle: list[Slot], share: Share | None) -> Slot | None:
     best: Slot | None = None
     best_n = 0
     for slot in idle:
-        if slot.session is None or slot.session.startswith("anon-") or not slot.known or slot.owner != owner:
+        if slot.session is None or slot.anonymous or not slot.known or slot.owner != owner:
             continue
         n = 0
         for a, b in zip(slot.served_hashes, hashes):
@@ -293,10 +299,6 @@ class SlotTable:
                 slot.session = None
             else:
                 slot.known = False
-
-    def describe(self) -> list[dict[str, object]]:
-        return [{"id": s.id, "session": s.session[:8] if s.session else None, "tokens": s.tokens, "busy": s.busy,
-                 "known": s.known, "snapshot_current": s.snapshot_current} for s in self.slots]
 
 
 class SlotsPrefetch:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, TypeVar
 from pflash_proxy.engine import Engine, EngineError, EngineNotReady, EngineUnreachable
 from pflash_proxy.sessions.index import SessionIndex, SnapshotRecord, StoreError, run
 from pflash_proxy.sessions.liveness import GONE, PASSING, UpstreamWatch
-from pflash_proxy.sessions.slots import is_prefix, Lease
+from pflash_proxy.sessions.slots import ANONYMOUS_KEY, Lease, is_prefix
+from pflash_proxy.sessions.stats import SnapshotStats
 from pflash_proxy.sessions.snapshots import SnapshotManager, SnapshotRejected
 
 if TYPE_CHECKING:
@@ -52,9 +53,9 @@ SKIP_LOG_EVERY_S = 60.0  # a skipped eviction save is logged at most this often 
 
 
 class WriteBudget:
-    """The snapshot writes' I/O budget (``service.py`` step 9): bytes written, paid for at ``rate()`` bytes per
-    second (read at each call: the setting may change). ``owed_s`` says how long until everything written so far is
-    paid for."""
+    """The snapshot writes' I/O budget (``--idle-save-mb-s``, every save whatever made it): bytes written, paid
+    for at ``rate()`` bytes per second (read at each call: the setting may change). ``owed_s`` says how long until
+    everything written so far is paid for."""
 
     def __init__(self, rate: Callable[[], float]):
         self.rate = rate
@@ -163,7 +164,7 @@ class SnapshotStore:
 
     async def _unchanged(self, sid: str, served_hashes: list[str]) -> SnapshotRecord | None:
         """``sid``'s snapshot when it already holds what a save would write: the same served messages, of the
-        running model, its file in the folder (``service.py`` step 9); None when a save must write."""
+        running model, its file in the folder: it is not written again); None when a save must write."""
         try:
             rec = await self.read(self.files.store.snapshot, sid)
         except StoreError:
@@ -187,7 +188,7 @@ class SnapshotStore:
         """Save the session ``lease`` displaced from its slot (``Lease.evicted``), unless it is anonymous, holds
         nothing known, is current on disk, or the write budget is more than ``EVICTION_BURST_S`` behind."""
         ev = lease.evicted
-        if ev is None or ev.session.startswith("anon-") or not ev.known or not ev.tokens \
+        if ev is None or ev.session.startswith(ANONYMOUS_KEY) or not ev.known or not ev.tokens \
                 or (ev.snapshot_current and await self.read(self.files.on_disk, ev.session)):
             return
         owed = self.write_budget.owed_s()
@@ -263,8 +264,13 @@ class SnapshotStore:
             snaps = fut.result()
             self._totals = (len(snaps), sum(s.size for s in snaps))
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> SnapshotStats:
         n_snaps, snap_bytes = self.totals()
-        return {**self.counters, "snapshots": n_snaps, "snapshot_bytes": snap_bytes,
-                "snapshot_bytes_written": self.write_budget.written,
-                **{f"snap_{k}": v for k, v in self.files.stats.items()}}
+        f = self.files.stats
+        return SnapshotStats(**self.counters, snapshots=n_snaps, snapshot_bytes=snap_bytes,
+                             snapshot_bytes_written=self.write_budget.written, snap_saves=int(f["saves"]),
+                             snap_restores=int(f["restores"]), snap_restore_failures=int(f["restore_failures"]),
+                             snap_damaged=int(f["damaged"]), snap_evictions=int(f["evictions"]),
+                             snap_stray_temp_removed=int(f["stray_temp_removed"]),
+                             snap_save_ms_total=f["save_ms_total"], snap_restore_ms_total=f["restore_ms_total"],
+                             snap_refused_records=int(f["refused_records"]))

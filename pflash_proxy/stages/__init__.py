@@ -68,5 +68,5 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
 
     stages.append(SavingsStage(sessions, settings.compression.threshold if settings.compression.pflash else None,
                                engine))
-    stages.append(SessionCommitStage(sessions))
+    stages.append(SessionCommitStage())
     return stages + list(extra)

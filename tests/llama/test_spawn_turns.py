@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash_proxy.config import Settings
+from pflash_proxy.config import Settings, UpstreamOptions
 from pflash_proxy.llama.spawn import CHATML_STOPS, ModelFacts, gguf_facts, server_args, turn_cap, turn_flags
 from tests.conftest import start_llama_server
 
@@ -18,8 +18,8 @@ BASE = ModelFacts(sliding_window=512, chat_template=False, chatml_end_token=Fals
 STOPS = ["-r", "<|im_end|>", "-r", "<|im_start|>"]
 
 
-def _settings(tmp_path: Path, **kw) -> Settings:
-    return Settings(spawn=True, home=tmp_path, **kw)
+def _settings(tmp_path: Path, **kw) -> UpstreamOptions:
+    return Settings(spawn=True, home=tmp_path, **kw).upstream
 
 
 def test_a_model_without_a_template_or_an_im_end_token_gets_the_chatml_stops_and_the_cap(tmp_path):
@@ -49,7 +49,7 @@ def test_only_a_spawned_base_model_has_a_turn_cap_for_the_proxy(tmp_path):
 
 def test_the_turn_flags_come_before_the_users_arguments(tmp_path):
     s = _settings(tmp_path, llama_server_args=["-n", "32"])
-    args = server_args(s, Path("/bin/llama-server"), Path("m.gguf"), 9, True, turn_flags(s, BASE))
+    args = server_args(s, tmp_path / "slots", Path("/bin/llama-server"), Path("m.gguf"), 9, True, turn_flags(s, BASE))
     assert args[-8:] == [*STOPS, "-n", "256", "-n", "32"]  # llama-server takes the last -n: the user's
 
 
@@ -69,7 +69,7 @@ def _post(url: str, body: dict) -> dict:
 def turned_server(gemma_model, tmp_path_factory):
     s = Settings(spawn=True, home=tmp_path_factory.mktemp("turns"), spawn_max_tokens=12)
     server = start_llama_server(gemma_model, tmp_path_factory.mktemp("turns-llama"), parallel=1,
-                                extra=turn_flags(s, gguf_facts(gemma_model)))
+                                extra=turn_flags(s.upstream, gguf_facts(gemma_model)))
     yield server
     server.stop()
 

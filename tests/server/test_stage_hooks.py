@@ -1,29 +1,26 @@
-"""The app calls what ``contract.Stage`` declares (issue 27): ``bind`` with the metrics' hooks, ``start`` in
-order, ``stop`` in reverse, ``save_all`` for ``POST /pflash/save``, ``stats`` under the stage's name."""
+"""The app calls what ``contract.Stage`` declares: ``start`` in order, ``stop`` in reverse, ``stats`` under the
+stage's name; what only the sessions offer (``POST /pflash/save``, the inspector's view) goes to the session
+service's admin face, which the app holds (``keys.SESSIONS``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflash_proxy.contract import Stage, StageHooks
+from pflash_proxy.contract import Stage
 from pflash_proxy.server.app import create_app
+from pflash_proxy.server.keys import SESSIONS
 from pflash_proxy.stats import Stats
-from tests.conftest import make_settings
+from tests.conftest import make_settings, session_service
 
 
 @dataclass(frozen=True)
-class Saves(Stats):
-    saves: int
+class Count(Stats):
+    n: int
 
 
 class Hooked(Stage):
-    def __init__(self, name: str, log: list[str], saves: int):
-        self.name, self.log, self.saves = name, log, saves
-        self.hooks: StageHooks | None = None
-
-    def bind(self, hooks: StageHooks) -> None:
-        self.hooks = hooks
-        self.log.append(f"bind {self.name}")
+    def __init__(self, name: str, log: list[str], n: int):
+        self.name, self.log, self.n = name, log, n
 
     async def start(self) -> None:
         self.log.append(f"start {self.name}")
@@ -31,25 +28,33 @@ class Hooked(Stage):
     async def stop(self) -> None:
         self.log.append(f"stop {self.name}")
 
-    async def save_all(self) -> int:
-        return self.saves
-
-    def stats(self) -> Saves:
-        return Saves(self.saves)
+    def stats(self) -> Count:
+        return Count(self.n)
 
 
 async def test_the_app_calls_the_declared_hooks(aiohttp_client, tmp_path):
     log: list[str] = []
     a, b = Hooked("a", log, 2), Hooked("b", log, 3)
-    client = await aiohttp_client(create_app(make_settings("http://127.0.0.1:9", tmp_path), stages=[a, b]))
-    assert log == ["bind a", "bind b", "start a", "start b"]
-    assert a.hooks is not None and a.hooks.on_snapshot_timing is not None  # the metrics' histogram
+    app = create_app(make_settings("http://127.0.0.1:9", tmp_path), stages=[a, b])
+    client = await aiohttp_client(app)
+    assert log == ["start a", "start b"] and app[SESSIONS] is None  # no session stage: no session service
     r = await client.post("/pflash/save")
-    assert r.status == 200 and (await r.json()) == {"saved": 5}
+    assert r.status == 200 and (await r.json()) == {"saved": 0}
     stats = await (await client.get("/pflash/stats")).json()
-    assert stats["a"] == {"saves": 2} and stats["b"] == {"saves": 3}
+    assert stats["a"] == {"n": 2} and stats["b"] == {"n": 3}
     await client.close()
     assert log[-2:] == ["stop b", "stop a"]
+
+
+async def test_the_app_holds_the_session_services_admin_face(aiohttp_client, tmp_path):
+    app = create_app(make_settings("http://127.0.0.1:9", tmp_path))
+    client = await aiohttp_client(app)
+    assert app[SESSIONS] is session_service(app)  # the one the session stage calls
+    r = await client.post("/pflash/save")  # the engine was never described: nothing is resident
+    assert r.status == 200 and (await r.json()) == {"saved": 0}
+    overview = await (await client.get("/pflash/api/overview")).json()
+    assert overview["upstream"]["model_identity"] == session_service(app).view().model_identity
+    await client.close()
 
 
 async def test_the_inspector_is_a_sub_app_that_falls_through(aiohttp_client, tmp_path):

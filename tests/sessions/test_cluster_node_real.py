@@ -26,6 +26,7 @@ import time
 import pytest
 from aiohttp import web
 
+from pflash_proxy.sessions.stats import ClusterStats, SessionStats
 from pflash_proxy.llama.spawn import free_port
 from pflash_proxy.server.app import create_app
 from pflash_proxy.sessions.cluster import sign_forward, sign_heartbeat, verify_forward
@@ -55,10 +56,13 @@ async def make_node(aiohttp_client, llama_server, tmp_path, redis_url, index=Non
     return client, app
 
 
-def stats_of(app) -> dict:
+def stats_of(app) -> ClusterStats:
+    """This node's cluster counters (the session service's stats, as ``/pflash/stats`` reads them)."""
     from pflash_proxy.server.control import collect_stats
 
-    return collect_stats(app)["sessions"]["cluster"]
+    sessions = collect_stats(app).stage(SessionStats)
+    assert sessions is not None and sessions.cluster is not None
+    return sessions.cluster
 
 
 async def test_a_holder_that_does_not_answer_is_taken_over(aiohttp_client, llama_server, tmp_path, redis_server):
@@ -79,7 +83,7 @@ async def test_a_holder_that_does_not_answer_is_taken_over(aiohttp_client, llama
     assert "X-PFlash-Via" not in r.headers and r.headers["X-PFlash-Session"] == sid
     assert r.headers["X-PFlash-Cache"] in ("hit", "restored")  # its slot here still held it
     s = stats_of(app)
-    assert (s["forward_failures"], s["forwarded_out"], s["takeovers"]) == (1, 0, 1)
+    assert (s.forward_failures, s.forwarded_out, s.takeovers) == (1, 0, 1)
     assert index.holder(sid) == "here"
     index.close()
 
@@ -98,7 +102,7 @@ async def test_a_turn_waits_for_the_lease_another_node_holds(aiohttp_client, lla
     assert index.release_turn(sid, "elsewhere/1")
     r = await asyncio.wait_for(task, 120)
     assert r.status == 200 and r.headers["X-PFlash-Session"] == sid
-    assert stats_of(app)["turn_waits"] == 1
+    assert stats_of(app).turn_waits == 1
     for _ in range(50):  # freed in on_finish, just after the answer
         if index.turn_holder(sid) is None:
             break
@@ -122,7 +126,7 @@ async def test_a_forwarded_turn_is_served_here(aiohttp_client, llama_server, tmp
                                                                      "Content-Type": "application/json"})
     assert r.status == 200 and r.headers["X-PFlash-Node"] == "here" and r.headers["X-PFlash-Takeover"] == "other"
     s = stats_of(app)
-    assert (s["forwarded_in"], s["forwarded_out"], s["forward_failures"]) == (1, 0, 0)
+    assert (s.forwarded_in, s.forwarded_out, s.forward_failures) == (1, 0, 0)
     assert "here" in index.nodes()
     await client.close()  # a clean stop: resident sessions saved, then the heartbeat removed at once
     assert "here" not in index.nodes() and index.snapshot(sid) is not None
@@ -210,7 +214,7 @@ async def test_a_clients_forwarding_header_is_not_honoured(aiohttp_client, aioht
         assert verify_forward(SECRET, [headers["X-PFlash-Forwarded-By"]], "POST", "/v1/chat/completions", body,
                               time.time()) == "here"
     s = stats_of(app)
-    assert (s["forwarded_in"], s["forwarded_out"]) == (0, 3)
+    assert (s.forwarded_in, s.forwarded_out) == (0, 3)
     index.close()
 
 
@@ -230,5 +234,5 @@ async def test_a_url_planted_in_redis_never_gets_a_turn(aiohttp_client, aiohttp_
         assert "X-PFlash-Via" not in r.headers
     assert seen == []  # not one request, so no client credential, reached the planted URL
     s = stats_of(app)
-    assert s["forwarded_out"] == 0 and s["foreign_holders"] == 3 and "m" not in s["nodes"]
+    assert s.forwarded_out == 0 and s.foreign_holders == 3 and "m" not in s.nodes
     index.close()

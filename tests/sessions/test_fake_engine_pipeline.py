@@ -20,7 +20,8 @@ from pflash_proxy.contract import Dialogue, Pipeline, ProxyRequest, RelayResult
 from pflash_proxy.dialects.registry import dialect_for
 from pflash_proxy.engine.fake import PIN_FIELD, FakeEngine
 from pflash_proxy.server.routes import pin_of
-from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.service import SessionService, TurnAsk
+from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 from tests.conftest import make_settings
@@ -43,22 +44,22 @@ class Proxy:
         return snap is not None and self.engine.slots.save_dir is not None and \
             (self.engine.slots.save_dir / snap.file).is_file()
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> SessionStats:
         """The session service's counters and gauges (its ``stats``, what ``/metrics`` shows)."""
         return self.service.stats()
 
     @contextlib.asynccontextmanager
     async def holding(self, sid: str) -> AsyncIterator[None]:
-        """A lease of session ``sid``'s slot held meanwhile, as its next turn takes it: found by its served
-        history, leased, then released without a save."""
+        """Session ``sid``'s next turn begun (found by its served history, its slot leased and made ready) and held
+        meanwhile, then closed without an answer."""
         rec = self.service.view().session(sid)
         assert rec is not None
-        found = await self.service.find_and_lease(rec.seed, False, rec.owner, rec.served, 0)
-        assert found.record.id == sid and found.lease is not None
+        turn = await self.service.begin(TurnAsk("chat", {}, messages=rec.served))
+        assert turn.record is not None and turn.record.id == sid and turn.slot is not None
         try:
             yield
         finally:
-            self.service.finish(found.lease, None, False)
+            await turn.close()
 
     def write_rate(self, mb_s: float) -> None:
         """``--idle-save-mb-s`` changed on the running service (its settings, read at each save)."""
@@ -109,7 +110,7 @@ async def _proxy(tmp_path, index: SqliteIndex | None = None, n_slots: int = 1, *
     engine = FakeEngine(n_slots=n_slots, save_dir=slots)
     config = make_settings("http://127.0.0.1:9", tmp_path, slot_save_path=slots, **settings)
     service = SessionService(config, engine, index=index)
-    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage(service)])
+    pipeline = Pipeline([SessionStage(service, engine), SessionCommitStage()])
     await service.start()
     try:
         yield Proxy(engine, service, pipeline, config)
@@ -139,7 +140,7 @@ async def test_a_session_is_pinned_saved_when_displaced_and_restored(proxy):
 
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # displaces A from the only slot
     assert req.response_headers["X-PFlash-Cache"] == "miss"
-    assert proxy.stats()["evicted_saves"] == 1 and proxy.on_disk(sid_a)
+    assert proxy.stats().snapshots.evicted_saves == 1 and proxy.on_disk(sid_a)
     assert proxy.engine.calls["states"] == 1  # the save checked the slot first
 
     req, answer = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?", "And in all?"))
@@ -147,15 +148,15 @@ async def test_a_session_is_pinned_saved_when_displaced_and_restored(proxy):
     assert req.response_headers["X-PFlash-Cache"] == "restored" and req.response_headers["X-PFlash-Session"] == sid_a
     assert report is not None and report.cached_tokens > 200  # the restored slot served the prefix
     stats = proxy.stats()
-    assert (stats["hits"], stats["restored"], stats["misses"], stats["cache_mismatches"]) == (1, 1, 2, 0)
-    assert stats["snap_saves"] == 2 and stats["snap_restores"] == 1  # A when displaced, then B
+    assert (stats.scheduler.hits, stats.snapshots.restored, stats.misses, stats.cache_mismatches) == (1, 1, 2, 0)
+    assert stats.snapshots.snap_saves == 2 and stats.snapshots.snap_restores == 1  # A when displaced, then B
 
 
 async def test_a_restart_empties_the_table_and_the_snapshot_comes_back(proxy):
     await proxy.turn(chat(DOC_A, "How many crates at plot 3?"))
     await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved
     proxy.engine.restart("the test restarted it")
-    assert proxy.stats()["upstream_restarts"] == 1 and not proxy.service.view().slots()[0].tokens
+    assert proxy.stats().scheduler.upstream_restarts == 1 and not proxy.service.view().slots()[0].tokens
     req, _ = await proxy.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))
     assert req.response_headers["X-PFlash-Cache"] == "restored"
 
@@ -165,12 +166,12 @@ async def test_an_unvouched_hit_is_checked_against_the_slots_state_and_a_lost_on
     await proxy.turn(chat(DOC_B, "Who logs the ships?"))  # A saved, B resident
     proxy.engine.stop_watching()  # nothing vouches for B's slot now
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?"))
-    assert req.response_headers["X-PFlash-Cache"] == "hit" and proxy.stats()["hits_vouched"] == 0
+    assert req.response_headers["X-PFlash-Cache"] == "hit" and proxy.stats().scheduler.hits_vouched == 0
     for s in proxy.engine.slots.slots:  # a restart nobody reported: the slot holds nothing, no task ran
         s.tokens, s.task, s.prompt_tokens = [], None, None
     req, _ = await proxy.turn(chat(DOC_B, "Who logs the ships?", "When?", "Why?"))
     assert req.response_headers["X-PFlash-Cache"] == "miss"  # B was never saved: prefilled, not a false hit
-    assert proxy.stats()["slots_lost"] == 1 and proxy.stats()["upstream_restarts"] == 1
+    assert proxy.stats().scheduler.slots_lost == 1 and proxy.stats().scheduler.upstream_restarts == 1
 
 
 class RemoteStore(SqliteIndex):
@@ -219,9 +220,8 @@ async def test_a_slot_that_could_not_be_erased_for_another_credential_reuses_not
     proxy.engine.fail("erase", EngineRefused("slot 0 erase", 501, "This server does not support slots action."))
     req, answer = await ask({"Authorization": "Bearer key-of-b"}, "How many crates at plot 8?")
     # A's request erased the slot (content of an owner this process did not know: issue 50 item 5), B's could not
-    stats = proxy.stats()
-    assert {k: stats[k] for k in ("isolation_erases", "isolation_erases_unknown", "isolation_cold")} == \
-        {"isolation_erases": 1, "isolation_erases_unknown": 1, "isolation_cold": 1}
+    stats = proxy.stats().scheduler
+    assert (stats.isolation_erases, stats.isolation_erases_unknown, stats.isolation_cold) == (1, 1, 1)
     assert proxy.sent.get("cache_prompt") is False
     report = proxy.engine.cache_report(answer)
     assert report is not None and report.cached_tokens == 0 and report.new_tokens > 200  # DOC_A not reused

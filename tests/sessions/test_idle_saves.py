@@ -74,9 +74,9 @@ async def test_a_slot_leased_after_the_round_chose_it_is_skipped_not_waited_for(
         go.set()
         await asyncio.wait_for(round_, 5)  # the round ended without waiting for B's turn
         assert slot(two, 0).snapshot_current and not slot(two, 1).snapshot_current and saves(two) == 1
-        assert two.stats()["idle_saves"] == 1 and two.stats()["saves_refused"] == 0
+        assert two.stats().scheduler.idle_saves == 1 and two.stats().snapshots.saves_refused == 0
     await idle_round(two)  # idle again: saved now
-    assert slot(two, 1).snapshot_current and saves(two) == 2 and two.stats()["idle_saves"] == 2
+    assert slot(two, 1).snapshot_current and saves(two) == 2 and two.stats().scheduler.idle_saves == 2
 
 
 async def test_a_slot_the_engine_reports_busy_is_not_saved_and_is_saved_once_idle(one):
@@ -86,10 +86,10 @@ async def test_a_slot_the_engine_reports_busy_is_not_saved_and_is_saved_once_idl
     one.engine.slots.busy.add(slot(one).id)
     await idle_round(one)
     await idle_round(one)
-    assert saves(one) == 0 and not slot(one).snapshot_current and one.stats()["saves_refused"] >= 1
+    assert saves(one) == 0 and not slot(one).snapshot_current and one.stats().snapshots.saves_refused >= 1
     one.engine.slots.busy.clear()
     await idle_round(one)
-    assert saves(one) == 1 and slot(one).snapshot_current and one.stats()["idle_saves"] == 1
+    assert saves(one) == 1 and slot(one).snapshot_current and one.stats().scheduler.idle_saves == 1
 
 
 async def test_a_leased_slot_is_not_due(one):
@@ -125,7 +125,7 @@ async def _paced_round(p: Proxy, pace_s: float) -> None:
 
     p.engine.slots.save = timed_save  # type: ignore[method-assign]
     await idle_round(p)
-    assert len(started) == 3 and p.stats()["idle_saves"] == 3
+    assert len(started) == 3 and p.stats().scheduler.idle_saves == 3
     for (slot, t0), (_, t1) in zip(started, started[1:]):
         budget_s = sizes[slot] / rate
         assert t1 - t0 >= budget_s * 0.95, (t1 - t0, budget_s)
@@ -135,11 +135,11 @@ async def test_a_session_is_saved_once_per_change(one):
     await one.turn(chat(DOC_A, "How many crates at plot 3?"))
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 1 and one.stats()["idle_saves"] == 1
+    assert saves(one) == 1 and one.stats().scheduler.idle_saves == 1
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?"))  # a hit: the slot changed
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 2 and one.stats()["idle_saves"] == 2
+    assert saves(one) == 2 and one.stats().scheduler.idle_saves == 2
     # a save the engine's record refuses (its slot holds a prompt of another length) is not asked again every
     # round: only after the next change
     await one.turn(chat(DOC_A, "How many crates at plot 3?", "And at plot 8?", "And in all?"))
@@ -147,7 +147,7 @@ async def test_a_session_is_saved_once_per_change(one):
     states = one.engine.calls.get("states", 0)
     for _ in range(3):
         await idle_round(one)
-    assert saves(one) == 2 and one.stats()["saves_refused"] == 1
+    assert saves(one) == 2 and one.stats().snapshots.saves_refused == 1
     assert one.engine.calls["states"] == states + 1
 
 
@@ -160,7 +160,7 @@ async def test_the_loop_saves_an_idle_session_once(tmp_path):
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.6)  # a few more rounds
-        assert slot(p).snapshot_current and saves(p) == 1 and p.stats()["idle_saves"] == 1
+        assert slot(p).snapshot_current and saves(p) == 1 and p.stats().scheduler.idle_saves == 1
 
 
 async def test_no_save_after_a_restart_the_proxy_noticed(one):
@@ -191,7 +191,7 @@ async def test_no_save_after_a_restart_nobody_noticed(one):
     await idle_round(one)
     await idle_round(one)
     assert saves(one) == 1 and one.service.view().snapshot(sid) == snapshot
-    assert one.stats()["saves_refused"] == 1 and one.stats()["upstream_restarts"] == 1
+    assert one.stats().snapshots.saves_refused == 1 and one.stats().scheduler.upstream_restarts == 1
 
 
 async def test_a_turn_answered_across_a_noticed_restart_is_not_saved_nor_noticed_twice(two):
@@ -210,6 +210,6 @@ async def test_a_turn_answered_across_a_noticed_restart_is_not_saved_nor_noticed
     sid_b = req.response_headers["X-PFlash-Session"]
     b = two.service.view().resident_slot(sid_b)
     await idle_round(two)
-    assert two.stats()["upstream_restarts"] == 1
+    assert two.stats().scheduler.upstream_restarts == 1
     assert saves(two) == 2 and b is not None and slot(two, b).snapshot_current  # B's idle save, not A's
     assert two.service.view().resident_slot(sid_b) == b  # B's slot was not forgotten

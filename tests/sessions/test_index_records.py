@@ -10,7 +10,8 @@ import pytest
 
 from pflash_proxy.sessions.index import SessionIndex, SessionRecord, open_index
 from pflash_proxy.engine.fake import FakeEngine
-from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.service import SessionService, TurnAsk
+from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 from tests.conftest import make_settings
 
@@ -51,18 +52,20 @@ def test_the_embedded_index_is_a_session_index(tmp_path, name):
     index.close()
 
 
-async def test_the_managers_view_reads_without_changing(tmp_path):
+async def test_the_services_view_reads_without_changing(tmp_path):
     service = SessionService(make_settings("http://127.0.0.1:9", tmp_path), FakeEngine())
     view = service.view()
-    lease = await service.lease_anonymous()
-    sid = lease.session
-    lease.slot.tokens, lease.slot.served_hashes = 10, ["h"]
-    (slot,) = view.slots()
-    assert slot.session == sid and slot.tokens == 10 and slot.busy and view.queued == 0
+    turn = await service.begin(TurnAsk("anonymous", {}))
+    assert turn.record is None and turn.slot == 0
+    turn.observe(SlotReport(cached_tokens=0, prompt_tokens=8, generated_tokens=2))
+    slot = view.slots()[0]
+    sid = slot.session
+    assert sid is not None and slot.anonymous and slot.tokens == 10 and slot.busy and view.queued == 0
     slot.tokens = 0
     slot.served_hashes.append("x")
-    assert lease.slot.tokens == 10 and lease.slot.served_hashes == ["h"]  # a copy
+    assert view.slots()[0].tokens == 10 and view.slots()[0].served_hashes == []  # a copy
     assert view.resident_slot(sid) == 0 and view.resident_slot("nobody") is None
     assert view.session("nobody") is None and view.snapshot("nobody") is None and view.last_uses() == {}
-    service.finish(lease, None, engine_may_be_busy=False)
+    await turn.close()
+    assert not view.slots()[0].busy
     await service.stop()

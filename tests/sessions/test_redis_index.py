@@ -639,13 +639,13 @@ async def test_the_stats_list_a_shared_indexs_snapshots_in_a_worker_thread(redis
         threads.append(threading.current_thread() is threading.main_thread())
         return listed
     idx.snapshots = spy
-    assert mgr.stats()["snapshots"] == 0  # not listed yet: the listing has only started
+    assert mgr.stats().snapshots.snapshots == 0  # not listed yet: the listing has only started
     for _ in range(100):
         await asyncio.sleep(0.02)
-        if mgr.stats()["snapshots"] == 3:
+        if mgr.stats().snapshots.snapshots == 3:
             break
-    stats = mgr.stats()
-    assert stats["snapshots"] == 3 and stats["snapshot_bytes"] == 3000
+    stats = mgr.stats().snapshots
+    assert stats.snapshots == 3 and stats.snapshot_bytes == 3000
     assert threads == [False], threads  # one listing, in a worker thread; later stats reuse it for a while
     store_module.SNAPSHOT_TOTALS_S, old = 0.0, store_module.SNAPSHOT_TOTALS_S
     try:

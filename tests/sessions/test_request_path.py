@@ -22,9 +22,8 @@ from pflash_proxy.server.app import create_app
 from pflash_proxy.server.keys import ENGINE, UPSTREAM
 from pflash_proxy.sessions.identity import message_hash
 from pflash_proxy.sessions.slots import SlotsPrefetch, SlotTable
-from pflash_proxy.stages.sessions import _hashes
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
-from pflash_proxy.sessions.service import SessionService
+from pflash_proxy.sessions.service import SessionService, TurnAsk, message_hashes
 from tests.conftest import make_settings, serve_fake_engine, session_service
 
 MSGS = [{"role": "user", "content": "Hi"}]
@@ -108,9 +107,9 @@ def test_served_hashes_are_reused_only_for_unchanged_messages():
     before = [{"role": "system", "content": "S"}, {"role": "user", "content": "long text " * 50}]
     hashes = [message_hash(m) for m in before]
     after = [before[0], {"role": "user", "content": "long text (shortened)"}, {"role": "user", "content": "more"}]
-    assert _hashes(after, before, hashes) == [message_hash(m) for m in after]
-    assert _hashes(list(before), before, hashes) == hashes
-    assert _hashes([dict(before[0]), before[1]], before, hashes) == hashes  # equal dicts, not the same objects
+    assert message_hashes(after, before, hashes) == [message_hash(m) for m in after]
+    assert message_hashes(list(before), before, hashes) == hashes
+    assert message_hashes([dict(before[0]), before[1]], before, hashes) == hashes  # equal dicts, not the same objects
 
 
 @dataclass
@@ -272,7 +271,7 @@ async def test_a_short_history_is_committed_on_the_loop_and_a_long_one_in_a_work
 
 
 async def test_a_turn_served_as_sent_hashes_each_message_once(after_one_turn, monkeypatch):
-    import pflash_proxy.stages.sessions as stage_module
+    import pflash_proxy.sessions.service as service_module
     body = SAY_HELLO
     proxy = after_one_turn.proxy
     calls: list[str] = []
@@ -280,11 +279,11 @@ async def test_a_turn_served_as_sent_hashes_each_message_once(after_one_turn, mo
     def counting_hash(m):
         calls.append(m.get("role"))
         return message_hash(m)
-    monkeypatch.setattr(stage_module, "message_hash", counting_hash)
+    monkeypatch.setattr(service_module, "message_hash", counting_hash)
     nxt = follow_up(body)
     r = await proxy.post("/v1/chat/completions", json=nxt)
     assert r.status == 200 and r.headers["X-PFlash-Cache"] == "hit"
-    assert calls == [], "the lookup already hashed every message the stage serves unchanged"
+    assert calls == [], "the lookup already hashed every message the turn serves unchanged"
 
 
 async def test_a_short_turn_commits_in_a_worker_thread_while_another_write_holds_the_index(after_one_turn):
@@ -303,23 +302,23 @@ async def test_a_turn_that_looked_up_before_a_record_write_uses_the_record_read_
     write): that turn, looked up before the write, reads the record again once it holds the lease, and goes on
     with what the write left."""
     svc, index = after_one_turn.service, after_one_turn.index
-    seed = await svc.seed(None, None)
-    held = await svc.find_and_lease(seed, False, None, SAY_HELLO["messages"], 100)  # the previous turn's lease
+    ask = TurnAsk("chat", {}, messages=SAY_HELLO["messages"], body_bytes=100)
+    held = await svc.begin(ask)  # the previous turn's lease
+    assert held.record is not None and held.slot is not None
     sid = held.record.id
-    assert held.lease is not None and index.lookup(seed, SAY_HELLO["messages"])[0].id == sid
-    found = asyncio.ensure_future(svc.find_and_lease(seed, False, None, SAY_HELLO["messages"], 100))
+    assert index.lookup(held.record.seed, SAY_HELLO["messages"])[0].id == sid
+    found = asyncio.ensure_future(svc.begin(ask))
     await asyncio.sleep(0.1)  # the lookup ran (on the loop: a short history), the lease is awaited
     assert not found.done()
     rec = index.get(sid)
     rec.turns = 41  # a write the lookup did not see
     index.update_record(rec)
-    svc.finish(held.lease, None, False)
+    await held.close()
     got = await asyncio.wait_for(found, 10)
     try:
-        assert got.record.id == sid and got.record.turns == 41
+        assert got.record is not None and got.record.id == sid and got.record.turns == 41
     finally:
-        assert got.lease is not None
-        svc.finish(got.lease, None, False)
+        await got.close()
 
 
 async def test_a_short_history_is_written_once_the_request_has_reached_the_engine(aiohttp_client, tmp_path):

@@ -1,8 +1,8 @@
-"""Recorded Responses chains in the store, without sockets (stages/chains.py; issue 26 items 1 and 9)."""
+"""Recorded Responses chains in the store, without sockets (sessions/chains.py)."""
 
 from __future__ import annotations
 
-from pflash_proxy.stages.chains import expand, record
+from pflash_proxy.sessions.chains import expand, record
 from pflash_proxy.sessions.identity import credential, message_hash, namespace_seed
 from pflash_proxy.sessions.index.sqlite import SqliteIndex
 

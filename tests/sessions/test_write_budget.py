@@ -18,7 +18,7 @@ from tests.sessions.test_idle_saves import DOC_C, idle_round, saves
 
 def written(p) -> int:
     """Bytes of snapshot files the engine wrote (kept or not)."""
-    return int(p.stats()["snapshot_bytes_written"])
+    return int(p.stats().snapshots.snapshot_bytes_written)
 
 
 async def test_evictions_share_the_write_budget(tmp_path):
@@ -38,9 +38,9 @@ async def test_evictions_share_the_write_budget(tmp_path):
             req, _ = await p.turn(chat(doc, *questions))
             caches.append(req.response_headers["X-PFlash-Cache"])
         elapsed = time.monotonic() - t0
-        counters = p.stats()
-        assert counters["evicted_saves"] + counters["evicted_saves_skipped"] == 5
-        assert counters["evicted_saves"] == 1 and saves(p) == 1, counters
+        counters = p.stats().snapshots
+        assert counters.evicted_saves + counters.evicted_saves_skipped == 5
+        assert counters.evicted_saves == 1 and saves(p) == 1, counters
         assert written(p) <= rate * (elapsed + EVICTION_BURST_S) + 2 * size
         # A was saved when B displaced it: its next turn restores that snapshot; the others start again
         assert caches == ["miss", "miss", "restored", "miss", "miss"]
@@ -55,7 +55,7 @@ async def test_idle_saves_wait_for_what_evictions_wrote(tmp_path):
         size = len(json.dumps(p.engine.slots.slots[0].tokens))
         p.write_rate(size / 0.5 / 1e6)
         await p.turn(chat(DOC_C, "Which rows?"))  # displaces A: saved, ~0.5 s of budget owed
-        assert p.stats()["evicted_saves"] == 1
+        assert p.stats().snapshots.evicted_saves == 1
         started: list[float] = []
         save = p.engine.slots.save
 
@@ -66,7 +66,7 @@ async def test_idle_saves_wait_for_what_evictions_wrote(tmp_path):
         p.engine.slots.save = timed_save  # type: ignore[method-assign]
         t0 = time.monotonic()
         await idle_round(p)  # B and C are due
-        assert p.stats()["idle_saves"] == 2 and len(started) == 2
+        assert p.stats().scheduler.idle_saves == 2 and len(started) == 2
         assert started[0] - t0 >= 0.5 * 0.8  # the eviction's file was paid for first
         assert started[1] - started[0] >= 0.5 * 0.8
 
@@ -83,7 +83,7 @@ async def test_an_unchanged_session_is_not_written_again(tmp_path):
         assert req.response_headers["X-PFlash-Cache"] == "restored" and saves(p) == 2
         req, _ = await p.turn(chat(DOC_B, "Who logs the ships?", "At what hour?"))  # displaces A, unchanged
         assert req.response_headers["X-PFlash-Cache"] == "restored"
-        assert saves(p) == 2 and p.stats()["saves_unchanged"] == 1
+        assert saves(p) == 2 and p.stats().snapshots.saves_unchanged == 1
         assert p.on_disk(req.response_headers["X-PFlash-Session"])
         # A comes back once more: its snapshot, still the one written first, is restored
         req, _ = await p.turn(chat(DOC_A, "How many crates at plot 3?", "And plot 8?"))

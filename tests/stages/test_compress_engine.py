@@ -27,8 +27,8 @@ def _request(text: str) -> ProxyRequest:
     req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None)
     req.dialogue = Dialogue(dialect, dialect.parse(body), body)
     record = SimpleNamespace(turns=0, traces=[], trace_totals={}, recall_sources=[])
-    req.notes.session = SessionContext(record=record, lease=None, matched=0,  # type: ignore[arg-type]
-                                       client_hashes=[], served=[], cache="miss", expected_cached=0)
+    req.notes.session = SessionContext(record=record, turn=None, matched=0,  # type: ignore[arg-type]
+                                       served=[], cache="miss", expected_cached=0)
     return req
 
 

@@ -70,11 +70,11 @@ def test_default_stages_writes_the_order_once(tmp_path):
     assert [s.name for s in off] == ["response-chains", "sessions", "savings", "sessions-commit", "marker"]
     assert [s.name for s in default_stages(make_settings("http://127.0.0.1:9", tmp_path / "c", sessions=False),
                                            engine, extra=[Marker()])] == ["marker"]
-    # the stages of one list share one session service (one index: the one it is handed here, closed below)
+    # the stages of one list share one session service (one index: the one it is handed here, closed below); the
+    # commit stage calls the turn the session stage began, not the service
     index = SqliteIndex(tmp_path / "d" / "index")
     stages = default_stages(make_settings("http://127.0.0.1:9", tmp_path / "d"), engine, index=index)
-    assert [s.name for s in stages if hasattr(s, "sessions")] == ["response-chains", "sessions", "savings",
-                                                                  "sessions-commit"]
+    assert [s.name for s in stages if hasattr(s, "sessions")] == ["response-chains", "sessions", "savings"]
     assert len({id(s.sessions) for s in stages if hasattr(s, "sessions")}) == 1
     index.close()
     off_index.close()

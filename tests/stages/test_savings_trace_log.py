@@ -41,7 +41,7 @@ async def proxy(tmp_path) -> AsyncIterator[Proxied]:
     index = open_index(settings.proxy.home, settings.cluster.index)  # the test's own: it injects faults in it
     service = SessionService(settings, engine, index=index)
     savings = SavingsStage(service, None, engine)
-    pipeline = Pipeline([SessionStage(service, engine), savings, SessionCommitStage(service)])
+    pipeline = Pipeline([SessionStage(service, engine), savings, SessionCommitStage()])
     await service.start()
     p = Proxied(engine, service, pipeline, settings)
     p.savings, p.index = savings, index
