@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -200,23 +200,6 @@ class Relay:
     on_answer: list[Callable[[Body | None], None]] = field(default_factory=list)
 
 
-T = TypeVar("T")
-
-
-class _Alias(Generic[T]):
-    """A field of one of the request's parts under its former name on the request."""
-
-    def __init__(self, part: str, name: str):
-        self.part, self.name = part, name
-
-    def __get__(self, req: object, owner: type | None = None) -> T:
-        value: T = getattr(getattr(req, self.part), self.name)
-        return value
-
-    def __set__(self, req: object, value: T) -> None:
-        setattr(getattr(req, self.part), self.name, value)
-
-
 @dataclass
 class ProxyRequest:
     """One client request as the stages see it: the request as received, the body as it will be forwarded,
@@ -242,21 +225,6 @@ class ProxyRequest:
     relay: Relay = field(default_factory=Relay)
     ran: list[Stage] = field(default_factory=list)  # Pipeline: the stages whose on_request ran, for finish
 
-    # Former names of the parts' fields, read and written by stages/sessions.py, stages/chains.py and their tests
-    # until those move to the parts (not fields: the constructor does not take them)
-    dialect = _Alias["Dialect | None"]("dialogue", "dialect")
-    conversation = _Alias["Conversation | None"]("dialogue", "conversation")
-    conversation_base = _Alias["Body"]("dialogue", "base")
-    served_messages = _Alias["list[Body] | None"]("dialogue", "served")
-    session = _Alias["SessionContext | None"]("notes", "session")
-    chain = _Alias["ResponseChain | None"]("notes", "chain")
-    forward_to = _Alias["str | None"]("forward", "to")
-    forward_node = _Alias["str | None"]("forward", "node")
-    forward_failed = _Alias["str | None"]("forward", "failed")
-    forwarded_by = _Alias["str | None"]("forward", "by")
-    progress = _Alias["str"]("relay", "progress")
-    beside_upstream = _Alias["list[Awaitable[None]]"]("relay", "beside_upstream")
-    on_answer = _Alias["list[Callable[[Body | None], None]]"]("relay", "on_answer")
 
     async def settle(self) -> None:
         """Await the work started beside the upstream request (``relay.beside_upstream``), each piece once."""

@@ -8,7 +8,7 @@ spreads requests over them (``configs/``). Per node:
    removes its heartbeat after its resident sessions were saved.
 2. ``place(sid, forwarded_by)``: where a turn of a known session runs. The index names no holder, or this node →
    here. Another node whose heartbeat lasts, and the request was not itself forwarded → that node's URL: the server
-   sends the client's request there untouched (``ProxyRequest.forward_to``), where the session's slot is warm.
+   sends the client's request there untouched (``ProxyRequest.forward.to``), where the session's slot is warm.
    A holder whose heartbeat expired, or that could not be reached (``peer_failed``: it is then passed over until
    its heartbeat would have expired) → here: a takeover.
 3. ``begin_turn(sid)``: the session's turn lease in the index (``SET NX PX``, expiring after three heartbeat

@@ -33,7 +33,7 @@ class ResponseChainStage(Stage):
         self.counters = {"expanded": 0, "unknown": 0}
 
     async def on_request(self, req: ProxyRequest) -> None:
-        if req.dialect is None or req.dialect.name != "responses":
+        if req.dialogue.dialect is None or req.dialogue.dialect.name != "responses":
             return
         owner = self.sessions.owner(req.headers)
         items = _items(req.body.get("input"))
@@ -49,15 +49,15 @@ class ResponseChainStage(Stage):
             body = {k: v for k, v in req.body.items() if k != "previous_response_id"}
             body["input"] = items
             req.set_body(body)
-            req.conversation = req.dialect.parse(body)
-            req.conversation_base = body
-            req.served_messages = None
+            req.dialogue.conversation = req.dialogue.dialect.parse(body)
+            req.dialogue.base = body
+            req.dialogue.served = None
             req.log_fields["previous_response"] = previous[:16]
             self.counters["expanded"] += 1
-        req.chain = ResponseChain(items, owner, parent)
+        req.notes.chain = ResponseChain(items, owner, parent)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        pending, ctx = req.chain, req.session
+        pending, ctx = req.notes.chain, req.notes.session
         final: Mapping[str, object] = result.final_json or {}
         inner = final.get("response")
         response = inner if isinstance(inner, dict) else final

@@ -2,7 +2,7 @@
 
 ``SessionStage.on_request`` begins the request's turn (``sessions/service.py``: the session whose served history is
 the longest prefix of the request, or a new one or a fork; its slot leased, saved-over sessions saved, restored or
-checked; credentials isolated) and hands it to the later stages in ``req.session``. Then it applies the turn:
+checked; credentials isolated) and hands it to the later stages in ``req.notes.session``. Then it applies the turn:
 the served versions of already-served messages (``service.served_version``: only their content; a byte-identical
 prefix turn after turn), the slot pin (``Slots.pin_fields``), ``cache_prompt: false`` when ``--cache-isolation``
 could not erase another credential's slot, and the ``X-PFlash-Session/Slot/Cache/Cached-Tokens`` headers (plus
@@ -14,7 +14,7 @@ Requests of different credentials never share a session record; a session id ech
 credential is ignored. Completion routes get an anonymous slot (a batch of prompts every slot), so they never land
 on a busy slot; so does a conversation when the index is unreadable (``X-PFlash-Degraded``).
 With a shared index (``--index redis://``, ``sessions/cluster.py``) a session another live node holds is not leased
-here: ``req.forward_to`` names that node and the server forwards the client's request there (``X-PFlash-Via`` on
+here: ``req.forward.to`` names that node and the server forwards the client's request there (``X-PFlash-Via`` on
 the answer); a request forwarded to this node (``X-PFlash-Forwarded-By``) is always served here; a claimed session
 says ``X-PFlash-Node`` (and ``X-PFlash-Takeover``: the node it held before).
 ``on_response`` hands the answer's cache report to the turn (``Turn.observe``); ``on_finish`` closes the turn (a
@@ -59,16 +59,16 @@ class SessionStage(Stage):
 
     async def on_request(self, req: ProxyRequest) -> None:
         ask = self._ask(req)
-        req.forward_node = None  # a node a forward of this turn did not reach: its sessions are taken over here
-        turn = await self.sessions.begin(ask, progress=lambda what: setattr(req, "progress", what))
+        req.forward.node = None  # a node a forward of this turn did not reach: its sessions are taken over here
+        turn = await self.sessions.begin(ask, progress=lambda what: setattr(req.relay, "progress", what))
         if turn.forward is not None:  # another live node holds the session (its slot is warm): the turn goes there
             assert turn.record is not None and turn.node is not None
-            req.forward_node, req.forward_to = turn.forward
+            req.forward.node, req.forward.to = turn.forward
             req.response_headers[VIA_HEADER] = turn.node
-            req.log_fields.update({"session": turn.record.id[:8], "forwarded_to": req.forward_to})
+            req.log_fields.update({"session": turn.record.id[:8], "forwarded_to": req.forward.to})
             return
         record = turn.record
-        req.session = SessionContext(record, turn, turn.matched, turn.served, turn.cache, turn.expected,
+        req.notes.session = SessionContext(record, turn, turn.matched, turn.served, turn.cache, turn.expected,
                                      traces=TurnTraces(record.turns + 1 if record is not None else 0),
                                      queue_ms=turn.queue_ms)
         if turn.queue_ms is not None:
@@ -96,7 +96,7 @@ class SessionStage(Stage):
         if turn.cache_reason is not None:
             req.response_headers[CACHE_REASON_HEADER] = turn.cache_reason
         # a whole answer's headers say what the engine reused (its cache report), not what the proxy expected
-        req.on_answer.append(lambda answer: self._answer_headers(req, turn, answer))
+        req.relay.on_answer.append(lambda answer: self._answer_headers(req, turn, answer))
         req.log_fields.update({"session": record.id[:8], "slot": turn.slot, "cache": turn.cache})
 
     @staticmethod
@@ -108,12 +108,12 @@ class SessionStage(Stage):
             batch = req.kind == "completion" and is_batch(req.body.get("prompt"))
             return TurnAsk("batch" if batch else "anonymous", req.headers)
         name = next((req.headers[h] for h in SESSION_HEADERS if req.headers.get(h)), None) \
-            or (req.dialect.session_name(req.body) if req.dialect is not None else None)
-        unreachable = (req.forward_node or req.forward_failed) if req.forward_failed is not None else None
-        return TurnAsk("chat", req.headers, name, req.messages, len(req.raw_body), req.forwarded_by, unreachable)
+            or (req.dialogue.dialect.session_name(req.body) if req.dialogue.dialect is not None else None)
+        unreachable = (req.forward.node or req.forward.failed) if req.forward.failed is not None else None
+        return TurnAsk("chat", req.headers, name, req.messages, len(req.raw_body), req.forward.by, unreachable)
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if ctx is None:
             return
         ctx.settled = result.completed and not result.client_gone
@@ -142,7 +142,7 @@ class SessionStage(Stage):
             req.response_headers[CACHE_REASON_HEADER] = reason
 
     async def on_finish(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if ctx is not None:  # the client left, or the upstream broke: the engine may still work on the slot
             await ctx.turn.close(engine_may_be_busy=ctx.forwarded and not ctx.settled)
 
@@ -162,14 +162,14 @@ class SessionCommitStage(Stage):
     name = "sessions-commit"
 
     async def on_request(self, req: ProxyRequest) -> None:
-        ctx = req.session
+        ctx = req.notes.session
         if ctx is not None:
             ctx.forwarded = True  # the last stage: the request goes upstream next
         if ctx is None or ctx.record is None:
             return
         ctx.served = list(req.messages)
         # the write runs while the upstream works; the answer's headers wait for it (``settle``)
-        req.beside_upstream.append(self._committed(req, ctx.turn.commit(ctx.served, len(req.raw_body))))
+        req.relay.beside_upstream.append(self._committed(req, ctx.turn.commit(ctx.served, len(req.raw_body))))
 
     async def _committed(self, req: ProxyRequest, kept: Awaitable[bool]) -> None:
         if not await kept:  # disk full, damaged index: the request is served, the history not kept

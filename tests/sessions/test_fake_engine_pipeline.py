@@ -86,7 +86,7 @@ class Proxy:
         if answered is not None and inspect.isawaitable(after := answered()):
             await after
         await req.settle()
-        for hook in req.on_answer:
+        for hook in req.relay.on_answer:
             hook(answer)
         await self.pipeline.run_response(req, RelayResult(200, completed=True, final_json=answer))
         await self.pipeline.finish(req)
