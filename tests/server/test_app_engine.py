@@ -29,7 +29,7 @@ async def test_the_app_serves_chat_turns_through_its_stages_on_the_fake_engine(a
                                                                                 tmp_path):
     slots = tmp_path / "slots"
     slots.mkdir()
-    fake = FakeEngine(n_slots=1, save_dir=slots)
+    fake = FakeEngine(n_slots=1, save_dir=slots, n_ctx=1 << 16)  # room for the recalled lines of turn 2
     url, received = await serve_fake_engine(aiohttp_server, fake)
     settings = make_settings(url, tmp_path, slot_save_path=slots, threshold=512)
     client = await aiohttp_client(create_app(settings, engine=lambda _transport: fake))
