@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pflash_proxy.engine import Engine
     from pflash_proxy.sessions.index import SessionIndex
 
-log = logging.getLogger("pflash_proxy")
+log = logging.getLogger(__name__)
 
 
 def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None = None,

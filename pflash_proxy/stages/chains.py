@@ -22,7 +22,7 @@ from pflash_proxy.sessions.chains import Item
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.stats import ChainStats
 
-log = logging.getLogger("pflash_proxy.sessions")
+log = logging.getLogger(__name__)
 
 
 class ResponseChainStage(Stage):

@@ -42,7 +42,7 @@ from pflash_proxy.stages.scorers import Scoring, default_spread
 from pflash_proxy.stats import CompressStats
 
 Message = dict[str, object]  # a message of the request, as the dialect parsed it
-log = logging.getLogger("pflash_proxy.compress")
+log = logging.getLogger(__name__)
 
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SavingsStage", "ESTIMATE_NOTE", "client_name", "plain_reason", "price", "session_rate"]
 
-log = logging.getLogger("pflash_proxy.inspector")
+log = logging.getLogger(__name__)
 
 TurnTrace = dict[str, Any]  # a turn trace (plain data: the module docstring says what it holds)
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals

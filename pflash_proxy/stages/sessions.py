@@ -38,7 +38,7 @@ from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.sessions.traces import record_cache
 
-log = logging.getLogger("pflash_proxy.sessions")
+log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
