@@ -10,8 +10,9 @@
    the answer's headers go out.
 The server (``server.app.create_app``, for the bench too) calls ``default_stages`` with the session service it
 built, starts and stops; each stage gets its own group of the settings (``CompressStage`` the ``compression``
-options). With ``--no-sessions`` the list is only ``extra``: requests are forwarded as they are, without compression either (it needs the
-session's served history to know which message is new and to keep what a slot holds consistent).
+options). With ``--no-sessions`` the list is only ``extra``: requests are forwarded as they are, without
+compression either (it needs the session's served history to know which message is new and to keep what a slot
+holds consistent).
 Imports are lazy: the command line imports the scorer registry from this package for ``--help``.
 The stages hand each other what they found through the request's typed notes (``contract.StageNotes``): a stage
 module imports the contract, never another stage module.
