@@ -20,7 +20,8 @@ says ``X-PFlash-Node`` (and ``X-PFlash-Takeover``: the node it held before).
 ``on_response`` hands the answer's cache report to the turn (``Turn.observe``); ``on_finish`` closes the turn (a
 request that went upstream and ended before its response did keeps its slot until llama-server is idle on it).
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) starts
-writing the served history as the request is forwarded (``Turn.commit``); the answer's headers wait for the write
+writing the served history as the request is forwarded (``Turn.commit``, with the lines the compression omitted
+and noted for a later recall, ``CompressionNote.recall``); the answer's headers wait for the write
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it. A name the client's dialect
 carries in the body (``metadata.user_id``, ``prompt_cache_key``) names the session when no header does.
 """
