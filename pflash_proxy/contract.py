@@ -37,6 +37,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from pflash_proxy.compress import RecallSource
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.engine import CacheReport
     from pflash_proxy.jsontypes import JSONObject
@@ -88,21 +89,17 @@ class TurnTraces:
 
 @dataclass
 class SessionContext:
-    """What the session stage (``stages.sessions.SessionStage``) found and leased for a request
-    (``ProxyRequest.session``): compression reads the served history and the slot's state, the commit writes the
-    history, the savings stage the traces; ``turn`` is the session service's turn, which holds the slot."""
+    """What the session stage (``stages.sessions.SessionStage``) began for a request (``ProxyRequest.session``):
+    ``turn``, the session service's turn, holds the slot and what was found (its ``record``, None for an anonymous
+    lease; the ``matched`` leading messages; the ``served`` history; ``cache``, ``expected`` and ``queue_ms``);
+    compression reads it, the commit writes the history through it. The context adds only what the stages note
+    around it: the inspector's traces and how the request ended."""
 
-    record: SessionRecord | None  # None: an anonymous lease (completion routes, an unusable index, a batch)
     turn: Turn
-    matched: int  # leading messages that continue the served history
-    served: list[Message]  # what the upstream receives, message by message
-    cache: str  # hit | restored | miss
-    expected_cached: int  # tokens the slot should already hold of this prompt
-    forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
-    settled: bool = False  # its answer ended whole, with the client still there
     # the inspector's traces of this turn, written to the session's trace log after the answer (SavingsStage)
     traces: TurnTraces = field(default_factory=lambda: TurnTraces(0))
-    queue_ms: float | None = None  # how long the request waited for its slot (None: a batch, which takes them all)
+    forwarded: bool = False  # the request went upstream (the commit stage, the last, ran)
+    settled: bool = False  # its answer ended whole, with the client still there
 
 
 @dataclass
@@ -117,6 +114,9 @@ class CompressionNote:
     ms: float | None = None  # the compressor's wall time (None: it did not run)
     scorer: str | None = None  # the scorer that ran (None: the compressor did not run)
     stage_ms: dict[str, float] = field(default_factory=dict)  # the compressor's steps: segment, represent, score...
+    # the lines the served message omitted, which a later turn may recall: the commit keeps them with the session's
+    # history (``Turn.commit``); None: nothing was omitted
+    recall: RecallSource | None = None
 
 
 @dataclass

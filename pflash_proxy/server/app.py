@@ -8,10 +8,10 @@
 Start-up (one ``cleanup_ctx``, in order; torn down in reverse, also when a later step fails to start):
 3. the ``Upstream`` client session;
 4. the spawned llama-server, when ``--spawn`` (its supervisor opens the upstream gate once healthy);
-5. the stages (``stages.default_stages``, or the list a caller gives) and the session service their session stage
-   calls, held as its admin face (``SESSIONS``: saves, slot actions, stats, the view; snapshot timings feed the
-   metrics): the service starts first and stops last, the stages start in order (``Stage.start``) and stop in
-   reverse (``Stage.stop``);
+5. the session service (unless ``--no-sessions`` or a caller gives its own stage list), held as its admin face
+   (``SESSIONS``: saves, slot actions, stats, the view; snapshot timings feed the metrics), and the stages built
+   on it (``stages.default_stages``, or a caller's factory; or a caller's list): the service starts first and
+   stops last, the stages start in order (``Stage.start``) and stop in reverse (``Stage.stop``);
 6. in the server process (``serve``): the garbage collector tuned (``tune_garbage_collector``).
 """
 
@@ -45,7 +45,7 @@ from pflash_proxy.stages import default_stages
 
 if TYPE_CHECKING:
     from pflash_proxy.sessions.index import SessionIndex
-    from pflash_proxy.sessions.service import SessionAdmin
+    from pflash_proxy.sessions.service import SessionService
 
 log = logging.getLogger("pflash_proxy.app")
 
@@ -73,14 +73,18 @@ async def tune_garbage_collector(app: web.Application) -> None:
 # builds the engine the proxy's own calls go through, on the transport built from ``--upstream`` (an engine that
 # does not call the server over it ignores it)
 EngineFactory: TypeAlias = Callable[[Upstream], Engine]
+# builds the stage list on the settings, the app's engine and the session service the app built (None: no
+# sessions), at start-up (``stages.default_stages`` unless a caller gives another: the bench's scorer and recorder)
+StageFactory: TypeAlias = Callable[[Settings, Engine, "SessionService | None"], list[Stage]]
 
 
-def create_app(settings: Settings, stages: list[Stage] | None = None,
+def create_app(settings: Settings, stages: list[Stage] | StageFactory = default_stages,
                engine: EngineFactory = LlamaServerEngine, tune_collector: bool = False,
                index: SessionIndex | None = None) -> web.Application:
-    """The app. ``stages``: the pipeline's stages, read at start-up (default: ``stages.default_stages`` on the
-    app's engine); ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives another:
-    the session, compression and savings stages, the routes and the inspector all use the one it builds);
+    """The app. ``stages``: the pipeline's stages: a factory called at start-up with the session service the app
+    builds (``StageFactory``; default: ``stages.default_stages``), or a caller's own list, read at start-up, which
+    has no session service; ``engine``: the factory of the app's ``Engine`` (llama-server's unless a caller gives
+    another: the session, compression and savings stages, the routes and the inspector all use the one it builds);
     ``tune_collector``: once started, the objects start-up made are frozen and the collector tuned
     (``tune_garbage_collector``; the server process's, not a test's); ``index``: the session service's index
     (default: the one ``--index`` names; a test's fault-injecting one)."""
@@ -102,7 +106,7 @@ def create_app(settings: Settings, stages: list[Stage] | None = None,
     app.on_cleanup.append(close_peers)
     app.on_shutdown.append(_end_streams_before_the_deadline)
     app[PIPELINE] = Pipeline()
-    app[SESSIONS] = None  # the session service's admin face, once the stages are built
+    app[SESSIONS] = None  # the session service's admin face, once built at start-up
     steps = [_upstream_ctx, *([_spawn_ctx] if up.spawn else []), _stages_ctx(stages, index)]
     app.cleanup_ctx.append(_in_order(steps))
     if tune_collector:
@@ -165,21 +169,15 @@ async def _spawn_ctx(app: web.Application) -> AsyncIterator[None]:
         await supervisor.stop()
 
 
-def _session_service(stages: list[Stage]) -> SessionAdmin | None:
-    """The admin face of the session service the stages' session stage calls (None: no sessions)."""
-    from pflash_proxy.stages.sessions import SessionStage
-
-    return next((s.sessions for s in stages if isinstance(s, SessionStage)), None)
-
-
-def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
+def _stages_ctx(stages: list[Stage] | StageFactory, index: SessionIndex | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        if stages is not None:
+        if isinstance(stages, list):
             app[PIPELINE].stages = list(stages)
         else:  # may load a drafter model: keep the event loop free
-            app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(default_stages, app[SETTINGS], app[ENGINE], index=index))
-        admin = app[SESSIONS] = _session_service(app[PIPELINE].stages)
+            service, app[PIPELINE].stages = await asyncio.get_running_loop().run_in_executor(
+                None, _build_stages, stages, app[SETTINGS], app[ENGINE], index)
+            app[SESSIONS] = service
+        admin = app[SESSIONS]
         if admin is not None:
             admin.on_snapshot_timing(app[METRICS].observe_snapshot)  # snapshot timings: histograms
             await admin.start()
@@ -202,3 +200,13 @@ def _stages_ctx(stages: list[Stage] | None, index: SessionIndex | None):
                     log.exception("the session service failed to stop")
 
     return ctx
+
+
+def _build_stages(stages: StageFactory, settings: Settings, engine: Engine, index: SessionIndex | None
+                  ) -> tuple[SessionService | None, list[Stage]]:
+    """The session service (None: ``--no-sessions``) on ``index`` (default: the one ``--index`` names) and the
+    stages ``stages`` builds on it."""
+    from pflash_proxy.sessions.service import SessionService
+
+    service = SessionService(settings, engine, index) if settings.sessions.enabled else None
+    return service, stages(settings, engine, service)

@@ -425,7 +425,7 @@ def _observe(request: web.Request, status: int, started: float, result: RelayRes
              req: ProxyRequest | None) -> None:
     status = _final(request, status)
     first = result.first_chunk_at - started if result is not None and result.first_chunk_at is not None else None
-    queue_ms = req.notes.session.queue_ms if req is not None and req.notes.session is not None else None
+    queue_ms = req.notes.session.turn.queue_ms if req is not None and req.notes.session is not None else None
     request.app[METRICS].observe_request(request.path, status, time.monotonic() - started,
                                          first if first is not None and first >= 0 else None, queue_ms,
                                          req.notes.compression if req is not None else None)

@@ -71,7 +71,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from pflash_proxy.config import Settings
 from pflash_proxy.contract import SessionsView
@@ -88,6 +88,9 @@ from pflash_proxy.sessions.slots import (ANONYMOUS_KEY, NO_CREDENTIAL, SLOT_KEY,
                                          SlotsPrefetch)
 from pflash_proxy.sessions.snapshot_store import SnapshotStore
 from pflash_proxy.sessions.stats import SessionStats
+
+if TYPE_CHECKING:
+    from pflash_proxy.compress import RecallSource
 
 log = logging.getLogger("pflash_proxy.sessions")
 
@@ -237,12 +240,16 @@ class Turn:
         counts the turn)."""
         return reported_cache(self.cache, self.expected, cached)
 
-    def commit(self, served: list[Message], body_bytes: int) -> Awaitable[bool]:
-        """Start writing ``served`` (what is forwarded) as the session's history; the awaitable says whether it was
-        kept (False: the index failed, counted). Only a turn with a session commits."""
+    def commit(self, served: list[Message], body_bytes: int, recall: RecallSource | None = None
+               ) -> Awaitable[bool]:
+        """Start writing ``served`` (what is forwarded) as the session's history, with ``recall`` (the lines the
+        compression omitted this turn, which a later turn may recall) added to the record's recall sources; the
+        awaitable says whether it was kept (False: the index failed, counted). Only a turn with a session commits."""
         if self.record is None:
             raise ValueError("an anonymous turn has no history to commit")
         self.served = served
+        if recall is not None:
+            self.record.recall_sources = [*self.record.recall_sources, recall]
         return self._service._commit(self.record, self.hashes, served, body_bytes)
 
     async def close(self, engine_may_be_busy: bool = False) -> None:

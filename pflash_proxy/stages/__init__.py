@@ -8,10 +8,11 @@
    trace, the savings counters) and writes the turn's traces to the session's trace log.
 5. ``sessions.SessionCommitStage``: the served history is written beside the forwarded request, committed before
    the answer's headers go out.
-The server (``server.app.create_app``) and the bench (``bench.runner.Proxy``) both call ``default_stages``; each
-stage gets its own group of the settings (``CompressStage`` the ``compression`` options). With ``--no-sessions``
-the list is only ``extra``: requests are forwarded as they are, without compression either (it needs the
-session's served history to know which message is new and to keep what a slot holds consistent).
+The server (``server.app.create_app``, for the bench too) calls ``default_stages`` with the session service it
+built, starts and stops; each stage gets its own group of the settings (``CompressStage`` the ``compression``
+options). With ``--no-sessions`` the list is only ``extra``: requests are forwarded as they are, without
+compression either (it needs the session's served history to know which message is new and to keep what a slot
+holds consistent).
 Imports are lazy: the command line imports the scorer registry from this package for ``--help``.
 The stages hand each other what they found through the request's typed notes (``contract.StageNotes``): a stage
 module imports the contract, never another stage module.
@@ -29,17 +30,21 @@ if TYPE_CHECKING:
     from pflash_proxy.contract import Stage
     from pflash_proxy.engine import Engine
     from pflash_proxy.sessions.index import SessionIndex
+    from pflash_proxy.sessions.service import SessionService
 
-log = logging.getLogger("pflash_proxy")
+log = logging.getLogger(__name__)
 
 
-def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None = None,
-                   extra: Sequence[Stage] = (), index: SessionIndex | None = None) -> list[Stage]:
+def default_stages(settings: Settings, engine: Engine, sessions: SessionService | None = None, *,
+                   scorer: Scorer | None = None, extra: Sequence[Stage] = (), index: SessionIndex | None = None
+                   ) -> list[Stage]:
     """The ordered stage list: response chains → sessions (identity, slot, restore) → compression → commit served
-    history, then ``extra`` (the bench's recorder). ``scorer``: a scorer built by the caller (the bench's arms)
-    instead of the one ``--scorer`` names; building that one may load a drafter (errors stop start-up).
-    ``engine``: the seam the session, compression and savings stages call (the app's ``LlamaServerEngine``);
-    ``index``: the session service's index (default: the one ``--index`` names)."""
+    history, then ``extra`` (the bench's recorder). ``sessions``: the session service the session stages call,
+    which its builder starts and stops (the app's, ``server.app.create_app``; None: one is built here on ``index``,
+    the one ``--index`` names unless given, for a caller that starts it itself). ``scorer``: a scorer built by the
+    caller (the bench's arms) instead of the one ``--scorer`` names; building that one may load a drafter (errors
+    stop start-up). ``engine``: the seam the session, compression and savings stages call (the app's
+    ``LlamaServerEngine``)."""
     from pflash_proxy.stages.scorers import check_scorer
 
     check_scorer(settings.compression.scorer)  # a name the registry does not know stops start-up, sessions or not
@@ -47,11 +52,13 @@ def default_stages(settings: Settings, engine: Engine, *, scorer: Scorer | None 
         if settings.compression.pflash:
             log.info("--no-sessions: requests are forwarded as they are, without compression or recall")
         return list(extra)
-    from pflash_proxy.sessions.service import SessionService
     from pflash_proxy.stages.chains import ResponseChainStage
     from pflash_proxy.stages.sessions import SessionCommitStage, SessionStage
 
-    sessions = SessionService(settings, engine, index)  # what the session stages call
+    if sessions is None:
+        from pflash_proxy.sessions.service import SessionService
+
+        sessions = SessionService(settings, engine, index)
     # previous_response_id is expanded into the items it stands for before the session is looked up
     stages: list[Stage] = [ResponseChainStage(sessions), SessionStage(sessions, engine)]
     if settings.compression.pflash:

@@ -22,7 +22,7 @@ from pflash_proxy.sessions.chains import Item
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.stats import ChainStats
 
-log = logging.getLogger("pflash_proxy.sessions")
+log = logging.getLogger(__name__)
 
 
 class ResponseChainStage(Stage):
@@ -62,11 +62,11 @@ class ResponseChainStage(Stage):
         inner = final.get("response")
         response = inner if isinstance(inner, dict) else final
         rid, output = response.get("id"), response.get("output")
-        if pending is None or ctx is None or ctx.record is None or result.status != 200 or \
+        if pending is None or ctx is None or ctx.turn.record is None or result.status != 200 or \
                 req.body.get("store") is False or not isinstance(rid, str) or not isinstance(output, list):
             return
         all_items = pending.items + [o for o in output if isinstance(o, dict)]
-        await self.sessions.record_response(rid, ctx.record.id, pending.owner, all_items, pending.parent)
+        await self.sessions.record_response(rid, ctx.turn.record.id, pending.owner, all_items, pending.parent)
 
     def stats(self) -> ChainStats:
         return ChainStats(self.counters["expanded"], self.counters["unknown"])

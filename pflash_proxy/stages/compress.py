@@ -42,7 +42,7 @@ from pflash_proxy.stages.scorers import Scoring, default_spread
 from pflash_proxy.stats import CompressStats
 
 Message = dict[str, object]  # a message of the request, as the dialect parsed it
-log = logging.getLogger("pflash_proxy.compress")
+log = logging.getLogger(__name__)
 
 _BUDGET_ROUNDS = 4
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
@@ -91,7 +91,7 @@ class CompressStage(Stage):
     # Pipeline hook ---------------------------------------------------------------------------------------
     async def on_request(self, req: ProxyRequest) -> None:
         ctx = req.notes.session
-        if req.kind != "chat" or ctx is None or ctx.record is None:
+        if req.kind != "chat" or ctx is None or ctx.turn.record is None:
             return
         mode, prompt_tokens, kept_tokens, failed = "passthrough", None, None, None
         try:
@@ -124,7 +124,7 @@ class CompressStage(Stage):
             return None
         messages: list[Message] = list(req.messages)
         await self._refuse_long_prompt(req, messages)
-        new_from = ctx.matched
+        new_from = ctx.turn.matched
         if new_from >= len(messages):
             return None
         newest = len(messages) - 1
@@ -151,7 +151,7 @@ class CompressStage(Stage):
         """
         turn = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
         prompt_tokens = None
-        for i in range(len(messages) - 1, max(ctx.matched, turn) - 1, -1):
+        for i in range(len(messages) - 1, max(ctx.turn.matched, turn) - 1, -1):
             if messages[i].get("role") in _NEVER_SHORTENED:
                 continue
             text = message_text(messages[i].get("content"))
@@ -230,12 +230,12 @@ class CompressStage(Stage):
         source: Source = "tool" if msg.get("role") in ("tool", "function") else "paste"
         label = str(idx + 1)
         request = self.finder.find(messages, idx, tt)
-        uncached = max(prompt_tokens - ctx.expected_cached, tt.total_tokens)
+        uncached = max(prompt_tokens - ctx.turn.expected, tt.total_tokens)
         # A running conversation is one this session has answered: the served history (the requests, not the
         # answers) reaches up to an assistant message. A new chat that shares only a system prompt (or an
         # agent's fixed preamble) with an earlier session is cold, so its flat ranking gets full prefill; in a
         # running one a flat ranking is served with markers, and recall brings lines back.
-        in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.matched + 1])
+        in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.turn.matched + 1])
         req.relay.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
         outcome = await loop.run_in_executor(None, functools.partial(
@@ -245,7 +245,6 @@ class CompressStage(Stage):
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
                                                                 label, outcome)
         total_ms = (time.perf_counter() - t0) * 1000
-        assert ctx.record is not None  # on_request admits only requests with a session record
         served = served_tokens if outcome.mode == "compressed" else tt.total_tokens
         record_compression(ctx.traces, idx, msg, tt, request, outcome, prompt_tokens, uncached, self.scorer.name,
                            segmenter_name(self.compressor.segmenter), served, budget)
@@ -271,9 +270,8 @@ class CompressStage(Stage):
             req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
             req.notes.compression.reason = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
-        if outcome.recall is not None and outcome.recall.omitted_texts:
-            assert ctx.record is not None  # on_request admits only requests with a session record
-            ctx.record.recall_sources = [*ctx.record.recall_sources, outcome.recall]
+        if outcome.recall is not None and outcome.recall.omitted_texts:  # kept with the history by the commit
+            req.notes.compression.recall = outcome.recall
         self.tokens_in += tt.total_tokens
         self.tokens_kept += served_tokens
         return "compressed", prompt_tokens, kept_prompt
@@ -302,7 +300,7 @@ class CompressStage(Stage):
     async def _cold(self, ctx: SessionContext, messages: list[Message], idx: int) -> tuple[str, int, int] | None:
         """An uncached earlier history of at least ``threshold`` tokens is prefilled as it is (never compressed):
         say so with ``full-cold``."""
-        if ctx.cache != "miss" or idx == 0:
+        if ctx.turn.cache != "miss" or idx == 0:
             return None
         history = "".join(message_text(m.get("content")) for m in messages[:idx]
                           if m.get("role") not in _NEVER_SHORTENED)  # instructions never are candidates
@@ -316,8 +314,8 @@ class CompressStage(Stage):
     # Recall ----------------------------------------------------------------------------------------------
     async def _recall(self, req: ProxyRequest, ctx: SessionContext, messages: list[Message], idx: int,
                       text: str) -> tuple[str, int, int] | None:
-        assert ctx.record is not None  # on_request admits only requests with a session record
-        sources: list[RecallSource] = ctx.record.recall_sources
+        assert ctx.turn.record is not None  # on_request admits only requests with a session record
+        sources: list[RecallSource] = ctx.turn.record.recall_sources
         msg = messages[idx]
         if not self.settings.chat_recall or not sources or msg.get("role") != "user" or not text.strip():
             return None

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SavingsStage", "ESTIMATE_NOTE", "client_name", "plain_reason", "price", "session_rate"]
 
-log = logging.getLogger("pflash_proxy.inspector")
+log = logging.getLogger(__name__)
 
 TurnTrace = dict[str, Any]  # a turn trace (plain data: the module docstring says what it holds)
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
@@ -183,14 +183,14 @@ class SavingsStage(Stage):
 
     async def on_request(self, req: ProxyRequest) -> None:
         ctx = req.notes.session
-        if req.kind != "chat" or ctx is None or ctx.record is None:
+        if req.kind != "chat" or ctx is None or ctx.turn.record is None:
             return
         # the commit (next stage) counts the turn; this is the number it gets
-        req.notes.turn = TurnNote(ctx.record.turns + 1, time.monotonic())
+        req.notes.turn = TurnNote(ctx.turn.record.turns + 1, time.monotonic())
 
     async def on_response(self, req: ProxyRequest, result: RelayResult) -> None:
         ctx = req.notes.session
-        if req.notes.turn is None or ctx is None or ctx.record is None:
+        if req.notes.turn is None or ctx is None or ctx.turn.record is None:
             return
         req.notes.turn.answer = AnswerNote(result, time.time(), self.engine.cache_report(result.final_json))
 
@@ -198,12 +198,12 @@ class SavingsStage(Stage):
         """The turn's traces join its session's next trace write, after the answer."""
         ctx = req.notes.session
         answered = req if req.notes.turn is not None and req.notes.turn.answer is not None else None
-        if ctx is None or ctx.record is None or not ctx.forwarded:
+        if ctx is None or ctx.turn.record is None or not ctx.forwarded:
             return  # never forwarded: the turn was not committed, and its number is the next one's
         pending: TurnTraces = ctx.traces
         if answered is None and not pending.items:
             return
-        sid = ctx.record.id
+        sid = ctx.turn.record.id
         batch = self._batches.get(sid)
         if batch is None:  # the session's next write: after the one in flight, if any
             batch = self._batches[sid] = _Batch()
@@ -302,14 +302,14 @@ class SavingsStage(Stage):
                                                                               _text(t.get("reason")))})
         compression_ms = (compression.ms if compression is not None else None) or 0.0
         reason = compression.reason if compression is not None else None
-        prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - (ctx.queue_ms or 0.0))
+        prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - (ctx.turn.queue_ms or 0.0))
         first = None if result.first_chunk_at is None else round((result.first_chunk_at - req.received_at) * 1000, 1)
         turn: TurnTrace = {
             "v": VERSION, "kind": "turn", "turn": n, "at": at, "client": client_name(req.headers),
             "status": result.status, "completed": result.completed and not result.client_gone,
-            "cache": ctx.cache, "expected_cached": int(ctx.expected_cached), "pflash": mode,
+            "cache": ctx.turn.cache, "expected_cached": int(ctx.turn.expected), "pflash": mode,
             "why": plain_reason(mode, reason, self.threshold) if not messages else None,
-            "messages": messages, "first_byte_ms": first, "queue_ms": ctx.queue_ms,
+            "messages": messages, "first_byte_ms": first, "queue_ms": ctx.turn.queue_ms,
             "prepare_ms": round(prepare_ms, 1), "compression_ms": round(compression_ms, 1),
             "cached_tokens": None, "prefilled_tokens": None, "prefill_ms": None, "generated_tokens": None,
             "generate_ms": None,
@@ -328,7 +328,7 @@ class SavingsStage(Stage):
             totals["prefill_ms"] = round(prefill_ms)
             if prefilled >= MIN_TIMED_PROMPT:
                 totals["timed_prefilled_tokens"], totals["timed_prefill_ms"] = prefilled, max(1, round(prefill_ms))
-        if ctx.cache == "restored":
+        if ctx.turn.cache == "restored":
             totals["restore_prepare_ms"] = round(prepare_ms - compression_ms)
         return turn, totals
 

@@ -20,7 +20,8 @@ says ``X-PFlash-Node`` (and ``X-PFlash-Takeover``: the node it held before).
 ``on_response`` hands the answer's cache report to the turn (``Turn.observe``); ``on_finish`` closes the turn (a
 request that went upstream and ended before its response did keeps its slot until llama-server is idle on it).
 ``SessionCommitStage`` (last in the pipeline, after compression may have changed the newest message) starts
-writing the served history as the request is forwarded (``Turn.commit``); the answer's headers wait for the write
+writing the served history as the request is forwarded (``Turn.commit``, with the lines the compression omitted
+and noted for a later recall, ``CompressionNote.recall``); the answer's headers wait for the write
 (``ProxyRequest.settle``), and so does the lease's release, so the next turn reads it. A name the client's dialect
 carries in the body (``metadata.user_id``, ``prompt_cache_key``) names the session when no header does.
 """
@@ -38,7 +39,7 @@ from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.sessions.traces import record_cache
 
-log = logging.getLogger("pflash_proxy.sessions")
+log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-PFlash-Session"
 DEGRADED_HEADER = "X-PFlash-Degraded"
@@ -68,9 +69,7 @@ class SessionStage(Stage):
             req.log_fields.update({"session": turn.record.id[:8], "forwarded_to": req.forward.to})
             return
         record = turn.record
-        req.notes.session = SessionContext(record, turn, turn.matched, turn.served, turn.cache, turn.expected,
-                                     traces=TurnTraces(record.turns + 1 if record is not None else 0),
-                                     queue_ms=turn.queue_ms)
+        req.notes.session = SessionContext(turn, TurnTraces(record.turns + 1 if record is not None else 0))
         if turn.queue_ms is not None:
             req.log_fields["queue_ms"] = turn.queue_ms
         if turn.cold:  # --cache-isolation could not erase another credential's slot
@@ -121,13 +120,14 @@ class SessionStage(Stage):
         if seen is None:
             return
         req.log_fields.update({"cache": seen.reported, "cached_tokens": seen.cached})
-        if seen.reported == ctx.cache or ctx.record is None:
+        turn = ctx.turn
+        if seen.reported == turn.cache or turn.record is None:
             return
-        req.log_fields["cache_announced"] = ctx.cache
+        req.log_fields["cache_announced"] = turn.cache
         log.log(logging.INFO if seen.reported == "hit-prefix" else logging.WARNING,
                 "session %s: announced %s (~%d tokens expected from cache), llama-server reused %d: reported %s",
-                ctx.record.id[:8], ctx.cache, ctx.expected_cached, seen.cached, seen.reported)
-        record_cache(ctx.traces, len(ctx.served) - 1, ctx.cache, seen.reported, ctx.expected_cached, seen.cached,
+                turn.record.id[:8], turn.cache, turn.expected, seen.cached, seen.reported)
+        record_cache(ctx.traces, len(turn.served) - 1, turn.cache, seen.reported, turn.expected, seen.cached,
                      seen.reason)
 
     def _answer_headers(self, req: ProxyRequest, turn: Turn, answer: Mapping[str, object] | None) -> None:
@@ -165,11 +165,12 @@ class SessionCommitStage(Stage):
         ctx = req.notes.session
         if ctx is not None:
             ctx.forwarded = True  # the last stage: the request goes upstream next
-        if ctx is None or ctx.record is None:
+        if ctx is None or ctx.turn.record is None:
             return
-        ctx.served = list(req.messages)
+        note = req.notes.compression
+        kept = ctx.turn.commit(list(req.messages), len(req.raw_body), recall=note.recall if note is not None else None)
         # the write runs while the upstream works; the answer's headers wait for it (``settle``)
-        req.relay.beside_upstream.append(self._committed(req, ctx.turn.commit(ctx.served, len(req.raw_body))))
+        req.relay.beside_upstream.append(self._committed(req, kept))
 
     async def _committed(self, req: ProxyRequest, kept: Awaitable[bool]) -> None:
         if not await kept:  # disk full, damaged index: the request is served, the history not kept

@@ -57,6 +57,28 @@ async def test_the_app_holds_the_session_services_admin_face(aiohttp_client, tmp
     await client.close()
 
 
+async def test_the_app_builds_the_session_service_and_hands_it_to_the_stage_factory(aiohttp_client, tmp_path):
+    """The app is the composition root: it builds the session service, hands it to the stages it builds
+    (``stages.default_stages`` or a caller's factory), starts it first and stops it last."""
+    from pflash_proxy.stages import default_stages
+
+    handed: list[object] = []
+
+    def stages(settings, engine, sessions):
+        handed.append(sessions)
+        return default_stages(settings, engine, sessions)
+    app = create_app(make_settings("http://127.0.0.1:9", tmp_path), stages=stages)
+    client = await aiohttp_client(app)
+    assert handed == [app[SESSIONS]] and app[SESSIONS] is not None and session_service(app) is app[SESSIONS]
+    await client.close()
+    off: list[object] = []
+    app = create_app(make_settings("http://127.0.0.1:9", tmp_path / "off", sessions=False),
+                     stages=lambda settings, engine, sessions: off.append(sessions) or [])
+    client = await aiohttp_client(app)
+    assert off == [None] and app[SESSIONS] is None  # --no-sessions: no service is built
+    await client.close()
+
+
 async def test_the_inspector_is_a_sub_app_that_falls_through(aiohttp_client, tmp_path):
     client = await aiohttp_client(create_app(make_settings("http://127.0.0.1:9", tmp_path, sessions=False)))
     r = await client.get("/pflash/api/overview")

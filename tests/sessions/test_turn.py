@@ -92,3 +92,30 @@ async def test_an_anonymous_and_a_batch_turn_are_the_same_object(two):
     assert batch.observe(SlotReport(cached_tokens=5, prompt_tokens=10)) is None  # a batch learns nothing
     await batch.close()
     assert not any(s.busy or s.known for s in two.service.view().slots())  # released, content unknown
+
+
+async def test_a_committed_recall_source_is_kept_with_the_history_across_a_restart(tmp_path):
+    """What compression omitted (``CompressionNote.recall``) reaches the record only through ``Turn.commit``, and
+    the next turn, on a restarted service over the same index, finds it on its record."""
+    from pflash_proxy.sessions.index.sqlite import SqliteIndex
+    from tests.sessions.test_fake_engine_pipeline import _proxy
+    from tests.sessions.test_redis_index import _recall_source
+
+    source = _recall_source("amber")
+    first = chat(DOC_A, "Which plot?")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    index = SqliteIndex(tmp_path / "index")
+    async for p in _proxy(tmp_path / "a", index=index):
+        turn = await p.service.begin(TurnAsk("chat", {}, messages=first))
+        assert turn.record is not None and turn.record.recall_sources == []
+        assert await turn.commit(turn.served, 100, recall=source)
+        await turn.close()
+    index.close()
+    again = SqliteIndex(tmp_path / "index")
+    async for p in _proxy(tmp_path / "b", index=again):
+        turn = await p.service.begin(TurnAsk("chat", {}, messages=chat(DOC_A, "Which plot?", "And the next?")))
+        assert turn.record is not None and turn.matched == len(first)
+        assert [s.omitted_texts for s in turn.record.recall_sources] == [source.omitted_texts]
+        await turn.close()
+    again.close()

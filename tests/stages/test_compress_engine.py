@@ -27,8 +27,8 @@ def _request(text: str) -> ProxyRequest:
     req = ProxyRequest("chat", "POST", "/v1/chat/completions", {}, json.dumps(body).encode(), body, None)
     req.dialogue = Dialogue(dialect, dialect.parse(body), body)
     record = SimpleNamespace(turns=0, traces=[], trace_totals={}, recall_sources=[])
-    req.notes.session = SessionContext(record=record, turn=None, matched=0,  # type: ignore[arg-type]
-                                       served=[], cache="miss", expected_cached=0)
+    turn = SimpleNamespace(record=record, matched=0, served=[], cache="miss", expected=0, queue_ms=None)
+    req.notes.session = SessionContext(turn=turn)  # type: ignore[arg-type]
     return req
 
 
@@ -45,6 +45,9 @@ async def test_a_long_tool_output_is_compressed_with_the_fake_engines_counts(tmp
     note = req.notes.compression  # what the savings stage and the metrics read
     assert note is not None and note.mode == "compressed" and note.scorer == "lexical" and note.ms is not None
     assert note.reason is None and {"segment", "score"} <= set(note.stage_ms)
+    # the omitted lines are noted for the commit (``Turn.commit``), not written into the session's record here
+    assert note.recall is not None and note.recall.omitted_texts
+    assert req.notes.session is not None and req.notes.session.turn.record.recall_sources == []
     assert int(req.response_headers["X-PFlash-Kept-Tokens"]) < int(req.response_headers["X-PFlash-Prompt-Tokens"])
     assert engine.calls["count_prompt"] == 1 and engine.calls["pieces"] == 1 and engine.calls["count_text"] >= 1
 
