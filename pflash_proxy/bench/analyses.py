@@ -108,9 +108,10 @@ def replay(a: Analysed, case: Case, scores: np.ndarray, settings: CompressionSet
         else None
     groups, ranks = code_atoms(work, a.units, defs, reps, without_paths(a.request.text) if code else a.request.text,
                                a.request.text, BLOCK_SEGMENTS * settings.max_segment, code)
-    analysis = Analysis(a.units, a.pinned, None, np.asarray(scores, dtype=np.float64), {},  # type: ignore[arg-type]
-                        None if g is None else g.form, named, blocks, optional,
-                        outline(work.lines, defs) if code else (), atoms=groups, atom_ranks=ranks)
+    analysis = Analysis(units=a.units, pinned=a.pinned, reps=None,  # type: ignore[arg-type]
+                        scores=np.asarray(scores, dtype=np.float64), stage_ms={}, gutter=None if g is None else g.form,
+                        named=named, blocks=blocks, named_optional=optional,
+                        outline=outline(work.lines, defs) if code else (), atoms=groups, atom_ranks=ranks)
     out = comp.compress(a.tt, a.request, a.prompt_tokens, a.in_conversation, a.source, a.label,  # type: ignore
                         analysis=analysis)
     msgs = case.turn_messages(0)

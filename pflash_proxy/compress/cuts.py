@@ -102,7 +102,7 @@ _RESYNC_C = (*_FENCE, b"function", b"async fu", b"export ", b"import ", b"class 
 _OPERATOR_END = np.frombuffer(b"=,+-*/%&|^<\\", dtype=np.uint8)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LineTable:
     """Vectorised per-line features of a text (see step 1)."""
 
@@ -132,8 +132,8 @@ class LineTable:
         padded = np.concatenate((arr, [10]))
         if len(pos) == 0:
             z = np.zeros(len(starts), dtype=np.int64)
-            return cls(data, arr, starts, ends, z, np.ones(len(starts), bool), padded[starts], z.astype(np.uint8),
-                       starts.copy())
+            return cls(data=data, arr=arr, starts=starts, ends=ends, indent=z, blank=np.ones(len(starts), bool),
+                       first=padded[starts], last=z.astype(np.uint8), last_pos=starts.copy())
         k = np.minimum(np.searchsorted(pos, starts), len(pos) - 1)
         first_nonws = pos[k]
         blank = (first_nonws >= ends) | (first_nonws < starts)
@@ -141,7 +141,8 @@ class LineTable:
         kl = np.maximum(np.searchsorted(pos, ends) - 1, 0)
         last_pos = np.where(blank, starts, pos[kl])
         last = np.where(blank, 0, padded[last_pos]).astype(np.uint8)
-        return cls(data, arr, starts, ends, indent, blank, padded[starts], last, last_pos)
+        return cls(data=data, arr=arr, starts=starts, ends=ends, indent=indent, blank=blank, first=padded[starts],
+                   last=last, last_pos=last_pos)
 
     def packed(self) -> np.ndarray:
         """First 8 bytes after each line's indentation as one little-endian uint64 (0-padded)."""

@@ -1,85 +1,35 @@
-"""The compression pipeline for one new long message.
+"""The compression pipeline for one new long message (``Compressor.compress``; each step timed into ``stage_ms``).
 
-Algorithm (``Compressor.compress``), each stage timed into ``stage_ms``:
-0. gutter: when every line carries a line number (an agent's file read, ``cat -n``,
-   ``grep -n``: ``gutter.find_gutter``), stages 1-3 work on the text behind the numbers
-   (``gutter.bare_text``: the same lines, one for one), so kind detection, cuts and
-   scores see the code: the segmenter sizes units by the estimated tokens behind the
-   numbers (so they fall where they fall in the plain file), and the units then carry
-   the numbered lines' token counts, which are what the budget spends.  The rewrite
-   and recall (step 6) use the original, numbered lines, so the served lines keep
-   their numbers.  The outcome names the gutter's form (``gutter``).
-1. segment: cut the message into whole-line units (``Segmenter``).  A line over ``max_segment`` tokens is
-   first cut into pieces (``longlines.cut_long_lines``: sentences, JSON items, HTML elements, statements...);
-   every later stage sees a piece as a line (the segmenter and scorers each piece on a line of its own), the
-   rewrite says what an omission hides in lines or in pieces, and recall can bring back a part of a line.
-2. pin: when the request pins the message tail, the units holding the trailing lines
-   whose tokens sum to at most ``pinned_tail_tokens`` (at least the last non-blank
-   line) are always kept, and so are the units holding the question found by its form
-   (``RequestSpec.kept_lines``, ``asked``: a question before its paste).  The units that define a name the
-   request spells out, outside the file paths it names (``request.without_paths``: the agent's "I'll read
-   relativedelta.py" names the file, not its ``class relativedelta``)
-   (``named.named_definitions``: "what does array_split do?" keeps all of ``def array_split``,
-   "Store.__setitem__" that class's method) are kept too, like the first choice below (they
-   do not count as pinned for the spread); a name defined several times that the request
-   does not tie to one of them names optional definitions, kept in step 4.
-3. score: ``represent`` then ``score`` against the request text; ``validate_scores``.  In code
-   (``routed.is_code``), the text without the file paths it names and the tool call's name and keys
-   (``request.without_paths``: they name the file, and their words match its header and imports); when that
-   leaves nothing the message shares, the whole request text.
-4. budget: ``message_budget`` from the curve on ``prompt_tokens`` (the tokens the
-   upstream would prefill); when the pinned units (the tail and the question) leave the ranked ones less than
-   ``MIDDLE_SHARE`` of it, widened to the pinned tokens plus that share (``middle_budget``), or, when that is the
-   whole message, the message is served whole (``full-budget``); either way the outcome says so
-   (``budget_note``/``reason``: ``insufficient_middle_budget``), never a message silently cut to its two ends.
-   Then ``BudgetSelector`` by density, with the pinned units
-   and the scorer's first choice (``first_choice``: the unpinned unit with the highest
-   score, when it is positive; ties to the first) kept before the walk: the budget is
-   passed only when those alone exceed it, and then by at most that unit's tokens.
-   In code (``routed.is_code``) the selection's pieces are definitions, not units (``coderank``): every function
-   and method (``named.definition_atoms``, up to ``BLOCK_SEGMENTS`` max_segments) is one atom, every other unit
-   an atom of its own; an atom is ranked as one document (BM25 of the query over the atoms, when BM25 serves
-   code: ``lexical``, or ``auto`` on code; for another scorer, its best unit's score), and the walk keeps atoms
-   whole, by ``score / tokens ** coderank.SIZE_POWER``, then fills the rest of the budget with single units.
-   The first choice there is the best unit of the best-ranked atom (``atom_first``): a question in other words
-   asks about a definition, and its words often match the head of it only (the signature and docstring), or
-   its body spread over several units. (Before: the units scoring within ``TIE`` of the first choice were first
-   choices too, each with the rest of its definition (``first_definitions``) within ``FIRST_SHARE`` of the
-   budget, the rest by unit density; that selection still counts the flat gate's kept units, step 5.)
-   The optional named definitions (step 2) join them, most relevant first (their best unit's
-   density), each while all named units together stay within ``NAMED_SHARE`` of the budget.
-   The note and marker lines cost tokens too: the selection is rerun with the budget
-   lowered by their estimated size (``approx_tokens``) and the parts added below (by the
-   excess, when a round passed the budget) so the served message lands on the budget, at
-   most it: the budget is a ceiling, passed only when the always-kept units leave no room.  A definition the cutter had to cut (longer than its largest unit,
-   ``named.definition_blocks``: at most ``2 * max_segment`` tokens) is not served in part
-   when the rest is small: the selection's partly kept blocks, most relevant first, get
-   their missing units while those are at most ``CLOSE_SHARE`` of the block's tokens and
-   all such additions stay within ``CLOSE_BUDGET`` of the budget.
-5. spread: ``spread.flat_gate`` over the non-pinned units, at the threshold the settings' curve gives for the
-   prompt's tokens, of BM25's scores of the request's every-clause (``gate_scores``, computed with stage 3 for
-   a request that asks for every match, whatever the serving scorer), per unit that step 4 keeps when it ranks
-   by BM25's scores of the request (for another scorer a second selection: the decision does not turn on how
-   many units the serving scorer's ranking packs into the budget): flat only for zero
-   relevance or a request that asks for every match (not for zero relevance when the question's matches all sit in
-   the pinned tail: ``held_in_pin``); flat on a cold request -> ``full-flat`` (original text,
-   the reason one sentence with the numbers the decision used); flat inside a running conversation -> compress
-   anyway (recall can bring lines back), but not for a request that asks for every match or for the whole: the
-   answer needs them in this turn, and the long message is new, so serving it whole costs no cached prefix.
-5b. every match: a request that asks for every match and is not flat is served with every match (``every_match``:
-   the units that spell a name the request spells, ``name_scores``, else those whose BM25 of the every-clause is
-   at least ``MATCH_SHARE`` of the best), kept like the pinned units,
-   when they fit the budget with the pinned ones; when they do not, it is flat (as step 5: whole when cold).
-6. rewrite: note + kept lines + markers (in code, each naming the definitions it hides:
-   ``named.outline``, ``rewrite.marker_names``, all names within ``NAMES_SHARE`` of the budget; their tokens
-   are part of the overhead of step 4);
-   keep the reps and every unit's text (kept and omitted) as a ``RecallSource``.
-Any exception in stages 1-6 (including ``CannotSegment`` and ``InvalidScores``)
-returns ``full-error`` with the original text and the reason; ``compress`` never
-raises.  A compressed outcome carries its ``Analysis`` (stages 1-3): a caller that
-re-runs the budget (``budget_adjust``) passes it back, so a drafter scorer does not
-read the message again.  A ``full-flat`` outcome carries it too (the flat scores, for
-the inspector).
+0. gutter: when every line carries a line number (``gutter.find_gutter``: ``cat -n``, ``grep -n``, an agent's
+   file read), steps 1-3 read the text behind the numbers (``bare_text``, line for line); the units carry the
+   numbered lines' tokens, and the rewrite and recall serve the numbered lines.
+1. segment: a line over the segmenter's ``max_segment`` is cut into pieces first (``longlines.cut_long_lines``),
+   which every later step sees as lines; the ``Segmenter`` cuts the message into whole-line units.
+2. pin: the units holding the trailing lines within ``pinned_tail_tokens`` and the question found by its form
+   (``RequestSpec.kept_lines``) are always kept; so are the definitions of a name the request spells out outside
+   the paths it names (``named.named_definitions``).  A name defined several times names optional definitions.
+3. score: ``represent`` and ``score`` against the request (``rank``: in code, without the paths and tool-call
+   keys it names, unless that leaves nothing to match), ``validate_scores``; for a request that asks for every
+   match, BM25 of its every-clause and of the names it spells too (``gate_scores``, ``name_scores``).
+4. select: ``message_budget`` from the curve on the prompt's tokens, widened when the pinned units leave the
+   ranked ones less than ``MIDDLE_SHARE`` of it (``middle_budget``; ``full-budget`` when that is the whole
+   message).  The pinned and named units, the optional definitions within ``NAMED_SHARE`` and the first choice
+   (``first_choice``) are kept, then the rest by density (``BudgetSelector``); in code, whole definitions
+   ranked by ``coderank`` (``code_atoms``, ``atom_first``).  The selection is rerun until the kept units plus
+   the note and marker lines land on the budget, at most it (``_select_with_overhead``), and a cut
+   definition's small missing parts are added (``close_blocks``).
+5. gate: ``spread.flat_gate`` of the unpinned units' relevance over the units step 4 keeps (counted by units:
+   in code by ``first_definitions``; by BM25's ranking for a request for every match), at the threshold the
+   spread curve gives for the prompt's tokens: flat for zero relevance, a request for every match whose
+   relevance is spread, or one about the whole message.  Flat -> ``full-flat`` on a cold request or one for
+   every match or the whole; else compressed anyway (recall brings lines back).  A question whose matches all
+   sit in the pinned tail is not flat (``held_in_pin``).
+5b. every match: a request for every match keeps all its matches (``every_match``) when they fit the budget
+   with the pinned units, else it is flat.
+6. rewrite: note + kept lines + omission markers (in code naming the definitions they hide, within
+   ``NAMES_SHARE`` of the budget), and a ``RecallSource`` of every unit's text for recall.
+Any exception serves the original text (``full-error``, with the reason): ``compress`` never raises.  An outcome
+carries its ``Analysis`` (steps 0-3): a caller re-running the budget (``budget_adjust``) passes it back.
 """
 
 from __future__ import annotations
@@ -105,7 +55,7 @@ from .routed import is_code
 from .rewrite import Rewriter, Source, marker_names, marker_tokens, marker_tokens_arrays, names_tokens, note_line
 from .scores import LexicalScorer, Scorer, UnitReps, density, validate_scores
 from .forms import request_names
-from .spread import SpreadCurve, asks_for_every, every_clause, flat_gate
+from .spread import Spread, SpreadCurve, asks_for_every, every_clause, flat_gate
 from .text import TokenizedText, approx_tokens
 from .units import Segmenter, Unit, UnitSegmenter
 
@@ -117,7 +67,7 @@ _START, _END, _TOKENS = attrgetter("start_line"), attrgetter("end_line"), attrge
 Mode = Literal["compressed", "full-flat", "full-error", "full-budget"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompressionSettings:
     threshold: int = 16384
     curve: BudgetCurve = field(default_factory=lambda: BudgetCurve.parse(DEFAULT_CURVE))
@@ -141,7 +91,7 @@ class CompressionSettings:
             raise ValueError("theta must be in [0, 1]")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Analysis:
     """Stages 1-3 for one message and request: what a budget re-run reuses (independent of the budget)."""
     units: list[Unit]
@@ -164,7 +114,7 @@ class Analysis:
     atom_ranks: np.ndarray | None = None  # step 4 (code): the atoms' BM25 (``coderank.AtomIndex``), or None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompressionOutcome:
     mode: Mode
     text: str
@@ -373,6 +323,41 @@ def atom_first(groups: tuple[tuple[int, ...], ...], ranks: np.ndarray, scores: n
     return set()
 
 
+@dataclass
+class _Job:
+    """One ``compress`` call's running state: the message as served (its pieces, once step 1 cut them), where it
+    goes, the steps' timings and the clock of the step under way, and the gutter found (step 0)."""
+    tt: TokenizedText
+    prompt_tokens: int
+    source: Source
+    label: str
+    message_tokens: int = 0
+    gutter: str | None = None
+    ms: dict[str, float] = field(default_factory=dict)
+    t: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.message_tokens = self.tt.total_tokens
+
+    def lap(self, name: str) -> None:
+        """Count the time since the last lap to step ``name``."""
+        self.t = _lap(self.ms, name, self.t)
+
+    def full(self, mode: Mode, reason: str, *, budget_tokens: int = 0, units_in: int = 0,
+             spread: float | None = None, analysis: Analysis | None = None) -> CompressionOutcome:
+        """The outcome that serves the message whole, saying why."""
+        return CompressionOutcome(mode=mode, text=self.tt.text, prompt_tokens=self.prompt_tokens,
+                                  message_tokens=self.message_tokens, budget_tokens=budget_tokens,
+                                  kept_tokens=self.message_tokens, overhead_tokens=0, units_in=units_in,
+                                  units_kept=units_in, recall=None, stage_ms=self.ms, reason=reason, spread=spread,
+                                  analysis=analysis, gutter=self.gutter)
+
+
+def _intent(request: RequestSpec) -> str:
+    """The user's own words of the request (``RequestSpec.user_text``), else its text."""
+    return request.text if request.user_text is None else request.user_text
+
+
 class Compressor:
     def __init__(self, settings: CompressionSettings | None = None, segmenter: Segmenter | None = None,
                  scorer: Scorer | None = None) -> None:
@@ -385,123 +370,145 @@ class Compressor:
     def compress(self, tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool,
                  source: Source, label: str = "", budget_adjust: int = 0,
                  analysis: Analysis | None = None) -> CompressionOutcome:
-        """``budget_adjust``: tokens to take off the budget (a caller that measured the served message exactly
+        """Steps 0-6 (module docstring); never raises: a failure serves the message whole (``full-error``).
+
+        ``budget_adjust``: tokens to take off the budget (a caller that measured the served message exactly
         and found the note/marker estimate off re-runs with the difference, passing the first outcome's
         ``analysis`` so that stages 1-3 are not repeated)."""
-        ms: dict[str, float] = {}
-        m_tok = tt.total_tokens
-        gutter: str | None = None if analysis is None else analysis.gutter
-
-        def full(mode: Mode, reason: str, *, budget_tokens: int = 0, units_in: int = 0, spread: float | None = None,
-                 analysis: Analysis | None = None) -> CompressionOutcome:
-            return CompressionOutcome(mode, tt.text, prompt_tokens, m_tok, budget_tokens, m_tok, 0, units_in,
-                                      units_in, None, ms, reason, spread, analysis, gutter)
-
+        job = _Job(tt, prompt_tokens, source, label, gutter=None if analysis is None else analysis.gutter)
         try:
-            t = time.perf_counter()
-            if analysis is None:
-                g = find_gutter(tt.lines)  # step 0: cut and score behind the line numbers
-                seg = tt if g is None else bare_text(tt, g, content_tokens=True)
-                pieces = cut_long_lines(seg, getattr(self.segmenter, "max_segment", self.settings.max_segment),
-                                        None if g is None else g.prefix)  # step 1: long lines cut in pieces
-                work = tt if g is None else bare_text(tt, g)
-                if pieces is not None:
-                    seg, work = pieces.apply(seg, newlines=True), pieces.apply(work, newlines=True)
-                    tt = pieces.apply(tt, numbered=g is not None)
-                units = list(self.segmenter.segment(seg, None))
-                if g is not None:
-                    gutter = g.form
-                    units = _recount(units, tt)
-                _check_units(units, tt)
-                t = _lap(ms, "segment", t)
-                kept_lines = request.kept_lines
-                if kept_lines is not None and pieces is not None:  # the question's lines, counted in pieces
-                    first = pieces.first()
-                    n = len(first) - 1
-                    kept_lines = (first[min(kept_lines[0], n)], first[min(kept_lines[1], n)])
-                asked = frozenset(line_units(units, kept_lines))
-                pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
-                defs = definitions(work)
-                named, optional = named_definitions(work, units, without_paths(request.text), defs)
-                blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
-                reps = self.scorer.represent(work, units)
-                t = _lap(ms, "represent", t)
-                code = is_code(units)
-                query = without_paths(request.text) if code else request.text
-                scores = rank(self.scorer, reps, query, request.text, len(units))
-                t = _lap(ms, "score", t)
-                intent = request.text if request.user_text is None else request.user_text  # the user's own words
-                gate, ranking = gate_scores(self.scorer, work, units, reps, scores, intent, query, request.text)
-                analysis = Analysis(units, pinned, reps, scores, dict(ms), gutter, named, blocks, optional,
-                                    outline(work.lines, defs) if code else (), gate, ranking, pieces,
-                                    tt if pieces is not None else None, asked,
-                                    name_scores(self.scorer, work, units, reps, intent),
-                                    *code_atoms(work, units, defs, reps, query, request.text,
-                                                BLOCK_SEGMENTS * self.settings.max_segment, code))
-            else:
-                ms.update(analysis.stage_ms)
-                tt = analysis.served or tt
-            units, pinned, reps, scores = analysis.units, analysis.pinned, analysis.reps, analysis.scores
-            intent = request.text if request.user_text is None else request.user_text
-            toks = np.fromiter(map(_TOKENS, units), dtype=np.int64, count=len(units))
-            budget = message_budget(self.settings.curve, max(prompt_tokens, m_tok), m_tok,
-                                    min(self.settings.min_message_budget, m_tok))
-            budget, note = middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
-            if note is not None and budget >= m_tok:
-                return full("full-budget", note, budget_tokens=budget, units_in=len(units), analysis=analysis)
+            analysis = self._analyse(job, request) if analysis is None else self._resume(job, analysis)
+            toks = np.fromiter(map(_TOKENS, analysis.units), dtype=np.int64, count=len(analysis.units))
+            budget, note = self._budget(job, analysis, toks)
+            if note is not None and budget >= job.message_tokens:
+                return job.full("full-budget", note, budget_tokens=budget, units_in=len(analysis.units),
+                                analysis=analysis)
             budget = max(1, budget - budget_adjust)
-            kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines))
-            t = _lap(ms, "select", t)
-            # The pinned units (the request itself, when it sits in the message) are kept whatever their
-            # score and would dominate the measure: spread is over the units the budget actually chooses.
-            free = np.ones(len(units), dtype=bool)
-            free[list(pinned)] = False
-            assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
-            gate = analysis.gate_scores
-            counted = kept if analysis.gate_ranking is None and not analysis.atoms else \
-                self._choose(scores if analysis.gate_ranking is None else analysis.gate_ranking, analysis, toks,
-                             budget, source, label, len(tt.lines), by_units=True)
-            sp = flat_gate(scores[free], len(set(counted) - pinned),
-                           self.settings.fallback_spread.at(max(prompt_tokens, m_tok)), intent,
-                           None if gate is None else gate[free], is_code(units))
-            t = _lap(ms, "spread", t)
-            if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
-                sp = replace(sp, flat=False)  # step 5: what the question matches is all in the pinned tail
-            if not sp.flat and sp.applies and gate is not None:  # step 5b: every match, or served whole
-                matches = every_match(gate, pinned, analysis.names)
-                if not matches <= set(kept):
-                    need = int(toks[sorted(matches | pinned)].sum())
-                    if need <= budget:
-                        kept = self._choose(scores, analysis, toks, budget, source, label, len(tt.lines), matches)
-                    else:
-                        sp = replace(sp, flat=True, matches=(len(matches), need, budget))
+            kept = self._choose(analysis.scores, analysis, toks, budget, source, label, len(job.tt.lines))
+            job.lap("select")
+            sp = self._gate(job, analysis, _intent(request), toks, budget, kept)
+            kept, sp = self._every_match(job, analysis, toks, budget, kept, sp)
             if sp.flat and (not in_conversation or sp.whole or sp.matches is not None
-                            or (sp.applies and asks_for_every(intent))):
-                return full("full-flat", sp.reason, budget_tokens=budget, units_in=len(units), spread=sp.spread,
-                            analysis=analysis)  # the scores that were too flat: the inspector shows them
-            out = self.rewriter.rewrite(tt, units, kept, source, label, analysis.outline, int(NAMES_SHARE * budget),
-                                        pieces=analysis.pieces)
-            overhead = approx_tokens(out.note) + marker_tokens(out.omitted) + names_tokens(out.names)
-            kept_tokens = int(toks[kept].sum())
-            omitted_ids = [i for r in out.omitted for i in r.unit_indices]
-            us, ue = list(map(_START, units)), list(map(_END, units))
-            lines = tt.lines
-
-            def unit_text(i: int) -> str:
-                return lines[us[i]] if ue[i] - us[i] == 1 else "".join(lines[us[i]:ue[i]])
-
-            omitted_set = set(omitted_ids)
-            recall = RecallSource(label, reps, tuple(zip(us, ue)), tuple(toks.tolist()),
-                                  {i: unit_text(i) for i in omitted_ids},
-                                  {i: unit_text(i) for i in range(len(units)) if i not in omitted_set},
-                                  tuple(tt.line_tokens), tuple(ContentKind(u.kind).value for u in units),
-                                  analysis.pieces.to_plain() if analysis.pieces is not None else ())
-            _lap(ms, "rewrite", t)
-            return CompressionOutcome("compressed", out.text, prompt_tokens, m_tok, budget, kept_tokens, overhead,
-                                      len(units), len(kept), recall, ms, note, sp.spread, analysis, gutter,
-                                      None if note is None else INSUFFICIENT_MIDDLE)
+                            or (sp.applies and asks_for_every(_intent(request)))):
+                return job.full("full-flat", sp.reason, budget_tokens=budget, units_in=len(analysis.units),
+                                spread=sp.spread, analysis=analysis)  # the scores that were too flat: the inspector
+            return self._rewrite(job, analysis, toks, budget, kept, note, sp)
         except Exception as e:  # noqa: BLE001 - a failure here serves the message whole, never fails the request
-            return full("full-error", f"{type(e).__name__}: {e}")
+            return job.full("full-error", f"{type(e).__name__}: {e}")
+
+    def _resume(self, job: _Job, analysis: Analysis) -> Analysis:
+        """A re-run on an earlier call's steps 0-3: their timings, and the message as they cut it."""
+        job.ms.update(analysis.stage_ms)
+        job.tt = analysis.served or job.tt
+        return analysis
+
+    def _segment(self, job: _Job) -> tuple[TokenizedText, list[Unit], Pieces | None]:
+        """Steps 0-1: the text the scorers read (behind a gutter, long lines as pieces) and its units; ``job.tt``
+        becomes the served message as those pieces."""
+        tt = job.tt
+        g = find_gutter(tt.lines)  # step 0: cut and score behind the line numbers
+        seg = tt if g is None else bare_text(tt, g, content_tokens=True)
+        pieces = cut_long_lines(seg, self.segmenter.max_segment, None if g is None else g.prefix)
+        work = tt if g is None else bare_text(tt, g)
+        if pieces is not None:
+            seg, work = pieces.apply(seg, newlines=True), pieces.apply(work, newlines=True)
+            job.tt = pieces.apply(tt, numbered=g is not None)
+        units = list(self.segmenter.segment(seg, None))
+        if g is not None:
+            job.gutter = g.form
+            units = _recount(units, job.tt)
+        _check_units(units, job.tt)
+        job.lap("segment")
+        return work, units, pieces
+
+    def _analyse(self, job: _Job, request: RequestSpec) -> Analysis:
+        """Steps 0-3: units, the always-kept ones, the definitions the request names, and the scores."""
+        work, units, pieces = self._segment(job)
+        kept_lines = request.kept_lines
+        if kept_lines is not None and pieces is not None:  # the question's lines, counted in pieces
+            first = pieces.first()
+            n = len(first) - 1
+            kept_lines = (first[min(kept_lines[0], n)], first[min(kept_lines[1], n)])
+        asked = frozenset(line_units(units, kept_lines))
+        pinned = pinned_units(work, units, request.pinned_tail_tokens) | asked
+        defs = definitions(work)
+        named, optional = named_definitions(work, units, without_paths(request.text), defs)
+        blocks = tuple(definition_blocks(work, units, BLOCK_SEGMENTS * self.settings.max_segment, defs))
+        reps = self.scorer.represent(work, units)
+        job.lap("represent")
+        code = is_code(units)
+        query = without_paths(request.text) if code else request.text
+        scores = rank(self.scorer, reps, query, request.text, len(units))
+        job.lap("score")
+        intent = _intent(request)
+        gate, ranking = gate_scores(self.scorer, work, units, reps, scores, intent, query, request.text)
+        atoms, atom_ranks = code_atoms(work, units, defs, reps, query, request.text,
+                                       BLOCK_SEGMENTS * self.settings.max_segment, code)
+        return Analysis(units=units, pinned=pinned, reps=reps, scores=scores, stage_ms=dict(job.ms),
+                        gutter=job.gutter, named=named, blocks=blocks, named_optional=optional,
+                        outline=outline(work.lines, defs) if code else (), gate_scores=gate, gate_ranking=ranking,
+                        pieces=pieces, served=job.tt if pieces is not None else None, asked=asked,
+                        names=name_scores(self.scorer, work, units, reps, intent), atoms=atoms,
+                        atom_ranks=atom_ranks)
+
+    def _budget(self, job: _Job, analysis: Analysis, toks: np.ndarray) -> tuple[int, str | None]:
+        """Step 4's budget: the curve's, widened when the pinned units leave too little (``middle_budget``)."""
+        m_tok, pinned = job.message_tokens, analysis.pinned
+        budget = message_budget(self.settings.curve, max(job.prompt_tokens, m_tok), m_tok,
+                                min(self.settings.min_message_budget, m_tok))
+        return middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
+
+    def _gate(self, job: _Job, analysis: Analysis, intent: str, toks: np.ndarray, budget: int,
+              kept: list[int]) -> Spread:
+        """Step 5: the spread of the unpinned units' relevance over the units the budget keeps (``flat_gate``)."""
+        # The pinned units (the request itself, when it sits in the message) are kept whatever their
+        # score and would dominate the measure: spread is over the units the budget actually chooses.
+        units, pinned, scores = analysis.units, analysis.pinned, analysis.scores
+        free = np.ones(len(units), dtype=bool)
+        free[list(pinned)] = False
+        assert isinstance(self.settings.fallback_spread, SpreadCurve)  # __post_init__
+        gate = analysis.gate_scores
+        counted = kept if analysis.gate_ranking is None and not analysis.atoms else \
+            self._choose(scores if analysis.gate_ranking is None else analysis.gate_ranking, analysis, toks,
+                         budget, job.source, job.label, len(job.tt.lines), by_units=True)
+        sp = flat_gate(scores[free], len(set(counted) - pinned),
+                       self.settings.fallback_spread.at(max(job.prompt_tokens, job.message_tokens)), intent,
+                       None if gate is None else gate[free], is_code(units))
+        job.lap("spread")
+        if sp.flat and not sp.whole and analysis.asked and held_in_pin(scores, free, pinned, analysis.asked):
+            sp = replace(sp, flat=False)  # what the question matches is all in the pinned tail
+        return sp
+
+    def _every_match(self, job: _Job, analysis: Analysis, toks: np.ndarray, budget: int, kept: list[int],
+                     sp: Spread) -> tuple[list[int], Spread]:
+        """Step 5b: for a request for every match, the selection with every match, or flat when they do not fit."""
+        gate, pinned = analysis.gate_scores, analysis.pinned
+        if sp.flat or not sp.applies or gate is None:
+            return kept, sp
+        matches = every_match(gate, pinned, analysis.names)
+        if matches <= set(kept):
+            return kept, sp
+        need = int(toks[sorted(matches | pinned)].sum())
+        if need > budget:
+            return kept, replace(sp, flat=True, matches=(len(matches), need, budget))
+        return self._choose(analysis.scores, analysis, toks, budget, job.source, job.label, len(job.tt.lines),
+                            matches), sp
+
+    def _rewrite(self, job: _Job, analysis: Analysis, toks: np.ndarray, budget: int, kept: list[int],
+                 note: str | None, sp: Spread) -> CompressionOutcome:
+        """Step 6: the served text (note, kept lines, markers) and what recall needs, as the compressed outcome."""
+        units = analysis.units
+        out = self.rewriter.rewrite(job.tt, units, kept, job.source, job.label, analysis.outline,
+                                    int(NAMES_SHARE * budget), pieces=analysis.pieces)
+        overhead = approx_tokens(out.note) + marker_tokens(out.omitted) + names_tokens(out.names)
+        recall = _recall_source(job, analysis, toks, [i for r in out.omitted for i in r.unit_indices])
+        job.lap("rewrite")
+        return CompressionOutcome(mode="compressed", text=out.text, prompt_tokens=job.prompt_tokens,
+                                  message_tokens=job.message_tokens, budget_tokens=budget,
+                                  kept_tokens=int(toks[kept].sum()), overhead_tokens=overhead, units_in=len(units),
+                                  units_kept=len(kept), recall=recall, stage_ms=job.ms, reason=note,
+                                  spread=sp.spread, analysis=analysis, gutter=job.gutter,
+                                  budget_note=None if note is None else INSUFFICIENT_MIDDLE)
 
     def _choose(self, scores: np.ndarray, analysis: Analysis, toks: np.ndarray, budget: int, source: Source,
                 label: str, n_lines: int, also: Iterable[int] = (), by_units: bool = False) -> list[int]:
@@ -686,6 +693,22 @@ def close_blocks(kept: list[int], blocks: tuple[tuple[int, ...], ...], toks: np.
             have.update(missing)
             room -= add
     return sorted(have)
+
+
+def _recall_source(job: _Job, analysis: Analysis, toks: np.ndarray, omitted_ids: list[int]) -> RecallSource:
+    """Step 6: what recall needs of a compressed message: the reps, and every unit's lines, tokens, kind and text."""
+    units, lines = analysis.units, job.tt.lines
+    us, ue = list(map(_START, units)), list(map(_END, units))
+
+    def unit_text(i: int) -> str:
+        return lines[us[i]] if ue[i] - us[i] == 1 else "".join(lines[us[i]:ue[i]])
+
+    omitted = set(omitted_ids)
+    return RecallSource(label=job.label, reps=analysis.reps, unit_lines=tuple(zip(us, ue)),
+                        unit_tokens=tuple(toks.tolist()), omitted_texts={i: unit_text(i) for i in omitted_ids},
+                        kept_texts={i: unit_text(i) for i in range(len(units)) if i not in omitted},
+                        line_tokens=tuple(job.tt.line_tokens), unit_kinds=tuple(ContentKind(u.kind).value for u in units),
+                        pieces=analysis.pieces.to_plain() if analysis.pieces is not None else ())
 
 
 def _check_units(units: list[Unit], tt: TokenizedText) -> None:

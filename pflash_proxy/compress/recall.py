@@ -47,7 +47,7 @@ log = logging.getLogger("pflash_proxy.compress")
 __all__ = ["Excerpt", "RecallDecision", "RecallGate", "RecallSource", "format_recall_block"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecallSource:
     """What a compressed message leaves for recall: plain data, stored with its session.
 
@@ -96,7 +96,7 @@ class RecallSource:
         return work, units
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Excerpt:
     label: str
     start_line: int  # 0-based inclusive
@@ -218,8 +218,9 @@ class RecallGate:
                         part = "" if whole else describe(pieces.label[a:b], pieces.length[a:b]) if la == lb \
                             else "in part"
                         a, b = la, lb + 1
-                    excerpts.append(Excerpt(src.label, a, b, text, sum(src.unit_tokens[g] for g in group),
-                                            tuple(group), part))
+                    excerpts.append(Excerpt(label=src.label, start_line=a, end_line=b, text=text,
+                                            tokens=sum(src.unit_tokens[g] for g in group),
+                                            unit_indices=tuple(group), part=part))
                     group = []
                 if unit is not None:
                     group.append(unit)

@@ -72,7 +72,7 @@ class OmittedRange(NamedTuple):
         return self.end_line
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rewritten:
     text: str
     shown_lines: int
@@ -208,7 +208,8 @@ class Rewriter:
             parts.append(m + "\n" if b < total or ends_nl else m)
             pos = b
         parts += lines[pos:]
-        return Rewritten("".join(parts), shown, total, omitted, message_label, note, tuple(names))
+        return Rewritten(text="".join(parts), shown_lines=shown, total_lines=total, omitted=omitted,
+                         label=message_label, note=note, names=tuple(names))
 
 
     def _rewrite_pieces(self, tt: TokenizedText, units: Sequence[Unit], kept_indices: Sequence[int], source: Source,
@@ -263,8 +264,8 @@ class Rewriter:
         if part_example and pieces.prefix:
             part_example = part_example[part_example.find("[…"):]
         note = note_line(source, total - hidden_lines, total, message_label, part_example)
-        return Rewritten(note + "\n" + "".join(parts), total - hidden_lines, total, omitted, message_label, note,
-                         tuple(names))
+        return Rewritten(text=note + "\n" + "".join(parts), shown_lines=total - hidden_lines, total_lines=total,
+                         omitted=omitted, label=message_label, note=note, names=tuple(names))
 
 
 def marker_names(outline: Outline, ranges: Sequence[tuple[int, int]], room: int) -> list[str]:

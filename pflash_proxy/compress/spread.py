@@ -148,7 +148,7 @@ class SpreadCurve:
         return " ".join(f"{n}:{t:g}" for n, t in self.points)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Spread:
     spread: float
     effective_units: float
@@ -195,10 +195,12 @@ def relevance_spread(scores: np.ndarray, kept_units: int, fallback_spread: float
     n = len(s)
     total = float(s.sum())
     if n == 0 or total <= 0.0:
-        return Spread(1.0, float(n), 0, n, True, fallback_spread)
+        return Spread(spread=1.0, effective_units=float(n), kept_units=0, n_units=n, flat=True,
+                      threshold=fallback_spread)
     n_eff = total * total / float(np.dot(s, s))
     spread = (n_eff - kept_units) / max(1, kept_units)
-    return Spread(spread, n_eff, kept_units, n, spread > fallback_spread, fallback_spread)
+    return Spread(spread=spread, effective_units=n_eff, kept_units=kept_units, n_units=n,
+                  flat=spread > fallback_spread, threshold=fallback_spread)
 
 
 def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: str,
@@ -213,23 +215,27 @@ def flat_gate(scores: np.ndarray, kept_units: int, threshold: float, request: st
     if float(np.asarray(scores, dtype=np.float64).sum()) <= 0.0:
         return sp  # step 1
     if asks_for_whole(request):
-        return Spread(max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), float(sp.n_units),
-                      sp.kept_units, sp.n_units, True, threshold, True, None, True)
+        return Spread(spread=max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), effective_units=float(sp.n_units),
+                      kept_units=sp.kept_units, n_units=sp.n_units, flat=True, threshold=threshold, applies=True,
+                      clause=None, whole=True)
     applies = asks_for_every(request)
     if not applies or clause_scores is None:
-        return Spread(sp.spread, sp.effective_units, sp.kept_units, sp.n_units, sp.flat and applies, threshold,
-                      applies)
+        return Spread(spread=sp.spread, effective_units=sp.effective_units, kept_units=sp.kept_units,
+                      n_units=sp.n_units, flat=sp.flat and applies, threshold=threshold, applies=applies)
     clause = every_clause(request)
     shown = clause if clause != request else None
     cs = relevance_spread(clause_scores, kept_units, threshold)
     if float(np.asarray(clause_scores, dtype=np.float64).sum()) <= 0.0:  # "all the steps it takes": its own
         # words name nothing here, so it asks for every part of what the other sentences point at
-        return Spread(-1.0, 0.0, cs.kept_units, cs.n_units, False, threshold, True, shown)
+        return Spread(spread=-1.0, effective_units=0.0, kept_units=cs.kept_units, n_units=cs.n_units, flat=False,
+                      threshold=threshold, applies=True, clause=shown)
     if code and not request_names(request) and not _ONE.search(clause):  # every match of what the code does,
         # not of a name (nor every part of the one thing "it" points at: "list all the steps it takes"): the whole
-        return Spread(max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), float(sp.n_units),
-                      sp.kept_units, sp.n_units, True, threshold, True, shown, True)
-    return Spread(cs.spread, cs.effective_units, cs.kept_units, cs.n_units, cs.flat, threshold, True, shown)
+        return Spread(spread=max(sp.spread, (sp.n_units - sp.kept_units) / max(1, sp.kept_units)), effective_units=float(sp.n_units),
+                      kept_units=sp.kept_units, n_units=sp.n_units, flat=True, threshold=threshold, applies=True,
+                      clause=shown, whole=True)
+    return Spread(spread=cs.spread, effective_units=cs.effective_units, kept_units=cs.kept_units, n_units=cs.n_units,
+                  flat=cs.flat, threshold=threshold, applies=True, clause=shown)
 
 
 def kept_mass(scores: np.ndarray, kept: np.ndarray, free: np.ndarray) -> float:

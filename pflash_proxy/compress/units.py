@@ -63,6 +63,11 @@ class Unit(NamedTuple):
 class Segmenter(Protocol):
     """Anything that cuts a tokenized message into whole-line units."""
 
+    @property
+    def max_segment(self) -> int:
+        """The largest unit it makes, in tokens: the pipeline cuts a longer line into pieces first."""
+        ...
+
     def segment(self, tt: TokenizedText, kind: ContentKind | None = None) -> list[Unit]: ...
 
 

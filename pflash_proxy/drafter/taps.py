@@ -93,6 +93,11 @@ class DrafterSegmenter:
         self.taps, self.probe = taps, probe
         self.segmenter = ProbeSegmenter.from_probe(probe)
 
+    @property
+    def max_segment(self) -> int:
+        """The probe's largest unit, in tokens (``Segmenter``)."""
+        return self.segmenter.max_segment
+
     def segment(self, tt: TokenizedText, kind: ContentKind | None = None) -> list[Unit]:
         from .segment import make_unit
         d = self.taps.draft(tt.text)

@@ -246,6 +246,7 @@ def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
     from pflash_proxy.drafter.hashing import file_sha256
     from pflash_proxy.drafter.probe_writer import random_segment_weights, write_segment_probe
     from pflash_proxy.drafter.probes import ProbeMismatch, SEED_DRAFTER_SHA256, load_segment_probe
+    from pflash_proxy.compress.units import Segmenter
     from pflash_proxy.drafter.taps import DrafterSegmenter, ProbeTaps
     sha = file_sha256(gemma)
     write_segment_probe(tmp / "seed.gguf", random_segment_weights(640), tap_block=TAP)
@@ -262,7 +263,9 @@ def test_probe_segmenter_on_real_taps(drafter, gemma, tmp: Path) -> None:
     lines = text.splitlines(keepends=True)
     tt = SimpleNamespace(text=text, lines=lines, token_offsets=np.r_[0, np.cumsum(counts)])
     passes = drafter.stats["passes"]
-    units = DrafterSegmenter(stages, probe).segment(tt)
+    seg = DrafterSegmenter(stages, probe)
+    assert isinstance(seg, Segmenter) and seg.max_segment == 100  # the pipeline cuts longer lines by the probe's
+    units = seg.segment(tt)
     assert drafter.stats["passes"] == passes  # the memoised pass is reused
     assert units[0].start_line == 0 and units[-1].end_line == len(lines)
     assert all(a.end_line == b.start_line for a, b in zip(units, units[1:]))
