@@ -38,6 +38,7 @@ from pflash_proxy.bench.cases import Case
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
+from pflash_proxy.headers import CACHE_HEADER, MODE_HEADER
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import ChatMessage, JSONValue
 from pflash_proxy.llama.direct import erase_slot, pinned
@@ -125,8 +126,8 @@ def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extr
     return {"arm": arm, "status": res.status, "ttft_s": round(res.ttft_s or 0, 3), "total_s": round(res.total_s, 3),
             "prefill_tokens": None if report is None else report.new_tokens,
             "cached_tokens": None if report is None else report.cached_tokens, "prompt_tokens": res.prompt_n,
-            "mode": res.headers.get("X-PFlash-Mode", "off" if arm != "pflash" else "?"),
-            "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": _ms(fields.get("pflash_ms")),
+            "mode": res.headers.get(MODE_HEADER, "off" if arm != "pflash" else "?"),
+            "cache": res.headers.get(CACHE_HEADER), "pflash_ms": _ms(fields.get("pflash_ms")),
             "drafter_ms": _drafter_ms(fields), "reply": res.text[:80], **extra}
 
 
