@@ -51,5 +51,6 @@ def test_the_code_names_headers_through_the_module():
 
 def test_the_literal_scan_finds_a_header_name(tmp_path):
     sample = tmp_path / "m.py"
-    sample.write_text('"""Sets ``X-PFlash-Mode``."""\nh = {"X-PFlash-Mode": 1}\nprefix = "x-pflash"\nprose = "X-PFlash-Mode says"\n')
+    sample.write_text('"""Sets ``X-PFlash-Mode``."""\nh = {"X-PFlash-Mode": 1}\nprefix = "x-pflash"\n'
+                      'prose = "X-PFlash-Mode says"\n')
     assert _literal_headers(sample, tmp_path) == ["m.py:2: X-PFlash-Mode", "m.py:3: x-pflash"]
