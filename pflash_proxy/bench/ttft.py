@@ -13,10 +13,12 @@
    paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
    kept.  Per-turn and whole-chat waiting time.  It runs before step 2, and its first turn is step 2's first
    prompt at that length (the same sectioned document, salted the same way), so that prompt is not sent twice.
-4. Resume, at the shortest length (``benchmarks/bench_resume.py`` of 19528cf measured 8K-30K): a new PFlash conversation
-   over the replay's document is snapshotted, llama-server is restarted, and the follow-up is asked again
-   (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
-   prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
+4. Resume after a restart, at the shortest length only: a new PFlash conversation over the replay's document is
+   snapshotted (``/pflash/save``), llama-server is restarted, and its follow-up is asked through the proxy
+   (``restored`` from SSD), then straight to llama-server with every slot erased: the same served prompt cold, and
+   (not with ``--quick``) the original unshortened prompt cold (no PFlash).  Each row records the first-token time
+   and the cached tokens, so the table shows what a restore saves over a cold prefill.  Skipped with ``--upstream``
+   (the bench cannot restart it).
 5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
    the measured token counts: t(n) = (n + n²/(2Q)) / R, projected PFlash TTFT = compression time + t(kept).
 """
