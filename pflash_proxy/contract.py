@@ -34,6 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 
+# re-exported for stages/sessions.py, which names the header from here (the module is being rewritten elsewhere)
+from pflash_proxy.headers import VIA_HEADER as VIA_HEADER
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -46,8 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pflash_proxy.pipeline")
 
-FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # on a turn one node forwards to another: the node it came from, signed
-VIA_HEADER = "X-PFlash-Via"  # on the answer to a forwarded turn: the node that received it and forwarded it
 
 RouteKind = Literal["chat", "completion", "generating"]  # generating: other routes that decode in a slot
 Body = dict[str, Any]  # a JSON object, parsed or being built: a request's body, a message, an answer, log fields
@@ -181,7 +182,7 @@ class Forwarding:
     to: str | None = None
     node: str | None = None  # SessionStage: the node ``to`` reaches (taken over when it fails)
     failed: str | None = None  # the server: the URL that could not be reached, before it runs the stages again
-    # the server: the node that forwarded this request here, when its signed ``FORWARDED_HEADER`` verified (a
+    # the server: the node that forwarded this request here, when its signed ``headers.FORWARDED_HEADER`` verified (a
     # header that does not verify, a client's own, leaves it None)
     by: str | None = None
 

@@ -159,7 +159,8 @@ def test_no_import_cycles():
     """No module reaches itself through what it imports, lazily or not; nor any top-level package
     (``cli`` → ``bench`` → ``cli``)."""
     graph = import_graph()
-    assert [c for c in cycles(graph) if c not in KNOWN_CYCLES] == []
+    assert [c for c in cycles(graph) if c not in KNOWN_CYCLES] == [], \
+        "a new import cycle: break it (a lazy import is still an import here); KNOWN_CYCLES may only shrink"
 
     def top(name: str) -> str:
         return ".".join(name.split(".")[:2])
@@ -218,8 +219,9 @@ def test_the_package_never_imports_the_relevance_lab():
              for p in sorted(PACKAGE.rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
     assert not (PACKAGE / "bench" / "evals").exists() and not (PACKAGE / "bench" / "code_reads").exists()
-    assert [p.name for p in (PACKAGE / "bench").rglob("*.json")] == []
-    assert [p.name for p in (PACKAGE / "compress").glob("*.json")] == ["intent.json"]  # the weights, not their data
+    assert [p.name for p in (PACKAGE / "bench").rglob("*.json")] == [], "the bench's data lives in evals/"
+    assert [p.name for p in (PACKAGE / "compress").glob("*.json")] == ["intent.json"], \
+        "compress/ ships the intent classifier's weights only; its training data lives in evals/"
 
 
 def test_the_relevance_lab_scan_sees_lazy_imports(tmp_path):
@@ -235,9 +237,22 @@ def test_no_lower_package_imports_the_server():
     assert offenders == []
 
 
+# Modules that import nothing of the project (test_leaf_modules_import_nothing_of_the_project): any module, the
+# contract too, may import them without pulling the project in.
+LEAF_MODULES = {"pflash_proxy.headers"}
+
+
+def test_leaf_modules_import_nothing_of_the_project():
+    found = {leaf: sorted(m for m in _imports(MODULES[leaf]) if m.startswith("pflash_proxy")) for leaf in LEAF_MODULES}
+    assert {k: v for k, v in found.items() if v} == {}, \
+        "a module in LEAF_MODULES is imported by the contract and everything else: keep it free of the project"
+
+
 def test_the_contract_imports_nothing_of_the_project_at_run_time():
-    project = [m for m in _imports(PACKAGE / "contract.py", runtime_only=True) if m.startswith("pflash_proxy")]
-    assert project == []
+    project = [m for m in _imports(PACKAGE / "contract.py", runtime_only=True)
+               if m.startswith("pflash_proxy") and _resolve(m) not in LEAF_MODULES]
+    assert project == [], ("the contract is what every stage and the server import: it must not pull the project in "
+                           "at run time; name such types under `if TYPE_CHECKING:` (CONTRACT_ANNOTATIONS)")
 
 
 # What the contract names in annotations only (``if TYPE_CHECKING:``): the types the stages hand each other. It may
@@ -249,8 +264,9 @@ CONTRACT_ANNOTATIONS = {"pflash_proxy.compress", "pflash_proxy.dialects", "pflas
 
 
 def test_the_contract_names_no_stage_server_or_inspector_type():
-    named = {_resolve(m) for m in _imports(PACKAGE / "contract.py") if m.startswith("pflash_proxy")}
-    assert named <= CONTRACT_ANNOTATIONS, sorted(named - CONTRACT_ANNOTATIONS)
+    named = {_resolve(m) for m in _imports(PACKAGE / "contract.py") if m.startswith("pflash_proxy")} - LEAF_MODULES
+    assert named <= CONTRACT_ANNOTATIONS, (sorted(named - CONTRACT_ANNOTATIONS), "the contract may name only the "
+                                           "types the stages hand each other; this set may only shrink")
 
 
 def test_the_request_carries_typed_fields_not_a_dict_of_names():
@@ -262,17 +278,22 @@ def test_the_request_carries_typed_fields_not_a_dict_of_names():
     from pflash_proxy.contract import ProxyRequest, StageNotes
 
     names = {f.name for f in fields(ProxyRequest)}
-    assert "state" not in names and {"dialogue", "notes", "forward", "relay"} <= names
+    assert "state" not in names and {"dialogue", "notes", "forward", "relay"} <= names, \
+        "stages hand each other typed parts of the request, not a scratch dict: keep ProxyRequest's parts grouped"
     # the session's turn lease in a shared index: the session service's Turn holds it
-    assert {f.name for f in fields(StageNotes)} == {"session", "chain", "compression", "turn"}
-    assert len(names) <= 17, sorted(names)
+    assert {f.name for f in fields(StageNotes)} == {"session", "chain", "compression", "turn"}, \
+        ("StageNotes is what one stage hands the later ones, each field set by one stage: for a new stage note, add "
+         "it here and a comment naming its stage in contract.StageNotes; a field no stage sets any more goes")
+    assert len(names) <= 17, (sorted(names), "ProxyRequest stays small: put a new field in the part that writes it "
+                              "(dialogue, notes, forward, relay) rather than on the request itself")
 
 
 def test_no_stage_module_imports_another():
     """A stage reads what another found from the request (``ProxyRequest.session``...), whose types the contract
     holds: no module of ``stages/`` that defines a stage imports another such module, not even for a type."""
     stages = {_module_name(p) for p in (PACKAGE / "stages").glob("*.py") if defines_a_stage(p)}
-    assert {"pflash_proxy.stages.sessions", "pflash_proxy.stages.compress", "pflash_proxy.stages.savings"} <= stages
+    assert {"pflash_proxy.stages.sessions", "pflash_proxy.stages.compress", "pflash_proxy.stages.savings"} <= stages, \
+        "the scan no longer sees the known stages: defines_a_stage or the stages' layout changed"
     found = {name: sorted({t for m in _imports(MODULES[name]) if (t := _resolve(m)) in stages - {name}})
              for name in sorted(stages)}
     assert {k: v for k, v in found.items() if v} == {}
@@ -441,11 +462,14 @@ def test_the_stages_call_the_session_service_only():
     session service decides where an index call runs."""
     internals = {"manager", "scheduler", "store", "table", "cluster", "snapshots", "isolation", "watch"}
     modules = {str(p.relative_to(PACKAGE)): p for p in stage_modules()}
-    assert {"stages/sessions.py", "stages/chains.py", "stages/compress.py", "stages/savings.py"} <= set(modules)
+    assert {"stages/sessions.py", "stages/chains.py", "stages/compress.py", "stages/savings.py"} <= set(modules), \
+        "the scan no longer sees the known stage modules: stage_modules() or the stages' layout changed"
     for name, path in modules.items():
         reached = {n.attr for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Attribute)}
         threads = set() if name in COMPUTE_IN_A_THREAD else {"run_in_executor", "to_thread"}
-        assert reached & (internals | threads) == set(), name
+        assert reached & (internals | threads) == set(), (name, "call the session service (its public methods); a "
+                                                          "stage that runs its own CPU work in a thread goes in "
+                                                          "COMPUTE_IN_A_THREAD")
 
 
 def test_the_session_layer_depends_on_the_engine_protocol_only():
@@ -562,7 +586,8 @@ def _service_public_names() -> set[str]:
 
 def test_the_tests_reach_into_the_session_service_at_most_ten_times():
     found = service_reach_throughs(Path(__file__).parent, _service_public_names())
-    assert len(found) <= REACH_THROUGHS_MAX, "\n".join(found)
+    assert len(found) <= REACH_THROUGHS_MAX, ("\n".join(found) + "\nuse SessionService's public methods in tests "
+                                              "(add one if a test needs it); REACH_THROUGHS_MAX may only go down")
 
 
 def test_the_reach_through_scan_sees_services_by_call_alias_annotation_and_declared_field(tmp_path):
@@ -623,7 +648,9 @@ def test_the_inspector_is_handed_the_engine_not_the_transport():
 
     from pflash_proxy.inspector.data import InspectorViews
 
-    assert [f.name for f in fields(InspectorViews)] == ["engine", "sessions", "stats", "settled"]
+    assert [f.name for f in fields(InspectorViews)] == ["engine", "sessions", "stats", "settled"], \
+        ("the inspector reads only these views (no transport, no session service internals): a new read-only view "
+         "goes here and in InspectorViews with a comment saying what it reads; never llama.upstream")
 
 
 # ``Any`` in the package, counted as ``git grep -wo Any -- pflash_proxy`` counts it (the word, in code, comments and
@@ -639,7 +666,8 @@ def any_count(paths: list[Path]) -> int:
 
 def test_the_package_spells_any_no_more_than_its_bound():
     found = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py")) if (n := any_count([p]))}
-    assert sum(found.values()) <= ANY_BOUND, sorted(found.items(), key=lambda kv: -kv[1])[:10]
+    assert sum(found.values()) <= ANY_BOUND, (sorted(found.items(), key=lambda kv: -kv[1])[:10], "type it (a "
+                                              "TypedDict, jsontypes' JSON types, a Protocol) instead of Any")
 
 
 def test_the_any_count_matches_git_grep_words(tmp_path):
@@ -676,7 +704,9 @@ def log_field_reads(path: Path) -> list[int]:
 
 def test_the_log_fields_are_written_by_the_stages_and_read_by_the_log_line_only():
     found = {str(p.relative_to(PACKAGE)): lines for p in sorted(PACKAGE.rglob("*.py")) if (lines := log_field_reads(p))}
-    assert set(found) <= LOG_FIELD_READERS, {k: v for k, v in found.items() if k not in LOG_FIELD_READERS}
+    assert set(found) <= LOG_FIELD_READERS, ({k: v for k, v in found.items() if k not in LOG_FIELD_READERS},
+                                              "log_fields are for the access log: hand another stage (or the "
+                                              "metrics) a typed field of the request instead")
 
 
 def test_the_log_field_scan_tells_writes_from_reads(tmp_path):

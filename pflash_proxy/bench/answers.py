@@ -24,6 +24,7 @@ from pflash_proxy.bench.arms import two_arms
 from pflash_proxy.bench.report import Table, Written, pct, write_report
 from pflash_proxy.bench.runner import Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_cases
+from pflash_proxy.headers import MODE_HEADER
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import JSONValue
 
@@ -98,7 +99,7 @@ async def run(opts: argparse.Namespace) -> AnswersRun:
                 res = await chat(a.http, proxy.url, salted(case.messages, new_id()), stream=False,
                                  max_tokens=opts.max_tokens)
                 row[arm] = {"reply": res.text, "right": correct(res.text, row["expected"]),
-                            "mode": res.headers.get("X-PFlash-Mode", "off"), "status": res.status,
+                            "mode": res.headers.get(MODE_HEADER, "off"), "status": res.status,
                             "prompt_tokens": res.prompt_n}
                 bar.advance(f"{case.case_id} {arm}")
             results.append(row)

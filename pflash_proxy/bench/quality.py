@@ -31,6 +31,7 @@ from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, pct, write_report
 from pflash_proxy.bench.runner import BenchError, LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
+from pflash_proxy.headers import KEPT_TOKENS_HEADER, MODE_HEADER, PROMPT_TOKENS_HEADER
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import ChatMessage, JSONValue
 
@@ -171,9 +172,9 @@ async def _through_proxy(http: aiohttp.ClientSession, proxy: Proxy, row: str, ca
                          conversation=f"bench-{case.case_id}")
         seen = proxy.seen(key)
         h = res.headers
-        out.append(_record(row, case, turn, seen.messages, h.get("X-PFlash-Mode", "?"),
-                           prompt_tokens=_int(h.get("X-PFlash-Prompt-Tokens")),
-                           kept_tokens=_int(h.get("X-PFlash-Kept-Tokens")),
+        out.append(_record(row, case, turn, seen.messages, h.get(MODE_HEADER, "?"),
+                           prompt_tokens=_int(h.get(PROMPT_TOKENS_HEADER)),
+                           kept_tokens=_int(h.get(KEPT_TOKENS_HEADER)),
                            pflash_ms=seen.fields.get("pflash_ms"), served=seen.messages if turn == 0 else None))
     return out
 

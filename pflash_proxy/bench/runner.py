@@ -30,6 +30,7 @@ from aiohttp import web
 
 from pflash_proxy.config import Settings
 from pflash_proxy.errors import ProxyError
+from pflash_proxy.headers import PREFIX, SESSION_HEADER
 from pflash_proxy.contract import ProxyRequest, Stage
 from pflash_proxy.engine import CacheReport, Engine
 from pflash_proxy.jsontypes import ChatMessage, JSONObject, JSONValue
@@ -273,7 +274,7 @@ async def chat(session: aiohttp.ClientSession, url: str, messages: Sequence[Chat
             "stream": stream, **extra, **(extra_fields or {})}
     headers = {BENCH_HEADER: bench_id} if bench_id else {}
     if conversation:
-        headers["X-PFlash-Session"] = conversation
+        headers[SESSION_HEADER] = conversation
     for _ in range(retries):
         t0 = time.perf_counter()
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
@@ -281,7 +282,7 @@ async def chat(session: aiohttp.ClientSession, url: str, messages: Sequence[Chat
                 await resp.read()
                 await asyncio.sleep(0.5)
                 continue
-            hdrs = {k: v for k, v in resp.headers.items() if k.lower().startswith("x-pflash")}
+            hdrs = {k: v for k, v in resp.headers.items() if k.lower().startswith(PREFIX.lower())}
             if not stream or resp.content_type != "text/event-stream":
                 data = await resp.json(content_type=None)
                 total = time.perf_counter() - t0

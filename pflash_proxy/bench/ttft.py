@@ -13,10 +13,12 @@
    paste (turn 3, half as long, at least 1.25× the threshold), a short follow-up; the model's own replies are
    kept.  Per-turn and whole-chat waiting time.  It runs before step 2, and its first turn is step 2's first
    prompt at that length (the same sectioned document, salted the same way), so that prompt is not sent twice.
-4. Resume, at the shortest length (``benchmarks/bench_resume.py`` of 19528cf measured 8K-30K): a new PFlash conversation
-   over the replay's document is snapshotted, llama-server is restarted, and the follow-up is asked again
-   (``restored`` from SSD) vs the same served prompt with every slot erased (cold) vs the original unshortened
-   prompt cold (no PFlash).  Skipped with ``--upstream`` (the bench cannot restart it).
+4. Resume after a restart, at the shortest length only: a new PFlash conversation over the replay's document is
+   snapshotted (``/pflash/save``), llama-server is restarted, and its follow-up is asked through the proxy
+   (``restored`` from SSD), then straight to llama-server with every slot erased: the same served prompt cold, and
+   (not with ``--quick``) the original unshortened prompt cold (no PFlash).  Each row records the first-token time
+   and the cached tokens, so the table shows what a restore saves over a cold prefill.  Skipped with ``--upstream``
+   (the bench cannot restart it).
 5. The drafter's own cost (represent + score, when a drafter scorer is used) and a GPU projection computed from
    the measured token counts: t(n) = (n + n²/(2Q)) / R, projected PFlash TTFT = compression time + t(kept).
 """
@@ -38,6 +40,7 @@ from pflash_proxy.bench.cases import Case
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, write_report
 from pflash_proxy.bench.runner import ChatResult, Proxy, chat, new_id, salted
 from pflash_proxy.bench.sizing import sized_case
+from pflash_proxy.headers import CACHE_HEADER, MODE_HEADER
 from pflash_proxy.progress import Progress
 from pflash_proxy.jsontypes import ChatMessage, JSONValue
 from pflash_proxy.llama.direct import erase_slot, pinned
@@ -125,8 +128,8 @@ def _row(arm: str, res: ChatResult, proxy: Proxy | None, key: str | None, **extr
     return {"arm": arm, "status": res.status, "ttft_s": round(res.ttft_s or 0, 3), "total_s": round(res.total_s, 3),
             "prefill_tokens": None if report is None else report.new_tokens,
             "cached_tokens": None if report is None else report.cached_tokens, "prompt_tokens": res.prompt_n,
-            "mode": res.headers.get("X-PFlash-Mode", "off" if arm != "pflash" else "?"),
-            "cache": res.headers.get("X-PFlash-Cache"), "pflash_ms": _ms(fields.get("pflash_ms")),
+            "mode": res.headers.get(MODE_HEADER, "off" if arm != "pflash" else "?"),
+            "cache": res.headers.get(CACHE_HEADER), "pflash_ms": _ms(fields.get("pflash_ms")),
             "drafter_ms": _drafter_ms(fields), "reply": res.text[:80], **extra}
 
 

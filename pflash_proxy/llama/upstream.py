@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp.typedefs import LooseHeaders
 
 from pflash_proxy.errors import UpstreamNotReady, UpstreamTimeout, UpstreamUnavailable
+from pflash_proxy.headers import FORWARDED_HEADER
 from pflash_proxy.llama.sentinel import Sentinel
 
 log = logging.getLogger("pflash_proxy.llama.upstream")
@@ -56,7 +57,7 @@ HOP_BY_HOP = frozenset(
 
 # headers only proxy nodes set for each other (``sessions/cluster.py``): never passed on from a request; a node
 # that forwards a turn adds its own, signed
-INTERNAL = frozenset({"x-pflash-forwarded-by"})
+INTERNAL = frozenset({FORWARDED_HEADER.lower()})
 
 
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str] | list[tuple[str, str]]:

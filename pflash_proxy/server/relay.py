@@ -24,7 +24,7 @@ import time
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -127,122 +127,202 @@ async def relay(
         if upstream.content_length is not None and "Content-Encoding" not in upstream.headers and translate is None:
             resp.content_length = upstream.content_length
     sniff_json = bool(markers) and not is_sse and "json" in ctype and (upstream.content_length or 0) <= _MAX_SNIFF_BYTES
-    tail = _SSETail(markers) if is_sse and markers else None
-    body_parts: list[bytes] = []
-    held = b""  # SSE: bytes after the last complete event, written once the event is complete
+    relayed = _StreamRelay(request, upstream, resp, result, is_sse=is_sse, sniff_json=sniff_json, style=style,
+                           translate=translate, markers=markers, resend=resend)
+    return await relayed.run()
 
-    watcher = asyncio.create_task(_watch_client(request, upstream))
-    streams = request.app.get(STREAMS) if is_sse else None  # the shutdown ends these before its deadline
-    task = asyncio.current_task()
-    if streams is not None and task is not None:
-        streams.add(task)
-    answered = not is_sse  # SSE: whether an event of the answer itself was relayed (the resend)
-    pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
-    try:
-        await resp.prepare(request)
-        request[SENT_STATUS] = resp.status
-        while True:
-            try:
-                async for chunk in upstream.content.iter_any():
-                    if result.first_chunk_at is None:
-                        result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
-                    if is_sse:  # only whole events reach the client, so an error event never follows half of one
-                        chunk, held = _complete_events(held + chunk if held else chunk)
-                        if not answered and chunk:
-                            chunk, answered = _until_answer(chunk, pending)
-                    if tail is not None:
-                        tail.feed(chunk)
-                    out = translate.stream(chunk) if translate is not None and chunk else chunk
-                    if out:
-                        await resp.write(out)
-                        result.bytes_out += len(out)
-                        result.chunks += 1
-                    elif sniff_json:
-                        body_parts.append(chunk)
-                if pending or held:  # the held first chunk, and a last event without its blank line: as they are
-                    rest = b"".join(pending) + (held + b"\n\n" if translate is not None and held else held)
-                    pending.clear()
-                    if tail is not None:
-                        tail.feed(rest)
-                    out = translate.stream(rest) if translate is not None else rest
-                    await resp.write(out)
-                    result.bytes_out += len(out)
-                    held = b""
-                if translate is not None and is_sse:  # a translated stream is closed in its own dialect
-                    out = translate.end()
-                    if out:
-                        await resp.write(out)
-                        result.bytes_out += len(out)
-                result.completed = True
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-                if _client_gone(request):
-                    result.client_gone = True
-                else:
-                    result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-                if watcher.done() or _client_gone(request):
-                    result.client_gone = True
-                else:
-                    result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
-            if not (result.upstream_failed and resend is not None and not answered and not result.resent):
-                break
-            # the resend: nothing of the answer reached the client; send the request again, once
-            log.warning("upstream failed on %s before the first event of its answer (%s); sending it again",
-                        request.path, result.upstream_failed)
-            result.resent = True
-            upstream.close()
-            watcher.cancel()
-            held, failed, result.upstream_failed = b"", result.upstream_failed, None
-            pending.clear()
-            try:
-                upstream = await resend()
-            except ProxyError as exc:
-                result.upstream_failed = f"{failed}; sent again: {exc.message}"
-                break
-            watcher = asyncio.create_task(_watch_client(request, upstream))
-            if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                await _error_into_started(upstream, resp, result, style)  # an error answer: the stream's last event
-                return resp, result
-        if result.upstream_failed:
-            log.warning("upstream failed mid-response on %s: %s%s", request.path, result.upstream_failed,
-                        f" (dropped {len(held)} bytes of an unfinished event)" if held else "")
-            upstream.close()
-            if is_sse:
-                await _write_sse_error(resp, result, style)
-            else:
-                # Without a body framing to signal errors, cut the connection as the upstream did.
-                if request.transport is not None:
-                    request.transport.close()
-                return resp, result
-        if not result.client_gone:
-            try:
-                await resp.write_eof()
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                result.client_gone = True
-    except asyncio.CancelledError:
-        upstream.close()
-        if is_sse and not _client_gone(request):  # cancelled with the client still there: the shutdown's drain
-            request[DRAINED] = True  # ran out; a last error event it can parse, not a cut stream
-            await _end_cancelled_stream(resp, style)
-        result.client_gone = True
-        raise
-    finally:
-        if streams is not None:
-            streams.discard(task)
-        watcher.cancel()
-        if result.client_gone:
-            upstream.close()  # close, never release: llama-server must see the disconnect
-        else:
-            upstream.release()
-    if tail is not None:
-        result.final_json = tail.last
-    elif body_parts:
+
+class _StreamRelay:
+    """One answer relayed to the client chunk by chunk into ``resp`` (``relay``'s streamed case): it writes
+    events as they complete, decides a resend, and ends the stream normally, on an upstream error or cancelled.
+
+    State: ``held`` (SSE: the bytes after the last complete event), ``pending`` (SSE: events that carry no answer,
+    held until the first one that does), ``answered`` (an event of the answer itself reached the client: no resend
+    from then on), ``watcher`` (closes ``upstream`` when the client leaves), ``tail`` / ``body_parts`` (what
+    ``final_json`` is read from)."""
+
+    def __init__(self, request: web.Request, upstream: aiohttp.ClientResponse, resp: web.StreamResponse,
+                 result: RelayResult, *, is_sse: bool, sniff_json: bool, style: StreamStyle,
+                 translate: Translator | None, markers: tuple[bytes, ...],
+                 resend: Callable[[], Awaitable[aiohttp.ClientResponse]] | None) -> None:
+        self.request, self.upstream, self.resp, self.result = request, upstream, resp, result
+        self.is_sse, self.sniff_json, self.style, self.translate, self.resend = \
+            is_sse, sniff_json, style, translate, resend
+        self.tail = _SSETail(markers) if is_sse and markers else None
+        self.body_parts: list[bytes] = []
+        self.held = b""  # SSE: bytes after the last complete event, written once the event is complete
+        self.answered = not is_sse  # SSE: whether an event of the answer itself was relayed (the resend)
+        self.pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
+        self.watcher = asyncio.create_task(_watch_client(request, upstream))
+
+    async def run(self) -> tuple[web.StreamResponse, RelayResult]:
+        """Relay the answer (sending the request again once, when due), end the stream, let the upstream go."""
+        request, result = self.request, self.result
+        streams = request.app.get(STREAMS) if self.is_sse else None  # the shutdown ends these before its deadline
+        task = asyncio.current_task()
+        if streams is not None and task is not None:
+            streams.add(task)
         try:
-            parsed = json.loads(b"".join(body_parts))
-            result.final_json = parsed if isinstance(parsed, dict) else None
-        except ValueError:
-            pass
-    return resp, result
+            await self.resp.prepare(request)
+            request[SENT_STATUS] = self.resp.status
+            while True:
+                await self._relay_body()
+                if not self._resend_due():
+                    break
+                sent = await self._send_again()
+                if sent == "failed":
+                    break
+                if sent == "answered":  # an error answer, now the stream's last event
+                    return self.resp, result
+            if result.upstream_failed and not await self._end_on_upstream_failure():
+                return self.resp, result
+            if not result.client_gone:
+                await self._end_normally()
+        except asyncio.CancelledError:
+            await self._end_cancelled()
+            raise
+        finally:
+            if streams is not None:
+                streams.discard(task)
+            self._let_go()
+        self._keep_final_json()
+        return self.resp, result
+
+    async def _relay_body(self) -> None:
+        """Relay the current upstream's body to its end (``completed``), or until the client or the upstream
+        fails (``client_gone`` / ``upstream_failed``)."""
+        result = self.result
+        try:
+            async for chunk in self.upstream.content.iter_any():
+                if result.first_chunk_at is None:
+                    result.first_chunk_at = time.monotonic()  # the clock the routes time requests with
+                await self._write(chunk)
+            await self._write_rest()
+            result.completed = True
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            if _client_gone(self.request):
+                result.client_gone = True
+            else:
+                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            if self.watcher.done() or _client_gone(self.request):
+                result.client_gone = True
+            else:
+                result.upstream_failed = f"{exc.__class__.__name__}: {exc}"
+
+    async def _write(self, chunk: bytes) -> None:
+        """Write what ``chunk`` completes: SSE, only whole events (so an error event never follows half of one),
+        and none of the answer-less ones before the answer begins (``pending``)."""
+        if self.is_sse:
+            chunk, self.held = _complete_events(self.held + chunk if self.held else chunk)
+            if not self.answered and chunk:
+                chunk, self.answered = _until_answer(chunk, self.pending)
+        if self.tail is not None:
+            self.tail.feed(chunk)
+        out = self.translate.stream(chunk) if self.translate is not None and chunk else chunk
+        if out:
+            await self.resp.write(out)
+            self.result.bytes_out += len(out)
+            self.result.chunks += 1
+        elif self.sniff_json:
+            self.body_parts.append(chunk)
+
+    async def _write_rest(self) -> None:
+        """At the body's end: the held first chunk and a last event without its blank line, as they are; a
+        translated stream's close in its own dialect."""
+        if self.pending or self.held:
+            held = self.held
+            rest = b"".join(self.pending) + (held + b"\n\n" if self.translate is not None and held else held)
+            self.pending.clear()
+            if self.tail is not None:
+                self.tail.feed(rest)
+            out = self.translate.stream(rest) if self.translate is not None else rest
+            await self.resp.write(out)
+            self.result.bytes_out += len(out)
+            self.held = b""
+        if self.translate is not None and self.is_sse:
+            out = self.translate.end()
+            if out:
+                await self.resp.write(out)
+                self.result.bytes_out += len(out)
+
+    def _resend_due(self) -> bool:
+        """The upstream failed before the first event of the answer, a resend is possible and none was made."""
+        result = self.result
+        return bool(result.upstream_failed) and self.resend is not None and not self.answered and not result.resent
+
+    async def _send_again(self) -> Literal["again", "failed", "answered"]:
+        """The resend: nothing of the answer reached the client; send the request again, once, into the same
+        response. ``again``: a new stream to relay; ``failed``: it could not be sent (``upstream_failed``);
+        ``answered``: an answer without a stream (an error), written as the stream's last event."""
+        assert self.resend is not None
+        result = self.result
+        log.warning("upstream failed on %s before the first event of its answer (%s); sending it again",
+                    self.request.path, result.upstream_failed)
+        result.resent = True
+        self.upstream.close()
+        self.watcher.cancel()
+        self.held, failed, result.upstream_failed = b"", result.upstream_failed, None
+        self.pending.clear()
+        try:
+            self.upstream = await self.resend()
+        except ProxyError as exc:
+            result.upstream_failed = f"{failed}; sent again: {exc.message}"
+            return "failed"
+        self.watcher = asyncio.create_task(_watch_client(self.request, self.upstream))
+        if not self.upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            await _error_into_started(self.upstream, self.resp, result, self.style)
+            return "answered"
+        return "again"
+
+    async def _end_on_upstream_failure(self) -> bool:
+        """The upstream failed mid-answer: an SSE stream gets its error event (True: end it normally then);
+        another body is cut as the upstream cut it (False: nothing more to write)."""
+        result = self.result
+        log.warning("upstream failed mid-response on %s: %s%s", self.request.path, result.upstream_failed,
+                    f" (dropped {len(self.held)} bytes of an unfinished event)" if self.held else "")
+        self.upstream.close()
+        if self.is_sse:
+            await _write_sse_error(self.resp, result, self.style)
+            return True
+        # Without a body framing to signal errors, cut the connection as the upstream did.
+        if self.request.transport is not None:
+            self.request.transport.close()
+        return False
+
+    async def _end_normally(self) -> None:
+        try:
+            await self.resp.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            self.result.client_gone = True
+
+    async def _end_cancelled(self) -> None:
+        """Cancelled: with the client still there, the shutdown's drain ran out, and an SSE client gets a last
+        error event it can parse, not a cut stream."""
+        self.upstream.close()
+        if self.is_sse and not _client_gone(self.request):
+            self.request[DRAINED] = True
+            await _end_cancelled_stream(self.resp, self.style)
+        self.result.client_gone = True
+
+    def _let_go(self) -> None:
+        """Stop watching the client; close the upstream when the client left (llama-server must see the
+        disconnect), else release it to the pool."""
+        self.watcher.cancel()
+        if self.result.client_gone:
+            self.upstream.close()
+        else:
+            self.upstream.release()
+
+    def _keep_final_json(self) -> None:
+        if self.tail is not None:
+            self.result.final_json = self.tail.last
+        elif self.body_parts:
+            try:
+                parsed = json.loads(b"".join(self.body_parts))
+                self.result.final_json = parsed if isinstance(parsed, dict) else None
+            except ValueError:
+                pass
 
 
 async def _relay_small(upstream: aiohttp.ClientResponse, extra_headers: dict[str, str] | None, result: RelayResult,

@@ -43,7 +43,8 @@ from pflash_proxy.server.control import index, pflash_metrics, pflash_save, pfla
 from pflash_proxy.server.keys import (BODIES, ENGINE, HOLDER_NONCE, METRICS, PEERS, PIPELINE, PROOF_PATH, SESSIONS,
                                      SETTINGS, UPSTREAM, proof)
 from pflash_proxy.server.peers import PeerNode
-from pflash_proxy.contract import FORWARDED_HEADER, VIA_HEADER, Dialogue, ProxyRequest, RelayResult, RouteKind
+from pflash_proxy.contract import Dialogue, ProxyRequest, RelayResult, RouteKind
+from pflash_proxy.headers import FORWARDED_HEADER, PREFIX, TURN_CAP_HEADER, VIA_HEADER
 from pflash_proxy.server.relay import DRAINED, SENT_STATUS, _client_gone, relay, write_stream_error
 from pflash_proxy.sessions.cluster import sign_forward, verify_forward
 from pflash_proxy.sessions.slots import NO_CREDENTIAL
@@ -58,7 +59,6 @@ log = logging.getLogger("pflash_proxy.access")
 
 PARSE_OFF_LOOP_BYTES = 1 << 20
 HOLDER_PATH = PROOF_PATH  # wrap's check of the URL a lock file names (cli/home.py)
-TURN_CAP_HEADER = "X-PFlash-Turn-Cap"  # a spawned base model's cap lowered the request's max_tokens
 PROBE_PATHS = ("/health", "/v1/health")  # answered at once, never held while llama-server (re)starts  # bodies from 1 MiB up are parsed and validated in a worker thread
 COMPLETION_PATHS = ("/v1/completions", "/completions", "/completion")
 # Routes that make llama-server decode in a slot but that the proxy does not parse (yet): each still gets a slot
@@ -208,7 +208,7 @@ async def run_with_progress(request: web.Request, req: ProxyRequest, pipeline: P
         raise
     task.result()  # a stage's ProxyError surfaces here
     if resp is not None:  # headers decided after the stream started travel as one last comment
-        late = {k: v for k, v in req.response_headers.items() if k.startswith("X-PFlash")}
+        late = {k: v for k, v in req.response_headers.items() if k.startswith(PREFIX)}
         await resp.write((": pflash " + " ".join(f"{k}={v}" for k, v in late.items()) + "\n\n").encode())
     return resp
 

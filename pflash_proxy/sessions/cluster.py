@@ -45,6 +45,8 @@ from typing import TypeVar
 
 from pflash_proxy.config import ClusterOptions
 from pflash_proxy.errors import QueueTimeout
+# re-exported for stages/sessions.py, which names these headers from here (the module is being rewritten elsewhere)
+from pflash_proxy.headers import NODE_HEADER as NODE_HEADER, TAKEOVER_HEADER as TAKEOVER_HEADER
 from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
 from pflash_proxy.sessions.stats import ClusterStats
 
@@ -54,10 +56,6 @@ log = logging.getLogger("pflash_proxy.cluster")
 
 HEARTBEAT_PERIODS = 3  # a heartbeat (and a turn lease) expires this many periods after it was last renewed
 TURN_POLL_S = 0.05
-FORWARDED_HEADER = "X-PFlash-Forwarded-By"  # set by the node that forwards a turn: the receiver serves it itself
-NODE_HEADER = "X-PFlash-Node"  # the node that served the turn
-VIA_HEADER = "X-PFlash-Via"  # the node that received the turn and forwarded it
-TAKEOVER_HEADER = "X-PFlash-Takeover"  # the node that held the session before this turn took it over
 FORWARD_WINDOW_S = 60  # a signed forwarded turn is honoured this long after (or, for clock skew, before) its time
 
 

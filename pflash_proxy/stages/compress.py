@@ -35,6 +35,7 @@ from pflash_proxy.compress.text import split_lines
 from pflash_proxy.config import CompressionOptions
 from pflash_proxy.engine import Engine, EngineError, counts_per_line
 from pflash_proxy.errors import ProxyError
+from pflash_proxy.headers import BUDGET_NOTE_HEADER, KEPT_TOKENS_HEADER, MODE_HEADER, PROMPT_TOKENS_HEADER
 from pflash_proxy.models import message_text
 from pflash_proxy.contract import CompressionNote, ProxyRequest, SessionContext, Stage
 from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
@@ -111,10 +112,10 @@ class CompressStage(Stage):
         note.mode, note.reason = mode, failed or note.reason
         req.notes.compression = note
         self.counters[mode] = self.counters.get(mode, 0) + 1
-        req.response_headers["X-PFlash-Mode"] = mode
+        req.response_headers[MODE_HEADER] = mode
         if prompt_tokens is not None:
-            req.response_headers["X-PFlash-Prompt-Tokens"] = str(prompt_tokens)
-            req.response_headers["X-PFlash-Kept-Tokens"] = str(kept_tokens)
+            req.response_headers[PROMPT_TOKENS_HEADER] = str(prompt_tokens)
+            req.response_headers[KEPT_TOKENS_HEADER] = str(kept_tokens)
         req.log_fields["pflash"] = mode
         if note.reason is not None:
             req.log_fields["pflash_reason"] = note.reason
@@ -267,7 +268,7 @@ class CompressStage(Stage):
                  extra={"fields": fields})
         req.log_fields.update(fields)
         if outcome.budget_note is not None:  # the budget was widened: say so (``pipeline.middle_budget``)
-            req.response_headers["X-PFlash-Budget-Note"] = outcome.budget_note
+            req.response_headers[BUDGET_NOTE_HEADER] = outcome.budget_note
             req.notes.compression.reason = outcome.reason
         _serve_text(req, messages, idx, outcome.text)
         if outcome.recall is not None and outcome.recall.omitted_texts:  # kept with the history by the commit
