@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-# re-exported for stages/sessions.py, which names the header from here (the module is being rewritten elsewhere)
-from pflash_proxy.headers import VIA_HEADER as VIA_HEADER
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -45,8 +45,6 @@ from typing import TypeVar
 
 from pflash_proxy.config import ClusterOptions
 from pflash_proxy.errors import QueueTimeout
-# re-exported for stages/sessions.py, which names these headers from here (the module is being rewritten elsewhere)
-from pflash_proxy.headers import NODE_HEADER as NODE_HEADER, TAKEOVER_HEADER as TAKEOVER_HEADER
 from pflash_proxy.sessions.index import ClusterIndex, StoreError, run
 from pflash_proxy.sessions.stats import ClusterStats
 

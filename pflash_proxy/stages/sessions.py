@@ -31,9 +31,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Mapping
 
-from pflash_proxy.contract import VIA_HEADER, ProxyRequest, RelayResult, SessionContext, Stage, TurnTraces
+from pflash_proxy.contract import ProxyRequest, RelayResult, SessionContext, Stage, TurnTraces
 from pflash_proxy.engine import Engine
-from pflash_proxy.sessions.cluster import NODE_HEADER, TAKEOVER_HEADER
+from pflash_proxy.headers import (CACHE_HEADER, CACHE_REASON_HEADER, CACHED_TOKENS_HEADER, DEGRADED_HEADER, NODE_HEADER,
+                                  SESSION_HEADER, SLOT_HEADER, TAKEOVER_HEADER, VIA_HEADER)
 from pflash_proxy.sessions.service import SessionService, Turn, TurnAsk
 from pflash_proxy.sessions.slots import SlotReport
 from pflash_proxy.sessions.stats import SessionStats
@@ -41,9 +42,6 @@ from pflash_proxy.sessions.traces import record_cache
 
 log = logging.getLogger(__name__)
 
-SESSION_HEADER = "X-PFlash-Session"
-DEGRADED_HEADER = "X-PFlash-Degraded"
-CACHE_REASON_HEADER = "X-PFlash-Cache-Reason"  # why a turn that had a snapshot or a slot is a miss after all
 # the conversation's name, when the client gives one: ours first, then what agents send on their own
 SESSION_HEADERS = (SESSION_HEADER, "X-Claude-Code-Session-Id", "x-session-affinity", "session_id", "session-id")
 
@@ -77,21 +75,21 @@ class SessionStage(Stage):
         if turn.degraded is not None:
             req.response_headers[DEGRADED_HEADER] = turn.degraded
         if turn.batch:
-            req.response_headers["X-PFlash-Slot"] = "all"
+            req.response_headers[SLOT_HEADER] = "all"
             return
         if record is not None and turn.served[:turn.matched] != req.messages[:turn.matched]:
             req.set_messages(turn.served)
         for name, value in turn.pin.items():
             req.set_field(name, value)
         if record is None:
-            req.response_headers["X-PFlash-Slot"] = str(turn.slot)
+            req.response_headers[SLOT_HEADER] = str(turn.slot)
             return
         if turn.node is not None:
             req.response_headers[NODE_HEADER] = turn.node
             if turn.taken_from is not None:
                 req.response_headers[TAKEOVER_HEADER] = turn.taken_from
-        req.response_headers.update({"X-PFlash-Session": record.id, "X-PFlash-Slot": str(turn.slot),
-                                     "X-PFlash-Cache": turn.cache, "X-PFlash-Cached-Tokens": str(turn.expected)})
+        req.response_headers.update({SESSION_HEADER: record.id, SLOT_HEADER: str(turn.slot), CACHE_HEADER: turn.cache,
+                                     CACHED_TOKENS_HEADER: str(turn.expected)})
         if turn.cache_reason is not None:
             req.response_headers[CACHE_REASON_HEADER] = turn.cache_reason
         # a whole answer's headers say what the engine reused (its cache report), not what the proxy expected
@@ -136,8 +134,8 @@ class SessionStage(Stage):
         if report is None:
             return
         reported, reason = turn.reported(report.cached_tokens)
-        req.response_headers["X-PFlash-Cache"] = reported
-        req.response_headers["X-PFlash-Cached-Tokens"] = str(report.cached_tokens)
+        req.response_headers[CACHE_HEADER] = reported
+        req.response_headers[CACHED_TOKENS_HEADER] = str(report.cached_tokens)
         if reason is not None:
             req.response_headers[CACHE_REASON_HEADER] = reason
 
