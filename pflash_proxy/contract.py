@@ -88,7 +88,7 @@ class TurnTraces:
 
 @dataclass
 class SessionContext:
-    """What the session stage (``stages.sessions.SessionStage``) began for a request (``ProxyRequest.session``):
+    """What the session stage (``stages.sessions.SessionStage``) began for a request (``ProxyRequest.notes.session``):
     ``turn``, the session service's turn, holds the slot and what was found (its ``record``, None for an anonymous
     lease; the ``matched`` leading messages; the ``served`` history; ``cache``, ``expected`` and ``queue_ms``);
     compression reads it, the commit writes the history through it. The context adds only what the stages note
@@ -104,7 +104,7 @@ class SessionContext:
 @dataclass
 class CompressionNote:
     """What the compression stage (``stages.compress.CompressStage``) decided for a chat turn with a session
-    (``ProxyRequest.compression``): the mode served (the ``X-PFlash-Mode`` header's value), why, and, when the
+    (``ProxyRequest.notes.compression``): the mode served (the ``X-PFlash-Mode`` header's value), why, and, when the
     compressor ran, its wall time, the scorer it ran and the time of each of its steps (the metrics' drafter time
     is the segment, represent and score steps of a scorer other than the lexical one)."""
 
@@ -140,7 +140,7 @@ class AnswerNote:
 
 @dataclass
 class TurnNote:
-    """What the savings stage notes of a session's chat turn (``ProxyRequest.turn``): its number, when it was
+    """What the savings stage notes of a session's chat turn (``ProxyRequest.notes.turn``): its number, when it was
     forwarded, and its answer once there is one."""
 
     number: int  # the number the commit gives the turn
