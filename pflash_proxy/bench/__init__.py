@@ -28,11 +28,12 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from pflash_proxy.bench.defaults import DRAFTER_TIMEOUT_S
+
 if TYPE_CHECKING:
     from pflash_proxy.bench.report import Written
 
 QUICK_THRESHOLD = 1024
-DRAFTER_TIMEOUT_S = 1800.0  # `--drafter-timeout`'s default: a bench wants the drafter's score, not its fallback
 # --quick finishes in under 2 minutes on 2 CPU cores (measured: quality ~21 s, ttft ~100 s, answers ~90 s).
 # Retention needs no forward, so quality covers 2K and 4K; ttft and answers pay for every full prefill
 # (gemma-3-270m: ~200 tokens/s at 4K here), so they run at 4K only (below ~4K the lexical scores of these cases

@@ -27,7 +27,8 @@ import aiohttp
 
 from pflash_proxy.bench.cases import (Case, check_retention, default_count_tokens, head_tail_truncate,
                                       messages_text, random_units, shorten_longest)
-from pflash_proxy.bench import DRAFTER_TIMEOUT_S, analyses
+from pflash_proxy.bench import analyses
+from pflash_proxy.bench.defaults import DRAFTER_TIMEOUT_S
 from pflash_proxy.bench.report import Chart, Table, Written, mean, median, pct, write_report
 from pflash_proxy.bench.runner import BenchError, LlamaProc, Proxy, bench_settings, chat, new_id
 from pflash_proxy.bench.sizing import sized_cases, tokenize_counter
