@@ -11,7 +11,8 @@ import pytest
 from pflash_proxy.bench.cases import FAMILIES, case_tokens, generate, messages_text
 from pflash_proxy.bench.cases._families import (CHARACTER_NAMES, NOLIMA_NEEDLES, NOLIMA_QUESTION, NOLIMA_TABLE,
                                                 content_words)
-from pflash_proxy.bench.cases.generator import gold_in_messages, prose_paragraphs
+from pflash_proxy.bench.cases.base import prose_paragraphs
+from pflash_proxy.bench.cases.generator import gold_in_messages
 
 
 def longest(case) -> str:

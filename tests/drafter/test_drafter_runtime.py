@@ -202,7 +202,7 @@ def test_attention_finds_a_planted_needle_and_does_not_call_it_flat(drafter) -> 
 def test_attention_serves_the_benchs_aggregation_case_whole(drafter, seed) -> None:
     """The bench's negative control (count/list every record naming a product, ~3K tokens) through the real
     compression pipeline: the attention scorer must judge it flat, so it is served whole."""
-    from pflash_proxy.bench.cases.generator import generate_case, messages_text
+    from pflash_proxy.bench.cases import generate_case, messages_text
     from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
     from pflash_proxy.compress.request import RequestFinder
     from pflash_proxy.compress.text import TokenizedText

@@ -5,9 +5,8 @@ whether that evidence reached the upstream whole; `head_tail_truncate` and `rand
 compared with PFlash at the same budget.
 """
 
-from pflash_proxy.bench.cases.generator import (DEFAULT_LENGTHS, FAMILIES, RULER_FAMILIES, Case, FollowUp,
-                                                case_tokens, default_count_tokens, family_names, generate,
-                                                generate_case, messages_text)
+from pflash_proxy.bench.cases.base import Case, FollowUp, case_tokens, default_count_tokens, messages_text
+from pflash_proxy.bench.cases.generator import DEFAULT_LENGTHS, FAMILIES, RULER_FAMILIES, family_names, generate, generate_case
 from pflash_proxy.bench.cases.retention import (Retention, check_retention, gold_whole, head_tail_truncate,
                                                 marker_line, random_units, shorten_longest)
 

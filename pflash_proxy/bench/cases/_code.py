@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pflash_proxy.bench.cases.generator import _Ctx, _stdlib_modules
+from pflash_proxy.bench.cases.base import Ctx, stdlib_modules
 
 VERBS = frozenset("""return compute convert create build parse read write check find get set remove add format split
 join make generate encode decode open close send load dump copy update search match replace translate calculate
@@ -130,11 +130,11 @@ def _candidate(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], pre
 
 @lru_cache(maxsize=1)
 def _normalized_modules() -> tuple[str, ...]:
-    return tuple(" ".join(src.split()) for _, src in _stdlib_modules())
+    return tuple(" ".join(src.split()) for _, src in stdlib_modules())
 
 
-def code_evidence(ctx: _Ctx) -> CodeEvidence:
-    mods = [(p, s) for p, s in _stdlib_modules() if 1500 <= len(s) and ctx.count(s) <= ctx.target // 2]
+def code_evidence(ctx: Ctx) -> CodeEvidence:
+    mods = [(p, s) for p, s in stdlib_modules() if 1500 <= len(s) and ctx.count(s) <= ctx.target // 2]
     ctx.rng.shuffle(mods)
     for path, src in mods:
         cands = list(_candidates(path, src))
@@ -154,7 +154,7 @@ def code_evidence(ctx: _Ctx) -> CodeEvidence:
 def filler_modules(ev: CodeEvidence) -> list[str]:
     """Other whole modules, as "file read" blocks, that cannot make `ev`'s answer ambiguous."""
     out = []
-    for (path, src), norm in zip(_stdlib_modules(), _normalized_modules()):
+    for (path, src), norm in zip(stdlib_modules(), _normalized_modules()):
         if path == ev.path or f"def {ev.name}(" in src or ev.sentence in norm:
             continue
         out.append(f"# ===== {path} =====\n{src}")

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pflash_proxy.bench.cases import _code
 from pflash_proxy.bench.cases._logs import agent_log
-from pflash_proxy.bench.cases.generator import Case, FollowUp, _Ctx, messages_text, place, prose_sentences
+from pflash_proxy.bench.cases.base import Case, FollowUp, Ctx, messages_text, place, prose_sentences
 from pflash_proxy.jsontypes import ChatMessage, JSONObject, JSONValue, ToolCall
 
 ADJECTIVES = ["amber", "silent", "crimson", "hollow", "brisk", "velvet", "gilded", "frosty", "lucid", "rustic",
@@ -62,12 +62,12 @@ def _user(text: str) -> list[ChatMessage]:
     return [{"role": "user", "content": text}]
 
 
-def _keys(ctx: _Ctx, n: int) -> list[str]:
+def _keys(ctx: Ctx, n: int) -> list[str]:
     pairs = ctx.rng.sample([(a, b) for a in ADJECTIVES for b in NOUNS], n)
     return [f"{a}-{b}" for a, b in pairs]
 
 
-def _magic(ctx: _Ctx, taken: set[str]) -> str:
+def _magic(ctx: Ctx, taken: set[str]) -> str:
     while (v := str(ctx.rng.randint(1_000_000, 9_999_999))) in taken:
         pass
     taken.add(v)
@@ -78,7 +78,7 @@ def _needle(key: str, value: str) -> str:
     return f"One of the special magic numbers for {key} is: {value}."
 
 
-def _haystack_case(ctx: _Ctx, intro: str, evidence: list[str], question: str, gold: list[str],
+def _haystack_case(ctx: Ctx, intro: str, evidence: list[str], question: str, gold: list[str],
                    answer: str | list[str], forbid: list[str], tail: str = "", **meta: JSONValue) -> Case:
     """A single user message: intro, real prose with `evidence` paragraphs at random depths, then the question."""
     depths = ctx.depths(len(evidence))
@@ -91,7 +91,7 @@ def _haystack_case(ctx: _Ctx, intro: str, evidence: list[str], question: str, go
     return Case("", "", render(filler), question, gold, answer, False, 0, meta=meta)
 
 
-def build_ruler(ctx: _Ctx, variant: str) -> Case:
+def build_ruler(ctx: Ctx, variant: str) -> Case:
     taken: set[str] = set()
     if variant == "multikey":
         adj, noun = ctx.rng.choice(ADJECTIVES), ctx.rng.choice(NOUNS)
@@ -127,7 +127,7 @@ def build_ruler(ctx: _Ctx, variant: str) -> Case:
     return _haystack_case(ctx, RULER_INTRO, [needles[i] for i in order], q, needles, answer, keys + values)
 
 
-def build_vartrack(ctx: _Ctx) -> Case:
+def build_vartrack(ctx: Ctx) -> Case:
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     names: set[str] = set()
     while len(names) < 15:
@@ -155,7 +155,7 @@ def build_vartrack(ctx: _Ctx) -> Case:
                 meta={"value": values[0]})
 
 
-def build_nolima(ctx: _Ctx) -> Case:
+def build_nolima(ctx: Ctx) -> Case:
     landmark, city = ctx.rng.choice(NOLIMA_TABLE)
     name = ctx.rng.choice(CHARACTER_NAMES)
     needle = ctx.rng.choice(NOLIMA_NEEDLES).format(name=name, landmark=landmark)
@@ -165,7 +165,7 @@ def build_nolima(ctx: _Ctx) -> Case:
                           landmark=landmark, city=city)
 
 
-def _code_case(ctx: _Ctx, agent: bool) -> Case:
+def _code_case(ctx: Ctx, agent: bool) -> Case:
     ev = _code.code_evidence(ctx)
     depth = ctx.rng.random()
     pool = _code.filler_modules(ev)
@@ -193,7 +193,7 @@ def _code_case(ctx: _Ctx, agent: bool) -> Case:
                       "variant": "source" if agent else "code"})
 
 
-def build_code(ctx: _Ctx) -> Case:
+def build_code(ctx: Ctx) -> Case:
     return _code_case(ctx, agent=False)
 
 
@@ -218,7 +218,7 @@ def _agent_messages(task: str, tool: str, args: JSONObject, output: str) -> list
             {"role": "tool", "tool_call_id": "call_0001", "content": output}]
 
 
-def build_agent(ctx: _Ctx) -> Case:
+def build_agent(ctx: Ctx) -> Case:
     """Log variant at 16K, 64K, ... and source variant at 32K, 128K, ... (alternating by index too)."""
     octave = round(math.log2(max(ctx.nominal, 1) / 16_384))  # the labelled length, not a resizing target
     if (ctx.index + octave) % 2:
@@ -246,7 +246,7 @@ CODENAMES = ["Orion", "Kestrel", "Juniper", "Halcyon", "Marlowe", "Tundra", "Sab
              "Brackwater", "Quillon", "Ptarmigan"]
 
 
-def build_multiturn(ctx: _Ctx) -> Case:
+def build_multiturn(ctx: Ctx) -> Case:
     """Turn 1 pastes a sectioned document and asks about a fact in section A; follow-ups ask about facts planted
     in sections at the other end of the document (lines the first turn's compression would leave out)."""
     xs = ctx.rng.sample(CODENAMES, 4)
@@ -293,7 +293,7 @@ PRODUCTS = ["Quillmate", "Borealis Hub", "Tallyframe", "Nimbolt", "Cartwheel Pro
 TEAMS = ["billing", "support", "platform", "mobile", "data", "security", "growth"]
 
 
-def build_aggregation(ctx: _Ctx) -> Case:
+def build_aggregation(ctx: Ctx) -> Case:
     """Many one-line records; the question needs every record that names one product (negative control)."""
     product = ctx.rng.choice(PRODUCTS)
     sentences = prose_sentences()
@@ -326,7 +326,7 @@ def build_aggregation(ctx: _Ctx) -> Case:
     return Case("", "", render(kept), q, gold, answer, True, 0, meta={"product": product})
 
 
-BUILDERS: dict[str, Callable[[_Ctx], Case]] = {
+BUILDERS: dict[str, Callable[[Ctx], Case]] = {
     "ruler_single": lambda c: build_ruler(c, "single"),
     "ruler_multikey": lambda c: build_ruler(c, "multikey"),
     "ruler_multivalue": lambda c: build_ruler(c, "multivalue"),

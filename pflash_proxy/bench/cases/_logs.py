@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable
 
-from pflash_proxy.bench.cases.generator import _Ctx, messages_text, place
+from pflash_proxy.bench.cases.base import Ctx, messages_text, place
 from pflash_proxy.jsontypes import ChatMessage
 
 EXCEPTIONS = [
@@ -42,12 +42,12 @@ class AgentLog:
     answer: str
 
 
-def _tenant(ctx: _Ctx) -> str:
+def _tenant(ctx: Ctx) -> str:
     return f"{ctx.rng.choice(['acme', 'globex', 'initech', 'umbrella', 'hooli', 'vandelay', 'wonka'])}-" \
            f"{ctx.rng.randint(100, 999)}"
 
 
-def _failure(ctx: _Ctx, tenant: str, exc: tuple[str, str]) -> list[str]:
+def _failure(ctx: Ctx, tenant: str, exc: tuple[str, str]) -> list[str]:
     job = f"exp-{ctx.rng.randint(10000, 99999)}"
     l1, l2, l3 = (ctx.rng.randint(40, 400) for _ in range(3))
     return [
@@ -64,7 +64,7 @@ def _failure(ctx: _Ctx, tenant: str, exc: tuple[str, str]) -> list[str]:
     ]
 
 
-def _routine(ctx: _Ctx, tenants: list[str]) -> str:
+def _routine(ctx: Ctx, tenants: list[str]) -> str:
     r = ctx.rng
     t = r.choice(tenants)
     kind = r.randrange(7)
@@ -88,7 +88,7 @@ def _routine(ctx: _Ctx, tenants: list[str]) -> str:
             f"{r.randint(1, 500)} MiB to s3://exports/{t}/")
 
 
-def agent_log(ctx: _Ctx, wrap: Callable[[str, str, str], list[ChatMessage]]) -> AgentLog:
+def agent_log(ctx: Ctx, wrap: Callable[[str, str, str], list[ChatMessage]]) -> AgentLog:
     """`wrap(task, path, tool_output)` builds the messages; it is used to size the log to the target."""
     exc_pool = list(EXCEPTIONS)
     ctx.rng.shuffle(exc_pool)

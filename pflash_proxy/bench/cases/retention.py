@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pflash_proxy.bench.cases.generator import Case, CountTokens, default_count_tokens, messages_text
+from pflash_proxy.bench.cases.base import Case, CountTokens, default_count_tokens, messages_text
 from pflash_proxy.jsontypes import ChatMessage
 
 Received = Sequence[ChatMessage] | str
