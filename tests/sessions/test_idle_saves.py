@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -37,18 +36,6 @@ async def idle_round(p: Proxy) -> None:
 def slot(p: Proxy, i: int = 0) -> Slot:
     """Slot ``i`` as the service's view shows it now (a copy)."""
     return p.service.view().slots()[i]
-
-
-@pytest.fixture
-async def one(tmp_path) -> AsyncIterator[Proxy]:
-    async for p in _proxy(tmp_path):
-        yield p
-
-
-@pytest.fixture
-async def two(tmp_path) -> AsyncIterator[Proxy]:
-    async for p in _proxy(tmp_path, n_slots=2):
-        yield p
 
 
 async def test_a_slot_leased_after_the_round_chose_it_is_skipped_not_waited_for(two):

@@ -19,18 +19,6 @@ async def saving(tmp_path) -> AsyncIterator[Proxy]:
         yield p
 
 
-@pytest.fixture
-async def one(tmp_path) -> AsyncIterator[Proxy]:
-    async for p in _proxy(tmp_path):
-        yield p
-
-
-@pytest.fixture
-async def two(tmp_path) -> AsyncIterator[Proxy]:
-    async for p in _proxy(tmp_path, n_slots=2):
-        yield p
-
-
 async def test_a_turn_closed_twice_releases_and_saves_once(saving):
     await saving.turn(chat(DOC_A, "Which plot?"))
     await saved(saving, 1)
