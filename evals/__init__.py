@@ -99,23 +99,16 @@ def main(args: argparse.Namespace) -> int:
 
 def render(args: argparse.Namespace) -> int:
     """``--render KIND.json``: the report of a run already made, with this version's tables (nothing is sent)."""
-    import json
-
     from evals import code_tasks, every_x, planted, ruler
+    from pflash_proxy.bench import read_run
 
     report = {"ruler-qa": ruler.report, "code-tasks": code_tasks.report, "planted": planted.report,
               "every-x": every_x.report}[args.kind]
     if len(args.render) != 1:
         print("evals: the evals render one run at a time", file=sys.stderr)
         return 2
-    try:
-        data = json.loads(Path(args.render[0]).read_text())
-    except (OSError, ValueError) as exc:
-        print(f"evals: cannot read {args.render[0]}: {exc}", file=sys.stderr)
-        return 2
-    if data.get("bench") != args.kind:
-        print(f"evals: {args.render[0]} holds a {data.get('bench')!r} run, not {args.kind!r}",
-              file=sys.stderr)
+    data = read_run(Path(args.render[0]), args.kind, "evals")
+    if data is None:
         return 2
     out = Path(args.out) if str(args.out) != "benchmarks/results" else Path(args.render[0]).parent
     md, paths = report(data, out)

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pflash_proxy.bench.defaults import DRAFTER_TIMEOUT_S
 
@@ -172,20 +172,29 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(args: argparse.Namespace) -> int:
-    """``--render KIND.json [...]``: the report of runs already made, with this version's tables."""
+def read_run(path: Path, kind: str, prog: str) -> Any:
+    """An earlier run's JSON for ``--render``: None (the reason printed as ``prog``) when it cannot be read or holds
+    another kind's run."""
     import json
 
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    if not isinstance(data, dict) or data.get("bench") != kind:
+        got = data.get("bench") if isinstance(data, dict) else None
+        print(f"{prog}: {path} holds a {got!r} run, not {kind!r}", file=sys.stderr)
+        return None
+    return data
+
+
+def render(args: argparse.Namespace) -> int:
+    """``--render KIND.json [...]``: the report of runs already made, with this version's tables."""
     runs = []
     for path in args.render:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            print(f"pflash-proxy bench: cannot read {path}: {exc}", file=sys.stderr)
-            return 2
-        if data.get("bench") != args.kind:
-            print(f"pflash-proxy bench: {path} holds a {data.get('bench')!r} run, not {args.kind!r}",
-                  file=sys.stderr)
+        data = read_run(Path(path), args.kind, "pflash-proxy bench")
+        if data is None:
             return 2
         runs.append((str(path), data))
     data = runs[0][1]
