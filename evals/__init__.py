@@ -33,7 +33,8 @@ DEFAULT_LIMIT = {"ruler-qa": 30}
 DEFAULT_THRESHOLD = {"ruler-qa": 8192, "planted": 2048, "code-tasks": 2048, "every-x": 2048}
 # held-out splits written after the first (every-x's held-out-2 wordings; code-tasks' held-out-2 and held-out-3 tasks,
 # held-out-3 in cases/code_tasks_held_out_3.json)
-LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3")}
+# code-tasks' spent: dev and the held-out splits already run once, as one tuning set (code_tasks.SPENT)
+LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3", "spent")}
 
 
 def apply_defaults(args: argparse.Namespace) -> None:

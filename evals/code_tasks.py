@@ -19,7 +19,8 @@
    (``--forward``) or would receive (``gold``); the mode; kept fraction (llama-server's counts); read size bucket
    by the message's tokens.
 5. Split by package (``common.split_of``, about 60/40 of the cases; ``held-out-2``: tasks written later over
-   packages in neither split, each case saying so, and the mined sentences of those packages with them). Only
+   packages in neither split, each case saying so, and the mined sentences of those packages with them;
+   ``spent``: the splits already run, ``SPENT``, as one set to tune on, each read keeping its own split). Only
    ``--split``'s cases are sent, one package after the other in turn (``interleave``), so ``--limit N`` spans
    packages; ``--ids`` keeps the cases whose id matches one of its ids or globs (``select_ids``), before the limit.
 6. Beside each read, ``bm25_keeps_gold``: whether an offline BM25 ranking of the file's definitions, filled
@@ -52,6 +53,9 @@ from pflash_proxy.jsontypes import JSONObject
 CASES = Path(__file__).resolve().parent / "cases" / "code_tasks.json"
 # the held-out-3 tasks (split "held-out-3"), in a file of their own; read with CASES when present
 HELD_OUT_3 = CASES.with_name("code_tasks_held_out_3.json")
+# the splits already run (dev tuned on; held-out, held-out-2 and held-out-3 each run once and so no longer held out):
+# ``--split spent`` runs them as one, the set to tune on
+SPENT = ("dev", "held-out", "held-out-2", "held-out-3")
 SHAPES = ("claude", "claude-arrow", "opencode", "codex")
 VARIANTS = ("warm", "cold")
 BUCKETS = ((0, 4096, "<4K"), (4096, 8192, "4-8K"), (8192, 16384, "8-16K"), (16384, 1 << 40, ">=16K"))
@@ -86,6 +90,11 @@ def load_cases(path: Path = CASES) -> list[Task]:
     paths = [Path(path)] + ([HELD_OUT_3] if Path(path) == CASES and HELD_OUT_3.is_file() else [])
     return [Task(**{k: c[k] for k in ("id", "package", "path", "gold", "kind", "split", "task")},
                  version=c.get("version", "")) for p in paths for c in json.loads(p.read_text())["cases"]]
+
+
+def in_split(t: Task, split: str) -> bool:
+    """Step 5: whether ``t`` is one of ``split``'s tasks (``spent``: of any split in ``SPENT``)."""
+    return t.split in SPENT if split == "spent" else t.split == split
 
 
 def definitions(text: str) -> dict[str, list[tuple[int, int]]]:
@@ -390,10 +399,11 @@ async def _one(h: common.Harness, scorer: str, shape: str, variant: str, t: Task
 async def run(opts: argparse.Namespace) -> JSONObject:
     site = Path(opts.site) if getattr(opts, "site", None) else site_packages()
     t0, commit = time.perf_counter(), common.commit()  # the tree the run started from
-    tasks = [t for t in load_cases(getattr(opts, "cases_file", None) or CASES) if t.split == opts.split]
-    if opts.mined:
-        tasks += mine(site, sorted({t.package for t in load_cases(getattr(opts, "cases_file", None) or CASES)
-                                    if t.split == opts.split}), opts.seed, opts.split)
+    cases = load_cases(getattr(opts, "cases_file", None) or CASES)
+    tasks = [t for t in cases if in_split(t, opts.split)]
+    if opts.mined:  # each split's packages' sentences, in that split
+        for split in (SPENT if opts.split == "spent" else (opts.split,)):
+            tasks += mine(site, sorted({t.package for t in cases if t.split == split}), opts.seed, split)
     if opts.families:
         tasks = [t for t in tasks if t.kind in opts.families]
     tasks = select_ids(tasks, getattr(opts, "ids", None))
@@ -471,8 +481,13 @@ def tables(data: JSONObject) -> list[Table]:
             rs = [r for r in recs if r["scorer"] == scorer and r["shape"] == shape]
             if not rs:
                 continue
-            groups = [("all", rs), ("written (all but mined)", [r for r in rs if r["kind"] != "mined"])]
+            written = [r for r in rs if r["kind"] != "mined"]
+            groups = [("all", rs), ("written (all but mined)", written),
+                      ("written, reads >= 4K", [r for r in written if r["bucket"] != "<4K"])]
             groups += [(f"size {label}", [r for r in rs if r["bucket"] == label]) for _, _, label in BUCKETS]
+            if data["split"] == "spent":  # each split's written reads of 4K tokens and more
+                groups += [(f"split {s}, written >= 4K", [r for r in written if r["split"] == s and
+                                                          r["bucket"] != "<4K"]) for s in SPENT]
             groups += [(f"kind {k}", [r for r in rs if r["kind"] == k])
                        for k in ("bug", "how", "why", "change", "mined")]
             groups += [(f"variant {v}", [r for r in rs if r["variant"] == v]) for v in data["variants"]]  # type: ignore[union-attr]
