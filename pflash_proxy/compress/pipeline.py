@@ -11,9 +11,10 @@
 3. score: ``represent`` and ``score`` against the request (``rank``: in code, without the paths and tool-call
    keys it names, unless that leaves nothing to match), ``validate_scores``; for a request that asks for every
    match, BM25 of its every-clause and of the names it spells too (``gate_scores``, ``name_scores``).
-4. select: ``message_budget`` from the curve on the prompt's tokens, widened when the pinned units leave the
-   ranked ones less than ``MIDDLE_SHARE`` of it (``middle_budget``; ``full-budget`` when that is the whole
-   message).  The pinned and named units, the optional definitions within ``NAMED_SHARE`` and the first choice
+4. select: ``message_budget`` from the curve on the prompt's tokens (in code ranked by BM25, widened up to
+   ``coderank.UNSURE_WIDEN`` when the ranking has no clear leader: ``coderank.widen``), widened when the pinned
+   units leave the ranked ones less than ``MIDDLE_SHARE`` of it (``middle_budget``; ``full-budget`` when that is
+   the whole message).  The pinned and named units, the optional definitions within ``NAMED_SHARE`` and the first choice
    (``first_choice``) are kept, then the rest by density (``BudgetSelector``); in code, whole definitions
    ranked by ``coderank`` (``code_atoms``, ``atom_first``).  The selection is rerun until the kept units plus
    the note and marker lines land on the budget, at most it (``_select_with_overhead``), and a cut
@@ -47,7 +48,7 @@ from .budget import DEFAULT_CURVE, BudgetCurve, BudgetSelector, message_budget
 from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
 from .longlines import Pieces, cut_long_lines
-from .coderank import SIZE_POWER, AtomIndex, atom_scores, atoms, select_atoms
+from .coderank import SIZE_POWER, AtomIndex, atom_scores, atoms, select_atoms, widen
 from .named import definition_atoms, definition_blocks, definitions, named_definitions, outline
 from .recall import RecallSource
 from .request import RequestSpec, tail_lines, without_paths
@@ -456,6 +457,7 @@ class Compressor:
         m_tok, pinned = job.message_tokens, analysis.pinned
         budget = message_budget(self.settings.curve, max(job.prompt_tokens, m_tok), m_tok,
                                 min(self.settings.min_message_budget, m_tok))
+        budget = widen(budget, m_tok, analysis.atoms, analysis.atom_ranks, toks)  # code: more when unsure
         return middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
 
     def _gate(self, job: _Job, analysis: Analysis, intent: str, toks: np.ndarray, budget: int,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash_proxy.compress.coderank import AtomIndex, atoms, select_atoms
+from pflash_proxy.compress.coderank import (SIZE_POWER, UNSURE_WIDEN, AtomIndex, atoms, leader, margin,
+                                            select_atoms, widen)
 from pflash_proxy.compress.named import definition_atoms
 from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
 from pflash_proxy.compress.request import RequestSpec
@@ -96,3 +97,54 @@ def test_the_selection_keeps_atoms_whole_and_stays_under_the_budget():
     kept = select_atoms(groups, ranks, scores, toks, 800, set())  # the long one does not fit: the rest, then a
     assert {0, 4, 5, 6, 7} <= set(kept) and int(toks[kept].sum()) <= 800  # unit of it fills the budget
     assert not {1, 2, 3} <= set(kept)
+
+
+def test_the_raw_score_leader_is_kept_whole_before_the_size_damped_ranking():
+    """A long definition with the best raw score, whose size-damped key is below a few short ones': the short
+    ones would take the room it needs, and it would be skipped whole; the leader goes first."""
+    toks = np.array([600, 100, 100, 100, 100])
+    groups = ((0,), (1,), (2,), (3,), (4,))
+    ranks = np.array([10.0, 7.0, 7.0, 7.0, 7.0])
+    key = ranks / toks ** SIZE_POWER
+    assert key[0] < key[1]  # ranked by the key alone, the short ones come first
+    scores = ranks.copy()
+    kept = select_atoms(groups, ranks, scores, toks, 800, set())
+    assert 0 in kept and int(toks[kept].sum()) == 800
+    assert leader(ranks) == 0 and leader(np.zeros(3)) is None
+
+
+def test_an_unsure_ranking_widens_the_budget_and_a_clear_leader_does_not():
+    toks = np.array([100, 100, 100, 100])
+    groups = ((0,), (1,), (2,), (3,))
+    unsure = np.array([5.0, 5.0, 5.0, 1.0])  # three atoms level at the top: no leader
+    sure = np.array([9.0, 2.0, 1.0, 1.0])
+    assert margin(groups, unsure, toks) == 1.0 and margin(groups, sure, toks) < 0.5
+    assert widen(1000, 4000, groups, unsure, toks) == round(1000 * (1 + UNSURE_WIDEN)) > 1000
+    assert widen(1000, 4000, groups, sure, toks) == 1000
+    assert widen(1000, 4000, groups, None, toks) == 1000  # not ranked by BM25 (a drafter's scores): as it was
+    assert widen(1000, 4000, groups, np.zeros(4), toks) == 1000  # nothing matched: no ranking to be unsure of
+    assert widen(1000, 1050, groups, unsure, toks) == 1050  # never past the message
+
+
+def test_a_code_read_with_no_clear_leader_gets_the_widened_budget():
+    """Through the compressor: a read of many look-alike functions that the question matches alike is given more
+    than the curve's budget; the same read asked about one of them is not."""
+    from pflash_proxy.compress.budget import message_budget
+    from pflash_proxy.compress.pipeline import CompressionOutcome, CompressionSettings, Compressor
+    from pflash_proxy.compress.request import RequestSpec
+
+    fns = [f"def sync_{k}(mirror, ledger):\n    \"\"\"Copy the ledger rows to mirror number {k}.\"\"\"\n"
+           f"    for row in ledger.rows({k}):\n        mirror.put(row)\n    return mirror\n" for k in range(80)]
+    fns[40] = ("def rotate_keys(vault, epoch):\n    \"\"\"Rotate the vault's signing keys at an epoch.\"\"\"\n"
+               "    for key in vault.keys(epoch):\n        vault.retire(key)\n    return vault\n")
+    text = "\n\n".join(fns)
+    tt = TokenizedText.from_text(text)
+    settings = CompressionSettings(threshold=256)
+    comp = Compressor(settings)
+    curve = message_budget(settings.curve, tt.total_tokens + 80, tt.total_tokens, settings.min_message_budget)
+
+    def ask(q: str) -> CompressionOutcome:
+        return comp.compress(tt, RequestSpec(q, 0, "tool-call"), tt.total_tokens + 80, True, "tool", "1")
+
+    assert ask("where are the ledger rows copied to the mirror?").budget_tokens > curve
+    assert ask("where are the vault's signing keys rotated at an epoch?").budget_tokens == curve
