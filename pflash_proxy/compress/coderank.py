@@ -32,7 +32,9 @@ it (the issue's diagnostic, ``bench code-tasks``' last column).
 6. ``widen(budget, message_tokens, groups, ranks, toks)``: the budget of a code read whose ranking is unsure
    (no clear leader): with ``margin`` the key of the atom in place ``UNSURE_AT + 1`` over the first's, the budget
    grows linearly from 1x at a margin of ``UNSURE_FROM`` to ``1 + UNSURE_WIDEN`` at ``UNSURE_TO`` and above,
-   at most the whole message (the issue's "keep more rather than cut the gold"). Only when BM25 ranked the atoms.
+   at most the whole message (the issue's "keep more rather than cut the gold"), and for a read of
+   ``WIDEN_CAP_FROM`` tokens or more at most ``WIDEN_CAP`` of it (the issue's bound on the median kept there;
+   a budget the curve already set above it stays). Only when BM25 ranked the atoms.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from .scores import LexicalScorer, UnitReps
 from .text import TokenizedText
 from .units import Unit
 
-__all__ = ["AtomIndex", "SIZE_POWER", "UNSURE_AT", "UNSURE_FROM", "UNSURE_TO", "UNSURE_WIDEN", "atom_scores", "atoms",
-           "leader", "margin", "select_atoms", "widen"]
+__all__ = ["AtomIndex", "SIZE_POWER", "UNSURE_AT", "UNSURE_FROM", "UNSURE_TO", "UNSURE_WIDEN", "WIDEN_CAP",
+           "WIDEN_CAP_FROM", "atom_scores", "atoms", "leader", "margin", "select_atoms", "widen"]
 
 SIZE_POWER = 0.22  # step 5: an atom's rank is its score over its tokens to this power (0: score, 1: density)
 # (users'-words code tasks, dev split, offline, gemma's counts, at a flat 0.3 budget: 0, 0.15 and 0.3 kept the
@@ -57,6 +59,8 @@ SIZE_POWER = 0.22  # step 5: an atom's rank is its score over its tokens to this
 # a long definition fits the larger budget of a small read), 0.15 80/80/80/78)
 
 UNSURE_AT, UNSURE_FROM, UNSURE_TO, UNSURE_WIDEN = 2, 0.5, 0.9, 0.10  # step 6
+WIDEN_CAP_FROM, WIDEN_CAP = 16384, 0.30  # step 6: from this many tokens on, widened to at most this share
+# (uncapped, Codex's raw reads of >= 16K tokens kept a median 0.307 of themselves on the spent split)
 # (users'-words code tasks, spent split, Claude Code shape, written reads >= 4K, with the leader (step 5): 258 of
 # 280 at median kept 0.386 / 0.319 / 0.286 (4-8K / 8-16K / >= 16K); this widening 261 at 0.407 / 0.333 / 0.295;
 # up to 1.2x 261 at 0.428 / 0.346 / 0.310 (past the issue's 0.30 at >= 16K); every read 1.05x 260 at 0.406 /
@@ -164,4 +168,7 @@ def widen(budget: int, message_tokens: int, groups: Sequence[Sequence[int]], ran
     if m is None:
         return budget
     x = min(max((m - UNSURE_FROM) / (UNSURE_TO - UNSURE_FROM), 0.0), 1.0)
-    return int(min(message_tokens, max(budget, round(budget * (1.0 + UNSURE_WIDEN * x)))))
+    wide = round(budget * (1.0 + UNSURE_WIDEN * x))
+    if message_tokens >= WIDEN_CAP_FROM:
+        wide = min(wide, int(WIDEN_CAP * message_tokens))
+    return int(min(message_tokens, max(budget, wide)))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash_proxy.compress.coderank import (SIZE_POWER, UNSURE_WIDEN, AtomIndex, atoms, leader, margin,
-                                            select_atoms, widen)
+from pflash_proxy.compress.coderank import (SIZE_POWER, UNSURE_WIDEN, WIDEN_CAP, WIDEN_CAP_FROM, AtomIndex,
+                                            atoms, leader, margin, select_atoms, widen)
 from pflash_proxy.compress.named import definition_atoms
 from pflash_proxy.compress.pipeline import CompressionSettings, Compressor
 from pflash_proxy.compress.request import RequestSpec
@@ -124,6 +124,9 @@ def test_an_unsure_ranking_widens_the_budget_and_a_clear_leader_does_not():
     assert widen(1000, 4000, groups, None, toks) == 1000  # not ranked by BM25 (a drafter's scores): as it was
     assert widen(1000, 4000, groups, np.zeros(4), toks) == 1000  # nothing matched: no ranking to be unsure of
     assert widen(1000, 1050, groups, unsure, toks) == 1050  # never past the message
+    big = WIDEN_CAP_FROM + 1000  # a large read: widened to at most WIDEN_CAP of itself, never narrowed
+    assert widen(int(0.29 * big), big, groups, unsure, toks) == int(WIDEN_CAP * big)
+    assert widen(int(0.31 * big), big, groups, unsure, toks) == int(0.31 * big)
 
 
 def test_a_code_read_with_no_clear_leader_gets_the_widened_budget():
