@@ -26,9 +26,10 @@ it (the issue's diagnostic, ``bench code-tasks``' last column).
    ceiling), most relevant per token first.
    The leader is a fusion of two rankings at their top: ranked by the size-damped key, a long definition that
    matches best is often reached only after shorter ones have taken the room it needs, and is then skipped
-   whole. (Users'-words code tasks, ``spent`` split, Claude Code shape, written reads of 4K tokens and more:
-   255 of 280 without the leader, 258 with it, none lost; the raw score alone 254, the two rankings
-   interleaved or fused by reciprocal rank 251-254, two leaders 257, docs/results.md.)
+   whole. (Users'-words code tasks, ``spent`` split, Claude Code shape, written reads of 4K tokens and more,
+   replayed offline from the eval's recorded requests: 255 of 280 without the leader, 258 with it, none lost;
+   the raw score alone 254, the two rankings interleaved or fused by reciprocal rank 251-255, two leaders 257,
+   docs/results.md.)
 6. ``widen(budget, message_tokens, groups, ranks, toks)``: the budget of a code read whose ranking is unsure
    (no clear leader): with ``margin`` the key of the atom in place ``UNSURE_AT + 1`` over the first's, the budget
    grows linearly from 1x at a margin of ``UNSURE_FROM`` to ``1 + UNSURE_WIDEN`` at ``UNSURE_TO`` and above,
