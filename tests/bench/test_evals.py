@@ -333,3 +333,28 @@ def test_pflash_proxy_bench_says_in_one_line_where_the_lab_went(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"python -m evals {kind}" in err, err
+
+
+def test_the_spent_split_is_every_split_already_run_and_code_tasks_only(capsys):
+    """``--split spent``: code-tasks' dev and the held-out splits already run once, as one tuning set (each task
+    keeping its own split; a split not in ``SPENT`` stays out); its table adds each split's written reads >= 4K;
+    the other evals refuse it."""
+    assert code_tasks.SPENT == ("dev", "held-out", "held-out-2", "held-out-3")
+    tasks = code_tasks.load_cases()
+    spent = [t for t in tasks if code_tasks.in_split(t, "spent")]
+    assert {t.split for t in spent} == {"dev", "held-out", "held-out-2", "held-out-3"}
+    assert len(spent) == sum(t.split in code_tasks.SPENT for t in tasks)
+    later = code_tasks.Task("h4-1", "pkg", "pkg/mod.py", "f", "bug", "held-out-4", "f fails.")
+    assert not code_tasks.in_split(later, "spent") and code_tasks.in_split(later, "held-out-4")
+    assert not code_tasks.in_split(spent[0], "held-out-4")
+    rec = {"id": "x", "scorer": "lexical", "shape": "claude", "variant": "warm", "kind": "bug", "mode": "compressed",
+           "kept": 0.3, "gold": True, "bucket": "8-16K", "gold_lines": 3, "bm25_at_30": True}
+    data = {"split": "spent", "scorers": ["lexical"], "shapes": ["claude"], "variants": ["warm"], "packages": {},
+            "cases": [], "skipped": {}, "records": [dict(rec, split=s) for s in code_tasks.SPENT]}
+    body = code_tasks.tables(data)[0].rows
+    labels = [row[2] for row in body]
+    assert "written, reads >= 4K" in labels
+    assert [row[3] for row in body if str(row[2]).startswith("split ")] == [1, 1, 1, 1]  # one read of each split
+    for kind in ("every-x", "planted", "ruler-qa"):
+        assert main([kind, "--split", "spent"]) == 2
+        assert "(got spent)" in capsys.readouterr().err
