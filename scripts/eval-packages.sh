@@ -11,7 +11,7 @@ EVAL_SITE="${EVAL_SITE:-$HOME/.cache/pflash-proxy/eval-site}"
 PYTHON="${PYTHON:-.venv/bin/python}"
 PACKAGES=(
     arrow==1.3.0 beautifulsoup4==4.12.3 click==8.1.7 docutils==0.21.2 flask==3.1.0 isort==5.13.2
-    jsonschema==4.23.0 markdown==3.7 marshmallow==3.23.1 more-itertools==10.5.0 networkx==3.4.2 parso==0.8.4
+    jsonschema==4.23.0 markdown==3.7 marshmallow==3.23.1 networkx==3.4.2 parso==0.8.4
     pycodestyle==2.12.1 pyflakes==3.2.0 rich==13.9.4 sqlparse==0.5.2 starlette==0.41.3 structlog==24.4.0
     tabulate==0.9.0 tenacity==9.0.0 tomlkit==0.13.2 werkzeug==3.1.3
 )
