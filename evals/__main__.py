@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the evals: dev (default, tune on it) or held-out (run once, at the end); code-tasks and "
                         "every-x also held-out-2 (tasks and wordings written later: code-tasks over packages in "
                         "neither split, every-x over the held-out files), code-tasks also held-out-3 "
-                        "(evals/cases/code_tasks_held_out_3.json); code-reads: test/train/all (default all)")
+                        "(evals/cases/code_tasks_held_out_3.json), ruler-qa also held-out-2 (questions over "
+                        "documents no earlier run used, for --followup); code-reads: test/train/all (default all)")
     p.add_argument("--forward", action="store_true",
                    help="the evals: forward each request to llama-server (one output token) and check the body it "
                         "received, captured in front of it, instead of stopping before the forward (slow on CPU)")
