@@ -32,8 +32,10 @@ DEFAULT_LIMIT = {"ruler-qa": 30}
 # 4K); 2048 for agent reads, the proxy's agent-read setting the code-reads bench uses
 DEFAULT_THRESHOLD = {"ruler-qa": 8192, "planted": 2048, "code-tasks": 2048, "every-x": 2048}
 # held-out splits written after the first (every-x's held-out-2 wordings; code-tasks' held-out-2, -3 and -4 tasks,
-# held-out-3 and -4 in cases/code_tasks_held_out_3.json and _4.json)
-LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3", "held-out-4")}
+# held-out-3 and -4 in cases/code_tasks_held_out_3.json and _4.json; ruler-qa's held-out-2 questions for follow-ups,
+# ruler.held_out_2)
+LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3", "held-out-4"),
+                "ruler-qa": ("held-out-2",)}
 
 
 def apply_defaults(args: argparse.Namespace) -> None:

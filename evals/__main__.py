@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "every-x also held-out-2 (tasks and wordings written later: code-tasks over packages in "
                         "neither split, every-x over the held-out files), code-tasks also held-out-3 and held-out-4 "
                         "(evals/cases/code_tasks_held_out_3.json and _4.json; held-out-4's packages: "
-                        "scripts/eval-packages.sh, then --site its directory); code-reads: test/train/all (default all)")
+                        "scripts/eval-packages.sh, then --site its directory), ruler-qa also held-out-2 (questions "
+                        "over documents no earlier run used, for --followup); code-reads: test/train/all (default all)")
     p.add_argument("--forward", action="store_true",
                    help="the evals: forward each request to llama-server (one output token) and check the body it "
                         "received, captured in front of it, instead of stopping before the forward (slow on CPU)")

@@ -4,6 +4,7 @@ llama-server (tiny thresholds). Only dev cases are used here: held-out phrasing 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evals.code_reads.generator import site_packages
-from evals import code_tasks, common, every_x, planted, ruler
+from evals import apply_defaults, code_tasks, common, every_x, planted, ruler
 from evals.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +146,30 @@ def test_ruler_documents_as_qa_py_chooses_them():
     text = ruler.render(ds, ids, q.query)
     assert text.startswith("Answer the question based on the given documents.")
     assert text.endswith(f"Question: {q.query} Answer:") and "Document 30:\n" in text
+
+
+@needs_ruler
+def test_ruler_held_out_2_shares_no_document_with_the_earlier_splits():
+    """held-out-2 (follow-ups, made after dev and held-out were spent): no document of its cases is a document of a
+    dev or held-out question, none of its articles or questions was asked by an earlier run (seed 0, --limit <= 30:
+    the first ``SPENT`` of each earlier split, SQuAD follow-ups from the same articles), and those runs' questions
+    are still picked in the same order."""
+    for name in ruler.DATASETS:
+        ds = ruler.load(name)
+        split = {q.qid: ruler.split_of(ds, q) for q in ds.questions}
+        mine = [q for q in ds.questions if split[q.qid] == "held-out-2"]
+        others: set[int] = set().union(*(ruler.documents(q) for q in ds.questions if split[q.qid] != "held-out-2"))
+        assert len(mine) >= 300 and not any(ruler.documents(q) & others for q in mine), name
+        for earlier in ("dev", "held-out"):
+            before = ruler._first_splits(ds, earlier, 0, ruler.SPENT[name])
+            assert [q.qid for q in ruler.pick(ds, earlier, 0, ruler.SPENT[name])] == [q.qid for q in before]
+            assert not {q.group for q in before} & {q.group for q in mine}
+            assert all(split[q.qid] == earlier for q in ruler.pick(ds, earlier, 0, 200))
+        assert len(ruler.pick(ds, "held-out-2", 0, 60)) == 60  # room for --limit 30 (HotpotQA: 30 pairs)
+    args = argparse.Namespace(kind="ruler-qa", split="held-out-2", scorers=None, drafter=None, lengths=None,
+                              limit=0, threshold=None, out="x")
+    apply_defaults(args)  # a split the command line takes for ruler-qa
+    assert args.split == "held-out-2"
 
 
 def test_planted_fact_goes_near_its_position_at_a_blank_line():
