@@ -31,10 +31,12 @@ DEFAULT_LIMIT = {"ruler-qa": 30}
 # fixed per eval, so runs at different lengths compare: half the shortest default length (ruler-qa 16K, planted
 # 4K); 2048 for agent reads, the proxy's agent-read setting the code-reads bench uses
 DEFAULT_THRESHOLD = {"ruler-qa": 8192, "planted": 2048, "code-tasks": 2048, "every-x": 2048}
-# held-out splits written after the first (every-x's held-out-2 wordings; code-tasks' held-out-2 and held-out-3 tasks,
-# held-out-3 in cases/code_tasks_held_out_3.json)
+# held-out splits written after the first (every-x's held-out-2 wordings; code-tasks' held-out-2, -3 and -4 tasks,
+# held-out-3 and -4 in cases/code_tasks_held_out_3.json and _4.json; ruler-qa's held-out-2 questions for follow-ups,
+# ruler.held_out_2)
 # code-tasks' spent: dev and the held-out splits already run once, as one tuning set (code_tasks.SPENT)
-LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3", "spent")}
+LATER_SPLITS = {"every-x": ("held-out-2",), "code-tasks": ("held-out-2", "held-out-3", "held-out-4", "spent"),
+                "ruler-qa": ("held-out-2",)}
 
 
 def apply_defaults(args: argparse.Namespace) -> None:

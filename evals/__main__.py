@@ -42,14 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     for action in p._actions:
         if action.dest in HELP:
             action.help = HELP[action.dest]
-    p.add_argument("--split", choices=("dev", "held-out", "held-out-2", "held-out-3", "spent",
+    p.add_argument("--split", choices=("dev", "held-out", "held-out-2", "held-out-3", "held-out-4", "spent",
                                          *CODE_READS_SPLITS),
                    default=None,
                    help="the evals: dev (default, tune on it) or held-out (run once, at the end); code-tasks and "
                         "every-x also held-out-2 (tasks and wordings written later: code-tasks over packages in "
-                        "neither split, every-x over the held-out files), code-tasks also held-out-3 "
-                        "(evals/cases/code_tasks_held_out_3.json) and spent (dev and every held-out split already run, "
-                        "as one set to tune on); code-reads: test/train/all (default all)")
+                        "neither split, every-x over the held-out files), code-tasks also held-out-3 and held-out-4 "
+                        "(evals/cases/code_tasks_held_out_3.json and _4.json; held-out-4's packages: "
+                        "scripts/eval-packages.sh, then --site its directory), ruler-qa also held-out-2 (questions "
+                        "over documents no earlier run used, for --followup), code-tasks also spent (dev and the held-out "
+                        "splits already run, held-out to held-out-3, as one set to tune on); code-reads: test/train/all "
+                        "(default all)")
     p.add_argument("--forward", action="store_true",
                    help="the evals: forward each request to llama-server (one output token) and check the body it "
                         "received, captured in front of it, instead of stopping before the forward (slow on CPU)")

@@ -53,6 +53,8 @@ from pflash_proxy.jsontypes import JSONObject
 CASES = Path(__file__).resolve().parent / "cases" / "code_tasks.json"
 # the held-out-3 tasks (split "held-out-3"), in a file of their own; read with CASES when present
 HELD_OUT_3 = CASES.with_name("code_tasks_held_out_3.json")
+# the held-out-4 tasks (split "held-out-4"), likewise; their packages are installed by scripts/eval-packages.sh
+HELD_OUT_4 = CASES.with_name("code_tasks_held_out_4.json")
 # the splits already run (dev tuned on; held-out, held-out-2 and held-out-3 each run once and so no longer held out):
 # ``--split spent`` runs them as one, the set to tune on
 SPENT = ("dev", "held-out", "held-out-2", "held-out-3")
@@ -86,8 +88,8 @@ class Task:
 
 
 def load_cases(path: Path = CASES) -> list[Task]:
-    """The tasks of ``path``; for ``CASES``, with those of ``HELD_OUT_3`` when that file is there."""
-    paths = [Path(path)] + ([HELD_OUT_3] if Path(path) == CASES and HELD_OUT_3.is_file() else [])
+    """The tasks of ``path``; for ``CASES``, with those of ``HELD_OUT_3`` and ``HELD_OUT_4`` when there."""
+    paths = [Path(path)] + ([p for p in (HELD_OUT_3, HELD_OUT_4) if p.is_file()] if Path(path) == CASES else [])
     return [Task(**{k: c[k] for k in ("id", "package", "path", "gold", "kind", "split", "task")},
                  version=c.get("version", "")) for p in paths for c in json.loads(p.read_text())["cases"]]
 
@@ -247,15 +249,26 @@ def _properties(text: str) -> set[str]:
     return out
 
 
+def _distribution(site: Path, package: str) -> metadata.Distribution | None:
+    """``package``'s distribution as installed in ``site`` (e.g. ``--site`` a ``pip --target`` directory), else
+    as this interpreter finds it; None when neither has it."""
+    found = next(iter(metadata.distributions(name=package, path=[str(site)])), None)
+    if found is not None:
+        return found
+    try:
+        return metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def mine(site: Path, packages: list[str], seed: int, split: str | None = None) -> list[Task]:
     """Step 1: sentences of each package's ``METADATA`` description that name one of its functions or methods
     (defined once, in a file of ``MIN_CHARS``-``MAX_CHARS``), the name replaced by "this"; up to
     ``MINED_PER_PACKAGE`` per package, in a seeded order; in ``split`` (default: the package's by hash)."""
     out: list[Task] = []
     for package in packages:
-        try:
-            dist = metadata.distribution(package)
-        except metadata.PackageNotFoundError:
+        dist = _distribution(site, package)
+        if dist is None:
             continue
         raw = dist.read_text("METADATA") or ""
         desc = raw.split("\n\n", 1)[1] if "\n\n" in raw else ""  # the description follows the headers
@@ -446,10 +459,8 @@ async def run(opts: argparse.Namespace) -> JSONObject:
         unavailable = dict(h.unavailable)
     versions = {}
     for t, _, _ in ready:
-        try:
-            versions[t.package] = metadata.version(t.package)
-        except metadata.PackageNotFoundError:
-            versions[t.package] = "?"
+        dist = _distribution(site, t.package)
+        versions[t.package] = dist.version if dist is not None else "?"
     return {"bench": "code-tasks", "commit": commit, "forward": bool(getattr(opts, "forward", False)),
             "split": opts.split, "seed": opts.seed,
             "threshold": opts.threshold, "site": str(site), "shapes": list(opts.shapes),

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from pflash_proxy.config import Settings
     from pflash_proxy.stages.scorers import Scoring
 
-SPLITS = ("dev", "held-out", "held-out-2", "held-out-3")  # held-out-2: every-x and code-tasks; held-out-3: code-tasks
+# held-out-2: every-x and code-tasks; held-out-3 and held-out-4: code-tasks
+SPLITS = ("dev", "held-out", "held-out-2", "held-out-3", "held-out-4")
 HELD_OUT_BELOW = 102  # of 256: about 40 % held out
 
 

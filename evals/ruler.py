@@ -16,6 +16,12 @@
    every supporting fact's sentence. Reached = the sentence, stripped, in the text the proxy forwarded.
 4. Split by document: ``common.split_of`` of the SQuAD article's title, of HotpotQA's first supporting title
    (sorted). Questions are taken from the split in a seeded order, at most one per SQuAD paragraph.
+   4b. ``held-out-2`` (follow-ups, made after dev and held-out were spent): the question groups no earlier run
+   used (``spent``: every earlier run asked the first ``SPENT`` questions of dev and held-out at seed 0), in a
+   share chosen by a hash under another salt (SQuAD: all 7 untouched articles; HotpotQA: a quarter), less any
+   question sharing a document with a question outside it (``held_out_2``); dev and held-out lose them, so their
+   first ``SPENT`` questions are the same as before. Distractors stay random draws from every document, as
+   RULER's.
 5. ``--followup``: a second turn on the same conversation (a placeholder answer, then RULER's instruction and
    a second question): SQuAD, the article's first other question (seeded order) whose evidence paragraph is
    among the documents and whose evidence turn 1 left out; HotpotQA (the second hop of another question), the
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import importlib.util
 import json
 import random
@@ -148,12 +155,35 @@ def load(name: str) -> Dataset:
     raise ValueError(f"unknown dataset {name!r} (one of {', '.join(DATASETS)})")
 
 
-def pick(ds: Dataset, split: str, seed: int, n: int) -> list[Question]:
-    """Step 4: up to ``n`` questions of ``split`` in a seeded order, one per SQuAD paragraph."""
-    qs = [q for q in ds.questions if common.split_of(q.title) == split]
+# Step 4b: held-out-2, the follow-up set written after the first two splits were spent. Every earlier run used seed 0
+# and at most --limit 30: it asked (and followed up on) the first SPENT questions ``pick`` gives for dev and
+# held-out at seed 0 (HotpotQA: 30 pairs). held-out-2 is the rest of HELD_OUT_2_SHARE of the question groups (a
+# hash of the group under another salt), less any question sharing a document with a question outside it.
+SPENT_SEED = 0
+SPENT = {"squad": 30, "hotpotqa": 60}
+HELD_OUT_2_SHARE = {"squad": 1.0, "hotpotqa": 0.25}  # SQuAD: every article no earlier run touched (7 of 35)
+HELD_OUT_2_SALT = "ruler-held-out-2:"
+
+
+def documents(q: Question) -> set[int]:
+    """Every document a case of ``q`` is built around: its own (HotpotQA: the 10 given paragraphs) and, for SQuAD,
+    its article's other paragraphs."""
+    return set(q.docs) | set(q.more)
+
+
+def _first_splits(ds: Dataset, split: str, seed: int, n: int) -> list[Question]:
+    """``pick`` as it was before held-out-2 (by ``common.split_of`` of the title alone)."""
+    return _seeded(ds, [q for q in ds.questions if common.split_of(q.title) == split], seed, n)
+
+
+def _seeded(ds: Dataset, qs: list[Question], seed: int, n: int, keep: str | None = None) -> list[Question]:
+    """The first ``n`` of ``qs`` in the seeded order (of ``split``'s ``split_of``, when ``keep`` names it), one per
+    SQuAD paragraph."""
     random.Random(f"{seed}-{ds.name}").shuffle(qs)
     out, seen = [], set()
     for q in qs:
+        if keep is not None and split_of(ds, q) != keep:
+            continue
         if ds.name == "squad" and q.docs[0] in seen:
             continue
         seen.add(q.docs[0])
@@ -161,6 +191,44 @@ def pick(ds: Dataset, split: str, seed: int, n: int) -> list[Question]:
         if len(out) >= n:
             break
     return out
+
+
+def spent(ds: Dataset) -> set[str]:
+    """Step 4b: the question groups (SQuAD articles, HotpotQA questions) the earlier runs used."""
+    return {q.group for split in ("dev", "held-out") for q in _first_splits(ds, split, SPENT_SEED, SPENT[ds.name])}
+
+
+@lru_cache(maxsize=2)
+def held_out_2(name: str) -> frozenset[str]:
+    """Step 4b: the qids of held-out-2: in the share, not spent, and sharing no document with any other split."""
+    ds = load(name)
+    used = spent(ds)
+    below = HELD_OUT_2_SHARE[name] * 256
+    inside = {q.qid for q in ds.questions if q.group not in used
+              and hashlib.sha256((HELD_OUT_2_SALT + q.group).encode()).digest()[0] < below}
+    holders: dict[int, set[str]] = {}
+    for q in ds.questions:
+        for d in documents(q):
+            holders.setdefault(d, set()).add(q.qid)
+    by_id = {q.qid: q for q in ds.questions}
+    while True:  # a question that shares a document with one outside leaves (which may make others leave)
+        out = {qid for qid in inside if any(not holders[d] <= inside for d in documents(by_id[qid]))}
+        if not out:
+            return frozenset(inside)
+        inside -= out
+
+
+def split_of(ds: Dataset, q: Question) -> str:
+    """Step 4: the question's split: held-out-2 (step 4b), else ``common.split_of`` of its title."""
+    return "held-out-2" if q.qid in held_out_2(ds.name) else common.split_of(q.title)
+
+
+def pick(ds: Dataset, split: str, seed: int, n: int) -> list[Question]:
+    """Step 4: up to ``n`` questions of ``split`` in a seeded order, one per SQuAD paragraph. dev and held-out are
+    shuffled as before held-out-2 and lose its questions after, so the order of the rest is unchanged."""
+    pool = list(ds.questions) if split == "held-out-2" else [q for q in ds.questions
+                                                            if common.split_of(q.title) == split]
+    return _seeded(ds, pool, seed, n, keep=split)
 
 
 @dataclass
@@ -264,7 +332,8 @@ def followup_question(ds: Dataset, q: Question, ids: list[int], served: str, see
             return None
         return partner
     present = set(ids)
-    cands = [o for o in ds.questions if o.group == q.group and o.qid != q.qid and o.docs[0] in present]
+    cands = [o for o in ds.questions if o.group == q.group and o.qid != q.qid and o.docs[0] in present
+             and split_of(ds, o) == split_of(ds, q)]
     random.Random(f"{seed}-{q.qid}").shuffle(cands)
     return next((o for o in cands if not all(reached(o.evidence, served))), None)
 
@@ -314,7 +383,7 @@ async def _case(h: common.Harness, scorer: str, ds: Dataset, q: Question, partne
     sent = await h.chat(scorer, messages, session)
     got = reached(q.evidence, sent.text)
     rec: RulerRecord = {"dataset": ds.name, "length": length, "case_tokens": built.tokens, "docs": len(built.doc_ids),
-                        "qid": q.qid, "title": q.title, "split": common.split_of(q.title), "scorer": scorer,
+                        "qid": q.qid, "title": q.title, "split": split_of(ds, q), "scorer": scorer,
                         "status": sent.status, "mode": sent.mode, "reason": sent.reason,
                         "tokens_in": sent.tokens_in, "tokens_kept": sent.tokens_kept, "kept": sent.kept,
                         "evidence_total": len(got), "evidence_whole": sum(got), "all_evidence": all(got),

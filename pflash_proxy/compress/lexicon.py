@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["hash_tokens", "span_hashes", "span_term_ids", "span_terms", "text_terms"]
+__all__ = ["hash_tokens", "span_hashes", "span_term_ids", "span_terms", "stem", "text_terms", "word_forms"]
 
 _TABLE = bytes((c + 32 if 65 <= c <= 90 else c) if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c >= 128)
               else 32 for c in range(256))
@@ -323,3 +323,54 @@ def _sorted_isin(x: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     k = np.minimum(np.searchsorted(sorted_set, x), len(sorted_set) - 1)
     found: np.ndarray = sorted_set[k] == x
     return found
+
+
+# ----------------------------------------------------------------- prose word forms (``stem``, ``word_forms``)
+# A small Porter-like stemmer of English word forms, for prose only (``scores.LexicalScorer`` matches a question's
+# word to its other forms in prose units: "PPP" / "PPPs", "populated" / "population", "segregating" /
+# "segregation"). One suffix is stripped, the longest that leaves enough of the word: inflections (plural s,
+# -ed, -ing) leave at least 3 characters, derivations (-ation, -ate, -ion, -er) at least 4, -ly at least 5;
+# then a final "e" goes, a final "y" becomes "i" and a doubled final consonant is undoubled.
+_DERIVED = ("ations", "ation", "ators", "ator", "ating", "ated", "ates", "ate", "ions", "ion", "ers", "er")
+_INFLECTED = ("ies", "ied", "ings", "ing", "edly", "ed", "es", "s")
+_SUFFIXES = tuple(sorted(((s, 4) for s in _DERIVED), key=lambda x: -len(x[0]))) + (("ly", 5),) + tuple(
+    sorted(((s, 3) for s in _INFLECTED), key=lambda x: -len(x[0])))  # "unjustly" -> "unjust", "only" stays
+_MIN_WORD = 3  # shorter words are their own stem
+_KEEP_S = ("ss", "us", "is")  # "class", "virus", "analysis": not plurals
+_FORMS = ("", "e", "s", "es", "ed", "ing", "ly", "er", "ers", "ion", "ions", "ation", "ations", "ate", "ates", "ated",
+          "ating", "ator", "ators")
+
+
+def stem(word: str) -> str:
+    """The stem of a lowercase English word form (``population``, ``populated`` -> ``popul``; ``ppps`` -> ``ppp``).
+    Words with a digit, and words of fewer than ``_MIN_WORD`` letters, are their own stem."""
+    if len(word) < _MIN_WORD or not word.isalpha():
+        return word
+    w = word
+    for suffix, keep in _SUFFIXES:
+        if w.endswith(suffix) and len(w) - len(suffix) >= keep:
+            if suffix == "s" and w.endswith(_KEEP_S):
+                continue
+            w = w[: -len(suffix)] + ("i" if suffix in ("ies", "ied") else "")
+            break
+    if len(w) > 3 and w.endswith("e"):
+        w = w[:-1]
+    elif len(w) > 3 and w.endswith("y"):
+        w = w[:-1] + "i"
+    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "aeiouylsz":
+        w = w[:-1]
+    return w
+
+
+def word_forms(word: str) -> list[str]:
+    """Other forms of ``word`` with its stem (``stem``): the stem with each of ``_FORMS``, with a doubled final
+    consonant before -ed/-ing, and with y/ies/ied for a stem in "i"; ``word`` itself left out."""
+    s = stem(word)
+    if s == word and not word.isalpha():
+        return []
+    cands = {s + f for f in _FORMS}
+    if s and s[-1] not in "aeiou":
+        cands |= {s + s[-1] + f for f in ("ed", "ing", "er", "ers")}
+    if s.endswith("i"):
+        cands |= {s[:-1] + f for f in ("y", "ies", "ied")}
+    return sorted(c for c in cands if c != word and stem(c) == s)

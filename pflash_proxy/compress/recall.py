@@ -1,6 +1,8 @@
 """Recall: bring omitted lines of earlier messages back when a new question needs them.
 
 Algorithm (``RecallGate.decide``):
+0. The question less what the client repeats from the earlier messages (``asked_anew``): a line an earlier
+   message kept verbatim (an instruction template sent with each question) and that line's words elsewhere.
 1. For every stored earlier message, score ALL its units (kept and omitted) against
    the new question; validate the scores.  The serving scorer reads the stored reps
    when it made them (same ``Scorer.name``, payload of the current ``REPS_VERSION``);
@@ -12,8 +14,15 @@ Algorithm (``RecallGate.decide``):
 2. ``share = sum(scores of omitted units) / sum(all scores)`` over all stored
    messages together (0 when the total is 0).
 3. Below ``theta`` (``PFLASH_CHAT_RECALL``, 0.075) nothing is recalled.
+3b. The second hop (``RecallGate.widened``): the names (capitalised words not opening a sentence, years) of the
+   ``FEEDBACK_FROM`` best-scored units, kept or omitted, score the units again, and the ``FEEDBACK_ADDS`` other
+   units they score highest are raised to at most ``FEEDBACK_WEIGHT`` times the question's top score: the
+   paragraph a first paragraph names ("compared to Alice's Adventures in Wonderland") is found though it shares
+   no word with the question. The gate (steps 2-3) reads the question alone.
 4. Otherwise rank the omitted units with a positive score by density (score per
-   token; ties by message order, then unit index) and take each that still fits in
+   token; ties by message order, then unit index), the one with the highest score first whatever its size (as
+   the compressor's first choice: a long unit holding the best match is not crowded out by many small ones that
+   each match a word), and take each that still fits in
    ``recall_budget`` tokens, a unit next to none already taken counting its excerpt's
    header line too (``HEADER_TOKENS``: many scattered small units, such as the items
    of a one-line JSON answer, would otherwise pass the budget by their headers).
@@ -29,7 +38,9 @@ Algorithm (``RecallGate.decide``):
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,7 +49,9 @@ from typing import Mapping, Sequence
 from .gutter import bare_text, find_gutter
 from .kinds import ContentKind
 from .longlines import Pieces, describe
-from .scores import REPS_VERSION, LexicalScorer, Scorer, UnitReps, validate_scores
+import numpy as np
+
+from .scores import REPS_VERSION, STOPWORDS, LexicalScorer, Scorer, UnitReps, terms, validate_scores
 from .text import TokenizedText
 from .units import Unit
 
@@ -128,10 +141,59 @@ HEADER_TOKENS = 24  # step 4: an excerpt's header line, "[pflash recall: from ea
 RESCORED_KEEP = 8  # step 1: reps made again from stored text, kept per (scorer, message text, units)
 
 
+FEEDBACK_FROM = 2  # step 3b: the top-scored units whose names widen the question
+FEEDBACK_ADDS = 2  # step 3b: the units those names score highest, raised (the second hop)
+FEEDBACK_WEIGHT = 0.8  # step 3b: the best of them is raised to this times the question's top score (below it)
+_NAME = re.compile(r"(?<![\w'’])[A-Z][\w'’-]*[A-Za-z0-9]|\b[0-9]{3,4}\b")
+_SENTENCE_START = re.compile(r"(?:^|[.!?:]\s+|\n)$")
+
+
+REPEAT_CHARS = 24  # step 0: a shorter line ("Answer:", a heading) may repeat by chance
+
+
+def asked_anew(question: str, sources: Sequence[RecallSource]) -> str:
+    """Step 0: the question less what the client repeats from the earlier messages: its lines an earlier message's
+    kept text holds verbatim (an instruction template sent with every question: "Answer the question based on the
+    given documents. ..."), and those lines' words wherever else they occur ("Question:"). The template's words
+    match the template, which the earlier message kept, and would hide what the new question asks. The question
+    unchanged when nothing repeats, or when nothing else would be left."""
+    lines = question.splitlines(keepends=True)
+    wanted = {ln.strip() for ln in lines if len(ln.strip()) >= REPEAT_CHARS}
+    if not wanted:
+        return question
+    held = {ln.strip() for src in sources for t in src.kept_texts.values() for ln in t.splitlines()
+            if ln.strip() in wanted}
+    if not held:
+        return question
+    template = {w.lower() for ln in held for w in re.findall(r"\w+", ln)}
+    rest = "".join(ln for ln in lines if ln.strip() not in held)
+    new = re.sub(r"\w+", lambda m: " " if m.group().lower() in template else m.group(), rest)
+    return new if terms(new) else question
+
+
+def feedback_terms(text: str, question: str) -> str:
+    """Step 3b: the names ``text`` spells (capitalised words not opening a sentence, and years), less the
+    question's words and stopwords, as one query string (each once, in order)."""
+    asked = {w.lower() for w in re.findall(r"\w+", question)}
+    out: dict[str, None] = {}
+    for m in _NAME.finditer(text):
+        word = m.group(0)
+        if _SENTENCE_START.search(text[max(0, m.start() - 3):m.start()]) or m.start() == 0:
+            continue
+        key = word.lower()
+        if key in asked or key in STOPWORDS or key.split("'")[0] in asked:
+            continue
+        out.setdefault(word, None)
+    return " ".join(out)
+
+
 @dataclass(frozen=True)
 class RecallGate:
     theta: float = 0.075
     recall_budget: int = 2048
+    feedback: bool = True  # step 3b: widen the question with the names of its best units
+    anew: bool = True  # step 0: the question less the lines (and their words) the client repeats
+    first: bool = True  # step 4: the best-scored omitted unit first, whatever its size
     _rescored: OrderedDict[tuple[str, str, tuple[tuple[int, int], ...]], UnitReps] = field(
         default_factory=OrderedDict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -173,33 +235,76 @@ class RecallGate:
             log.warning("recall: the stored text of message %s is unusable (%s)", src.label, exc)
             return None
 
-    def decide(self, sources: Sequence[RecallSource], question: str, scorer: Scorer) -> RecallDecision:
+    def widened(self, scored: list[tuple[int, RecallSource, Scorer, UnitReps, np.ndarray]], question: str
+                ) -> list[tuple[int, RecallSource, Scorer, UnitReps, np.ndarray]]:
+        """Step 3b: the names the ``FEEDBACK_FROM`` top-scored units hold (kept or omitted; ``feedback_terms``)
+        score the units again; the ``FEEDBACK_ADDS`` other units they score highest are raised to
+        ``FEEDBACK_WEIGHT`` times the question's top score, in proportion to that score (never lowered, and never
+        above the question's own best match, as ``links.propagate`` raises a reached unit). Unchanged when the top
+        units name nothing new."""
+        top = heapq.nlargest(FEEDBACK_FROM, ((float(s[u]), k, u) for k, (*_, s) in enumerate(scored)
+                                             for u in np.flatnonzero(s > 0).tolist()))
+        texts = [t for _, k, u in top
+                 if (t := scored[k][1].kept_texts.get(u, scored[k][1].omitted_texts.get(u))) is not None]
+        names = feedback_terms(" ".join(texts), question)
+        if not names:
+            return scored
+        extra = [validate_scores(sc.score(reps, names), len(s)) for _, _, sc, reps, s in scored]
+        for _, k, u in top:
+            extra[k][u] = 0.0
+        best = heapq.nlargest(FEEDBACK_ADDS, ((float(e[u]), k, u) for k, e in enumerate(extra)
+                                              for u in np.flatnonzero(e > 0).tolist()))
+        if not best:
+            return scored
+        q_top, f_top = top[0][0], best[0][0]
+        out = [(m, src, sc, reps, s.copy()) for m, src, sc, reps, s in scored]
+        for f, k, u in best:
+            out[k][4][u] = max(out[k][4][u], FEEDBACK_WEIGHT * q_top * f / f_top)
+        return out
+
+    def chosen(self, scored: list[tuple[int, RecallSource, Scorer, UnitReps, np.ndarray]]) -> dict[int, set[int]]:
+        """Step 4: the omitted units to bring back, per message: the best-scored first (ties: the densest), then by
+        density, each while it fits the budget (with its excerpt's header when it has no chosen neighbour)."""
         cands: list[tuple[float, int, int, float, int]] = []  # (-density, msg, unit, score, tokens)
-        total = omitted_mass = 0.0
-        for m, src in enumerate(sources):  # step 1
-            found = self.reader(src, scorer)
-            if found is None:
-                continue
-            s = validate_scores(found[0].score(found[1], question), len(src.unit_tokens))
-            total += float(s.sum())
+        for m, src, _, _, s in scored:
             for u in src.omitted:
                 sc = float(s[u])
-                omitted_mass += sc
                 if sc > 0:
                     tok = src.unit_tokens[u]
                     cands.append((-sc / max(tok, 1), m, u, sc, tok))
-        share = omitted_mass / total if total > 0 else 0.0  # step 2
-        if share < self.theta or not cands:
-            return RecallDecision([], share)
         cands.sort()
+        if self.first and cands:
+            top = max(range(len(cands)), key=lambda i: (cands[i][3], -i))
+            cands.insert(0, cands.pop(top))
         chosen: dict[int, set[int]] = {}
         used = 0
-        for _, m, u, _, tok in cands:  # step 4
+        for _, m, u, _, tok in cands:
             have = chosen.setdefault(m, set())
             cost = tok + (0 if u - 1 in have or u + 1 in have else HEADER_TOKENS)
             if used + cost <= self.recall_budget:
                 have.add(u)
                 used += cost
+        return chosen
+
+    def decide(self, sources: Sequence[RecallSource], question: str, scorer: Scorer) -> RecallDecision:
+        if self.anew:  # step 0
+            question = asked_anew(question, sources)
+        total = omitted_mass = 0.0
+        scored: list[tuple[int, RecallSource, Scorer, UnitReps, np.ndarray]] = []
+        for m, src in enumerate(sources):  # step 1
+            found = self.reader(src, scorer)
+            if found is None:
+                continue
+            s = validate_scores(found[0].score(found[1], question), len(src.unit_tokens))
+            scored.append((m, src, found[0], found[1], s))
+            total += float(s.sum())
+            omitted_mass += float(s[list(src.omitted)].sum()) if src.omitted else 0.0
+        share = omitted_mass / total if total > 0 else 0.0  # step 2
+        if share < self.theta:
+            return RecallDecision([], share)
+        if self.feedback:  # step 3b
+            scored = self.widened(scored, question)
+        chosen = self.chosen(scored)
         excerpts: list[Excerpt] = []
         for m in sorted(k for k, units in chosen.items() if units):  # step 5
             src = sources[m]

@@ -33,6 +33,10 @@ Algorithm (``LexicalScorer``):
    parent's, up to ``hops`` times; a line with more than ``LINK_TERMS`` new rare terms is prose and is not
    followed. The reached terms score like query terms at their weight, so ``VAR_B = VAR_A`` is found from
    ``VAR_A = 12345`` and ranks below it.
+3c. With ``forms`` (the default), in a message that is not code: a question's word also matches its other word
+   forms (``lexicon.word_forms``: "PPP" / "PPPs", "populated" / "population") in the prose units
+   (``PROSE_KINDS``; which units those are is kept in the reps); a unit counts the best of the word's forms it
+   holds, never two of them. Code, records and diffs score as before.
 4. ``density(scores, tokens)`` = score / max(tokens, 1): relevance per token.
 5. ``validate_scores`` rejects wrong length, non-1-D, NaN, inf and negative values.
 """
@@ -45,13 +49,16 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from .lexicon import hash_tokens, span_hashes, span_term_ids_grouped, text_terms
+from .kinds import ContentKind
+from .lexicon import hash_tokens, span_hashes, span_term_ids_grouped, text_terms, word_forms
 from .text import TokenizedText
 from .units import Unit
 
 __all__ = ["InvalidScores", "LexicalScorer", "REPS_VERSION", "Scorer", "UnitReps", "density", "terms", "validate_scores"]
 
 
+PROSE_KINDS = frozenset((ContentKind.PROSE, ContentKind.CHAT, ContentKind.UNKNOWN))  # step 3c
+CODE_MESSAGE = 0.5  # step 3c: a message whose code units hold this share of its tokens is code (``routed.is_code``)
 RARE_UNITS = 3  # step 3b: a term in at most this many units names something (a variable, a key, a value)
 LINK_TERMS = 4  # step 3b: a line bringing more new rare terms than this is prose, not a reference
 
@@ -134,6 +141,7 @@ class _LexicalIndex:
     indices: np.ndarray  # unit of each entry
     indptr: np.ndarray  # entries of term j: indptr[j]:indptr[j + 1]
     links: "_Links | None" = None  # with hops: which line holds which term (step 3b)
+    prose: np.ndarray | None = None  # step 3c: 1 for the prose units of a message that is not code, else 0
 
 
 def _term_hashes(data: bytes, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -151,6 +159,7 @@ class LexicalScorer:
     name: str = "lexical"
     hops: int = 0  # step 3b: reference hops followed from the query's rare terms (0 = plain BM25)
     hop_decay: float = 0.5
+    forms: bool = True  # step 3c: a question's word matches its other forms in prose units
 
     def represent(self, tt: TokenizedText, units: Sequence[Unit]) -> UnitReps:
         n_units = len(units)
@@ -180,7 +189,8 @@ class LexicalScorer:
         w = idf[term] * tf / (tf + self.k1 * (1 - self.b + self.b * doc_len[doc] / avg))
         indptr = np.searchsorted(term, np.arange(v + 1))
         links = _Links.build(data, line_start, vocab) if self.hops else None
-        index = _LexicalIndex(vocab, w, doc.astype(np.int64), indptr.astype(np.int64), links)
+        index = _LexicalIndex(vocab, w, doc.astype(np.int64), indptr.astype(np.int64), links,
+                              _prose_units(units, toks) if self.forms else None)
         return UnitReps(self.name, n_units, toks, index, REPS_VERSION)
 
     def score(self, reps: UnitReps, query: str) -> np.ndarray:
@@ -191,6 +201,8 @@ class LexicalScorer:
         q = query.encode("utf-8")
         qh, _ = _term_hashes(q, [(0, len(q))])
         ids = _known(idx.vocab, np.unique(qh))
+        if self.forms and idx.prose is not None and idx.prose.any():
+            _add_forms(out, idx, query)
         if len(ids) == 0:
             return out
         weights = {int(i): 1.0 for i in ids}
@@ -203,6 +215,45 @@ class LexicalScorer:
             w = np.repeat(np.fromiter(weights.values(), dtype=np.float64, count=len(weights)), ends - starts)
             out += np.bincount(idx.indices[sel], weights=idx.data[sel] * w, minlength=reps.n_units)[: reps.n_units]
         return out
+
+
+def _prose_units(units: Sequence[Unit], toks: np.ndarray) -> np.ndarray:
+    """Step 3c: 1 per prose unit (``PROSE_KINDS``) of a message that is not code, else 0 (uint8)."""
+    code = sum(int(t) for u, t in zip(units, toks) if u.kind == ContentKind.CODE)
+    total = int(toks.sum())
+    if total == 0 or code >= CODE_MESSAGE * total:
+        return np.zeros(len(units), dtype=np.uint8)
+    return np.fromiter((u.kind in PROSE_KINDS for u in units), dtype=np.uint8, count=len(units))
+
+
+def _add_forms(out: np.ndarray, idx: _LexicalIndex, query: str) -> None:
+    """Step 3c: each query word counts, in a prose unit, as the best of its forms the unit holds (``word_forms``):
+    ``out`` gains, per unit, what the best form's weight adds over the word's own."""
+    assert idx.prose is not None
+    words = sorted({w for w in terms(query) if w.isalpha()})
+    if not words:
+        return
+    asked = set(words)
+    prose = idx.prose.astype(bool)
+    for word in words:
+        forms = [f for f in word_forms(word) if f not in asked]
+        if not forms:
+            continue
+        fh, _, _ = hash_tokens(" ".join([word, *forms]).encode("utf-8"))
+        k = np.searchsorted(idx.vocab, fh).clip(0, max(len(idx.vocab) - 1, 0))
+        found = idx.vocab[k] == fh if len(idx.vocab) else np.zeros(len(fh), bool)
+        if not found[1:].any():
+            continue
+        own = np.zeros(len(out))
+        if found[0]:
+            a, b = idx.indptr[k[0]], idx.indptr[k[0] + 1]
+            own[idx.indices[a:b]] = idx.data[a:b]
+        best = own.copy()
+        for j in np.flatnonzero(found[1:]) + 1:
+            a, b = idx.indptr[k[j]], idx.indptr[k[j] + 1]
+            units = idx.indices[a:b]
+            np.maximum.at(best, units, np.where(prose[units], idx.data[a:b], 0.0))
+        out += best - own
 
 
 def _known(vocab: np.ndarray, hashes: np.ndarray) -> np.ndarray:

@@ -150,6 +150,7 @@ class _StreamRelay:
             is_sse, sniff_json, style, translate, resend
         self.tail = _SSETail(markers) if is_sse and markers else None
         self.body_parts: list[bytes] = []
+        self.sniffed = 0  # bytes of a sizeless JSON answer seen so far
         self.held = b""  # SSE: bytes after the last complete event, written once the event is complete
         self.answered = not is_sse  # SSE: whether an event of the answer itself was relayed (the resend)
         self.pending: list[bytes] = []  # SSE: events that carry no answer, held until the first one that does
@@ -220,12 +221,16 @@ class _StreamRelay:
         if self.tail is not None:
             self.tail.feed(chunk)
         out = self.translate.stream(chunk) if self.translate is not None and chunk else chunk
+        if self.sniff_json and chunk:  # a whole JSON answer without a size: kept to be parsed at its end
+            self.sniffed += len(chunk)
+            if self.sniffed <= _MAX_SNIFF_BYTES:
+                self.body_parts.append(chunk)
+            else:  # too long to parse: nothing kept, no final_json
+                self.sniff_json, self.body_parts = False, []
         if out:
             await self.resp.write(out)
             self.result.bytes_out += len(out)
             self.result.chunks += 1
-        elif self.sniff_json:
-            self.body_parts.append(chunk)
 
     async def _write_rest(self) -> None:
         """At the body's end: the held first chunk and a last event without its blank line, as they are; a

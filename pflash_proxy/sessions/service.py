@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from pflash_proxy.config import Settings
-from pflash_proxy.contract import SessionsView
+from pflash_proxy.contract import Message, SessionsView
 from pflash_proxy.engine import Engine, EngineNotReady, EngineUnreachable
 from pflash_proxy.sessions import chains
 from pflash_proxy.sessions.chains import Item
@@ -95,7 +95,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pflash_proxy.sessions")
 
 T = TypeVar("T")
-Message = dict[str, object]
 
 # a request body below this is looked up in, and its served history written to, a local index on the event loop
 # (hashing it and a few SQLite reads or one write: well under a millisecond, less than the hop to a worker

@@ -37,12 +37,11 @@ from pflash_proxy.engine import Engine, EngineError, counts_per_line
 from pflash_proxy.errors import ProxyError
 from pflash_proxy.headers import BUDGET_NOTE_HEADER, KEPT_TOKENS_HEADER, MODE_HEADER, PROMPT_TOKENS_HEADER
 from pflash_proxy.models import message_text
-from pflash_proxy.contract import CompressionNote, ProxyRequest, SessionContext, Stage
+from pflash_proxy.contract import CompressionNote, Message, ProxyRequest, SessionContext, Stage
 from pflash_proxy.sessions.traces import record_compression, record_recall, segmenter_name
 from pflash_proxy.stages.scorers import Scoring, default_spread
 from pflash_proxy.stats import CompressStats
 
-Message = dict[str, object]  # a message of the request, as the dialect parsed it
 log = logging.getLogger(__name__)
 
 _BUDGET_ROUNDS = 4

@@ -4,7 +4,9 @@ llama-server (tiny thresholds). Only dev cases are used here: held-out phrasing 
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evals.code_reads.generator import site_packages
-from evals import code_tasks, common, every_x, planted, ruler
+from evals import apply_defaults, code_tasks, common, every_x, planted, ruler
 from evals.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +39,12 @@ def test_code_tasks_are_split_by_package_and_written_without_the_gold_name():
     assert len({c.id for c in cases}) == len(cases)
     first = {c.package for c in cases if c.split in ("dev", "held-out")}
     later = [c for c in cases if c.split not in ("dev", "held-out")]  # written later, over packages in no other split
-    for split, at_least in (("held-out-2", 40), ("held-out-3", 70)):
+    for split, at_least in (("held-out-2", 40), ("held-out-3", 70), ("held-out-4", 100)):
         mine = {c.package for c in later if c.split == split}
         others = first | {c.package for c in later if c.split != split}
         assert sum(c.split == split for c in later) >= at_least and len(mine) >= 8 and not mine & others, split
     for c in cases:
-        assert c.split == common.split_of(c.package) or c.split in ("held-out-2", "held-out-3"), c.id
+        assert c.split == common.split_of(c.package) or c.split in ("held-out-2", "held-out-3", "held-out-4"), c.id
         assert c.kind in ("bug", "how", "why", "change")
         for name in c.gold.split("."):  # no identifier of the gold in the user's words (plain words may occur)
             if "_" in name.strip("_") or re.search(r"[a-z][A-Z]", name) or name[0].isupper():
@@ -144,6 +146,30 @@ def test_ruler_documents_as_qa_py_chooses_them():
     text = ruler.render(ds, ids, q.query)
     assert text.startswith("Answer the question based on the given documents.")
     assert text.endswith(f"Question: {q.query} Answer:") and "Document 30:\n" in text
+
+
+@needs_ruler
+def test_ruler_held_out_2_shares_no_document_with_the_earlier_splits():
+    """held-out-2 (follow-ups, made after dev and held-out were spent): no document of its cases is a document of a
+    dev or held-out question, none of its articles or questions was asked by an earlier run (seed 0, --limit <= 30:
+    the first ``SPENT`` of each earlier split, SQuAD follow-ups from the same articles), and those runs' questions
+    are still picked in the same order."""
+    for name in ruler.DATASETS:
+        ds = ruler.load(name)
+        split = {q.qid: ruler.split_of(ds, q) for q in ds.questions}
+        mine = [q for q in ds.questions if split[q.qid] == "held-out-2"]
+        others: set[int] = set().union(*(ruler.documents(q) for q in ds.questions if split[q.qid] != "held-out-2"))
+        assert len(mine) >= 300 and not any(ruler.documents(q) & others for q in mine), name
+        for earlier in ("dev", "held-out"):
+            before = ruler._first_splits(ds, earlier, 0, ruler.SPENT[name])
+            assert [q.qid for q in ruler.pick(ds, earlier, 0, ruler.SPENT[name])] == [q.qid for q in before]
+            assert not {q.group for q in before} & {q.group for q in mine}
+            assert all(split[q.qid] == earlier for q in ruler.pick(ds, earlier, 0, 200))
+        assert len(ruler.pick(ds, "held-out-2", 0, 60)) == 60  # room for --limit 30 (HotpotQA: 30 pairs)
+    args = argparse.Namespace(kind="ruler-qa", split="held-out-2", scorers=None, drafter=None, lengths=None,
+                              limit=0, threshold=None, out="x")
+    apply_defaults(args)  # a split the command line takes for ruler-qa
+    assert args.split == "held-out-2"
 
 
 def test_planted_fact_goes_near_its_position_at_a_blank_line():
@@ -304,6 +330,7 @@ def test_the_second_held_out_wordings_are_every_x_only(capsys):
 def test_the_third_held_out_tasks_are_read_from_their_own_file_and_code_tasks_only(tmp_path, monkeypatch, capsys):
     """``held-out-3``: code-tasks' tasks in ``cases/code_tasks_held_out_3.json``, read with the others when the file
     is there (and without it, the other splits as before); the other evals refuse the split."""
+    monkeypatch.setattr(code_tasks, "HELD_OUT_4", tmp_path / "absent.json")  # held-out-4 has its own test
     everything = code_tasks.load_cases()
     extra = tmp_path / "code_tasks_held_out_3.json"
     monkeypatch.setattr(code_tasks, "HELD_OUT_3", extra)
@@ -320,6 +347,68 @@ def test_the_third_held_out_tasks_are_read_from_their_own_file_and_code_tasks_on
     for kind in ("every-x", "planted", "ruler-qa"):
         assert main([kind, "--split", "held-out-3"]) == 2
         assert "(got held-out-3)" in capsys.readouterr().err
+
+
+EVAL_SITE = Path(os.environ.get("EVAL_SITE", Path.home() / ".cache" / "pflash-proxy" / "eval-site"))
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _identifier_like(task: str) -> list[str]:
+    """The task's tokens that look like code: an underscore or an inner capital (``snake_case``, ``camelCase``)."""
+    return [t for t in _IDENT.findall(task) if "_" in t or re.search(r"[a-z][A-Z]", t)]
+
+
+def test_the_fourth_held_out_tasks_are_many_over_new_packages_and_hold_no_identifier():
+    """``held-out-4``: at least 100 tasks over at least 15 packages in no other split, each with the pinned version
+    scripts/eval-packages.sh installs, the four written kinds, and not one identifier-looking token (checked without
+    the packages' files, so without the network)."""
+    raw = json.loads(code_tasks.HELD_OUT_4.read_text())
+    cases = [c for c in code_tasks.load_cases() if c.split == "held-out-4"]
+    assert len(cases) == len(raw["cases"]) >= 100 and len({c.package for c in cases}) >= 15
+    assert {c.kind for c in cases} == {"bug", "how", "why", "change"}
+    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)==([0-9][^\s]*)", (REPO / "scripts" / "eval-packages.sh").read_text()))
+    for c in cases:
+        assert pins.get(c.package) == c.version, c.id
+        assert not _identifier_like(c.task), (c.id, _identifier_like(c.task))
+    assert "scripts/eval-packages.sh" in raw["about"] and "--split held-out-4 --site" in raw["about"]
+
+
+@pytest.mark.skipif(not EVAL_SITE.is_dir(), reason="scripts/eval-packages.sh has not installed the packages")
+def test_the_fourth_held_out_golds_resolve_in_the_installed_files():
+    """Where scripts/eval-packages.sh has run: each held-out-4 gold is one definition (``ast``) in a file of at least
+    ``MIN_CHARS``, and no code-like token of a task occurs in its file."""
+    for c in code_tasks.load_cases():
+        if c.split != "held-out-4":
+            continue
+        text = (EVAL_SITE / c.path).read_text(encoding="utf-8")
+        assert code_tasks.MIN_CHARS <= len(text) <= code_tasks.MAX_CHARS, c.id
+        assert code_tasks.gold_span(text, c.gold) is not None, c.id
+        assert not set(_identifier_like(c.task)) & set(_IDENT.findall(text)), c.id
+
+
+def test_the_fourth_held_out_split_is_wired_and_mines_from_its_own_site(tmp_path, monkeypatch, capsys):
+    """``held-out-4`` is read from its own file beside the others (without it, the other splits as before), only
+    code-tasks takes it, and mining finds a package installed in ``--site`` alone (a ``pip --target`` directory, not
+    on this interpreter's path), with its version."""
+    everything = code_tasks.load_cases()
+    monkeypatch.setattr(code_tasks, "HELD_OUT_4", tmp_path / "absent.json")
+    assert code_tasks.load_cases() == [t for t in everything if t.split != "held-out-4"]
+    for kind in ("every-x", "planted", "ruler-qa"):
+        assert main([kind, "--split", "held-out-4"]) == 2
+        assert "(got held-out-4)" in capsys.readouterr().err
+    site = tmp_path / "site"
+    (site / "zqpkg").mkdir(parents=True)
+    body = "".join(f"def helper{i}(x):\n    return x + {i}\n\n\n" for i in range(700))
+    (site / "zqpkg" / "core.py").write_text(body + "def frobnicate(x):\n    return x\n")
+    info = site / "zqpkg-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: zqpkg\nVersion: 1.2.3\n\n"
+                                   "Call `frobnicate()` to turn every input into its own output, unchanged.\n")
+    (info / "RECORD").write_text("zqpkg/core.py,,\nzqpkg-1.2.3.dist-info/METADATA,,\n")
+    mined = code_tasks.mine(site, ["zqpkg"], seed=0, split="held-out-4")
+    assert [(t.gold, t.path, t.version, t.split) for t in mined] == [("frobnicate", "zqpkg/core.py", "1.2.3",
+                                                                      "held-out-4")]
+    assert "frobnicate" not in mined[0].task
 
 
 def test_pflash_proxy_bench_says_in_one_line_where_the_lab_went(capsys):

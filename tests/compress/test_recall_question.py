@@ -4,8 +4,10 @@ through recall, driven by the same signal as compression: the question, not the 
 from __future__ import annotations
 
 from pflash_proxy.compress import Compressor, RecallGate, RequestFinder, TokenizedText
+from pflash_proxy.compress.recall import FEEDBACK_ADDS
 from pflash_proxy.compress.pipeline import CompressionSettings
 from pflash_proxy.compress.request import follow_up_query
+from pflash_proxy.compress.lexicon import stem
 from pflash_proxy.compress.scores import LexicalScorer, terms
 
 from .planted import FACTS, planted
@@ -37,8 +39,12 @@ def test_follow_up_query_is_the_question_without_the_reminder():
 def test_a_follow_up_with_a_reminder_recalls_its_part_and_only_what_the_question_asks():
     out = first_turn()
     msg = {"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": FACTS[1][1]}]}
-    gate = RecallGate()
-    decision = gate.decide([out.recall], follow_up_query(msg), LexicalScorer())
-    assert decision.recall and any(FACTS[1][0] in e.text for e in decision.recalled)
-    words = set(terms(FACTS[1][1]))
-    assert all(words & set(terms(e.text)) for e in decision.recalled)  # nothing pulled in by the reminder's words
+    words = {stem(w) for w in terms(FACTS[1][1])}  # a question's word matches its other forms in prose ("keys")
+    for gate in (RecallGate(feedback=False), RecallGate()):
+        decision = gate.decide([out.recall], follow_up_query(msg), LexicalScorer())
+        assert decision.recall and any(FACTS[1][0] in e.text for e in decision.recalled)
+        # nothing pulled in by the reminder's words; with feedback, at most FEEDBACK_ADDS units by the names of the
+        # best ones (the second hop)
+        unasked = [u for e in decision.recalled for u in e.unit_indices
+                   if not words & {stem(w) for w in terms(out.recall.omitted_texts[u])}]
+        assert len(unasked) <= (FEEDBACK_ADDS if gate.feedback else 0)
