@@ -175,6 +175,14 @@ no not in on at for of to with by as from into onto over under about after befor
 if when while because although though since until unless is are was were be been being am has have had will would
 shall should may might must can could there here then than also only even just very such both either neither one
 """.split())
+# a sentence whose last word is "please" ("Every call site of retry, please.", "The callers too please!")
+_PLEASE_LAST = re.compile(r"\bplease\s*[.!]*[\s\"'”’)\]]*(?:\n|$)", re.I)
+# a line that opens with "every", "each" or "all" (and "the"/"of the") and then the thing wanted, a noun phrase
+# and no verb of its own after it: "Every call site of retry", "All the handlers that log errors" (a statement
+# such as "All tests pass." or "Every worker restarts on failure" has its verb second)
+_WANTED = re.compile(r"(?:every|each|all)(?:\s+of)?(?:\s+(?:the|these|those|its|my|our))?\s+[A-Za-z][\w-]*"
+                     r"(?:\s+[A-Za-z][\w-]*)?\s+(?:of|in|to|that|which|where|who|for|from|with|using|calling)\b",
+                     re.I)
 QUESTION_LINES = 8  # step 2: the most lines a question after a prose body takes
 _QUESTION_WORDS = frozenset("what which who whom whose when where why how is are was were do does did can could would "
                             "should will shall may might must has have had".split())
@@ -202,11 +210,13 @@ def prose_line(line: str) -> bool:
 
 
 def asks(text: str) -> bool:
-    """Step 2: the text asks something: a sentence ending in ``?``, or it opens (or one of its lines does) with a
-    question or imperative word ("Explain ...", "List ...", "Why ...", "please ..."), or in the form of an
-    imperative: a word that is no determiner, pronoun, preposition or auxiliary, then a determiner or pronoun
-    ("Catalogue all the constants", "Convert every function ...", "Grep this for ...")."""
-    if _ASKS_MARK.search(text):
+    """Step 2: the text asks something: a sentence ending in ``?``, or with "please" as its last word ("Every call
+    site of retry, please."), or it opens (or one of its lines does) with a question or imperative word
+    ("Explain ...", "List ...", "Why ...", "please ..."), with "every", "each" or "all" and the thing wanted ("Every
+    call site of retry", "All the handlers that log"), or in the form of an imperative: a word that is no
+    determiner, pronoun, preposition or auxiliary, then a determiner or pronoun ("Catalogue all the constants",
+    "Convert every function ...", "Grep this for ...")."""
+    if _ASKS_MARK.search(text) or _PLEASE_LAST.search(text):
         return True
     prev = "."
     for line in text.splitlines():
@@ -220,6 +230,8 @@ def asks(text: str) -> bool:
             m = _FIRST_WORD.search(clause)
             if m and m.start() == 0 and m.group().lower() in _OPENING:
                 return True
+            if starts and clause is t and _WANTED.match(clause):
+                return True  # "Every call site of retry", "All the places that call it": the thing wanted
             m = _IMPERATIVE.match(clause)
             if m and m.group(1).lower() not in _NOT_VERB_FIRST and not re.search(r"[^s]s$|ing$|ed$", m.group(1)):
                 return True  # not "Returns the ...", "Removing every ...": a third person or a participle describes

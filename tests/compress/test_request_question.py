@@ -166,3 +166,19 @@ def test_rulers_template_the_question_without_the_last_document():
     spec = find([{"role": "user", "content": text}], 0)
     assert spec.source == "question"
     assert spec.text == f"{instruction}\n\nQuestion: The Bank of America Tower was previously known as what? Answer:"
+
+
+@pytest.mark.parametrize("ask", ["Every call site of the wrapper's fill helper, please.",
+                                 "All the places that shorten a line, please!",
+                                 "Every place that drops whitespace"])
+def test_a_request_without_a_question_mark_or_a_verb_first_is_the_question(ask):
+    # a noun phrase of what is wanted, or one that ends in "please": before, no question by form, and the
+    # query was the message's tail, the pasted code's last 512 tokens
+    spec = find([{"role": "user", "content": CODE + "\n" + ask + "\n"}], 0)
+    assert spec.source == "question" and spec.text == ask + "\n"
+
+
+def test_a_statement_that_opens_with_all_or_every_asks_nothing():
+    assert not asks("All tests pass.") and not asks("Every worker restarts on failure.")
+    assert not asks("All rights reserved.") and not asks("Each request is retried three times.")
+    assert not asks("For more information, please contact support.")
