@@ -42,9 +42,8 @@ if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.engine import CacheReport
     from pflash_proxy.jsontypes import JSONObject
-    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, Trace, TraceLog
     from pflash_proxy.sessions.service import Turn
-    from pflash_proxy.sessions.trace_records import Trace
 
 log = logging.getLogger("pflash_proxy.pipeline")
 

@@ -8,6 +8,9 @@ every field and that the readers name fields that exist. A record that has been 
 (``TraceLog.traces``: a ``JSONObject``, possibly of version 1 or missing a field a later version added): readers
 read it with ``.get`` through these types, never trusting a field to be there.
 
+``sessions.index`` re-exports ``Trace`` beside ``TraceLog``: the contract's ``TurnTraces`` names it from there (the
+contract names only the types the stages hand each other, ``tests/test_layout.py``).
+
 The ``...View`` types are a kind as the session page's API serves it (``inspector.data``): the stored record less its
 version ``v``.
 """
