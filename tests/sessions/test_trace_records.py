@@ -5,6 +5,7 @@ inspector serves them (``inspector.data.view``, the session page's turns). The t
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,8 @@ import pytest
 from pflash_proxy.compress import Excerpt, RecallDecision
 from pflash_proxy.contract import Pipeline, ProxyRequest, Stage
 from pflash_proxy.engine.fake import FakeEngine
-from pflash_proxy.inspector.data import view
+from pflash_proxy.cli.show import print_session
+from pflash_proxy.inspector.data import InspectorData, InspectorViews, view
 from pflash_proxy.sessions import traces as tr
 from pflash_proxy.sessions.service import SessionService
 from pflash_proxy.stages.savings import SavingsStage, price
@@ -150,3 +152,66 @@ async def test_each_kind_of_trace_is_stored_and_served_as_it_is_pinned(proxy):
     assert added == {"saved_ms_compression": round(priced["saved_s"]["compression"] * 1000), "saved_ms_cache": 0}
     assert shape(turn) == TURN  # ``price`` copies
     assert savings.stats().turns == 1
+
+
+PRINTED = """\
+prefill: 222 tokens prefilled in 0ms, 0 reused from the slot; time saved ≈ 0ms (compression 0ms for 1,146 tokens, \
+cache 0ms for 0 tokens; an estimate)
+
+── turns ────────────────────────────────────────
+turn 1: miss, cached 0, prefilled 222 in 0ms, 1,146 not prefilled thanks to compression; time saved ≈ – \
+(compression –, cache –; estimate)
+
+── message 1 (system, served in turn 1) ────────────────────────────────────────
+[recall · 1 excerpt prepended · omitted share 0.250]
+  from message 1, lines 3–4 (5 tokens)
+[compressed · 1,269 → 123 tokens · budget 381 · prompt 1,269 · scorer lexical · 11/49 units kept · spread -0.616]
+request from question, line 97, marked >: How many visitors did the apiary records list?
+ 1  │ Section 0: the glacier of Vellmoor keeps glacier records of 0 visitors, all about the glacier.
+ 2  │
+ 3  │ Section 1: the violin of Vellmoor keeps violin records of 7 visitors, all about the violin.
+ 4  │
+ 5  │ Section 2: the harbour of Vellmoor keeps harbour records of 14 visitors, all about the harbour.
+ 6  │
+ 7  │ Section 3: the orchard of Vellmoor keeps orchard records of 21 visitors, all about the orchard.
+ 8  │
+     … 2 lines omitted (unit 4, score 0.008)
+11  │ Section 5: the bakery of Vellmoor keeps bakery records of 35 visitors, all about the bakery.
+12  │
+13  │ Section 6: the railway of Vellmoor keeps railway records of 42 visitors, all about the railway.
+14  │
+     … 12 lines omitted (units 7–12, scores 0.008)
+27  │ Section 13: the apiary of Vellmoor keeps apiary records of 91 visitors, all about the apiary.
+28  │
+     … 30 lines omitted (units 14–28, scores 0.008)
+59  │ Section 29: the apiary of Vellmoor keeps apiary records of 203 visitors, all about the apiary.
+60  │
+     … 30 lines omitted (units 30–44, scores 0.008)
+91  │ Section 45: the apiary of Vellmoor keeps apiary records of 315 visitors, all about the apiary.
+92  │
+     … 2 lines omitted (unit 46, score 0.008)
+95  │ Section 47: the shipyard of Vellmoor keeps shipyard records of 329 visitors, all about the shipyard.
+96  │
+97 >│ How many visitors did the apiary records list?
+
+── message 2 (user) ────────────────────────────────────────
+      │ What is it?
+"""
+
+
+async def test_the_session_page_serves_and_show_prints_each_kind_as_pinned(proxy):
+    """The session's API JSON (``InspectorData.session``): its turns as stored less ``v``, its traces as ``view``
+    serves them; and ``pflash-proxy show`` prints them as it did."""
+    p, _ = proxy
+    req, _ = await p.turn(chat(DOC_A, "What is it?"))
+    sid = req.response_headers["X-PFlash-Session"]
+    await p.pipeline.settled()
+    data = InspectorData(InspectorViews(engine=p.engine, sessions=p.service.view, stats=None)).session(sid)
+    assert data is not None
+    data = json.loads(json.dumps(data))  # as served
+    assert shape(data["turns"]) == ["list", TURN[1:]]  # less ``v``
+    assert shape(data["traces"]) == ["list", COMPRESSION_VIEW, RECALL_VIEW, CACHE_VIEW]
+    out = io.StringIO()
+    print_session(data, out)
+    printed = [line.rstrip() for line in out.getvalue().splitlines()[1:]]  # the first line says when it was used
+    assert printed == PRINTED.splitlines()
