@@ -11,8 +11,8 @@ read it with ``.get`` through these types, never trusting a field to be there.
 ``sessions.index`` re-exports ``Trace`` beside ``TraceLog``: the contract's ``TurnTraces`` names it from there (the
 contract names only the types the stages hand each other, ``tests/test_layout.py``).
 
-The ``...View`` types are a kind as the session page's API serves it (``inspector.data``): the stored record less its
-version ``v``.
+The ``...View`` types are a kind as the session page's API serves it (``inspector.data``) and ``pflash-proxy show``
+reads it: the stored record less its version ``v`` (a compression trace's units as objects, its text as lines).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Literal, NotRequired, TypeAlias, TypedDict, cast
 
 from pflash_proxy.jsontypes import JSONObject
 
-__all__ = ["TraceRequest", "TraceUnits", "CompressionTrace", "RecallExcerpt", "RecallView", "RecallTrace",
+__all__ = ["TraceRequest", "TraceUnits", "CompressionTrace", "UnitView", "CompressionView", "RecallExcerpt", "RecallView", "RecallTrace",
            "CacheView", "CacheTrace", "TurnMessage", "TokensByCause", "SecondsByCause", "TurnView", "TurnTrace",
            "Trace", "Cause", "as_stored"]
 
@@ -48,10 +48,9 @@ class TraceUnits(TypedDict):
     score: list[float]
 
 
-class CompressionTrace(TypedDict):
-    """A compressed message, or one served whole with a reason (``traces.record_compression``)."""
+class _CompressionHead(TypedDict):
+    """What a compression trace and its view share."""
 
-    v: int
     kind: Literal["compression"]
     turn: int
     message: int  # 0-based
@@ -71,12 +70,38 @@ class CompressionTrace(TypedDict):
     spread: float | None
     stage_ms: dict[str, float]
     n_lines: int
-    text: str | None  # the original, once; None once dropped (``text_dropped``)
     request: TraceRequest
+
+
+class CompressionTrace(_CompressionHead):
+    """A compressed message, or one served whole with a reason (``traces.record_compression``)."""
+
+    v: int
+    text: str | None  # the original, once; None once dropped (``text_dropped``)
     units: TraceUnits | None
     kept: list[int]
     pinned: list[int]
     text_dropped: NotRequired[bool]  # set when the bounds dropped the text (``codec.drop_text``)
+
+
+class UnitView(TypedDict):
+    """A unit as the API serves it: its lines (0-based, end exclusive), tokens, score, kept and pinned."""
+
+    index: int
+    lines: list[int]
+    tokens: int
+    score: float
+    kept: bool
+    pinned: bool
+
+
+class CompressionView(_CompressionHead):
+    """A compression trace as the API serves it (``inspector.data.view``): units as objects, the original as lines
+    (None once dropped)."""
+
+    units: list[UnitView]
+    lines: list[str] | None
+    text_dropped: bool
 
 
 class RecallExcerpt(TypedDict):
