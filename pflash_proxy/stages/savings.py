@@ -1,10 +1,10 @@
 """What each turn saved: ``SavingsStage`` records one ``turn`` trace per chat turn of a session, after the answer,
 and keeps the totals since start (``/pflash/stats`` under ``savings``, the ``pflash_prefill_*`` metrics).
 
-A turn trace holds what the engine reported of the answer (``Engine.cache_report``: cached and prefilled tokens,
-the prefill and generation times), what the proxy decided (the slot's state before the turn, each new long
-message's mode and tokens, why one was served whole in plain words: ``plain_reason``), the client
-(``client_name``), the status and the time to the first byte.
+A turn trace (``sessions.trace_records.TurnTrace``) holds what the engine reported of the answer
+(``Engine.cache_report``: cached and prefilled tokens, the prefill and generation times), what the proxy decided
+(the slot's state before the turn, each new long message's mode and tokens, why one was served whole in plain
+words: ``plain_reason``), the client (``client_name``), the status and the time to the first byte.
 
 Tokens avoided, by cause: ``compression`` is a compressed message's tokens minus what was served of it; ``cache``
 is the prompt tokens reused from the slot. Time saved is an estimate (``price``): tokens avoided divided by the
