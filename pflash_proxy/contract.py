@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pflash_proxy.dialects import Conversation, Dialect
     from pflash_proxy.engine import CacheReport
     from pflash_proxy.jsontypes import JSONObject
-    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, TraceLog
+    from pflash_proxy.sessions.index import SessionRecord, SnapshotRecord, Trace, TraceLog
     from pflash_proxy.sessions.service import Turn
 
 log = logging.getLogger("pflash_proxy.pipeline")
@@ -74,13 +74,14 @@ Message = dict[str, object]  # one message of a conversation, as the dialect par
 @dataclass
 class TurnTraces:
     """The inspector traces one turn leaves (``sessions.traces`` builds them, ``stages.savings`` writes them to
-    the session's trace log after the answer), and what they add to the session's totals."""
+    the session's trace log after the answer), each a record of its kind (``sessions.trace_records``), and what they
+    add to the session's totals."""
 
     turn: int  # the number the commit gives the turn (the record's turns + 1)
-    items: list[JSONObject] = field(default_factory=list)
+    items: list[Trace] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def add(self, trace: JSONObject, counts: Mapping[str, int] | None = None) -> None:
+    def add(self, trace: Trace, counts: Mapping[str, int] | None = None) -> None:
         self.items.append(trace)
         for k, v in (counts or {}).items():
             self.counts[k] = self.counts.get(k, 0) + int(v)

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pflash_proxy.sessions.trace_records import CompressionView, RecallView, TurnView, UnitView
 from pflash_proxy.stats import SessionSavings
 
 if TYPE_CHECKING:
@@ -148,11 +149,12 @@ def _savings(summary: Mapping[str, object]) -> SessionSavings | None:
     return SessionSavings.from_json(v) if isinstance(v, Mapping) else None
 
 
-def _saved(savings: dict[str, Any] | None) -> float | None:
+def _saved(turn: TurnView | None) -> float | None:
     """A turn's estimated seconds saved, both causes (None: the engine did not time it)."""
-    if not savings:
+    if not turn:
         return None
-    values = [v for v in (savings.get("saved_s") or {}).values() if v is not None]
+    saved = turn.get("saved_s")
+    values = [v for v in (saved.get("compression"), saved.get("cache")) if v is not None] if saved else []
     return sum(values) if values else None
 
 
@@ -220,18 +222,19 @@ def print_session(data: dict[str, Any], out: TextIO) -> None:
                 out.write(f"      … {len(lines) - PLAIN_LINES:,} more lines (as served)\n")
 
 
-def print_turn(t: dict[str, Any], out: TextIO) -> None:
+def print_turn(t: TurnView, out: TextIO) -> None:
     """One turn: what the slot held, the engine's counts, what was avoided and the time saved (an estimate)."""
     head = f"turn {t['turn']}: {t.get('cache')}"
-    if t.get("prefilled_tokens") is None:
+    prefilled, prefill_ms = t.get("prefilled_tokens"), t.get("prefill_ms")
+    if prefilled is None:
         out.write(f"{head}, no cache report from the engine (status {t.get('status')})\n")
     else:
-        avoided, saved = t.get("tokens_avoided") or {}, t.get("saved_s") or {}
-        prefill = f" in {_secs(t['prefill_ms'] / 1000)}" if t.get("prefill_ms") is not None else ""
-        out.write(f"{head}, cached {_n(t['cached_tokens'])}, prefilled {_n(t['prefilled_tokens'])}{prefill}, "
-                  f"{_n(avoided.get('compression'))} not prefilled thanks to compression; time saved ≈ "
-                  f"{_secs(_saved(t))} (compression {_secs(saved.get('compression'))}, cache "
-                  f"{_secs(saved.get('cache'))}; estimate)\n")
+        avoided, saved = t.get("tokens_avoided"), t.get("saved_s")
+        prefill = f" in {_secs(prefill_ms / 1000)}" if prefill_ms is not None else ""
+        out.write(f"{head}, cached {_n(t['cached_tokens'])}, prefilled {_n(prefilled)}{prefill}, "
+                  f"{_n(avoided.get('compression') if avoided else None)} not prefilled thanks to compression; "
+                  f"time saved ≈ {_secs(_saved(t))} (compression {_secs(saved.get('compression') if saved else None)}"
+                  f", cache {_secs(saved.get('cache') if saved else None)}; estimate)\n")
     if t.get("why"):
         out.write(f"  {t['why']}\n")
     for m in t.get("messages") or []:
@@ -239,24 +242,25 @@ def print_turn(t: dict[str, Any], out: TextIO) -> None:
             out.write(f"  message {m['message'] + 1} served whole: {m['why']}\n")
 
 
-def print_trace(t: dict[str, Any], out: TextIO) -> None:
+def print_trace(t: CompressionView, out: TextIO) -> None:
     units = t.get("units") or []
     kept = sum(1 for u in units if u["kept"])
     head = [t["mode"], f"{_n(t['message_tokens'])} → {_n(t['served_tokens'])} tokens", f"budget {_n(t['budget'])}",
             f"prompt {_n(t['prompt_tokens'])}", f"scorer {t['scorer']}"]
     if units:
         head.append(f"{kept}/{len(units)} units kept")
-    if t.get("spread") is not None:
-        head.append(f"spread {t['spread']:.3f}")
+    spread = t.get("spread")
+    if spread is not None:
+        head.append(f"spread {spread:.3f}")
     out.write("[" + " · ".join(head) + "]\n")
     if t.get("reason"):
         out.write(f"served whole: {t['reason']}\n")
-    req = t.get("request") or {}
-    span = req.get("lines")
-    if req.get("source") and req["source"] != "none":
+    req = t.get("request")
+    span, source, asked = (req.get("lines"), req.get("source"), req.get("text")) if req else (None, None, None)
+    if source and source != "none":
         where = f", {_lines(*span)}, marked >" if span else ""
-        text = " ".join((req.get("text") or "").split())
-        out.write(f"request from {req['source']}{where}: {text[:200]}{'…' if len(text) > 200 else ''}\n")
+        text = " ".join((asked or "").split())
+        out.write(f"request from {source}{where}: {text[:200]}{'…' if len(text) > 200 else ''}\n")
     lines = t.get("lines")
     if lines is None:
         if t.get("text_dropped"):
@@ -267,12 +271,12 @@ def print_trace(t: dict[str, Any], out: TextIO) -> None:
                       f"{'' if u['kept'] else ' (omitted)'}\n")
         return
     if not units:  # served whole without units: the lines as they are
-        units = [{"index": 0, "lines": [0, len(lines)], "kept": True, "score": 0.0, "tokens": 0}]
+        units = [{"index": 0, "lines": [0, len(lines)], "kept": True, "score": 0.0, "tokens": 0, "pinned": False}]
     width = len(str(len(lines)))
-    run: list[dict[str, Any]] = []
-    for u in units + [None]:
-        if u is not None and not u["kept"]:
-            run.append(u)
+    run: list[UnitView] = []
+    for unit in units + [None]:
+        if unit is not None and not unit["kept"]:
+            run.append(unit)
             continue
         if run:
             n = run[-1]["lines"][1] - run[0]["lines"][0]
@@ -283,15 +287,15 @@ def print_trace(t: dict[str, Any], out: TextIO) -> None:
                 which = f"units {run[0]['index']}–{run[-1]['index']}, scores {lo}" + (f"–{hi}" if hi != lo else "")
             out.write(f"{'':>{width}}   … {_plural(n, 'line')} omitted ({which})\n")
             run = []
-        if u is None:
+        if unit is None:
             break
-        a, b = u["lines"]
+        a, b = unit["lines"]
         for i in range(a, b):
             mark = ">" if span and span[0] <= i < span[1] else " "
             out.write(f"{i + 1:>{width}} {mark}│ {lines[i]}\n")
 
 
-def print_recall(t: dict[str, Any], out: TextIO) -> None:
+def print_recall(t: RecallView, out: TextIO) -> None:
     out.write(f"[recall · {_plural(len(t['excerpts']), 'excerpt')} prepended · omitted share {t['share']:.3f}]\n")
     for e in t["excerpts"]:
         a, b = e["lines"]

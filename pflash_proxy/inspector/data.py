@@ -15,13 +15,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import SessionsView
 from pflash_proxy.jsontypes import JSONObject, JSONValue
 from pflash_proxy.models import message_text
 from pflash_proxy.sessions.index import SessionRecord, TraceLog
+from pflash_proxy.sessions.trace_records import CacheView, CompressionTrace, RecallView
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, current, log_of, session_rate
 from pflash_proxy.sessions.stats import SessionStats
 from pflash_proxy.stats import ByCause, CompressStats, ProxyStats, SavingsStats, SessionSavings
@@ -229,23 +230,28 @@ def first_words(served: Sequence[Mapping[str, object]], traces: Sequence[object]
     return text + ("…" if len(words) > FIRST_WORDS else "")
 
 
-def view(trace: Mapping[str, Any]) -> JSONObject:
-    """A stored trace as the API shows it: units as objects, the original as lines."""
+RECALL_VIEW = tuple(RecallView.__annotations__)  # what the API shows of a recall trace, in this order
+CACHE_VIEW = tuple(CacheView.__annotations__)  # of a cache trace
+
+
+def view(trace: Mapping[str, JSONValue]) -> JSONObject:
+    """A stored trace as the API shows it: a recall or cache trace less its version, a compression trace with its
+    units as objects and the original as lines."""
     if trace.get("kind") == "recall":
-        return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "share", "excerpts")}
+        return {k: trace.get(k) for k in RECALL_VIEW}
     if trace.get("kind") == "cache":
-        return {k: trace.get(k) for k in ("kind", "turn", "message", "at", "announced", "reported",
-                                          "expected_tokens", "cached_tokens", "reason")}
+        return {k: trace.get(k) for k in CACHE_VIEW}
     out = {k: v for k, v in trace.items() if k not in ("units", "kept", "pinned", "text", "v")}
-    cols = trace.get("units")
+    stored = cast(CompressionTrace, trace)  # as written; an older one may lack a field, hence ``get``
+    cols = stored.get("units")
     units: list[JSONObject] = []
     if cols:
-        kept, pinned = set(trace.get("kept") or ()), set(trace.get("pinned") or ())
+        kept, pinned = set(stored.get("kept") or ()), set(stored.get("pinned") or ())
         for i, (a, b, tok, score) in enumerate(zip(cols["start"], cols["end"], cols["tokens"], cols["score"])):
             units.append({"index": i, "lines": [a, b], "tokens": tok, "score": score, "kept": i in kept,
                           "pinned": i in pinned})
     out["units"] = units
-    text = trace.get("text")
+    text = stored.get("text")
     out["lines"] = None if text is None else [s[:-1] if s.endswith("\n") else s for s in split_lines(text)]
-    out["text_dropped"] = bool(trace.get("text_dropped"))
+    out["text_dropped"] = bool(stored.get("text_dropped"))
     return out

@@ -6,8 +6,9 @@ written to the session's ``TraceLog`` after the answer, in one index write (``st
 session record, which every turn reads and writes, never carries them. ``record_compression`` (a compressed
 message, or one served whole with a reason), ``record_recall`` (recall excerpts prepended to a short turn) and
 ``record_cache`` (a turn whose reuse of the engine's prefix cache was not what the session layer expected) add one
-plain-data trace (dicts, lists, numbers, strings: nothing that is stored as a class of ours). What a compression
-trace holds:
+plain-data trace (dicts, lists, numbers, strings: nothing that is stored as a class of ours), typed by its kind's
+``TypedDict`` in ``sessions.trace_records`` (``CompressionTrace``, ``RecallTrace``, ``CacheTrace``; the turn's is
+``TurnTrace``). What a compression trace holds:
 1. the message (0-based index, role, the turn it was served in), the mode, the reason when served whole;
 2. the message's budget (and the one the last selection aimed at), the prompt tokens (all / the uncached part
    the budget is taken on), the message tokens before and after, the scorer and segmenter, the relevance
@@ -42,12 +43,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import operator
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from pflash_proxy.compress.text import split_lines
 from pflash_proxy.contract import TurnTraces
-from pflash_proxy.jsontypes import JSONObject
 from pflash_proxy.sessions.index import TraceLog
+from pflash_proxy.sessions.trace_records import (CacheTrace, CompressionTrace, RecallExcerpt, RecallTrace,
+                                                 TraceRequest, TurnTrace, as_stored)
 from pflash_proxy.sessions.index.codec import drop_text, text_chars
 
 if TYPE_CHECKING:
@@ -94,12 +97,12 @@ def record_compression(traces: TurnTraces, idx: int, msg: Mapping[str, object], 
 def record_recall(traces: TurnTraces, idx: int, decision: RecallDecision) -> None:
     """Add the trace of recall excerpts prepended to message ``idx``."""
     try:
-        excerpts: list[JSONObject] = [{"from_message": e.label, "lines": [e.start_line, e.end_line],
+        excerpts: list[RecallExcerpt] = [{"from_message": e.label, "lines": [e.start_line, e.end_line],
                                        "tokens": int(e.tokens), "units": list(e.unit_indices), "text": e.text}
                                       for e in decision.recalled]
-        traces.add({"v": VERSION, "kind": "recall", "turn": traces.turn, "message": idx,
-                         "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts},
-                {"recalls": 1, "recall_tokens": sum(int(e.tokens) for e in decision.recalled)})
+        trace: RecallTrace = {"v": VERSION, "kind": "recall", "turn": traces.turn, "message": idx,
+                              "at": time.time(), "share": round(float(decision.share), 5), "excerpts": excerpts}
+        traces.add(trace, {"recalls": 1, "recall_tokens": sum(int(e.tokens) for e in decision.recalled)})
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the recall trace of message %d", idx + 1)
 
@@ -110,19 +113,20 @@ def record_cache(traces: TurnTraces, idx: int, announced: str, reported: str, ex
     what it announced (``announced``, ``expected`` tokens), what the engine reused (``cached_tokens``) and what
     the proxy therefore reported (``reported``)."""
     try:
-        traces.add({"v": VERSION, "kind": "cache", "turn": traces.turn, "message": idx, "at": time.time(),
-                         "announced": announced, "reported": reported, "expected_tokens": int(expected),
-                         "cached_tokens": int(cached_tokens), "reason": reason})
+        trace: CacheTrace = {"v": VERSION, "kind": "cache", "turn": traces.turn, "message": idx, "at": time.time(),
+                             "announced": announced, "reported": reported, "expected_tokens": int(expected),
+                             "cached_tokens": int(cached_tokens), "reason": reason}
+        traces.add(trace)
     except Exception:  # noqa: BLE001
         log.exception("inspector: could not record the cache trace of message %d", idx + 1)
 
 
 def compression_trace(turn: int, idx: int, msg: Mapping[str, object], tt: TokenizedText,
                       request: RequestSpec, outcome: CompressionOutcome, prompt_tokens: int, uncached: int,
-                      scorer: str, segmenter: str, served_tokens: int, budget: int | None = None) -> JSONObject:
+                      scorer: str, segmenter: str, served_tokens: int, budget: int | None = None) -> CompressionTrace:
     analysis = outcome.analysis
     role = msg.get("role")
-    trace: JSONObject = {
+    trace: CompressionTrace = {
         "v": VERSION, "kind": "compression", "turn": turn, "message": idx,
         "role": role if isinstance(role, str) else None, "at": time.time(), "mode": outcome.mode, "reason": outcome.reason,
         "scorer": scorer, "segmenter": segmenter,
@@ -154,11 +158,11 @@ def segmenter_name(segmenter: Segmenter | None) -> str:
     return str(getattr(segmenter, "name", "heuristic"))
 
 
-def _request(request: RequestSpec, tt: TokenizedText) -> JSONObject:
+def _request(request: RequestSpec, tt: TokenizedText) -> TraceRequest:
     """The request and, when it is in the message itself (the question found by its form, or the message's own
     tail), the lines it occupies (0-based, end exclusive)."""
     text = request.text or ""
-    out: JSONObject = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
+    out: TraceRequest = {"source": request.source, "pinned_tail_tokens": int(request.pinned_tail_tokens),
                            "text": text[-REQUEST_CHARS:], "truncated": len(text) > REQUEST_CHARS, "lines": None}
     if request.kept_lines is not None:  # the question's own lines in the message
         a, b = request.kept_lines
@@ -170,25 +174,30 @@ def _request(request: RequestSpec, tt: TokenizedText) -> JSONObject:
     return out
 
 
-def current(stored: Mapping[str, Any]) -> dict[str, Any]:
+V = TypeVar("V")
+
+
+def current(stored: Mapping[str, V]) -> dict[str, V]:
     """A stored trace, or a session's ``trace_totals``, under the names of this version: a count a version 1
     trace kept under llama-server's ``timings`` name gets the proxy's (a total under both names is added up)."""
     out = dict(stored)
     for old, new in TRACE_NAMES_V1.items():
         if old in out:
             value = out.pop(old)
-            out[new] = value if out.get(new) is None else out[new] + value
+            prior = out.get(new)
+            out[new] = value if prior is None else cast(V, operator.add(prior, value))  # two counts: numbers
     return out
 
 
-def session_rate(totals: Mapping[str, int], turn: Mapping[str, Any] | None = None) -> float | None:
+def session_rate(totals: Mapping[str, int], turn: TurnTrace | None = None) -> float | None:
     """The prefill rate (tokens/s) the engine reported on the session: its timed prefilled tokens ÷ their
     milliseconds (turns that prefilled at least ``stages.savings.MIN_TIMED_PROMPT`` tokens), else ``turn``'s own."""
     n, ms = totals.get("timed_prefilled_tokens", 0), totals.get("timed_prefill_ms", 0)
     if n and ms:
         return n * 1000 / ms
-    if turn and turn.get("prefill_ms") and turn.get("prefilled_tokens"):
-        return float(turn["prefilled_tokens"] * 1000 / turn["prefill_ms"])
+    prefilled, prefill_ms = (turn.get("prefilled_tokens"), turn.get("prefill_ms")) if turn else (None, None)
+    if prefill_ms and prefilled:
+        return float(prefilled * 1000 / prefill_ms)
     return None
 
 
@@ -205,7 +214,7 @@ def append(kept: TraceLog, turn: TurnTraces) -> TraceLog:
     turns = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") == "turn"]
     traces = [t for t in kept.traces if isinstance(t, dict) and t.get("kind") != "turn"]
     for trace in turn.items:
-        (turns if trace.get("kind") == "turn" else traces).append(trace)
+        (turns if trace["kind"] == "turn" else traces).append(as_stored(trace))
     turns.sort(key=_turn)  # stable (a turn's own traces keep their order), linear when already in order
     traces.sort(key=_turn)
     del traces[:-MAX_TRACES]

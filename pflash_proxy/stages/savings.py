@@ -1,10 +1,10 @@
 """What each turn saved: ``SavingsStage`` records one ``turn`` trace per chat turn of a session, after the answer,
 and keeps the totals since start (``/pflash/stats`` under ``savings``, the ``pflash_prefill_*`` metrics).
 
-A turn trace holds what the engine reported of the answer (``Engine.cache_report``: cached and prefilled tokens,
-the prefill and generation times), what the proxy decided (the slot's state before the turn, each new long
-message's mode and tokens, why one was served whole in plain words: ``plain_reason``), the client
-(``client_name``), the status and the time to the first byte.
+A turn trace (``sessions.trace_records.TurnTrace``) holds what the engine reported of the answer
+(``Engine.cache_report``: cached and prefilled tokens, the prefill and generation times), what the proxy decided
+(the slot's state before the turn, each new long message's mode and tokens, why one was served whole in plain
+words: ``plain_reason``), the client (``client_name``), the status and the time to the first byte.
 
 Tokens avoided, by cause: ``compression`` is a compressed message's tokens minus what was served of it; ``cache``
 is the prompt tokens reused from the slot. Time saved is an estimate (``price``): tokens avoided divided by the
@@ -27,11 +27,12 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from pflash_proxy.contract import AnswerNote, ProxyRequest, RelayResult, Stage, TurnNote, TurnTraces
 from pflash_proxy.engine import CacheReport, Engine
 from pflash_proxy.sessions.index import TraceLog
+from pflash_proxy.sessions.trace_records import Cause, SecondsByCause, TurnMessage, TurnTrace
 from pflash_proxy.sessions.traces import ESTIMATE_NOTE, VERSION, append, current, session_rate
 from pflash_proxy.stats import ByCause, SavingsStats
 
@@ -42,13 +43,12 @@ __all__ = ["SavingsStage", "ESTIMATE_NOTE", "client_name", "plain_reason", "pric
 
 log = logging.getLogger(__name__)
 
-TurnTrace = dict[str, Any]  # a turn trace (plain data: the module docstring says what it holds)
 Built = tuple[TurnTrace, dict[str, int]]  # a turn trace and what it adds to the session's totals
 
 SETTLE_S = 5.0  # the longest ``settle`` waits for the trace writes in flight
 FLUSH_AFTER_S = 2.0  # a session's turn traces wait this long for its next turns, then go in one write
 MIN_TIMED_PROMPT = 64  # shorter prefills are mostly fixed cost: their rate says little about a long one
-CAUSES = ("compression", "cache")
+CAUSES: tuple[Cause, ...] = ("compression", "cache")
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
 
 
@@ -104,20 +104,6 @@ class Timings(TypedDict):
     generate_ms: float | None
 
 
-def _count(value: object) -> int:
-    """``int(value or 0)`` for a count a stored trace holds (TypeError for what is not a number)."""
-    if not value:
-        return 0
-    if isinstance(value, (int, float, str)):
-        return int(value)
-    raise TypeError(f"not a count: {value!r}")
-
-
-def _text(value: object) -> str | None:
-    """A stored trace's mode or reason: a string, or None."""
-    return value if isinstance(value, str) else None
-
-
 def _timings(report: CacheReport | None) -> Timings | None:
     """The turn trace's counts and times from the engine's cache report of the answer (times None when
     it reports none)."""
@@ -149,7 +135,7 @@ def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
           ) -> Built:
     """Copies of a turn trace and its totals with the time saved, at the prefill rate of the session's
     totals ``before`` the turn and the turn's own (a turn the engine did not time is returned as it is)."""
-    out, added = dict(turn), dict(totals)
+    out, added = turn.copy(), dict(totals)
     if out.get("prefilled_tokens") is None:
         return out, added
     prior = current(before)
@@ -157,7 +143,8 @@ def price(turn: TurnTrace, totals: Mapping[str, int], before: Mapping[str, int]
     rate = session_rate(merged, out)
     out["rate_tps"] = None if rate is None else round(rate, 1)
     avoided = out["tokens_avoided"]
-    saved = {"compression": estimate(avoided["compression"], rate), "cache": estimate(avoided["cache"], rate)}
+    saved: SecondsByCause = {"compression": estimate(avoided["compression"], rate),
+                             "cache": estimate(avoided["cache"], rate)}
     out["saved_s"] = saved
     for cause in CAUSES:
         added[f"saved_ms_{cause}"] = round((saved[cause] or 0.0) * 1000)
@@ -290,16 +277,15 @@ class SavingsStage(Stage):
         timings = _timings(noted.answer.report)
         compression = req.notes.compression
         mode = compression.mode if compression is not None else None
-        messages = []
+        messages: list[TurnMessage] = []
         avoided_compression = 0
         for t in ctx.traces.items:
-            if t.get("kind") == "compression":
-                tokens, served = _count(t.get("message_tokens")), _count(t.get("served_tokens"))
-                if t.get("mode") == "compressed":
+            if t["kind"] == "compression":
+                tokens, served = t["message_tokens"], t["served_tokens"]
+                if t["mode"] == "compressed":
                     avoided_compression += max(0, tokens - served)
-                messages.append({"message": t.get("message"), "mode": t.get("mode"), "tokens": tokens,
-                                 "served_tokens": served, "why": plain_reason(_text(t.get("mode")),
-                                                                              _text(t.get("reason")))})
+                messages.append({"message": t["message"], "mode": t["mode"], "tokens": tokens,
+                                 "served_tokens": served, "why": plain_reason(t["mode"], t["reason"])})
         compression_ms = (compression.ms if compression is not None else None) or 0.0
         reason = compression.reason if compression is not None else None
         prepare_ms = max(0.0, (noted.forwarding_at - req.received_at) * 1000 - (ctx.turn.queue_ms or 0.0))
@@ -319,8 +305,9 @@ class SavingsStage(Stage):
         totals: dict[str, int] = {"turns_recorded": 1}
         if timings is None:
             return turn, totals
-        turn.update(timings)
         cached, prefilled, prefill_ms = timings["cached_tokens"], timings["prefilled_tokens"], timings["prefill_ms"]
+        turn["cached_tokens"], turn["prefilled_tokens"], turn["prefill_ms"] = cached, prefilled, prefill_ms
+        turn["generated_tokens"], turn["generate_ms"] = timings["generated_tokens"], timings["generate_ms"]
         turn["tokens_avoided"]["cache"] = cached
         totals.update({"turns_timed": 1, "prefilled_tokens": prefilled, "cached_tokens": cached,
                        "avoided_compression": avoided_compression, "avoided_cache": cached})
@@ -337,12 +324,13 @@ class SavingsStage(Stage):
         c["turns"] += 1
         c["message_tokens"] += sum(m["tokens"] for m in turn["messages"])
         c["message_served_tokens"] += sum(m["served_tokens"] for m in turn["messages"])
-        if turn.get("prefilled_tokens") is None:
+        prefilled, cached = turn.get("prefilled_tokens"), turn.get("cached_tokens") or 0  # set together
+        if prefilled is None:
             return
         c["turns_timed"] += 1
-        c["prompt_tokens"] += turn["prefilled_tokens"] + turn["cached_tokens"]
-        c["prefilled_tokens"] += turn["prefilled_tokens"]
-        c["cached_tokens"] += turn["cached_tokens"]
+        c["prompt_tokens"] += prefilled + cached
+        c["prefilled_tokens"] += prefilled
+        c["cached_tokens"] += cached
         c["prefill_ms"] += turn.get("prefill_ms") or 0.0
         for cause in CAUSES:
             self.avoided[cause] += turn["tokens_avoided"][cause]

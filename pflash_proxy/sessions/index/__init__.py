@@ -16,9 +16,10 @@ from pathlib import Path
 
 from pflash_proxy.sessions.index.base import (ClusterIndex, SessionIndex, SessionRecord, SnapshotRecord, StoreError,
                                               TraceLog, run)
+from pflash_proxy.sessions.trace_records import Trace  # what a trace log holds, by kind
 
-__all__ = ["ClusterIndex", "SessionIndex", "SessionRecord", "SnapshotRecord", "StoreError", "TraceLog", "open_index",
-           "run"]
+__all__ = ["ClusterIndex", "SessionIndex", "SessionRecord", "SnapshotRecord", "StoreError", "Trace", "TraceLog",
+           "open_index", "run"]
 
 
 def open_index(home: Path, url: str | None = None) -> SessionIndex:
