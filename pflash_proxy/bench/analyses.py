@@ -61,8 +61,9 @@ def record(stage: CompressStage, row: str, sink: list[Analysed], current: dict[s
     inner = compressor.compress
 
     def compress(tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool, source: Source,
-                 label: str = "", budget_adjust: int = 0, analysis: Analysis | None = None) -> CompressionOutcome:
-        out = inner(tt, request, prompt_tokens, in_conversation, source, label, budget_adjust, analysis)
+                 label: str = "", budget_adjust: int = 0, analysis: Analysis | None = None,
+                 widen_room: int | None = None) -> CompressionOutcome:
+        out = inner(tt, request, prompt_tokens, in_conversation, source, label, budget_adjust, analysis, widen_room)
         if analysis is None and out.analysis is not None:
             a = out.analysis
             sink.append(Analysed(current.get("case", "?"), row, tt, request, prompt_tokens, in_conversation,

@@ -163,8 +163,11 @@ def margin(groups: Sequence[Sequence[int]], ranks: np.ndarray, toks: np.ndarray)
 
 
 def widen(budget: int, message_tokens: int, groups: Sequence[Sequence[int]], ranks: np.ndarray | None,
-          toks: np.ndarray) -> int:
-    """Step 6: the budget, widened by how unsure the ranking is; unchanged without atom ranks."""
+          toks: np.ndarray, room: int | None = None) -> int:
+    """Step 6: the budget, widened by how unsure the ranking is; unchanged without atom ranks. ``room``: the most
+    the widening may take the budget to (the slot's context less the rest of the prompt and room for the answer:
+    a prompt that fits unwidened is never widened past the context; one that does not is not bounded by it, as
+    the widening does not decide whether it fits); never below ``budget``."""
     m = None if ranks is None else margin(groups, ranks, toks)
     if m is None:
         return budget
@@ -172,4 +175,6 @@ def widen(budget: int, message_tokens: int, groups: Sequence[Sequence[int]], ran
     wide = round(budget * (1.0 + UNSURE_WIDEN * x))
     if message_tokens >= WIDEN_CAP_FROM:
         wide = min(wide, int(WIDEN_CAP * message_tokens))
+    if room is not None and room >= budget:  # it fits unwidened: it still fits widened (one that does not is
+        wide = min(wide, room)                # past the context with or without the widening: left as it is)
     return int(min(message_tokens, max(budget, wide)))

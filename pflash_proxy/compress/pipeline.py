@@ -334,6 +334,7 @@ class _Job:
     label: str
     message_tokens: int = 0
     gutter: str | None = None
+    widen_room: int | None = None  # step 4: the most ``coderank.widen`` may take the budget to
     ms: dict[str, float] = field(default_factory=dict)
     t: float = field(default_factory=time.perf_counter)
 
@@ -370,13 +371,15 @@ class Compressor:
 
     def compress(self, tt: TokenizedText, request: RequestSpec, prompt_tokens: int, in_conversation: bool,
                  source: Source, label: str = "", budget_adjust: int = 0,
-                 analysis: Analysis | None = None) -> CompressionOutcome:
+                 analysis: Analysis | None = None, widen_room: int | None = None) -> CompressionOutcome:
         """Steps 0-6 (module docstring); never raises: a failure serves the message whole (``full-error``).
 
         ``budget_adjust``: tokens to take off the budget (a caller that measured the served message exactly
         and found the note/marker estimate off re-runs with the difference, passing the first outcome's
-        ``analysis`` so that stages 1-3 are not repeated)."""
-        job = _Job(tt, prompt_tokens, source, label, gutter=None if analysis is None else analysis.gutter)
+        ``analysis`` so that stages 1-3 are not repeated). ``widen_room``: the most an unsure code ranking may
+        widen the message's budget to (``coderank.widen``; the caller knows the slot's context), None: no bound."""
+        job = _Job(tt, prompt_tokens, source, label, gutter=None if analysis is None else analysis.gutter,
+                   widen_room=widen_room)
         try:
             analysis = self._analyse(job, request) if analysis is None else self._resume(job, analysis)
             toks = np.fromiter(map(_TOKENS, analysis.units), dtype=np.int64, count=len(analysis.units))
@@ -457,7 +460,8 @@ class Compressor:
         m_tok, pinned = job.message_tokens, analysis.pinned
         budget = message_budget(self.settings.curve, max(job.prompt_tokens, m_tok), m_tok,
                                 min(self.settings.min_message_budget, m_tok))
-        budget = widen(budget, m_tok, analysis.atoms, analysis.atom_ranks, toks)  # code: more when unsure
+        budget = widen(budget, m_tok, analysis.atoms, analysis.atom_ranks, toks,  # code: more when unsure
+                       job.widen_room)
         return middle_budget(budget, int(toks[list(pinned)].sum()) if pinned else 0, m_tok)
 
     def _gate(self, job: _Job, analysis: Analysis, intent: str, toks: np.ndarray, budget: int,

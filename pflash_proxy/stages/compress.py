@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Mapping
 
 from pflash_proxy.compress import (
     Compressor, LexicalScorer, RecallGate, RecallSource, RequestFinder, Scorer, Segmenter,
@@ -45,6 +46,8 @@ from pflash_proxy.stats import CompressStats
 log = logging.getLogger(__name__)
 
 _BUDGET_ROUNDS = 4
+_ANSWER_ROOM = 1 / 8  # of the slot's context: the most the widening of an unsure code ranking leaves for the answer
+_ANSWER_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")  # the answer's limit
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions, like its tool definitions
 
@@ -80,6 +83,7 @@ class CompressStage(Stage):
         self.settings = settings  # the compression options; the compressor gets the compress package's form of them
         self.resources = resources  # owns the drafter, if any (closed on stop)
         self.engine = engine
+        self._n_ctx: int | None = None  # the slot's context, once the engine said it (``_widen_room``)
         self.scorer: Scorer = scorer or LexicalScorer()
         segmenter = segmenter or UnitSegmenter(settings.min_segment, settings.max_segment)
         self.compressor = Compressor(settings.pipeline(default_spread(self.scorer.name)), segmenter, self.scorer)
@@ -238,12 +242,13 @@ class CompressStage(Stage):
         in_conversation = any(m.get("role") == "assistant" for m in messages[:ctx.turn.matched + 1])
         req.relay.progress = f"compressing {tt.total_tokens:,} tokens ({self.scorer.name})"
         t0 = time.perf_counter()
+        room = await self._widen_room(prompt_tokens, tt.total_tokens, req.body)
         outcome = await loop.run_in_executor(None, functools.partial(
-            self.compressor.compress, tt, request, uncached, in_conversation, source, label))
+            self.compressor.compress, tt, request, uncached, in_conversation, source, label, widen_room=room))
         budget = outcome.budget_tokens  # the message's budget; a corrected re-run selects against budget - error
         if outcome.mode == "compressed":
             outcome, served_tokens = await self._land_on_budget(tt, request, uncached, in_conversation, source,
-                                                                label, outcome)
+                                                                label, outcome, room)
         total_ms = (time.perf_counter() - t0) * 1000
         served = served_tokens if outcome.mode == "compressed" else tt.total_tokens
         record_compression(ctx.traces, idx, msg, tt, request, outcome, prompt_tokens, uncached, self.scorer.name,
@@ -276,8 +281,25 @@ class CompressStage(Stage):
         self.tokens_kept += served_tokens
         return "compressed", prompt_tokens, kept_prompt
 
+    async def _widen_room(self, prompt_tokens: int, message_tokens: int, body: Mapping[str, object]) -> int | None:
+        """The most an unsure code ranking may widen this message's budget to (``coderank.widen``): the slot's
+        context (``EngineInfo.n_ctx``, asked once) less the rest of the prompt and less room for the answer (the
+        request's own limit, ``max_tokens`` or its dialect's name for it, at most ``_ANSWER_ROOM`` of the
+        context; that share when it sets none), so that a prompt the curve's budget fits is not widened past the
+        context. None when the engine does not say (no bound)."""
+        if self._n_ctx is None:
+            try:
+                self._n_ctx = (await self.engine.describe(wait=False)).n_ctx
+            except EngineError:
+                return None
+        if self._n_ctx is None:
+            return None
+        asked = next((v for k in _ANSWER_LIMITS if isinstance(v := body.get(k), int) and v > 0), None)
+        answer = int(self._n_ctx * _ANSWER_ROOM) if asked is None else min(asked, int(self._n_ctx * _ANSWER_ROOM))
+        return self._n_ctx - (prompt_tokens - message_tokens) - answer
+
     async def _land_on_budget(self, tt: TokenizedText, request: RequestSpec, uncached: int, in_conversation: bool,
-                              source: Source, label: str, outcome: CompressionOutcome
+                              source: Source, label: str, outcome: CompressionOutcome, room: int | None = None
                               ) -> tuple[CompressionOutcome, int]:
         """Measure the served message exactly; while it is past the budget or more than ``LAND_SLACK`` below it
         (the note/marker estimate off), re-select with the measured error taken off (``Landing``: a few cheap
@@ -291,7 +313,7 @@ class CompressStage(Stage):
                 break
             retry = await loop.run_in_executor(None, functools.partial(
                 self.compressor.compress, tt, request, uncached, in_conversation, source, label,
-                budget_adjust=adjust, analysis=outcome.analysis))  # the same units and scores: no second drafter pass
+                budget_adjust=adjust, analysis=outcome.analysis, widen_room=room))  # the same units and scores
             if retry.mode != "compressed":
                 break
             landing.offer(retry, await self._count(retry.text))

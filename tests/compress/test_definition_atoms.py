@@ -127,6 +127,9 @@ def test_an_unsure_ranking_widens_the_budget_and_a_clear_leader_does_not():
     big = WIDEN_CAP_FROM + 1000  # a large read: widened to at most WIDEN_CAP of itself, never narrowed
     assert widen(int(0.29 * big), big, groups, unsure, toks) == int(WIDEN_CAP * big)
     assert widen(int(0.31 * big), big, groups, unsure, toks) == int(0.31 * big)
+    # the slot's context bounds the widening (room), never the curve's budget itself
+    assert widen(1000, 4000, groups, unsure, toks, room=1100) == 1100
+    assert widen(1000, 4000, groups, unsure, toks, room=900) == round(1000 * (1 + UNSURE_WIDEN))  # past it anyway
 
 
 def test_a_code_read_with_no_clear_leader_gets_the_widened_budget():
@@ -150,4 +153,7 @@ def test_a_code_read_with_no_clear_leader_gets_the_widened_budget():
         return comp.compress(tt, RequestSpec(q, 0, "tool-call"), tt.total_tokens + 80, True, "tool", "1")
 
     assert ask("where are the ledger rows copied to the mirror?").budget_tokens > curve
+    bounded = comp.compress(tt, RequestSpec("where are the ledger rows copied to the mirror?", 0, "tool-call"),
+                            tt.total_tokens + 80, True, "tool", "1", widen_room=curve + 5)
+    assert bounded.budget_tokens == curve + 5  # no room in the slot's context: widened only as far as it allows
     assert ask("where are the vault's signing keys rotated at an epoch?").budget_tokens == curve
