@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 _BUDGET_ROUNDS = 4
 _ANSWER_ROOM = 1 / 8  # of the slot's context: the most the widening of an unsure code ranking leaves for the answer
-_ANSWER_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")  # the answer's limit
+_ANSWER_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # the answer's limit, by dialect
 _SAMPLE_CHARS = 65536  # chars per token of an oversized message are measured on its first 64 K characters
 _NEVER_SHORTENED = ("system", "developer")  # the agent's instructions, like its tool definitions
 
