@@ -124,8 +124,7 @@ def select_atoms(groups: Sequence[Sequence[int]], ranks: np.ndarray, scores: np.
     keep = np.zeros(n, dtype=bool)
     keep[[i for i in kept if 0 <= i < n]] = True
     total = int(toks[keep].sum())
-    size = np.array([float(max(int(toks[list(g)].sum()), 1)) for g in groups])
-    key = np.asarray(ranks, dtype=np.float64) / size ** SIZE_POWER
+    key = _keys(groups, ranks, toks)
     order = np.lexsort((np.arange(len(groups)), -key)).tolist()
     lead = leader(ranks)
     if lead is not None:
@@ -150,13 +149,18 @@ def select_atoms(groups: Sequence[Sequence[int]], ranks: np.ndarray, scores: np.
     return np.flatnonzero(keep).tolist()
 
 
+def _keys(groups: Sequence[Sequence[int]], ranks: np.ndarray, toks: np.ndarray) -> np.ndarray:
+    """Steps 5-6: each atom's key, its score over its tokens to the ``SIZE_POWER``."""
+    size = np.array([float(max(int(toks[list(g)].sum()), 1)) for g in groups])
+    return np.asarray(ranks, dtype=np.float64) / size ** SIZE_POWER
+
+
 def margin(groups: Sequence[Sequence[int]], ranks: np.ndarray, toks: np.ndarray) -> float | None:
     """Step 6: the ``UNSURE_AT``-th next atom's key over the first's (1: no leader; near 0: a clear one), or None
     when no atom scores above 0."""
     if not len(groups):
         return None
-    size = np.array([float(max(int(toks[list(g)].sum()), 1)) for g in groups])
-    key = np.sort(np.asarray(ranks, dtype=np.float64) / size ** SIZE_POWER)[::-1]
+    key = np.sort(_keys(groups, ranks, toks))[::-1]
     if key[0] <= 0:
         return None
     return float(key[min(UNSURE_AT, len(key) - 1)] / key[0])
